@@ -1,0 +1,1 @@
+"""robotrl.datasets — filled in by later issues (see ../shared/DESIGN.md)."""

@@ -1,0 +1,74 @@
+"""robotrl.envs: the MuJoCo task suite behind one vector-env API on two backends (CPU threads, MJX).
+
+    from robotrl.envs import make
+    env = make("Reach", num_envs=8)                   # CPU threads
+    env = make("Reach", num_envs=4096, backend="mjx")  # JAX / GPU
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from robotrl.envs.randomization import Randomization
+from robotrl.envs.task import Expert, Task, TaskConfig
+from robotrl.envs.tasks import TASKS, task_class
+
+
+BACKENDS = ("cpu", "mjx")
+
+
+def list_tasks() -> list[str]:
+    return sorted(TASKS)
+
+
+def make_task(name: str, config: TaskConfig | None = None, **options: Any) -> Task:
+    """A task by name; `options` override fields of its config dataclass."""
+    if name not in TASKS:
+        close = difflib.get_close_matches(name, list(TASKS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"task: unknown task {name!r}; expected one of {list_tasks()}.{hint}")
+    cls = task_class(name)
+    if config is None:
+        known = {f for f in cls.config_cls.__dataclass_fields__}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"{name}: unknown option(s) {sorted(unknown)}; expected some of {sorted(known)}")
+        config = cls.config_cls(**options)
+    elif options:
+        raise ValueError("make_task: pass either a config or options, not both")
+    return cls(config)
+
+
+def make(
+    task: str | Task,
+    num_envs: int = 1,
+    backend: str = "cpu",
+    randomization: Randomization | None = None,
+    seed: int | None = None,
+    **options: Any,
+) -> Any:
+    """A vector env of `num_envs` copies of `task` on `backend` ('cpu' or 'mjx').
+
+    Backend options (`output`, `autoreset`, `reward_type`, `num_threads`, ...) and task options
+    (`action_mode`, `episode_steps`, ...) may be mixed in `options`.
+    """
+    from robotrl.envs.vector import check_num_envs
+
+    check_num_envs(num_envs)
+    backend_keys = {"output", "autoreset", "reward_type", "num_threads", "render_images"}
+    backend_opts = {k: v for k, v in options.items() if k in backend_keys}
+    task_opts = {k: v for k, v in options.items() if k not in backend_keys}
+    t = task if isinstance(task, Task) else make_task(task, **task_opts)
+    if backend == "cpu":
+        from robotrl.envs.cpu import CpuVectorEnv
+
+        return CpuVectorEnv(t, num_envs, randomization, seed, **backend_opts)
+    if backend == "mjx":
+        from robotrl.envs.mjx import MjxVectorEnv
+
+        return MjxVectorEnv(t, num_envs, randomization, seed, **backend_opts)
+    raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+
+
+__all__ = ["BACKENDS", "Expert", "Randomization", "Task", "TaskConfig", "list_tasks", "make", "make_task"]

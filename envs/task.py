@@ -1,0 +1,219 @@
+"""The task interface shared by both simulation backends.
+
+A task is an MJCF model plus a handful of pure, batched functions written against an array namespace `xp`
+(numpy on the CPU backend, jax.numpy on MJX). Reset, control, observation, reward and termination are
+therefore one piece of code for both backends; the backends only differ in how they step the physics.
+
+Every function receives a leading env dimension `n`. Randomness enters only as uniform draws `u` that the
+backend makes (numpy Generator or jax.random), so a task is deterministic given its draws.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import mujoco
+import numpy as np
+
+from robotrl.spec import ArraySpec, Spec
+
+
+class Frame(NamedTuple):
+    """What a task may read of the simulation after a control step (all batched over envs)."""
+
+    qpos: Any  # (n, nq)
+    qvel: Any  # (n, nv)
+    sensordata: Any  # (n, nsensordata)
+    goal: Any  # (n, goal_dim) task variables drawn at reset (target, command, object id, ...)
+
+
+class ResetState(NamedTuple):
+    qpos: Any  # (n, nq)
+    qvel: Any  # (n, nv)
+    goal: Any  # (n, goal_dim)
+
+
+@dataclass
+class TaskConfig:
+    """Options every task has. Subclasses add their own fields; the dataclass is also the CLI."""
+
+    action_mode: str = "ee_delta"
+    episode_steps: int = 100
+    image_size: int = 64
+
+
+class Task(abc.ABC):
+    """One robot task, defined once for both backends."""
+
+    name: ClassVar[str]
+    config_cls: ClassVar[type[TaskConfig]] = TaskConfig
+    action_modes: ClassVar[tuple[str, ...]] = ("ee_delta", "joint_pos")
+    control_hz: ClassVar[float] = 20.0
+    #: names of MJCF cameras whose RGB images are observations (`image_<camera>` keys); CPU backend only
+    cameras: ClassVar[tuple[str, ...]] = ()
+    #: how many uniform draws per env `reset` consumes
+    reset_dims: ClassVar[int] = 0
+    goal_dim: ClassVar[int] = 0
+
+    def __init__(self, config: TaskConfig | None = None) -> None:
+        self.config = config if config is not None else self.config_cls()
+        if not isinstance(self.config, self.config_cls):
+            raise TypeError(f"{self.name}: expected config of type {self.config_cls.__name__}, got {type(self.config).__name__}")
+        if self.config.action_mode not in self.action_modes:
+            raise ValueError(
+                f"{self.name}: action_mode must be one of {self.action_modes}, got {self.config.action_mode!r}"
+            )
+        if self.config.episode_steps <= 0:
+            raise ValueError(f"{self.name}: episode_steps must be positive, got {self.config.episode_steps}")
+        self.model = mujoco.MjModel.from_xml_string(self.mjcf())
+        self.n_substeps = max(1, int(round(1.0 / (self.control_hz * self.model.opt.timestep))))
+        self._sensor_slices = {
+            mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_SENSOR, i): slice(
+                int(self.model.sensor_adr[i]), int(self.model.sensor_adr[i] + self.model.sensor_dim[i])
+            )
+            for i in range(self.model.nsensor)
+        }
+
+    @classmethod
+    def with_options(cls, **overrides: Any) -> "Task":
+        return cls(dataclasses.replace(cls.config_cls(), **overrides))
+
+    # --- the model ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def mjcf(self) -> str:
+        """The task's MJCF (primitive geoms only, so MJX can run it)."""
+
+    def sensor(self, frame: Frame, name: str) -> Any:
+        return frame.sensordata[:, self._sensor_slices[name]]
+
+    # --- pure batched functions (xp = numpy or jax.numpy) -------------------------------------------
+    @abc.abstractmethod
+    def reset(self, xp: Any, u: Any) -> ResetState:
+        """Initial state from uniform draws `u` (n, reset_dims)."""
+
+    def mocap(self, xp: Any, goal: Any) -> tuple[Any, Any] | None:
+        """Mocap body poses (n, nmocap, 3), (n, nmocap, 4) that show the goal; None if the model has none."""
+        return None
+
+    @abc.abstractmethod
+    def control(self, xp: Any, frame: Frame, action: Any) -> Any:
+        """Actuator controls (n, nu) for a (clipped) action (n, action_dim)."""
+
+    @abc.abstractmethod
+    def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
+        """Numeric observations (images and instruction are added by the backend)."""
+
+    @abc.abstractmethod
+    def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:
+        """(dense reward (n,), success (n,) bool); the sparse reward is `success` as a float."""
+
+    def terminated(self, xp: Any, frame: Frame) -> Any:
+        """Episode ends before the time limit (a fall, an object off the table). Default: never."""
+        return xp.zeros(frame.qpos.shape[0], dtype=bool)
+
+    # --- host-side ----------------------------------------------------------------------------------
+    def instruction(self, goal: np.ndarray) -> list[str] | None:
+        """Language instruction per env, or None for tasks without one."""
+        return None
+
+    def expert(self, noise: float = 0.0, seed: int | None = None) -> "Expert":
+        raise NotImplementedError(f"{self.name} has no scripted expert")
+
+    @abc.abstractmethod
+    def action_spec(self) -> ArraySpec:
+        """Action shape and bounds for the configured action mode."""
+
+    @abc.abstractmethod
+    def state_obs_specs(self) -> dict[str, ArraySpec]:
+        """Specs of the keys `observe` returns."""
+
+    def joint_names(self) -> tuple[str, ...]:
+        names = []
+        for i in range(self.model.njnt):
+            if self.model.jnt_type[i] in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE) and i in set(
+                self.model.actuator_trnid[:, 0]
+            ):
+                names.append(mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_JOINT, i))
+        return tuple(names)
+
+    def spec(self) -> Spec:
+        obs = dict(self.state_obs_specs())
+        s = self.config.image_size
+        for cam in self.cameras:
+            obs[f"image_{cam}"] = ArraySpec((s, s, 3), "uint8", 0, 255)
+        if self.instruction(np.zeros((1, max(self.goal_dim, 1)))) is not None:
+            obs["instruction"] = ArraySpec((), "str")
+        names = self.joint_names()
+        limits = []
+        for name in names:
+            jid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, name)
+            limits.append(tuple(self.model.jnt_range[jid]))
+        return Spec(
+            task=self.name,
+            observations=obs,
+            action=self.action_spec(),
+            action_mode=self.config.action_mode,
+            control_hz=self.control_hz,
+            joint_names=names,
+            joint_limits=tuple(limits),
+            episode_steps=self.config.episode_steps,
+        )
+
+
+class Expert(abc.ABC):
+    """A scripted policy over a batch of envs; `noise` makes it act like an imperfect human teleoperator."""
+
+    def __init__(self, task: Task, noise: float = 0.0, seed: int | None = None) -> None:
+        self.task = task
+        self.noise = float(noise)
+        self.rng = np.random.default_rng(seed)
+
+    def reset(self, num_envs: int) -> None:
+        """Called by the caller at the start of a batch of episodes (optional state)."""
+
+    def reset_env(self, index: int) -> None:
+        """Called when env `index` starts a new episode (auto-reset)."""
+
+    @abc.abstractmethod
+    def act(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        """Actions (n, action_dim) for a batch of observations."""
+
+
+class TeleopNoise:
+    """Noise that makes a scripted expert look like a human at a teleop device.
+
+    Humans drift (temporally correlated error, an Ornstein-Uhlenbeck process), jitter (white noise) and
+    hesitate (hold still for a few steps). All three scale with `noise`; `noise=0` leaves actions untouched.
+    """
+
+    def __init__(self, noise: float, action_dim: int, rng: np.random.Generator, theta: float = 0.15) -> None:
+        self.noise, self.theta, self.rng = noise, theta, rng
+        self.action_dim = action_dim
+        self.drift = np.zeros((0, action_dim))
+        self.pause = np.zeros(0, dtype=np.int64)
+
+    def reset(self, num_envs: int) -> None:
+        self.drift = np.zeros((num_envs, self.action_dim))
+        self.pause = np.zeros(num_envs, dtype=np.int64)
+
+    def reset_env(self, index: int) -> None:
+        self.drift[index] = 0.0
+        self.pause[index] = 0
+
+    def __call__(self, action: np.ndarray) -> np.ndarray:
+        if self.noise <= 0.0:
+            return action
+        n = action.shape[0]
+        if self.drift.shape[0] != n:
+            self.reset(n)
+        self.drift += -self.theta * self.drift + 0.5 * self.noise * self.rng.standard_normal(self.drift.shape)
+        jitter = 0.3 * self.noise * self.rng.standard_normal(action.shape)
+        start = (self.pause == 0) & (self.rng.random(n) < 0.05 * self.noise)
+        self.pause[start] = self.rng.integers(2, 6, size=int(start.sum()))
+        out = action + self.drift + jitter
+        out[self.pause > 0] = 0.0
+        self.pause = np.maximum(self.pause - 1, 0)
+        return out

@@ -1,0 +1,152 @@
+"""A 7-DoF arm with Franka Panda kinematics and joint limits, its MJCF, and an IK controller.
+
+The forward kinematics and the damped-least-squares IK are written once against an array namespace `xp`
+(numpy or jax.numpy), so the end-effector controller is the same code on the CPU and the MJX backend and
+needs no MuJoCo call: the parity between the backends then only depends on the physics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# (name, body pos in parent, rotation about parent x in rad, joint range) — Panda link frames as in
+# Franka's documented kinematics: each child frame is Trans(pos) * RotX(alpha), then the joint turns about z.
+PANDA_LINKS: tuple[tuple[str, tuple[float, float, float], float, tuple[float, float]], ...] = (
+    ("joint1", (0.0, 0.0, 0.333), 0.0, (-2.8973, 2.8973)),
+    ("joint2", (0.0, 0.0, 0.0), -np.pi / 2, (-1.7628, 1.7628)),
+    ("joint3", (0.0, -0.316, 0.0), np.pi / 2, (-2.8973, 2.8973)),
+    ("joint4", (0.0825, 0.0, 0.0), np.pi / 2, (-3.0718, -0.0698)),
+    ("joint5", (-0.0825, 0.384, 0.0), -np.pi / 2, (-2.8973, 2.8973)),
+    ("joint6", (0.0, 0.0, 0.0), np.pi / 2, (-0.0175, 3.7525)),
+    ("joint7", (0.088, 0.0, 0.0), np.pi / 2, (-2.8973, 2.8973)),
+)
+FLANGE_Z = 0.107
+JOINT_NAMES = tuple(link[0] for link in PANDA_LINKS)
+JOINT_LIMITS = np.array([link[3] for link in PANDA_LINKS])
+HOME_QPOS = np.array([0.0, 0.2, 0.0, -2.2, 0.0, 2.4, np.pi / 4])
+# Position-actuator stiffness per joint (N·m/rad) and joint damping: stiff enough to track a 20 Hz IK target.
+# Links are gravity-compensated (`gravcomp`), as a torque-controlled arm's driver does, so targets carry no sag.
+KP = (2000.0, 2000.0, 1500.0, 1500.0, 800.0, 800.0, 400.0)
+DAMPING = (60.0, 60.0, 45.0, 45.0, 20.0, 20.0, 10.0)
+LINK_RADIUS = (0.06, 0.06, 0.06, 0.055, 0.05, 0.045, 0.04)
+LINK_MASS = (3.0, 3.0, 2.5, 2.5, 2.0, 1.5, 0.8)
+
+
+def _quat_x(alpha: float) -> str:
+    return f"{np.cos(alpha / 2):.9f} {np.sin(alpha / 2):.9f} 0 0"
+
+
+def arm_xml(tool_xml: str, tool_offset: float, contacts: bool = False, rgba: str = "0.93 0.93 0.93 1") -> str:
+    """MJCF `<body>` tree of the arm; `tool_xml` goes inside the flange body, whose `ee` site sits `tool_offset` below it.
+
+    `contacts=False` makes the links visual only (cheaper, and MJX-friendly for tasks where only the tool touches).
+    """
+    con = "" if contacts else ' contype="0" conaffinity="0"'
+    parts: list[str] = ['<body name="link0" pos="0 0 0">',
+                        f'<geom type="cylinder" size="0.07 0.05" pos="0 0 0.05" rgba="{rgba}"{con}/>']
+    for i, (name, pos, alpha, (lo, hi)) in enumerate(PANDA_LINKS):
+        r, mass = LINK_RADIUS[i], LINK_MASS[i]
+        parts.append(
+            f'<body name="link{i + 1}" pos="{pos[0]} {pos[1]} {pos[2]}" quat="{_quat_x(alpha)}" gravcomp="1">'
+            f'<inertial pos="0 0 0" mass="{mass}" diaginertia="{0.02 * mass} {0.02 * mass} {0.01 * mass}"/>'
+            f'<joint name="{name}" axis="0 0 1" range="{lo} {hi}" damping="{DAMPING[i]}" armature="0.1"/>'
+            f'<geom type="capsule" size="{r}" fromto="0 0 -0.05 0 0 0.05" rgba="{rgba}"{con}/>'
+        )
+        # a visual segment towards the next link origin, so the rendered arm looks connected
+        if i + 1 < len(PANDA_LINKS):
+            nxt = PANDA_LINKS[i + 1][1]
+            if np.linalg.norm(nxt) > 1e-6:
+                parts.append(
+                    f'<geom type="capsule" size="{r * 0.9}" fromto="0 0 0 {nxt[0]} {nxt[1]} {nxt[2]}" rgba="{rgba}"{con}/>'
+                )
+    parts.append(f'<body name="flange" pos="0 0 {FLANGE_Z}" gravcomp="1">')
+    parts.append(f'<site name="ee" pos="0 0 {tool_offset}" size="0.01" rgba="1 0 0 0.5"/>')
+    parts.append(tool_xml)
+    parts.append("</body>")
+    parts.append("</body>" * len(PANDA_LINKS))
+    parts.append("</body>")
+    return "\n".join(parts)
+
+
+def arm_actuators_xml() -> str:
+    """Joint-position actuators; their ctrl is the joint target that both action modes produce."""
+    rows = []
+    for i, (name, _, _, (lo, hi)) in enumerate(PANDA_LINKS):
+        rows.append(f'<position name="act_{name}" joint="{name}" kp="{KP[i]}" ctrlrange="{lo} {hi}"/>')
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Kinematics in any array namespace (numpy / jax.numpy), batched over a leading dimension.
+
+
+def _rot_x(xp: Any, alpha: float) -> Any:
+    c, s = np.cos(alpha), np.sin(alpha)
+    return xp.asarray(np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]]))
+
+
+def _rot_z(xp: Any, q: Any) -> Any:
+    c, s = xp.cos(q), xp.sin(q)
+    z, o = xp.zeros_like(q), xp.ones_like(q)
+    return xp.stack([xp.stack([c, -s, z], -1), xp.stack([s, c, z], -1), xp.stack([z, z, o], -1)], -2)
+
+
+def forward_kinematics(xp: Any, q: Any, tool_offset: float) -> tuple[Any, Any, Any]:
+    """Pose of the `ee` site and its geometric Jacobian for joint angles `q` (n, 7).
+
+    Returns (pos (n, 3), rot (n, 3, 3), jac (n, 6, 7)) in the arm's base frame.
+    """
+    n = q.shape[0]
+    rot = xp.broadcast_to(xp.eye(3), (n, 3, 3))
+    pos = xp.zeros((n, 3))
+    axes, origins = [], []
+    for i, (_, p, alpha, _) in enumerate(PANDA_LINKS):
+        pos = pos + xp.einsum("nij,j->ni", rot, xp.asarray(np.array(p)))
+        rot = xp.einsum("nij,jk->nik", rot, _rot_x(xp, alpha))
+        axes.append(rot[:, :, 2])
+        origins.append(pos)
+        rot = xp.einsum("nij,njk->nik", rot, _rot_z(xp, q[:, i]))
+    ee = pos + rot[:, :, 2] * (FLANGE_Z + tool_offset)
+    jac_pos = [xp.cross(z, ee - o) for z, o in zip(axes, origins)]
+    jac = xp.concatenate([xp.stack(jac_pos, -1), xp.stack(axes, -1)], axis=1)
+    return ee, rot, jac
+
+
+def down_rotation(xp: Any, yaw: Any) -> Any:
+    """Tool pointing straight down (tool z = -world z), turned by `yaw` about the world z axis."""
+    c, s = xp.cos(yaw), xp.sin(yaw)
+    z, o = xp.zeros_like(yaw), xp.ones_like(yaw)
+    return xp.stack([xp.stack([c, s, z], -1), xp.stack([s, -c, z], -1), xp.stack([z, z, -o], -1)], -2)
+
+
+def tool_yaw(xp: Any, rot: Any) -> Any:
+    return xp.arctan2(rot[:, 1, 0], rot[:, 0, 0])
+
+
+@dataclass(frozen=True)
+class IKConfig:
+    """Damped-least-squares differential IK, applied once per control step."""
+
+    damping: float = 0.05
+    nullspace_gain: float = 0.2
+    max_joint_step: float = 0.25  # rad per control step; bounds what one command can ask of the arm
+
+
+def ik_joint_targets(
+    xp: Any, q: Any, target_pos: Any, target_yaw: Any, tool_offset: float, cfg: IKConfig = IKConfig()
+) -> Any:
+    """Joint targets that move the `ee` site towards (target_pos, pointing down at target_yaw)."""
+    pos, rot, jac = forward_kinematics(xp, q, tool_offset)
+    rot_d = down_rotation(xp, target_yaw)
+    err_rot = 0.5 * sum(xp.cross(rot[:, :, k], rot_d[:, :, k]) for k in range(3))
+    err = xp.concatenate([target_pos - pos, err_rot], axis=-1)
+    jjt = xp.einsum("nij,nkj->nik", jac, jac) + (cfg.damping**2) * xp.eye(6)
+    jt_inv = xp.einsum("nji,njk->nik", jac, xp.linalg.inv(jjt))  # J^T (J J^T + λ²I)^-1, (n, 7, 6)
+    dq = xp.einsum("nij,nj->ni", jt_inv, err)
+    null = xp.eye(7) - xp.einsum("nij,njk->nik", jt_inv, jac)
+    dq = dq + cfg.nullspace_gain * xp.einsum("nij,nj->ni", null, xp.asarray(HOME_QPOS) - q)
+    dq = xp.clip(dq, -cfg.max_joint_step, cfg.max_joint_step)
+    return xp.clip(q + dq, xp.asarray(JOINT_LIMITS[:, 0]), xp.asarray(JOINT_LIMITS[:, 1]))

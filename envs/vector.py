@@ -1,0 +1,89 @@
+"""What both backends share: the gymnasium `VectorEnv` surface, input checks, spaces and output types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from robotrl.envs.randomization import Randomization
+from robotrl.envs.task import Task
+from robotrl.spec import STRING, ArraySpec, Spec
+
+INSTRUCTION_CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,.'-"
+
+
+def space_for(spec: ArraySpec) -> gym.Space:
+    if spec.dtype == STRING:
+        return gym.spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET)
+    if spec.dtype == "uint8":
+        return gym.spaces.Box(0, 255, spec.shape, np.uint8)
+    return gym.spaces.Box(spec.low_array().astype(np.float32), spec.high_array().astype(np.float32), spec.shape, np.dtype(spec.dtype))
+
+
+def observation_space(spec: Spec) -> gym.spaces.Dict:
+    return gym.spaces.Dict({k: space_for(v) for k, v in spec.observations.items()})
+
+
+def check_num_envs(num_envs: int) -> int:
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs <= 0:
+        raise ValueError(f"num_envs: expected a positive integer, got {num_envs!r}")
+    return int(num_envs)
+
+
+def check_actions(actions: Any, spec: ArraySpec, num_envs: int) -> np.ndarray:
+    """Validate a batch of actions and clip it to the bounds; a wrong shape, dtype or a NaN is an error."""
+    if hasattr(actions, "detach"):  # a torch tensor
+        actions = actions.detach().cpu().numpy()
+    arr = np.asarray(actions)
+    expected = (num_envs, *spec.shape)
+    if arr.shape != expected:
+        raise ValueError(f"actions: expected shape {expected} (num_envs, action_dim), got {arr.shape}")
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"actions: expected a float dtype ({spec.dtype}), got {arr.dtype}")
+    if not np.all(np.isfinite(arr)):
+        bad = np.unique(np.nonzero(~np.isfinite(arr))[0]).tolist()
+        raise ValueError(f"actions: expected finite values, got NaN/inf in env(s) {bad}")
+    return np.clip(arr, spec.low_array(), spec.high_array()).astype(np.float64)
+
+
+class RobotVectorEnv(gym.vector.VectorEnv):
+    """A batch of one task's envs; episodes auto-reset in the same step (`info['final_obs']` keeps the last obs).
+
+    Subclasses (the backends) implement `_reset_envs` and `_step_envs` on numpy or JAX arrays.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
+
+    def __init__(
+        self,
+        task: Task,
+        num_envs: int,
+        randomization: Randomization | None = None,
+        seed: int | None = None,
+        output: str = "numpy",
+        autoreset: bool = True,
+    ) -> None:
+        self.num_envs = check_num_envs(num_envs)
+        if output not in ("numpy", "torch"):
+            raise ValueError(f"output: expected 'numpy' or 'torch', got {output!r}")
+        self.task = task
+        self.task_spec: Spec = task.spec()
+        self.randomization = randomization if randomization is not None else Randomization()
+        self.output = output
+        self.autoreset = autoreset
+        self.single_observation_space = observation_space(self.task_spec)
+        self.single_action_space = space_for(self.task_spec.action)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self.render_mode = "rgb_array"
+        self._seed = seed
+
+    def _convert(self, obs: dict[str, Any]) -> dict[str, Any]:
+        if self.output == "numpy":
+            return obs
+        import torch
+
+        return {k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in obs.items()}

@@ -1,0 +1,1 @@
+"""robotrl.hardware — filled in by later issues (see ../shared/DESIGN.md)."""

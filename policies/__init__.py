@@ -1,0 +1,1 @@
+"""robotrl.policies — filled in by later issues (see ../shared/DESIGN.md)."""
