@@ -38,7 +38,10 @@ class ArraySpec:
             bound = getattr(self, name)
             if bound is None:
                 continue
-            bound = tuple(float(b) for b in np.broadcast_to(np.asarray(bound, dtype=np.float64), self.shape).ravel())
+            arr = np.asarray(bound, dtype=np.float64)
+            if arr.size == self.size and arr.size > 1:
+                arr = arr.reshape(self.shape)  # a flat list as read back from JSON
+            bound = tuple(float(b) for b in np.broadcast_to(arr, self.shape).ravel())
             object.__setattr__(self, name, bound)
 
     @property
@@ -57,21 +60,20 @@ class ArraySpec:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
-        if self.low is not None:
-            d["low"] = [_finite_or_str(v) for v in self.low]
-        if self.high is not None:
-            d["high"] = [_finite_or_str(v) for v in self.high]
+        for name in ("low", "high"):
+            bound = getattr(self, name)
+            if bound is not None:  # a uniform bound is stored once, not once per element
+                d[name] = _finite_or_str(bound[0]) if len(set(bound)) == 1 else [_finite_or_str(v) for v in bound]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ArraySpec":
-        low = d.get("low")
-        high = d.get("high")
+        low, high = d.get("low"), d.get("high")
         return cls(
             shape=tuple(d["shape"]),
             dtype=d["dtype"],
-            low=None if low is None else tuple(float(v) for v in low),
-            high=None if high is None else tuple(float(v) for v in high),
+            low=None if low is None else np.asarray(low, dtype=np.float64),
+            high=None if high is None else np.asarray(high, dtype=np.float64),
         )
 
     def validate(self, value: Any, where: str, batched: bool = True) -> None:

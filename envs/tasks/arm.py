@@ -83,36 +83,39 @@ def arm_actuators_xml() -> str:
 # Kinematics in any array namespace (numpy / jax.numpy), batched over a leading dimension.
 
 
-def _rot_x(xp: Any, alpha: float) -> Any:
-    c, s = np.cos(alpha), np.sin(alpha)
-    return xp.asarray(np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]]))
-
-
-def _rot_z(xp: Any, q: Any) -> Any:
-    c, s = xp.cos(q), xp.sin(q)
-    z, o = xp.zeros_like(q), xp.ones_like(q)
-    return xp.stack([xp.stack([c, -s, z], -1), xp.stack([s, c, z], -1), xp.stack([z, z, o], -1)], -2)
+def _cross(xp: Any, a: Any, b: Any) -> Any:
+    """Cross product over the last axis (cheaper than np.cross for small batched arrays)."""
+    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
+    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
+    return xp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
 
 
 def forward_kinematics(xp: Any, q: Any, tool_offset: float) -> tuple[Any, Any, Any]:
     """Pose of the `ee` site and its geometric Jacobian for joint angles `q` (n, 7).
 
-    Returns (pos (n, 3), rot (n, 3, 3), jac (n, 6, 7)) in the arm's base frame.
+    Returns (pos (n, 3), rot (n, 3, 3), jac (n, 6, 7)) in the arm's base frame. The frame is carried as
+    three column vectors so each link costs a few elementwise operations (this runs every control step).
     """
     n = q.shape[0]
-    rot = xp.broadcast_to(xp.eye(3), (n, 3, 3))
+    x = xp.zeros((n, 3)) + xp.asarray([1.0, 0.0, 0.0])
+    y = xp.zeros((n, 3)) + xp.asarray([0.0, 1.0, 0.0])
+    z = xp.zeros((n, 3)) + xp.asarray([0.0, 0.0, 1.0])
     pos = xp.zeros((n, 3))
+    cq, sq = xp.cos(q)[:, :, None], xp.sin(q)[:, :, None]
     axes, origins = [], []
     for i, (_, p, alpha, _) in enumerate(PANDA_LINKS):
-        pos = pos + xp.einsum("nij,j->ni", rot, xp.asarray(np.array(p)))
-        rot = xp.einsum("nij,jk->nik", rot, _rot_x(xp, alpha))
-        axes.append(rot[:, :, 2])
+        pos = pos + p[0] * x + p[1] * y + p[2] * z
+        if alpha != 0.0:
+            ca, sa = float(np.cos(alpha)), float(np.sin(alpha))
+            y, z = ca * y + sa * z, -sa * y + ca * z
+        axes.append(z)
         origins.append(pos)
-        rot = xp.einsum("nij,njk->nik", rot, _rot_z(xp, q[:, i]))
-    ee = pos + rot[:, :, 2] * (FLANGE_Z + tool_offset)
-    jac_pos = [xp.cross(z, ee - o) for z, o in zip(axes, origins)]
-    jac = xp.concatenate([xp.stack(jac_pos, -1), xp.stack(axes, -1)], axis=1)
-    return ee, rot, jac
+        x, y = cq[:, i] * x + sq[:, i] * y, -sq[:, i] * x + cq[:, i] * y
+    ee = pos + (FLANGE_Z + tool_offset) * z
+    zs, os_ = xp.stack(axes, axis=1), xp.stack(origins, axis=1)  # (n, 7, 3)
+    jac_pos = _cross(xp, zs, ee[:, None, :] - os_)
+    jac = xp.concatenate([xp.swapaxes(jac_pos, 1, 2), xp.swapaxes(zs, 1, 2)], axis=1)
+    return ee, xp.stack([x, y, z], axis=-1), jac
 
 
 def down_rotation(xp: Any, yaw: Any) -> Any:
@@ -136,17 +139,26 @@ class IKConfig:
 
 
 def ik_joint_targets(
-    xp: Any, q: Any, target_pos: Any, target_yaw: Any, tool_offset: float, cfg: IKConfig = IKConfig()
+    xp: Any,
+    q: Any,
+    target_pos: Any,
+    target_yaw: Any,
+    tool_offset: float,
+    cfg: IKConfig = IKConfig(),
+    fk: tuple[Any, Any, Any] | None = None,
 ) -> Any:
-    """Joint targets that move the `ee` site towards (target_pos, pointing down at target_yaw)."""
-    pos, rot, jac = forward_kinematics(xp, q, tool_offset)
+    """Joint targets that move the `ee` site towards (target_pos, pointing down at target_yaw).
+
+    `fk` is `forward_kinematics(xp, q, tool_offset)` if the caller already has it.
+    """
+    pos, rot, jac = fk if fk is not None else forward_kinematics(xp, q, tool_offset)
     rot_d = down_rotation(xp, target_yaw)
-    err_rot = 0.5 * sum(xp.cross(rot[:, :, k], rot_d[:, :, k]) for k in range(3))
+    err_rot = 0.5 * _cross(xp, xp.swapaxes(rot, 1, 2), xp.swapaxes(rot_d, 1, 2)).sum(axis=1)
     err = xp.concatenate([target_pos - pos, err_rot], axis=-1)
-    jjt = xp.einsum("nij,nkj->nik", jac, jac) + (cfg.damping**2) * xp.eye(6)
-    jt_inv = xp.einsum("nji,njk->nik", jac, xp.linalg.inv(jjt))  # J^T (J J^T + λ²I)^-1, (n, 7, 6)
-    dq = xp.einsum("nij,nj->ni", jt_inv, err)
-    null = xp.eye(7) - xp.einsum("nij,njk->nik", jt_inv, jac)
-    dq = dq + cfg.nullspace_gain * xp.einsum("nij,nj->ni", null, xp.asarray(HOME_QPOS) - q)
+    jac_t = xp.swapaxes(jac, 1, 2)
+    jt_inv = jac_t @ xp.linalg.inv(jac @ jac_t + (cfg.damping**2) * xp.eye(6))  # J^T (J J^T + λ²I)^-1, (n, 7, 6)
+    dq = (jt_inv @ err[:, :, None])[:, :, 0]
+    home = (xp.asarray(HOME_QPOS) - q)[:, :, None]
+    dq = dq + cfg.nullspace_gain * (home - jt_inv @ (jac @ home))[:, :, 0]
     dq = xp.clip(dq, -cfg.max_joint_step, cfg.max_joint_step)
     return xp.clip(q + dq, xp.asarray(JOINT_LIMITS[:, 0]), xp.asarray(JOINT_LIMITS[:, 1]))

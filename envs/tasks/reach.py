@@ -74,9 +74,9 @@ class Reach(Task):
         if self.config.action_mode == "joint_pos":
             lo, hi = xp.asarray(arm.JOINT_LIMITS[:, 0]), xp.asarray(arm.JOINT_LIMITS[:, 1])
             return lo + 0.5 * (action + 1.0) * (hi - lo)
-        ee, rot, _ = arm.forward_kinematics(xp, q, TOOL_OFFSET)
-        target = ee + self.config.max_ee_step * action[:, :3]
-        return arm.ik_joint_targets(xp, q, target, xp.zeros(q.shape[0]), TOOL_OFFSET)
+        fk = arm.forward_kinematics(xp, q, TOOL_OFFSET)
+        target = fk[0] + self.config.max_ee_step * action[:, :3]
+        return arm.ik_joint_targets(xp, q, target, xp.zeros(q.shape[0]), TOOL_OFFSET, fk=fk)
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         ee = self.sensor(frame, "ee_pos")

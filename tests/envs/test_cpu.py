@@ -1,0 +1,198 @@
+"""The threaded CPU backend: API semantics, determinism, input errors and domain randomization."""
+
+import numpy as np
+import pytest
+import torch
+
+from robotrl.envs import Randomization, make
+from robotrl.spec import SpecMismatchError
+
+
+def rollout(env, actions, seed=0):
+    env.reset(seed=seed)
+    out = []
+    for a in actions:
+        obs, reward, *_ = env.step(a)
+        out.append((obs["state"].copy(), np.asarray(reward).copy()))
+    return out
+
+
+def random_actions(n, steps, dim, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (steps, n, dim)).astype(np.float32)
+
+
+def test_observations_match_the_spec():
+    env = make("Reach", num_envs=3, seed=0)
+    obs, info = env.reset(seed=0)
+    for key, spec in env.task_spec.observations.items():
+        spec.validate(obs[key], f"obs[{key!r}]")
+    assert env.observation_space.contains(obs)
+    obs, reward, term, trunc, info = env.step(env.action_space.sample())
+    assert reward.shape == (3,) and term.dtype == bool and trunc.dtype == bool
+    assert info["success"].shape == (3,)
+
+
+def test_reset_is_deterministic_per_seed_and_differs_across_seeds():
+    env = make("Reach", num_envs=4)
+    a, _ = env.reset(seed=7)
+    b, _ = env.reset(seed=7)
+    c, _ = env.reset(seed=8)
+    np.testing.assert_array_equal(a["state"], b["state"])
+    assert not np.allclose(a["state"], c["state"])
+    assert len({tuple(r) for r in a["state"][:, 17:20].round(6)}) == 4  # each env its own target
+
+
+def test_thread_count_does_not_change_results():
+    acts = random_actions(6, 10, 3)
+    one = rollout(make("Reach", num_envs=6, num_threads=1), acts)
+    two = rollout(make("Reach", num_envs=6, num_threads=2), acts)
+    for (s1, r1), (s2, r2) in zip(one, two):
+        np.testing.assert_array_equal(s1, s2)
+        np.testing.assert_array_equal(r1, r2)
+
+
+def test_same_step_autoreset_keeps_final_observation():
+    env = make("Reach", num_envs=2, seed=0, episode_steps=5)
+    env.reset(seed=0)
+    zero = np.zeros((2, 3), np.float32)
+    for _ in range(4):
+        _, _, term, trunc, info = env.step(zero)
+        assert not trunc.any() and "final_obs" not in info
+    obs, _, term, trunc, info = env.step(zero)
+    assert trunc.all() and not term.any()
+    assert info["_final_obs"].all()
+    final = info["final_obs"]["state"]
+    # the returned obs is a fresh episode (new targets), the final one is where the arm ended
+    assert not np.allclose(final[:, 17:20], obs["state"][:, 17:20])
+    assert np.all(env._steps == 0)
+
+
+def test_get_and_set_state_replay_exactly():
+    env = make("Reach", num_envs=3, seed=0)
+    env.reset(seed=0)
+    acts = random_actions(3, 6, 3, seed=1)
+    env.step(acts[0])
+    saved = env.get_state()
+    first = [env.step(a)[0]["state"].copy() for a in acts[1:]]
+    env.set_state(saved)
+    second = [env.step(a)[0]["state"].copy() for a in acts[1:]]
+    for x, y in zip(first, second):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_torch_output():
+    env = make("Reach", num_envs=2, seed=0, output="torch")
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs["state"], torch.Tensor) and obs["state"].dtype == torch.float32
+    obs, reward, term, trunc, _ = env.step(torch.zeros(2, 3))
+    assert isinstance(reward, torch.Tensor) and isinstance(term, torch.Tensor)
+
+
+def test_out_of_bounds_actions_are_clipped():
+    a = make("Reach", num_envs=2, seed=0)
+    b = make("Reach", num_envs=2, seed=0)
+    big = np.full((2, 3), 5.0, np.float32)
+    ra = rollout(a, [big] * 3)
+    rb = rollout(b, [np.ones((2, 3), np.float32)] * 3)
+    np.testing.assert_array_equal(ra[-1][0], rb[-1][0])
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+
+def test_unknown_task_names_the_choices_and_a_suggestion():
+    with pytest.raises(ValueError, match=r"unknown task 'Reech'.*Did you mean 'Reach'"):
+        make("Reech")
+
+
+@pytest.mark.parametrize("n", [0, -3, 2.5, True])
+def test_non_positive_env_count(n):
+    with pytest.raises(ValueError, match=f"num_envs: expected a positive integer, got {n!r}"):
+        make("Reach", num_envs=n)
+
+
+def test_unknown_backend_and_option():
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        make("Reach", backend="gpu")
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['episode_len'\]"):
+        make("Reach", episode_len=3)
+    with pytest.raises(ValueError, match="action_mode must be one of"):
+        make("Reach", action_mode="torque")
+
+
+def test_wrong_action_shape_dtype_and_nan_are_errors():
+    env = make("Reach", num_envs=2, seed=0)
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"actions: expected shape \(2, 3\) \(num_envs, action_dim\), got \(3,\)"):
+        env.step(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match=r"got \(2, 7\)"):
+        env.step(np.zeros((2, 7), np.float32))
+    with pytest.raises(TypeError, match="actions: expected a float dtype"):
+        env.step(np.array([["a", "b", "c"]] * 2))
+    nan = np.zeros((2, 3), np.float32)
+    nan[1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"NaN/inf in env\(s\) \[1\]"):
+        env.step(nan)
+    before = env.get_state()
+    with pytest.raises(ValueError):
+        env.step(nan)
+    np.testing.assert_array_equal(before["physics"], env.get_state()["physics"])  # a bad step changes nothing
+
+
+def test_spec_mismatch_between_tasks_is_an_error():
+    reach = make("Reach", num_envs=1).task_spec
+    joint = make("Reach", num_envs=1, action_mode="joint_pos").task_spec
+    with pytest.raises(SpecMismatchError, match="spec.action.shape"):
+        reach.check(joint, "policy", "env")
+
+
+# --- domain randomization ---------------------------------------------------------------------------
+
+
+def test_randomization_validates_ranges():
+    with pytest.raises(ValueError, match=r"Randomization.mass: expected 0 < low <= high, got \(1.2, 0.8\)"):
+        Randomization(mass=(1.2, 0.8))
+    with pytest.raises(ValueError, match="latency_steps"):
+        Randomization(latency_steps=(2, 1))
+
+
+def test_dynamics_randomization_differs_per_env_and_per_reset():
+    dr = Randomization(friction=(0.5, 1.5), mass=(0.5, 2.0), damping=(0.5, 2.0), actuator_gain=(0.5, 1.5))
+    env = make("Reach", num_envs=4, seed=0, randomization=dr, action_mode="joint_pos")
+    env.reset(seed=0)
+    masses = np.array([m.body_mass[3] for m in env._models])
+    assert len(set(masses.round(6))) == 4
+    assert np.all((masses >= 0.5 * env.task.model.body_mass[3]) & (masses <= 2.0 * env.task.model.body_mass[3]))
+    # identical initial state and command in every env: different dynamics give different motion
+    state = env.get_state()
+    state["physics"][:] = state["physics"][0]
+    env.set_state(state)
+    obs, *_ = env.step(np.full((4, 7), 0.3, np.float32))
+    qpos = obs["state"][:, :7]
+    assert np.ptp(qpos, axis=0).max() > 1e-3
+    env.reset(seed=1)
+    assert not np.allclose(masses, [m.body_mass[3] for m in env._models])
+    # the nominal model is never touched
+    nominal = make("Reach", num_envs=1).task.model.body_mass[3]
+    assert env.task.model.body_mass[3] == nominal
+
+
+def test_latency_delays_commands_by_the_drawn_steps():
+    delayed = make("Reach", num_envs=2, seed=0, randomization=Randomization(latency_steps=(2, 2)))
+    plain = make("Reach", num_envs=2, seed=0)
+    up = np.zeros((2, 3), np.float32)
+    up[:, 2] = 1.0
+    zero = np.zeros_like(up)
+    d = rollout(delayed, [up, up, up])
+    p = rollout(plain, [zero, zero, up])
+    for (sd, _), (sp, _) in zip(d, p):
+        np.testing.assert_allclose(sd, sp, atol=1e-9)
+
+
+def test_observation_noise_has_the_configured_scale():
+    noisy = make("Reach", num_envs=64, seed=0, randomization=Randomization(obs_noise=0.01))
+    clean = make("Reach", num_envs=64, seed=0)
+    a, _ = noisy.reset(seed=0)
+    b, _ = clean.reset(seed=0)
+    diff = a["state"] - b["state"]
+    assert 0.008 < diff.std() < 0.012
