@@ -1,0 +1,342 @@
+"""PickPlace: the arm with a parallel gripper puts the cube a language instruction names into a bin.
+
+Three coloured cubes lie on the table in randomly chosen slots (with jitter and yaw); one of them is the
+target ("put the red cube in the bin"). The grasp is a real friction grasp: two box fingers on slide joints
+squeeze the cube under position control, nothing is welded. Only box/plane geoms are used and only the
+contacts that matter (cubes against fingers, table, bin walls and each other) are enabled, so MJX runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise
+from robotrl.envs.tasks import arm
+from robotrl.spec import ArraySpec
+
+COLORS: tuple[str, ...] = ("red", "green", "blue")
+RGBA = ("0.85 0.15 0.15 1", "0.15 0.7 0.2 1", "0.15 0.3 0.9 1")
+NUM_CUBES = len(COLORS)
+CUBE_HALF = 0.02  # 4 cm cubes
+TOOL_OFFSET = 0.08  # flange to the grasp point between the fingers
+FINGER_OPEN = 0.04  # metres per finger (the opening is twice that)
+FINGER_CLOSED = -0.01  # a target past contact, so a closed gripper squeezes with kp * 1 cm extra
+# Table slots (x, y) for the cubes: three of four are used, so neighbours keep >= 13 cm between centres.
+SLOTS = np.array([[0.40, -0.22], [0.58, -0.22], [0.40, -0.04], [0.58, -0.04]])
+SLOT_JITTER = 0.025
+BIN_POS = np.array([0.50, 0.25])
+BIN_HALF = 0.07  # inner half width
+BIN_WALL_HEIGHT = 0.06
+ARM_NQ = 7
+CUBE_QPOS = 9  # arm (7) + fingers (2), then 7 qpos per free cube
+CUBE_QVEL = 9
+
+#: layout of the "state" observation: name -> (start, stop); the expert reads it by name
+STATE_LAYOUT: dict[str, tuple[int, int]] = {}
+_offset = 0
+for _name, _size in (
+    ("joint_pos", 7), ("joint_vel", 7), ("gripper", 1), ("tool_pos", 3), ("tool_yaw", 2),
+    ("cube_pos", 3 * NUM_CUBES), ("cube_quat", 4 * NUM_CUBES), ("target", NUM_CUBES),
+    ("target_rel", 3), ("bin_rel", 3),
+):
+    STATE_LAYOUT[_name] = (_offset, _offset + _size)
+    _offset += _size
+STATE_DIM = _offset
+
+
+@dataclass
+class PickPlaceConfig(TaskConfig):
+    episode_steps: int = 150
+    max_ee_step: float = 0.03  # metres per control step at |action| = 1 (ee_delta)
+    max_yaw_step: float = 0.25  # rad per control step at |action| = 1
+    init_joint_noise: float = 0.1  # rad, uniform around the home pose
+    max_cube_yaw: float = np.pi / 4  # cube yaw drawn uniformly in +-this
+
+
+class PickPlace(Task):
+    name = "PickPlace"
+    config_cls = PickPlaceConfig
+    cameras = ("front", "wrist")
+    # slot permutation (4), xy jitter (3 x 2), cube yaw (3), target cube (1), arm joint noise (7)
+    reset_dims = 4 + 2 * NUM_CUBES + NUM_CUBES + 1 + ARM_NQ
+    goal_dim = NUM_CUBES  # one-hot target cube
+    config: PickPlaceConfig
+
+    def mjcf(self) -> str:
+        size = max(self.config.image_size, 64)
+        # contype/conaffinity: cubes 1/3, table and bin 1/1, fingers 2/0 -> fingers touch only cubes,
+        # the fingers never touch each other, and the arm links (contype 0) touch nothing.
+        finger = (
+            '<body name="finger_{s}" gravcomp="1">'
+            '<joint name="finger_{s}" type="slide" axis="0 {a} 0" range="0 {open}" damping="3" armature="0.01"/>'
+            '<geom type="box" size="0.01 0.006 0.035" pos="0 {y} 0.06" rgba="0.25 0.25 0.28 1" '
+            'contype="2" conaffinity="0" friction="1.5 0.01 0.001" mass="0.03"/></body>'
+        )
+        tool = (
+            '<geom type="box" size="0.015 0.06 0.012" pos="0 0 0.012" rgba="0.3 0.3 0.32 1" contype="0" conaffinity="0"/>'
+            '<camera name="wrist" pos="-0.06 0 0.0" quat="0 0.9659 0 -0.2588" fovy="75"/>'
+            + finger.format(s="l", a=1, y=0.006, open=FINGER_OPEN)
+            + finger.format(s="r", a=-1, y=-0.006, open=FINGER_OPEN)
+        )
+        cubes = "\n".join(
+            f'<body name="cube_{c}" pos="{SLOTS[i, 0]} {SLOTS[i, 1]} {CUBE_HALF}"><freejoint name="cube_{c}"/>'
+            f'<geom name="cube_{c}" type="box" size="{CUBE_HALF} {CUBE_HALF} {CUBE_HALF}" rgba="{RGBA[i]}" '
+            f'contype="1" conaffinity="3" mass="0.06" friction="1 0.01 0.001"/></body>'
+            for i, c in enumerate(COLORS)
+        )
+        bx, by, h, t = BIN_POS[0], BIN_POS[1], BIN_WALL_HEIGHT / 2, 0.005
+        w = BIN_HALF + t
+        walls = "\n".join(
+            f'<geom name="bin_{k}" type="box" size="{sx} {sy} {h}" pos="{px} {py} {h}" rgba="0.55 0.4 0.25 1" contype="1" conaffinity="1"/>'
+            for k, (sx, sy, px, py) in enumerate(
+                ((t, w, bx + w, by), (t, w, bx - w, by), (w, t, bx, by + w), (w, t, bx, by - w))
+            )
+        )
+        return f"""
+<mujoco model="pick_place">
+  <compiler angle="radian" autolimits="true"/>
+  <option timestep="0.002" integrator="implicitfast" iterations="8" ls_iterations="8">
+    <flag eulerdamp="disable"/>
+  </option>
+  <visual><global offwidth="{max(size, 640)}" offheight="{max(size, 480)}"/></visual>
+  <asset>
+    <texture name="grid" type="2d" builtin="checker" rgb1=".55 .5 .45" rgb2=".5 .45 .4" width="256" height="256"/>
+    <material name="table" texture="grid" texrepeat="6 6"/>
+  </asset>
+  <worldbody>
+    <light pos="0.5 0 2.0" dir="0 0 -1" diffuse="0.7 0.7 0.7"/>
+    <geom name="table" type="plane" size="1.2 1.2 0.05" material="table" contype="1" conaffinity="1"/>
+    <camera name="front" pos="1.4 0 0.8" xyaxes="0 1 0 -0.64 0 0.768" fovy="50"/>
+    {arm.arm_xml(tool, TOOL_OFFSET)}
+    {cubes}
+    {walls}
+  </worldbody>
+  <actuator>
+    {arm.arm_actuators_xml()}
+    <position name="act_finger_l" joint="finger_l" kp="300" ctrlrange="{FINGER_CLOSED} {FINGER_OPEN}" forcerange="-30 30"/>
+    <position name="act_finger_r" joint="finger_r" kp="300" ctrlrange="{FINGER_CLOSED} {FINGER_OPEN}" forcerange="-30 30"/>
+  </actuator>
+  <sensor><framepos name="ee_pos" objtype="site" objname="ee"/></sensor>
+</mujoco>"""
+
+    # --- pure functions ------------------------------------------------------------------------------
+    def reset(self, xp: Any, u: Any) -> ResetState:
+        n = u.shape[0]
+        slot = xp.argsort(u[:, :4], axis=-1)[:, :NUM_CUBES]  # a random permutation, its first three slots
+        xy = xp.asarray(SLOTS)[slot] + SLOT_JITTER * (2.0 * u[:, 4:10].reshape(n, NUM_CUBES, 2) - 1.0)
+        yaw = self.config.max_cube_yaw * (2.0 * u[:, 10:13] - 1.0)
+        quat = xp.stack([xp.cos(yaw / 2), xp.zeros_like(yaw), xp.zeros_like(yaw), xp.sin(yaw / 2)], -1)
+        z = xp.full((n, NUM_CUBES, 1), CUBE_HALF)
+        cubes = xp.concatenate([xy, z, quat], -1).reshape(n, 7 * NUM_CUBES)
+        q_arm = xp.asarray(arm.HOME_QPOS) + self.config.init_joint_noise * (2.0 * u[:, 14:21] - 1.0)
+        fingers = xp.full((n, 2), FINGER_OPEN)
+        target = xp.minimum(xp.floor(u[:, 13] * NUM_CUBES), NUM_CUBES - 1)
+        goal = (target[:, None] == xp.arange(NUM_CUBES)[None, :]).astype(u.dtype)
+        qpos = xp.concatenate([q_arm, fingers, cubes], -1)
+        return ResetState(qpos=qpos, qvel=xp.zeros((n, self.model.nv)), goal=goal)
+
+    def control(self, xp: Any, frame: Frame, action: Any) -> Any:
+        q = frame.qpos[:, :ARM_NQ]
+        if self.config.action_mode == "joint_pos":
+            lo, hi = xp.asarray(arm.JOINT_LIMITS[:, 0]), xp.asarray(arm.JOINT_LIMITS[:, 1])
+            q_target = lo + 0.5 * (action[:, :ARM_NQ] + 1.0) * (hi - lo)
+        else:
+            ee, rot, _ = arm.forward_kinematics(xp, q, TOOL_OFFSET)
+            target = ee + self.config.max_ee_step * action[:, :3]
+            yaw = arm.tool_yaw(xp, rot) + self.config.max_yaw_step * action[:, 3]
+            q_target = arm.ik_joint_targets(xp, q, target, yaw, TOOL_OFFSET)
+        # gripper command -1 (open) .. +1 (closed, squeezing): continuous, so a teleop trigger maps directly
+        finger = FINGER_OPEN + 0.5 * (action[:, -1:] + 1.0) * (FINGER_CLOSED - FINGER_OPEN)
+        return xp.concatenate([q_target, finger, finger], -1)
+
+    def _cubes(self, xp: Any, frame: Frame) -> tuple[Any, Any]:
+        """Cube positions (n, 3, 3) and quaternions (n, 3, 4) from the free joints."""
+        n = frame.qpos.shape[0]
+        c = frame.qpos[:, CUBE_QPOS:CUBE_QPOS + 7 * NUM_CUBES].reshape(n, NUM_CUBES, 7)
+        return c[:, :, :3], c[:, :, 3:]
+
+    def _target_pos(self, xp: Any, frame: Frame) -> Any:
+        pos, _ = self._cubes(xp, frame)
+        return xp.einsum("nc,ncd->nd", frame.goal, pos)
+
+    def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
+        n = frame.qpos.shape[0]
+        q = frame.qpos[:, :ARM_NQ]
+        ee = self.sensor(frame, "ee_pos")
+        _, rot, _ = arm.forward_kinematics(xp, q, TOOL_OFFSET)
+        yaw = arm.tool_yaw(xp, rot)
+        pos, quat = self._cubes(xp, frame)
+        target = self._target_pos(xp, frame)
+        bin_xyz = xp.asarray(np.array([BIN_POS[0], BIN_POS[1], CUBE_HALF]))
+        state = xp.concatenate(
+            [
+                q, frame.qvel[:, :ARM_NQ], frame.qpos[:, 7:8] + frame.qpos[:, 8:9], ee,
+                xp.stack([xp.sin(yaw), xp.cos(yaw)], -1), pos.reshape(n, -1), quat.reshape(n, -1),
+                frame.goal, target - ee, bin_xyz - target,
+            ],
+            axis=-1,
+        )
+        return {"state": state.astype(xp.float32)}
+
+    def _in_bin(self, xp: Any, pos: Any) -> Any:
+        d = xp.abs(pos[..., :2] - xp.asarray(BIN_POS))
+        return (d[..., 0] < BIN_HALF - 0.5 * CUBE_HALF) & (d[..., 1] < BIN_HALF - 0.5 * CUBE_HALF) & (pos[..., 2] < BIN_WALL_HEIGHT)
+
+    def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:
+        ee = self.sensor(frame, "ee_pos")
+        cube = self._target_pos(xp, frame)
+        n = frame.qpos.shape[0]
+        vel = frame.qvel[:, CUBE_QVEL:CUBE_QVEL + 6 * NUM_CUBES].reshape(n, NUM_CUBES, 6)
+        speed = xp.linalg.norm(xp.einsum("nc,ncd->nd", frame.goal, vel[:, :, :3]), axis=-1)
+        opening = frame.qpos[:, 7] + frame.qpos[:, 8]
+        near = xp.linalg.norm(cube - ee, axis=-1)
+        reach = 1.0 - xp.tanh(10.0 * near)
+        grasped = ((near < 0.02) & (opening > 2 * CUBE_HALF - 0.01) & (opening < 2 * CUBE_HALF + 0.005)).astype(ee.dtype)
+        lift = xp.clip((cube[:, 2] - CUBE_HALF) / 0.08, 0.0, 1.0) * grasped
+        in_bin = self._in_bin(xp, cube)
+        d_bin = xp.linalg.norm(cube[:, :2] - xp.asarray(BIN_POS), axis=-1)
+        over_bin = (1.0 - xp.tanh(5.0 * d_bin)) * xp.maximum(lift, in_bin.astype(ee.dtype))
+        success = in_bin & (speed < 0.05) & (near > 0.03)  # resting, and let go of
+        staged = 0.2 * (reach + grasped + lift + over_bin)
+        return xp.where(success, 1.0, staged), success
+
+    def terminated(self, xp: Any, frame: Frame) -> Any:
+        """A cube fell off the table (or the sim blew up and flung it away)."""
+        pos, _ = self._cubes(xp, frame)
+        off = (pos[..., 2] < -0.05) | (xp.abs(pos[..., 0] - 0.5) > 0.6) | (xp.abs(pos[..., 1]) > 0.7)
+        return off.any(axis=-1)
+
+    # --- host-side -----------------------------------------------------------------------------------
+    def instruction(self, goal: np.ndarray) -> list[str]:
+        return [f"put the {COLORS[int(i)]} cube in the bin" for i in np.argmax(np.asarray(goal), axis=-1)]
+
+    def action_spec(self) -> ArraySpec:
+        dim = ARM_NQ + 1 if self.config.action_mode == "joint_pos" else 5
+        return ArraySpec((dim,), "float32", -1.0, 1.0)
+
+    def state_obs_specs(self) -> dict[str, ArraySpec]:
+        return {"state": ArraySpec((STATE_DIM,), "float32")}
+
+    def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
+        return PickPlaceExpert(self, noise, seed)
+
+
+# expert phases
+APPROACH, DESCEND, CLOSE, LIFT, CARRY, RELEASE = range(6)
+HOVER = 0.10  # metres above the cube centre before descending
+CARRY_Z = 0.16  # height of the grasp point while carrying
+ALIGN_TOL = 0.012  # xy error (m) above the cube before descending
+GRASP_TOL = 0.015  # xy error (m) at which closing still centres the cube between the 8 cm fingers
+YAW_TOL = 0.2  # rad; closing squares a slightly turned cube up against the fingers
+DRIFT_GAIN = 0.7  # fraction of the estimated drift the expert cancels
+GAIN = 1.4  # proportional gain per control step (< 2 keeps the discrete loop stable)
+
+
+def _quat_yaw(quat: np.ndarray) -> np.ndarray:
+    w, x, y, z = (quat[..., i] for i in range(4))
+    return np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
+
+
+class PickPlaceExpert(Expert):
+    """State machine: above the cube -> descend -> close -> lift -> over the bin -> open, retrying a lost grasp.
+
+    Teleop noise perturbs the motion (x, y, z, yaw) only: a human holds the gripper button steadily even when
+    the hand drifts. The machine is closed-loop on the observed cube, so drift delays it rather than breaks it.
+    """
+
+    task: PickPlace
+
+    def __init__(self, task: PickPlace, noise: float = 0.0, seed: int | None = None) -> None:
+        if task.config.action_mode != "ee_delta":
+            raise ValueError(f"PickPlaceExpert acts in ee_delta mode, the task is in {task.config.action_mode!r}")
+        super().__init__(task, noise, seed)
+        self.teleop = TeleopNoise(noise, 4, self.rng)
+        self.phase = np.zeros(0, dtype=np.int64)
+        self.timer = np.zeros(0, dtype=np.int64)
+        # what a human feels at the device: last command, last tool pose, estimated drift (disturbance observer)
+        self.last_cmd = np.zeros((0, 4))
+        self.last_pose = np.full((0, 4), np.nan)
+        self.drift = np.zeros((0, 4))
+
+    def reset(self, num_envs: int) -> None:
+        self.teleop.reset(num_envs)
+        self.phase = np.full(num_envs, APPROACH, dtype=np.int64)
+        self.timer = np.zeros(num_envs, dtype=np.int64)
+        self.last_cmd = np.zeros((num_envs, 4))
+        self.last_pose = np.full((num_envs, 4), np.nan)
+        self.drift = np.zeros((num_envs, 4))
+
+    def reset_env(self, index: int) -> None:
+        self.teleop.reset_env(index)
+        self.phase[index] = APPROACH
+        self.timer[index] = 0
+        self.last_cmd[index] = 0.0
+        self.last_pose[index] = np.nan
+        self.drift[index] = 0.0
+
+    def act(self, obs: dict[str, np.ndarray]) -> np.ndarray:
+        s = np.asarray(obs["state"], dtype=np.float64)
+        n = s.shape[0]
+        if self.phase.shape[0] != n:
+            self.reset(n)
+        get = {k: s[:, a:b] for k, (a, b) in STATE_LAYOUT.items()}
+        ee = get["tool_pos"]
+        yaw = np.arctan2(get["tool_yaw"][:, 0], get["tool_yaw"][:, 1])
+        opening = get["gripper"][:, 0]
+        idx = np.argmax(get["target"], axis=-1)
+        rows = np.arange(n)
+        cube = get["cube_pos"].reshape(n, NUM_CUBES, 3)[rows, idx]
+        cube_yaw = _quat_yaw(get["cube_quat"].reshape(n, NUM_CUBES, 4)[rows, idx])
+        # any of the cube's four face normals will do: take the one nearest the current tool yaw
+        yaw_goal = yaw + (np.mod(cube_yaw - yaw + np.pi / 4, np.pi / 2) - np.pi / 4)
+        bin_xyz = np.array([BIN_POS[0], BIN_POS[1], CARRY_Z])
+
+        xy_err = np.linalg.norm(cube[:, :2] - ee[:, :2], axis=-1)
+        held = (np.linalg.norm(cube - ee, axis=-1) < 0.03) & (opening > 2 * CUBE_HALF - 0.01)
+        ph, t = self.phase, self.timer
+        t += 1
+        # transitions (one per step, decided on this observation)
+        new = ph.copy()
+        new[(ph == APPROACH) & (xy_err < ALIGN_TOL) & (np.abs(ee[:, 2] - cube[:, 2] - HOVER) < 0.03)
+            & (np.abs(yaw_goal - yaw) < YAW_TOL)] = DESCEND
+        new[(ph == DESCEND) & (xy_err > GRASP_TOL + 0.01)] = APPROACH
+        new[(ph == DESCEND) & (xy_err <= GRASP_TOL) & (np.abs(ee[:, 2] - cube[:, 2]) < 0.01)] = CLOSE
+        new[(ph == CLOSE) & (t >= 6)] = LIFT
+        new[(ph == LIFT) & ~held & (t >= 3)] = APPROACH
+        new[(ph == LIFT) & held & (ee[:, 2] > CARRY_Z - 0.03)] = CARRY
+        new[(ph == CARRY) & ~held] = APPROACH
+        new[(ph == CARRY) & (np.linalg.norm(ee[:, :2] - bin_xyz[:2], axis=-1) < 0.03)] = RELEASE
+        in_bin = np.asarray(self.task._in_bin(np, cube))
+        new[(ph == RELEASE) & (t >= 8) & ~in_bin] = APPROACH
+        t[new != ph] = 0
+        self.phase = ph = new
+
+        goal = np.where(ph[:, None] == APPROACH, cube + [0.0, 0.0, HOVER], cube)
+        goal = np.where((ph == LIFT)[:, None], np.c_[ee[:, :2], np.full(n, CARRY_Z)], goal)
+        goal = np.where((ph == CARRY)[:, None], bin_xyz, goal)
+        goal = np.where((ph == RELEASE)[:, None], np.c_[ee[:, :2], np.full(n, CARRY_Z)], goal)
+        # approach the hover point high first, so the open fingers do not sweep through the other cubes
+        low = (ph == APPROACH) & (xy_err > 0.03)
+        goal[low, 2] = np.maximum(goal[low, 2], CARRY_Z)
+        move = np.clip(GAIN * (goal - ee) / self.task.config.max_ee_step, -1.0, 1.0)
+        turn = np.clip(GAIN * (yaw_goal - yaw) / self.task.config.max_yaw_step, -1.0, 1.0)
+        turn[ph >= CLOSE] = 0.0
+        cmd = np.c_[move, turn]
+        if self.noise > 0.0:
+            # compensate the drift seen in the last step (what moved minus what was asked), as a human
+            # correcting a hand that pulls to one side; it is zero without noise, so the clean expert is exact
+            pose = np.c_[ee, yaw]
+            scale = np.array([self.task.config.max_ee_step] * 3 + [self.task.config.max_yaw_step])
+            seen = (pose - self.last_pose) / scale - self.last_cmd
+            seen[:, 3] = (seen[:, 3] * scale[3] + np.pi) % (2 * np.pi) / scale[3] - np.pi / scale[3]
+            ok = np.isfinite(seen).all(axis=1)
+            self.drift[ok] = 0.5 * self.drift[ok] + 0.5 * np.clip(seen[ok], -1.5, 1.5)
+            cmd = np.clip(cmd - DRIFT_GAIN * self.drift, -1.0, 1.0)
+            self.last_pose = pose
+        grip = np.where((ph == CLOSE) | (ph == LIFT) | (ph == CARRY), 1.0, -1.0)
+        motion = np.clip(self.teleop(cmd), -1.0, 1.0)
+        self.last_cmd = cmd
+        return np.c_[motion, grip].astype(np.float32)
