@@ -109,7 +109,7 @@ class PickPlace(Task):
   <worldbody>
     <light pos="0.5 0 2.0" dir="0 0 -1" diffuse="0.7 0.7 0.7"/>
     <geom name="table" type="plane" size="1.2 1.2 0.05" material="table" contype="1" conaffinity="1"/>
-    <camera name="front" pos="1.15 0 0.75" xyaxes="0 1 0 -0.733 0 0.68" fovy="45"/>
+    <camera name="front" pos="1.25 0 0.8" xyaxes="0 1 0 -0.707 0 0.707" fovy="48"/>
     {arm.arm_xml(tool, TOOL_OFFSET)}
     {cubes}
     {walls}
