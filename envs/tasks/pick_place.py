@@ -31,6 +31,9 @@ BIN_POS = np.array([0.50, 0.25])
 BIN_HALF = 0.07  # inner half width
 BIN_WALL_HEIGHT = 0.06
 ARM_NQ = 7
+# stiffer than MuJoCo's default contact (which lets a squeezing finger sink ~4 mm into the cube);
+# the time constant stays >= 2 timesteps so the contact remains stable
+STIFF_CONTACT = 'solref="0.005 1" solimp="0.95 0.99 0.001"'
 CUBE_QPOS = 9  # arm (7) + fingers (2), then 7 qpos per free cube
 CUBE_QVEL = 9
 
@@ -73,18 +76,18 @@ class PickPlace(Task):
             '<body name="finger_{s}" gravcomp="1">'
             '<joint name="finger_{s}" type="slide" axis="0 {a} 0" range="0 {open}" damping="3" armature="0.01"/>'
             '<geom type="box" size="0.01 0.006 0.035" pos="0 {y} 0.06" rgba="0.25 0.25 0.28 1" '
-            'contype="2" conaffinity="0" friction="1.5 0.01 0.001" mass="0.03"/></body>'
+            'contype="2" conaffinity="0" friction="1.5 0.01 0.001" mass="0.03" {CONTACT}/></body>'
         )
         tool = (
             '<geom type="box" size="0.015 0.06 0.012" pos="0 0 0.012" rgba="0.3 0.3 0.32 1" contype="0" conaffinity="0"/>'
             '<camera name="wrist" pos="-0.06 0 0.0" quat="0 0.9659 0 -0.2588" fovy="75"/>'
-            + finger.format(s="l", a=1, y=0.006, open=FINGER_OPEN)
-            + finger.format(s="r", a=-1, y=-0.006, open=FINGER_OPEN)
+            + finger.format(s="l", a=1, y=0.006, open=FINGER_OPEN, CONTACT=STIFF_CONTACT)
+            + finger.format(s="r", a=-1, y=-0.006, open=FINGER_OPEN, CONTACT=STIFF_CONTACT)
         )
         cubes = "\n".join(
             f'<body name="cube_{c}" pos="{SLOTS[i, 0]} {SLOTS[i, 1]} {CUBE_HALF}"><freejoint name="cube_{c}"/>'
             f'<geom name="cube_{c}" type="box" size="{CUBE_HALF} {CUBE_HALF} {CUBE_HALF}" rgba="{RGBA[i]}" '
-            f'contype="1" conaffinity="3" mass="0.06" friction="1 0.01 0.001"/></body>'
+            f'contype="1" conaffinity="3" mass="0.06" friction="1 0.01 0.001" {STIFF_CONTACT}/></body>'
             for i, c in enumerate(COLORS)
         )
         bx, by, h, t = BIN_POS[0], BIN_POS[1], BIN_WALL_HEIGHT / 2, 0.005
