@@ -9,10 +9,12 @@ switch back), OSMesa otherwise, and keeps one context, scene and MjData per rend
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import subprocess
 import sys
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -25,6 +27,7 @@ import numpy as np
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 _PROBE = "import mujoco.egl as e; c = e.GLContext(8, 8); c.make_current(); c.free()"
 _backend: str | None = None
+_live: "weakref.WeakSet[_Offscreen]" = weakref.WeakSet()
 
 
 def _egl_works() -> bool:
@@ -107,6 +110,7 @@ class _Offscreen:
         self._rect = mujoco.MjrRect(0, 0, width, height)
         self._buf = np.empty((height, width, 3), np.uint8)
         self._cams: dict[str | None, mujoco.MjvCamera] = {}
+        _live.add(self)
 
     def camera(self, name: str | None) -> mujoco.MjvCamera:
         cam = self._cams.get(name)
@@ -157,6 +161,13 @@ class _Offscreen:
             self.close()
         except Exception:  # interpreter shutdown: the GL library may already be gone
             pass
+
+
+@atexit.register
+def _close_all() -> None:
+    # free GL contexts while PyOpenGL still works: at interpreter teardown OSMesa's own __del__ fails noisily
+    for view in list(_live):
+        view.close()
 
 
 class BatchRenderer:
