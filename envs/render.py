@@ -28,6 +28,7 @@ FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 _PROBE = "import mujoco.egl as e; c = e.GLContext(8, 8); c.make_current(); c.free()"
 _backend: str | None = None
 _live: "weakref.WeakSet[_Offscreen]" = weakref.WeakSet()
+_exit_hook = False
 
 
 def _egl_works() -> bool:
@@ -82,6 +83,10 @@ def _gl_context(width: int, height: int) -> Any:
         from mujoco.osmesa import GLContext
     else:
         from mujoco.glfw import GLContext
+    global _exit_hook
+    if not _exit_hook:  # registered after mujoco.egl's own hook, so it runs before the EGL display goes away
+        atexit.register(_close_all)
+        _exit_hook = True
     return GLContext(width, height)
 
 
@@ -163,11 +168,13 @@ class _Offscreen:
             pass
 
 
-@atexit.register
 def _close_all() -> None:
     # free GL contexts while PyOpenGL still works: at interpreter teardown OSMesa's own __del__ fails noisily
     for view in list(_live):
-        view.close()
+        try:
+            view.close()
+        except Exception:  # a display already torn down: nothing left to free
+            pass
 
 
 class BatchRenderer:
