@@ -11,6 +11,7 @@ import difflib
 from typing import Any
 
 from robotrl.envs.randomization import Randomization
+from robotrl.envs.registration import register_envs
 from robotrl.envs.task import Expert, Task, TaskConfig
 from robotrl.envs.tasks import TASKS, task_class
 
@@ -70,5 +71,7 @@ def make(
         return MjxVectorEnv(t, num_envs, randomization, seed, **backend_opts)
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
 
+
+register_envs()  # gymnasium ids robotrl/<Task>-v0 (by name; no task module is imported)
 
 __all__ = ["BACKENDS", "Expert", "Randomization", "Task", "TaskConfig", "list_tasks", "make", "make_task"]
