@@ -69,7 +69,6 @@ class PickPlace(Task):
     config: PickPlaceConfig
 
     def mjcf(self) -> str:
-        size = max(self.config.image_size, 64)
         # contype/conaffinity: cubes 1/3, table and bin 1/1, fingers 2/0 -> fingers touch only cubes,
         # the fingers never touch each other, and the arm links (contype 0) touch nothing.
         finger = (
@@ -104,7 +103,7 @@ class PickPlace(Task):
   <option timestep="0.002" integrator="implicitfast" iterations="8" ls_iterations="8">
     <flag eulerdamp="disable"/>
   </option>
-  <visual><global offwidth="{max(size, 640)}" offheight="{max(size, 480)}"/></visual>
+  <visual><global offwidth="640" offheight="480"/></visual>
   <asset>
     <texture name="grid" type="2d" builtin="checker" rgb1=".55 .5 .45" rgb2=".5 .45 .4" width="256" height="256"/>
     <material name="table" texture="grid" texrepeat="6 6"/>
@@ -184,7 +183,8 @@ class PickPlace(Task):
         )
         return {"state": state.astype(xp.float32)}
 
-    def _in_bin(self, xp: Any, pos: Any) -> Any:
+    def in_bin(self, xp: Any, pos: Any) -> Any:
+        """Whether cube centres `pos` (..., 3) lie inside the bin (clear of the walls, below their top)."""
         d = xp.abs(pos[..., :2] - xp.asarray(BIN_POS))
         return (d[..., 0] < BIN_HALF - 0.5 * CUBE_HALF) & (d[..., 1] < BIN_HALF - 0.5 * CUBE_HALF) & (pos[..., 2] < BIN_WALL_HEIGHT)
 
@@ -199,7 +199,7 @@ class PickPlace(Task):
         reach = 1.0 - xp.tanh(10.0 * near)
         grasped = ((near < 0.02) & (opening > 2 * CUBE_HALF - 0.01) & (opening < 2 * CUBE_HALF + 0.005)).astype(ee.dtype)
         lift = xp.clip((cube[:, 2] - CUBE_HALF) / 0.08, 0.0, 1.0) * grasped
-        in_bin = self._in_bin(xp, cube)
+        in_bin = self.in_bin(xp, cube)
         d_bin = xp.linalg.norm(cube[:, :2] - xp.asarray(BIN_POS), axis=-1)
         over_bin = (1.0 - xp.tanh(5.0 * d_bin)) * xp.maximum(lift, in_bin.astype(ee.dtype))
         success = in_bin & (speed < 0.05) & (near > 0.03)  # resting, and let go of
@@ -231,9 +231,9 @@ class PickPlace(Task):
 APPROACH, DESCEND, CLOSE, LIFT, CARRY, RELEASE = range(6)
 HOVER = 0.10  # metres above the cube centre before descending
 CARRY_Z = 0.16  # height of the grasp point while carrying
-ALIGN_TOL = 0.012  # xy error (m) above the cube before descending
-GRASP_TOL = 0.015  # xy error (m) at which closing still centres the cube between the 8 cm fingers
-YAW_TOL = 0.2  # rad; closing squares a slightly turned cube up against the fingers
+ALIGN_TOL = 0.022  # xy error (m) above the cube to start descending (xy is corrected on the way down)
+GRASP_TOL = 0.02  # xy error (m) at which closing still centres the cube between the 8 cm fingers
+YAW_TOL = 0.35  # rad; closing squares a slightly turned cube up against the fingers
 DRIFT_GAIN = 0.7  # fraction of the estimated drift the expert cancels
 GAIN = 1.4  # proportional gain per control step (< 2 keeps the discrete loop stable)
 
@@ -247,7 +247,8 @@ class PickPlaceExpert(Expert):
     """State machine: above the cube -> descend -> close -> lift -> over the bin -> open, retrying a lost grasp.
 
     Teleop noise perturbs the motion (x, y, z, yaw) only: a human holds the gripper button steadily even when
-    the hand drifts. The machine is closed-loop on the observed cube, so drift delays it rather than breaks it.
+    the hand drifts. The machine is closed-loop on the observed cube, and with noise it also cancels the drift
+    it saw in the last step (as a person corrects a hand that pulls), so noise delays it rather than breaks it.
     """
 
     task: PickPlace
@@ -303,16 +304,16 @@ class PickPlaceExpert(Expert):
         t += 1
         # transitions (one per step, decided on this observation)
         new = ph.copy()
-        new[(ph == APPROACH) & (xy_err < ALIGN_TOL) & (np.abs(ee[:, 2] - cube[:, 2] - HOVER) < 0.03)
+        new[(ph == APPROACH) & (xy_err < ALIGN_TOL) & (np.abs(ee[:, 2] - cube[:, 2] - HOVER) < 0.04)
             & (np.abs(yaw_goal - yaw) < YAW_TOL)] = DESCEND
-        new[(ph == DESCEND) & (xy_err > GRASP_TOL + 0.01)] = APPROACH
+        new[(ph == DESCEND) & (xy_err > ALIGN_TOL + 0.01)] = APPROACH
         new[(ph == DESCEND) & (xy_err <= GRASP_TOL) & (np.abs(ee[:, 2] - cube[:, 2]) < 0.01)] = CLOSE
         new[(ph == CLOSE) & (t >= 6)] = LIFT
         new[(ph == LIFT) & ~held & (t >= 3)] = APPROACH
         new[(ph == LIFT) & held & (ee[:, 2] > CARRY_Z - 0.03)] = CARRY
         new[(ph == CARRY) & ~held] = APPROACH
         new[(ph == CARRY) & (np.linalg.norm(ee[:, :2] - bin_xyz[:2], axis=-1) < 0.03)] = RELEASE
-        in_bin = np.asarray(self.task._in_bin(np, cube))
+        in_bin = np.asarray(self.task.in_bin(np, cube))
         new[(ph == RELEASE) & (t >= 8) & ~in_bin] = APPROACH
         t[new != ph] = 0
         self.phase = ph = new
@@ -333,8 +334,9 @@ class PickPlaceExpert(Expert):
             # correcting a hand that pulls to one side; it is zero without noise, so the clean expert is exact
             pose = np.c_[ee, yaw]
             scale = np.array([self.task.config.max_ee_step] * 3 + [self.task.config.max_yaw_step])
-            seen = (pose - self.last_pose) / scale - self.last_cmd
-            seen[:, 3] = (seen[:, 3] * scale[3] + np.pi) % (2 * np.pi) / scale[3] - np.pi / scale[3]
+            delta = pose - self.last_pose
+            delta[:, 3] = np.mod(delta[:, 3] + np.pi, 2 * np.pi) - np.pi  # yaw wraps at +-pi
+            seen = delta / scale - self.last_cmd
             ok = np.isfinite(seen).all(axis=1)
             self.drift[ok] = 0.5 * self.drift[ok] + 0.5 * np.clip(seen[ok], -1.5, 1.5)
             cmd = np.clip(cmd - DRIFT_GAIN * self.drift, -1.0, 1.0)
