@@ -99,3 +99,10 @@ def test_make_vec_uses_the_batched_backend():
     obs, _ = env.reset(seed=0)
     assert obs["state"].shape == (3, 23)
     env.close()
+
+
+def test_without_images_the_space_has_no_image_keys():
+    require_task("PickPlace")
+    env = gym.make("robotrl/PickPlace-v0", render_images=False)
+    assert not [k for k in env.observation_space.spaces if k.startswith("image_")]
+    check_env(env.unwrapped, skip_render_check=True)

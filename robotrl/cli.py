@@ -1,0 +1,159 @@
+"""The `robotrl` command line: `robotrl <group> <command> [--options]`.
+
+Every command is a typed dataclass (parsed by tyro), and the same dataclass is the Python API: e.g.
+`robotrl train sb3 --task Reach` is `robotrl.sb3.train(Sb3Config(task="Reach"))`. `--help` works at
+every level. Heavy imports (SB3, torch, MuJoCo) happen only once a command runs, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import tyro
+
+from robotrl.sb3 import Sb3Config
+
+
+@dataclass
+class EnvsList:
+    """List the tasks with a summary of their spec (observations, action, rate, episode length)."""
+
+    json: bool = False
+    """print one JSON object per task (the full spec) instead of a table"""
+
+
+@dataclass
+class EnvsCheck:
+    """Run gymnasium's env checker (`gymnasium.utils.env_checker.check_env`) on a registered task."""
+
+    task: str = "Reach"
+    """task name, or 'all'"""
+    render: bool = True
+    """also check rendering (rgb_array)"""
+
+
+@dataclass
+class EnvsView:
+    """Render one scripted-expert episode of a task to an mp4."""
+
+    task: str = "Reach"
+    out: Path = Path("expert.mp4")
+    seed: int = 0
+    noise: float = 0.0
+    """teleop-like noise of the expert (0 = perfect)"""
+    camera: str | None = None
+    """MJCF camera name (default: the task's first camera, else the free camera)"""
+    width: int = 640
+    height: int = 480
+
+
+@dataclass
+class _Group:
+    """Placeholder for the top-level help; a group's own commands are parsed by `main`."""
+
+
+def run_list(config: EnvsList) -> None:
+    from robotrl.envs import list_tasks, make_task
+
+    for name in list_tasks():
+        try:
+            task = make_task(name)
+        except ModuleNotFoundError as err:
+            print(json.dumps({"task": name, "error": str(err)}) if config.json else f"{name:<11} (not available: {err})")
+            continue
+        spec = task.spec()
+        if config.json:
+            print(json.dumps({**spec.to_dict(), "action_modes": list(task.action_modes)}))
+            continue
+        obs = ", ".join(f"{k} {'str' if v.dtype == 'str' else tuple(v.shape)}" for k, v in spec.observations.items())
+        modes = "|".join(task.action_modes)
+        print(f"{name:<11} obs: {obs}; action: {spec.action_mode} {spec.action.shape} of {modes}; "
+              f"{spec.control_hz:g} Hz, {spec.episode_steps} steps")
+
+
+def run_check(config: EnvsCheck) -> None:
+    import warnings
+
+    import gymnasium as gym
+    from gymnasium.utils.env_checker import check_env
+
+    from robotrl.envs import list_tasks
+    from robotrl.envs.registration import env_id
+
+    names = list_tasks() if config.task == "all" else [config.task]
+    for name in names:
+        env = gym.make(env_id(name), render_mode="rgb_array" if config.render else None, width=160, height=120)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check_env(env.unwrapped, skip_render_check=not config.render)
+        env.close()
+        notes = sorted({str(w.message).replace("\x1b[33m", "").replace("\x1b[0m", "") for w in caught})
+        print(f"{env_id(name)}: check_env passed" + "".join(f"\n  note: {n}" for n in notes))
+
+
+def run_view(config: EnvsView) -> None:
+    from robotrl.envs.video import record_expert_episode
+
+    video = record_expert_episode(config.task, config.out, seed=config.seed, noise=config.noise,
+                                  camera=config.camera, size=(config.height, config.width))
+    print(json.dumps({"path": str(video.path), "frames": video.frames, "success": video.success,
+                      "instruction": video.instruction}))
+
+
+def run_sb3(config: Sb3Config) -> None:
+    from robotrl.sb3 import train
+
+    result = train(config)
+    lo, hi = result.success_ci95
+    print(f"{config.task} {config.algo.upper()}: success rate {result.success_rate:.1%} "
+          f"(95% CI {lo:.1%}-{hi:.1%}) over {result.episodes} episodes after {result.timesteps} steps "
+          f"({result.train_seconds:.0f} s of training); run dir {result.run_dir}")
+
+
+def load_bench() -> Any:
+    """`bench/envs.py` of the source checkout (benchmarks live next to the package, not inside it)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "envs.py"
+    if not path.exists():
+        raise SystemExit(f"robotrl envs bench: expected the benchmark at {path} (a source checkout), not found")
+    spec = importlib.util.spec_from_file_location("robotrl_bench_envs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _groups() -> dict[str, tuple[str, Callable[[], dict[str, tuple[type, Callable[[Any], Any]]]]]]:
+    def envs() -> dict[str, tuple[type, Callable[[Any], Any]]]:
+        bench = load_bench()
+        return {"list": (EnvsList, run_list), "check": (EnvsCheck, run_check), "view": (EnvsView, run_view),
+                "bench": (bench.BenchConfig, bench.main)}
+
+    def train() -> dict[str, tuple[type, Callable[[Any], Any]]]:
+        return {"sb3": (Sb3Config, run_sb3)}
+
+    return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
+            "train": ("Training: Stable-Baselines3 on a robotrl task.", train)}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    groups = _groups()
+    if not args or args[0] not in groups:
+        placeholders = {name: type(name, (_Group,), {"__doc__": doc}) for name, (doc, _) in groups.items()}
+        tyro.extras.subcommand_cli_from_dict({k: dataclass(v) for k, v in placeholders.items()}, prog="robotrl", args=args)
+        raise SystemExit(f"robotrl: expected a command after the group, e.g. `robotrl {args[0]} --help`")
+    commands = groups[args[0]][1]()
+    config = tyro.extras.subcommand_cli_from_dict({k: cls for k, (cls, _) in commands.items()},
+                                                  prog=f"robotrl {args[0]}", args=args[1:])
+    run = next(fn for cls, fn in commands.values() if isinstance(config, cls))
+    run(config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Stable-Baselines3 on a robotrl task: train SAC or PPO, then measure the success rate on the CPU backend.
+
+This is the smallest end-to-end check that the task suite is learnable with an off-the-shelf library and no
+changes to it: SB3 sees the registered gymnasium env (`robotrl/<Task>-v0`) with the chosen observation keys
+flattened into one vector; evaluation runs the trained policy in the batched CPU env over seeded episodes.
+
+    from robotrl.sb3 import Sb3Config, train
+    result = train(Sb3Config(task="Reach"))        # the same dataclass is `robotrl train sb3`
+    print(result.success_rate)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+ALGOS = ("sac", "ppo")
+
+
+@dataclass
+class Sb3Config:
+    """Train an SB3 agent on a robotrl task and report its success rate over seeded evaluation episodes."""
+
+    task: str = "Reach"
+    """task name (see `robotrl envs list`)"""
+    algo: Literal["sac", "ppo"] = "sac"
+    """SAC (sample-efficient, the default) or PPO"""
+    action_mode: str = "ee_delta"
+    """the task's action mode"""
+    reward_type: Literal["dense", "sparse"] = "dense"
+    total_timesteps: int = 12_000
+    """environment steps of training (all envs together)"""
+    n_envs: int = 1
+    """parallel training envs (SAC: 1 is enough; PPO wants 8 or more)"""
+    obs_keys: tuple[str, ...] = ("state",)
+    """observation keys given to the policy, flattened in this order (images and text are not supported)"""
+    net_arch: tuple[int, ...] = (256, 256)
+    learning_rate: float = 1e-3
+    batch_size: int = 256
+    gamma: float = 0.95
+    """short horizon: Reach episodes are 60 steps and the reward is dense"""
+    learning_starts: int = 1_000
+    """SAC: random-action steps before the first update"""
+    eval_episodes: int = 100
+    eval_envs: int = 20
+    seed: int = 0
+    run_dir: Path | None = None
+    """where the model, TensorBoard events and metrics.jsonl go (default: runs/sb3-<task>-<algo>-<time>)"""
+    checkpoint_every: int = 5_000
+    """save a checkpoint (model + SAC replay buffer) every this many steps; 0 disables"""
+    resume: Path | None = None
+    """continue training from this checkpoint (.zip) instead of from scratch"""
+    progress: bool = True
+    torch_threads: int = 1
+    """torch CPU threads; 1 is fastest for these small networks on a shared machine"""
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo: expected one of {ALGOS}, got {self.algo!r}")
+        for name in ("total_timesteps", "n_envs", "eval_episodes", "eval_envs", "batch_size", "torch_threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        if not self.obs_keys:
+            raise ValueError("obs_keys: expected at least one observation key, got ()")
+
+
+@dataclass(frozen=True)
+class Sb3Result:
+    success_rate: float
+    success_ci95: tuple[float, float]
+    mean_return: float
+    episodes: int
+    timesteps: int
+    train_seconds: float
+    run_dir: Path
+    model_path: Path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def make_sb3_env(config: Sb3Config, seed: int | None = None) -> gym.Env:
+    """The registered single env, restricted to `obs_keys` and flattened to a Box (what SB3's MlpPolicy takes)."""
+    import robotrl.envs  # noqa: F401  (registers the ids)
+    from robotrl.envs.registration import env_id
+
+    env = gym.make(env_id(config.task), action_mode=config.action_mode, reward_type=config.reward_type, render_images=False)
+    space = env.observation_space
+    assert isinstance(space, gym.spaces.Dict)
+    missing = [k for k in config.obs_keys if k not in space.spaces]
+    bad = [k for k in config.obs_keys if k in space.spaces and not isinstance(space[k], gym.spaces.Box)]
+    if missing or bad:
+        raise ValueError(
+            f"obs_keys: {config.task} has keys {list(space.spaces)}; got {list(config.obs_keys)} "
+            f"({'missing ' + str(missing) if missing else 'not numeric: ' + str(bad)})"
+        )
+    env = gym.wrappers.FilterObservation(env, list(config.obs_keys))
+    env = gym.wrappers.FlattenObservation(env)
+    env.reset(seed=seed)
+    return env
+
+
+def flatten_batch(obs: dict[str, Any], keys: tuple[str, ...]) -> np.ndarray:
+    """Batched vector-env observations in the layout `make_sb3_env` gives SB3 (keys in the filtered order)."""
+    n = len(np.asarray(obs[keys[0]]))
+    return np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(n, -1) for k in keys], axis=1)
+
+
+def evaluate(model: Any, config: Sb3Config, keys: tuple[str, ...]) -> Any:
+    """Success over `eval_episodes` seeded episodes of the deterministic policy in the batched CPU env."""
+    from robotrl.envs import make
+    from robotrl.envs.rollouts import run_episodes
+
+    env = make(config.task, num_envs=min(config.eval_envs, config.eval_episodes), seed=config.seed + 10_000,
+               action_mode=config.action_mode, reward_type=config.reward_type, render_images=False)
+    try:
+        return run_episodes(env, lambda obs: model.predict(flatten_batch(obs, keys), deterministic=True)[0],
+                            config.eval_episodes, seed=config.seed + 10_000)
+    finally:
+        env.close()
+
+
+def train(config: Sb3Config) -> Sb3Result:
+    """Train, save `model.zip`, evaluate, write `result.json`; metrics go to TensorBoard and `metrics.jsonl`."""
+    import torch
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
+    from stable_baselines3.common.logger import JSONOutputFormat, Logger, TensorBoardOutputFormat
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
+
+    torch.set_num_threads(config.torch_threads)
+    run_dir = Path(config.run_dir or f"runs/sb3-{config.task}-{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(config)), indent=2))
+
+    venv = VecMonitor(DummyVecEnv([lambda i=i: make_sb3_env(config, config.seed + i) for i in range(config.n_envs)]),
+                      info_keywords=("success",))
+    keys = tuple(venv.envs[0].env.observation_space.spaces)  # FlattenObservation(FilterObservation): its key order
+    algo_cls = SAC if config.algo == "sac" else PPO
+    if config.resume is not None:
+        model = algo_cls.load(config.resume, env=venv, device="cpu")
+        buffer = Path(str(config.resume).removesuffix(".zip").replace("_steps", "_steps_replay_buffer") + ".pkl")
+        if config.algo == "sac" and buffer.exists():
+            model.load_replay_buffer(buffer)
+    else:
+        model = algo_cls("MlpPolicy", venv, seed=config.seed, device="cpu", verbose=0, **_algo_kwargs(config))
+    model.set_logger(Logger(str(run_dir), [JSONOutputFormat(str(run_dir / "metrics.jsonl")), TensorBoardOutputFormat(str(run_dir / "tb"))]))
+
+    callbacks: list[Any] = [_ProgressBar(config.total_timesteps, config.progress)]
+    if config.checkpoint_every > 0:
+        callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.n_envs, 1), str(run_dir / "checkpoints"),
+                                            name_prefix="model", save_replay_buffer=config.algo == "sac"))
+    start = time.perf_counter()
+    model.learn(config.total_timesteps, callback=CallbackList(callbacks), reset_num_timesteps=config.resume is None,
+                log_interval=10 if config.algo == "sac" else 1)
+    seconds = time.perf_counter() - start
+    model_path = run_dir / "model.zip"
+    model.save(model_path)
+    venv.close()
+
+    stats = evaluate(model, config, keys)
+    lo, hi = stats.success_ci95()
+    result = Sb3Result(stats.success_rate, (lo, hi), float(np.mean(stats.returns)), len(stats.success),
+                       int(model.num_timesteps), seconds, run_dir, model_path)
+    for key, value in (("eval/success_rate", result.success_rate), ("eval/mean_return", result.mean_return),
+                       ("time/train_seconds", seconds)):
+        model.logger.record(key, value)
+    model.logger.dump(model.num_timesteps)
+    model.logger.close()
+    (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))
+    return result
+
+
+def _algo_kwargs(config: Sb3Config) -> dict[str, Any]:
+    common = {"learning_rate": config.learning_rate, "batch_size": config.batch_size, "gamma": config.gamma,
+              "policy_kwargs": {"net_arch": list(config.net_arch)}}
+    if config.algo == "sac":
+        return {**common, "learning_starts": config.learning_starts, "buffer_size": max(config.total_timesteps, 1)}
+    return {**common, "n_steps": max(2048 // config.n_envs, 8)}
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
+
+
+def _make_progress_callback() -> type:
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class ProgressBar(BaseCallback):
+        """A tqdm bar over training steps (SB3's own bar needs `rich`, which robotrl does not depend on)."""
+
+        def __init__(self, total: int, enabled: bool) -> None:
+            super().__init__()
+            self.total, self.enabled, self.bar = total, enabled, None
+
+        def _on_training_start(self) -> None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, desc="train", unit="step", disable=not self.enabled, dynamic_ncols=True)
+
+        def _on_step(self) -> bool:
+            assert self.bar is not None
+            self.bar.update(self.training_env.num_envs)
+            return True
+
+        def _on_training_end(self) -> None:
+            if self.bar is not None:
+                self.bar.close()
+
+    return ProgressBar
+
+
+def _ProgressBar(total: int, enabled: bool) -> Any:
+    return _make_progress_callback()(total, enabled)
