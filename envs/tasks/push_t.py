@@ -152,7 +152,7 @@ class PushTConfig(TaskConfig):
 
     episode_steps: int = 200  # 20 s at 10 Hz
     success_coverage: float = 0.9  # fraction of the block's area inside the target T
-    max_ee_step: float = 0.02  # metres per control step at |action| = 1 (ee_delta mode)
+    max_ee_step: float = 0.02  # metres per control step at |action| = 1 (ee_delta mode): 0.2 m/s
     target: tuple[float, float, float] = (0.48, 0.0, 0.0)  # x, y, yaw of the target T
     max_offset_x: float = 0.06
     max_offset_y: float = 0.12
@@ -345,6 +345,8 @@ _METRIC = np.array([1.0, 1.0, RHO**2])  # the pose metric of `pose_distance`
 ORBIT_RADIUS = HULL_RADIUS + TIP_RADIUS + 0.012  # a circle the tip can travel around the T on
 APPROACH_GAP = 0.006  # tip surface to face before a push starts
 CLEARANCE = 0.003  # extra padding of the T for the tip's line-of-sight checks
+DRIFT_DECAY = 0.85  # per-step persistence of a teleoperator's drift (TeleopNoise's 1 - theta)
+DRIFT_KALMAN_GAIN = 0.77  # steady-state gain for that drift seen through TeleopNoise's jitter
 ON_RAY = 0.004  # lateral error (m) of the tip to a contact's normal ray at which pushing may start
 
 
@@ -413,13 +415,17 @@ class PushTExpert(Expert):
     task: PushT
     SWITCH_MARGIN = 0.25  # a new contact must align this much better to replace the current one
     PUSH_GAIN = 0.8  # fraction of the line-search depth pushed per step (under-shoots, never over-shoots)
-    DRIFT_GAIN = 0.7
 
     def __init__(self, task: PushT, noise: float = 0.0, seed: int | None = None) -> None:
         if task.config.action_mode != "ee_delta":
             raise ValueError(f"PushTExpert acts in ee_delta mode, the task is in {task.config.action_mode!r}")
         super().__init__(task, noise, seed)
         self.teleop = TeleopNoise(noise, 2, self.rng)
+        # a shakier hand keeps more room around the block and accepts a rougher line-up before pushing
+        self.orbit_radius = ORBIT_RADIUS + 0.02 * self.noise
+        self.approach_gap = APPROACH_GAP + 0.01 * self.noise
+        self.on_ray = ON_RAY + 0.006 * self.noise
+        self.speed = 1.0 / (1.0 + 0.5 * self.noise)  # headroom in the action bounds to cancel drift
         self.stop_coverage = min(task.config.success_coverage + 0.04, 0.99)
         self.contact = np.zeros(0, dtype=np.int64)
         self.done = np.zeros(0, dtype=bool)
@@ -476,32 +482,36 @@ class PushTExpert(Expert):
         step = self.task.config.max_ee_step
         push = np.clip(self.PUSH_GAIN * depth[rows, cur], 0.0, step) + 0.002  # + contact compliance
         goal = point + normal * (TIP_RADIUS - push)[:, None]  # pushing along the ray
-        pre = point + normal * (TIP_RADIUS + APPROACH_GAP)
-        on_ray = (np.abs(lateral) < ON_RAY) & (along > TIP_RADIUS - 0.01)
+        pre = point + normal * (TIP_RADIUS + self.approach_gap)
+        on_ray = (np.abs(lateral) < self.on_ray) & (along > TIP_RADIUS - 0.01)
         clear = ~_segment_hits_t(p, pre, TIP_RADIUS + CLEARANCE)
         near_t = distance_to_t(np, p) < TIP_RADIUS + 0.008
         away = _away_from_t(p)
-        radius = np.linalg.norm(p, axis=-1)
         phi = np.arctan2(p[:, 1], p[:, 0])
-        turn = np.clip(_wrap(np, CONTACT_EXIT[cur] - phi), -step / ORBIT_RADIUS, step / ORBIT_RADIUS)
-        orbit = ORBIT_RADIUS * np.c_[np.cos(phi + turn), np.sin(phi + turn)]
+        r_orbit = self.orbit_radius
+        exit_angle = _ray_exit(point, normal, r_orbit)
+        turn = np.clip(_wrap(np, exit_angle - phi), -step / r_orbit, step / r_orbit)
+        orbit = r_orbit * np.c_[np.cos(phi + turn), np.sin(phi + turn)]
         goal = np.where((~on_ray & clear)[:, None], pre, goal)
         goal = np.where((~on_ray & ~clear & ~near_t)[:, None], orbit, goal)
         goal = np.where((~on_ray & ~clear & near_t)[:, None], p + step * away, goal)
         # done: back off from the block if touching it, then hold still
         hold = np.where((distance_to_t(np, p) < TIP_RADIUS + 0.02)[:, None], p + step * away, p)
         goal = np.where(self.done[:, None], hold, goal)
-        del radius
 
         goal_w = from_frame(np, block, goal[:, None, :])[:, 0]
-        cmd = np.clip((goal_w - tip) / step, -1.0, 1.0)
+        cmd = np.clip((goal_w - tip) / step, -self.speed, self.speed)
         if self.noise > 0.0:
             # cancel the drift seen in the last step (what moved minus what was asked), as a human
             # correcting a hand that pulls to one side; zero without noise, so the clean expert is exact
-            seen = (tip - self.last_tip) / step - self.last_cmd
-            ok = np.isfinite(seen).all(axis=1)
-            self.drift[ok] = 0.5 * self.drift[ok] + 0.5 * np.clip(seen[ok], -1.5, 1.5)
-            cmd = np.clip(cmd - self.DRIFT_GAIN * self.drift, -1.0, 1.0)
+            # (a steady-state Kalman filter for a drift that decays like TeleopNoise's; a hand that did not
+            # move at all was a hesitation, which says nothing about the drift)
+            moved = tip - self.last_tip
+            seen = moved / step - self.last_cmd
+            ok = np.isfinite(seen).all(axis=1) & (np.linalg.norm(moved, axis=-1) > 0.05 * step)
+            prior = DRIFT_DECAY * self.drift[ok]
+            self.drift[ok] = prior + DRIFT_KALMAN_GAIN * (np.clip(seen[ok], -2.0, 2.0) - prior)
+            cmd = np.clip(cmd - DRIFT_DECAY * self.drift, -1.0, 1.0)
             self.last_tip = tip.copy()
         self.last_cmd = cmd
         return np.clip(self.teleop(cmd), -1.0, 1.0).astype(np.float32)

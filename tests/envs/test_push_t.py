@@ -1,0 +1,244 @@
+"""PushT on real MuJoCo: reset distribution, contact physics, coverage, reward, the scripted expert and MJX."""
+
+import numpy as np
+import pytest
+
+from robotrl.envs import make, make_task
+from robotrl.envs.rollouts import evaluate_expert
+from robotrl.envs.task import Frame
+from robotrl.envs.tasks import push_t
+from robotrl.envs.tasks.push_t import STATE_LAYOUT, UNIT, coverage
+
+N = 50
+#: the raised teleop noise at which the expert must still succeed on >= 60% of episodes (see the report)
+NOISY = 0.5
+
+
+def part(obs, key):
+    a, b = STATE_LAYOUT[key]
+    return obs["state"][:, a:b]
+
+
+def block_pose(obs):
+    bp = part(obs, "block_pose")
+    return np.c_[bp[:, :2], np.arctan2(bp[:, 2], bp[:, 3])]
+
+
+@pytest.fixture(scope="module")
+def env():
+    e = make("PushT", num_envs=N, seed=0)
+    yield e
+    e.close()
+
+
+def test_spec_matches_observations(env):
+    obs, _ = env.reset(seed=0)
+    spec = env.task.spec()
+    assert spec.observations["state"].shape == (push_t.STATE_DIM,)
+    assert obs["state"].shape == (N, push_t.STATE_DIM) and obs["state"].dtype == np.float32
+    assert spec.action.shape == (2,) and spec.control_hz == 10.0
+
+
+def test_reset_is_deterministic_for_a_seed_and_varied_across_envs():
+    a = make("PushT", num_envs=8, seed=0)
+    b = make("PushT", num_envs=8, seed=0)
+    oa, _ = a.reset(seed=7)
+    ob, _ = b.reset(seed=7)
+    np.testing.assert_array_equal(oa["state"], ob["state"])
+    oc, _ = a.reset(seed=8)
+    assert not np.allclose(oa["state"], oc["state"])
+    pose = block_pose(oa)
+    assert np.unique(np.round(pose, 6), axis=0).shape[0] == 8  # every env its own start
+    cfg = a.task.config
+    target = np.array(cfg.target)
+    np.testing.assert_allclose(part(oa, "target_pose")[:, :2], np.broadcast_to(target[:2], (8, 2)), atol=1e-6)
+    assert np.all(np.abs(pose[:, :2] - target[:2]) <= [cfg.max_offset_x + 1e-6, cfg.max_offset_y + 1e-6])
+    turn = np.abs(np.angle(np.exp(1j * (pose[:, 2] - target[2]))))
+    assert np.all((turn >= cfg.min_turn - 1e-6) & (turn <= cfg.max_turn + 1e-6))
+    a.close()
+    b.close()
+
+
+def test_reset_starts_clear_of_the_block_and_far_from_success(env):
+    obs, _ = env.reset(seed=3)
+    p = part(obs, "tool_in_block")
+    assert np.all(push_t.distance_to_t(np, p) > push_t.TIP_RADIUS + 0.01)
+    assert np.all(part(obs, "coverage") < env.task.config.success_coverage - 0.3)
+    np.testing.assert_allclose(part(obs, "tool_pos")[:, 2], push_t.TIP_Z, atol=0.01)
+
+
+def test_block_moves_only_when_pushed(env):
+    obs, _ = env.reset(seed=1)
+    start = block_pose(obs)
+    for _ in range(5):  # the tool holds still: nothing touches the block
+        obs, *_ = env.step(np.zeros((N, 2), np.float32))
+    np.testing.assert_allclose(block_pose(obs), start, atol=1e-9)
+
+    first_push = np.full(N, np.nan)  # displacement along the tip's motion on the step the block first moved
+    for _ in range(25):  # drive the tip straight at the block's centroid
+        prev = block_pose(obs)
+        gap = push_t.distance_to_t(np, part(obs, "tool_in_block")) - push_t.TIP_RADIUS
+        tip = part(obs, "tool_pos")[:, :2]
+        to_block = prev[:, :2] - tip
+        action = to_block / np.linalg.norm(to_block, axis=-1, keepdims=True)
+        obs, *_ = env.step(action.astype(np.float32))
+        shift = block_pose(obs)[:, :2] - prev[:, :2]
+        moved = np.linalg.norm(shift, axis=-1)
+        # out of reach this step (more than one max step away): the block must not have moved at all
+        far = gap > 1.5 * env.task.config.max_ee_step
+        assert np.all(moved[far] < 1e-9)
+        new = np.isnan(first_push) & (moved > 1e-4)
+        first_push[new] = np.sum(shift * action, axis=-1)[new]
+    assert not np.isnan(first_push).any()  # every block was reached and moved
+    assert np.all(first_push > 0.0)  # pushed, not pulled: it gave way in the direction the tip moved
+
+
+def test_tool_height_held_while_moving_in_the_plane(env):
+    obs, _ = env.reset(seed=2)
+    start = part(obs, "tool_pos").copy()
+    action = np.zeros((N, 2), np.float32)
+    action[:, 1] = -1.0  # sideways, away from every block start (the block is ahead in +x)
+    for _ in range(4):
+        obs, *_ = env.step(action)
+    tool = part(obs, "tool_pos")
+    assert np.all(tool[:, 1] - start[:, 1] < -0.06)
+    np.testing.assert_allclose(tool[:, 2], push_t.TIP_Z, atol=0.005)
+
+
+def test_coverage_is_one_at_the_target_and_low_far_off():
+    target = np.array([[0.48, 0.0, 0.3]])
+    assert coverage(np, target, target)[0] == 1.0
+    assert coverage(np, target + [0.3, 0.0, 0.0], target)[0] == 0.0
+    assert coverage(np, target + [0.0, 0.0, np.pi], target)[0] < 0.5  # upside down: only the seam overlaps
+    # a shift of d along the bar keeps 1 - 4d / (7 UNIT) of the area (bar and stem both lose d times their height)
+    d = 0.006
+    along_bar = np.array([[d * np.cos(0.3), d * np.sin(0.3), 0.0]])
+    np.testing.assert_allclose(coverage(np, target + along_bar, target)[0], 1 - 4 * d / (7 * UNIT), atol=0.01)
+    offsets = np.linspace(0.0, 0.1, 11)
+    covs = coverage(np, target + np.c_[offsets, offsets, offsets], np.repeat(target, 11, axis=0))
+    assert np.all(np.diff(covs) <= 0) and covs[-1] < 0.2
+
+
+def _frame(task, block, ee):
+    """A hand-built frame: arm at its start pose, the block at `block` and the tool site at `ee`."""
+    n = block.shape[0]
+    qpos = np.c_[np.tile(push_t.START_QPOS, (n, 1)), block]
+    sens = np.zeros((n, task.model.nsensordata))
+    sens[:, task._sensor_slices["ee_pos"]] = ee
+    return Frame(qpos, np.zeros((n, task.model.nv)), sens, np.tile(task.config.target, (n, 1)))
+
+
+def test_success_and_dense_reward_are_consistent():
+    task = make_task("PushT")
+    target = np.array(task.config.target)
+    offsets = np.array([[0, 0, 0], [0.002, 0, 0.01], [0.006, 0, 0], [0.02, 0.01, 0.1], [0.1, 0.1, 1.0]], float)
+    block = target + offsets
+    ee = np.c_[block[:, :2] + [0.0, -0.2], np.full(5, push_t.TIP_Z)]
+    frame = _frame(task, block, ee)
+    reward, success = task.reward(np, frame, np.zeros((5, 2)))
+    cov = coverage(np, block, frame.goal)
+    np.testing.assert_array_equal(success, cov >= task.config.success_coverage)
+    assert success[:2].all() and not success[2:].any()
+    np.testing.assert_array_equal(reward[success], 1.0)
+    assert np.all(reward[~success] < 1.0) and np.all(reward >= 0.0)
+    assert np.all(np.diff(reward) <= 0)  # further from the target pose, less reward
+    # a tip touching the block earns more than one far away (the reach term), all else equal
+    touching = np.array([[0.0, push_t.BOXES[1, 1] - push_t.BOXES[1, 3] - push_t.TIP_RADIUS]])  # below the stem
+    near_xy = push_t.from_frame(np, block[4:], touching)[:, 0]
+    near = _frame(task, block[4:], np.c_[near_xy, [push_t.TIP_Z]])
+    assert task.reward(np, near, np.zeros((1, 2)))[0][0] > reward[4]
+
+
+def test_rollout_rewards_match_success_and_sparse_mode():
+    dense_env = make("PushT", num_envs=10, seed=0)
+    sparse_env = make("PushT", num_envs=10, seed=0, reward_type="sparse")
+    expert_d, expert_s = dense_env.task.expert(seed=0), sparse_env.task.expert(seed=0)
+    od, _ = dense_env.reset(seed=4)
+    os_, _ = sparse_env.reset(seed=4)
+    seen_success = False
+    for _ in range(80):
+        od, rd, _, _, info_d = dense_env.step(expert_d.act(od))
+        os_, rs, _, _, info_s = sparse_env.step(expert_s.act(os_))
+        np.testing.assert_array_equal(info_d["success"], info_s["success"])
+        np.testing.assert_array_equal(rs, info_s["success"].astype(float))
+        np.testing.assert_array_equal(rd[info_d["success"]], 1.0)
+        assert np.all(rd[~info_d["success"]] < 1.0)
+        np.testing.assert_array_equal(info_d["success"], part(od, "coverage")[:, 0] >= 0.9)
+        seen_success |= bool(info_d["success"].any())
+    assert seen_success
+    dense_env.close()
+    sparse_env.close()
+
+
+def test_task_functions_agree_between_numpy_and_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    task = make_task("PushT")
+    u = np.random.default_rng(0).random((6, task.reset_dims))
+    start_np, start_jx = task.reset(np, u), task.reset(jnp, jnp.asarray(u))
+    np.testing.assert_allclose(np.asarray(start_jx.qpos), start_np.qpos, atol=1e-5)
+    ee = np.c_[start_np.qpos[:, 7:9] + [0.0, -0.1], np.full(6, push_t.TIP_Z)]
+    frame = _frame(task, start_np.qpos[:, 7:10], ee)
+    frame_jx = Frame(*(jnp.asarray(x) for x in frame))
+    action = np.tile([[0.3, -0.5]], (6, 1))
+    np.testing.assert_allclose(np.asarray(task.observe(jnp, frame_jx)["state"]), task.observe(np, frame)["state"], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(task.control(jnp, frame_jx, jnp.asarray(action))), task.control(np, frame, action), atol=1e-4)
+    for a, b in zip(task.reward(jnp, frame_jx, jnp.asarray(action)), task.reward(np, frame, action)):
+        np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
+
+
+def test_joint_pos_mode_reaches_commanded_joint_targets():
+    env = make("PushT", num_envs=2, seed=0, action_mode="joint_pos")
+    env.reset(seed=0)
+    assert env.single_action_space.shape == (7,)
+    from robotrl.envs.tasks import arm
+
+    target = (push_t.START_QPOS - arm.JOINT_LIMITS[:, 0]) / (arm.JOINT_LIMITS[:, 1] - arm.JOINT_LIMITS[:, 0]) * 2 - 1
+    target = np.tile(target + 0.05, (2, 1)).astype(np.float32)
+    for _ in range(10):
+        env.step(target)
+    want = arm.JOINT_LIMITS[:, 0] + 0.5 * (target[0] + 1) * (arm.JOINT_LIMITS[:, 1] - arm.JOINT_LIMITS[:, 0])
+    np.testing.assert_allclose(env.frame().qpos[:, :7], np.broadcast_to(want, (2, 7)), atol=0.03)
+    env.close()
+
+
+def test_expert_succeeds_fast_check(env):
+    stats = evaluate_expert(env, noise=0.0, episodes=50, seed=0)
+    assert stats.success_rate >= 0.95
+
+
+@pytest.mark.slow
+def test_expert_succeeds_on_200_seeded_episodes(env):
+    assert evaluate_expert(env, noise=0.0, episodes=200, seed=0).success_rate >= 0.95
+
+
+@pytest.mark.slow
+def test_noisy_expert_is_imperfect_but_competent(env):
+    clean = evaluate_expert(env, noise=0.0, episodes=200, seed=0)
+    noisy = evaluate_expert(env, noise=NOISY, episodes=200, seed=0)
+    assert noisy.success_rate >= 0.60
+    assert noisy.returns.mean() < clean.returns.mean()
+
+
+def test_noisy_expert_fast_check(env):
+    assert evaluate_expert(env, noise=NOISY, episodes=50, seed=1).success_rate >= 0.60
+
+
+def test_model_steps_in_mjx_with_the_pusher_in_contact():
+    jax = pytest.importorskip("jax")
+    from mujoco import mjx
+
+    task = make_task("PushT")
+    mx = mjx.put_model(task.model)
+    # the block's stem end pressed 2 mm onto the tip: the contact must push the block away (+y)
+    bottom = push_t.BOXES[1, 1] - push_t.BOXES[1, 3]
+    tip = push_t.TIP_START
+    block = np.array([tip[0], tip[1] - bottom + push_t.TIP_RADIUS - 0.002, 0.0])
+    qpos = np.r_[push_t.START_QPOS, block]
+    data = mjx.make_data(mx).replace(qpos=jax.numpy.asarray(qpos), ctrl=jax.numpy.asarray(push_t.START_QPOS))
+    step = jax.jit(mjx.step)
+    for _ in range(5):
+        data = step(mx, data)
+    q = np.asarray(data.qpos)
+    assert np.all(np.isfinite(q)) and np.all(np.isfinite(np.asarray(data.qvel)))
+    assert q[8] - block[1] > 1e-3  # pushed off the tip along +y
+    assert abs(q[7] - block[0]) < 1e-3 and abs(q[9]) < 1e-2  # a centred push: no sideways slide or spin
