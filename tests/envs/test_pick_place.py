@@ -144,6 +144,25 @@ def test_pure_functions_agree_between_numpy_and_jax() -> None:
     np.testing.assert_array_equal(a.goal, np.asarray(b.goal))
 
 
+def test_mjx_accepts_the_model_with_only_the_needed_contact_pairs() -> None:
+    mjx = pytest.importorskip("mujoco.mjx")
+    from mujoco.mjx._src import collision_driver
+
+    task = PickPlace()
+    mjx.make_data(mjx.put_model(task.model))  # raises on anything MJX does not implement
+    m = task.model
+    pairs = list(collision_driver.geom_pairs(m))
+    for g1, g2, _ in pairs:
+        assert collision_driver.has_collision_fn(m.geom_type[g1], m.geom_type[g2])
+    names = [
+        sorted(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[g]) for g in (g1, g2)) for g1, g2, _ in pairs
+    ]
+    assert all(any(b.startswith("cube_") for b in pair) for pair in names)  # every contact involves a cube
+    # per cube: table, 4 bin walls, 2 fingers; plus the 3 cube-cube pairs. Arm links and palm touch nothing.
+    assert len(pairs) == NUM_CUBES * (1 + 4 + 2) + 3
+
+
+@pytest.mark.slow  # XLA's CPU compile of mjx.step takes 30-100 s on a small shared machine
 def test_model_steps_in_mjx_without_nan() -> None:
     jax = pytest.importorskip("jax")
     mjx = pytest.importorskip("mujoco.mjx")
