@@ -143,6 +143,22 @@ def test_pure_functions_agree_between_numpy_and_jax() -> None:
     np.testing.assert_allclose(a.qpos, np.asarray(b.qpos), atol=1e-6)
     np.testing.assert_array_equal(a.goal, np.asarray(b.goal))
 
+    env = _env(3)  # a mid-episode frame: control, observation and reward agree too
+    expert = env.task.expert(seed=0)
+    obs, _ = env.reset(seed=2)
+    for _ in range(20):
+        obs, *_ = env.step(expert.act(obs))
+    frame = env.frame()
+    jframe = type(frame)(*(jnp.asarray(x) for x in frame))
+    action = expert.act(obs).astype(np.float64)
+    np.testing.assert_allclose(task.control(np, frame, action), np.asarray(task.control(jnp, jframe, jnp.asarray(action))), atol=1e-4)
+    np.testing.assert_allclose(task.observe(np, frame)["state"], np.asarray(task.observe(jnp, jframe)["state"]), atol=1e-4)
+    (r_np, s_np), (r_j, s_j) = task.reward(np, frame, action), task.reward(jnp, jframe, jnp.asarray(action))
+    np.testing.assert_allclose(r_np, np.asarray(r_j), atol=1e-4)
+    np.testing.assert_array_equal(s_np, np.asarray(s_j))
+    np.testing.assert_array_equal(task.terminated(np, frame), np.asarray(task.terminated(jnp, jframe)))
+    env.close()
+
 
 def test_mjx_accepts_the_model_with_only_the_needed_contact_pairs() -> None:
     mjx = pytest.importorskip("mujoco.mjx")
