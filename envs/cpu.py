@@ -215,7 +215,8 @@ class CpuVectorEnv(RobotVectorEnv):
         from robotrl.envs.render import render_frame
 
         mocap = None if self._mocap is None else (self._mocap[0][i], self._mocap[1][i])
-        return render_frame(self._models[i], self._state[i], mocap, camera, size)
+        # geometry and looks are the same in every randomized copy: one cached renderer for all envs
+        return render_frame(self.task.model, self._state[i], mocap, camera, size)
 
 
 def _copy(value: Any) -> Any:
