@@ -11,7 +11,7 @@ from robotrl.envs.tasks.push_t import STATE_LAYOUT, UNIT, coverage
 
 N = 50
 #: the raised teleop noise at which the expert must still succeed on >= 60% of episodes (see the report)
-NOISY = 0.5
+NOISY = 0.7
 
 
 def part(obs, key):
