@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args or args[0] not in groups:
         placeholders = {name: type(name, (_Group,), {"__doc__": doc}) for name, (doc, _) in groups.items()}
         tyro.extras.subcommand_cli_from_dict({k: dataclass(v) for k, v in placeholders.items()}, prog="robotrl", args=args)
-        raise SystemExit(f"robotrl: expected a command after the group, e.g. `robotrl {args[0]} --help`")
+        raise SystemExit(f"robotrl: expected one of the groups {sorted(groups)}, got {args}")
     commands = groups[args[0]][1]()
     config = tyro.extras.subcommand_cli_from_dict({k: cls for k, (cls, _) in commands.items()},
                                                   prog=f"robotrl {args[0]}", args=args[1:])

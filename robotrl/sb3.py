@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,14 +147,13 @@ def train(config: Sb3Config) -> Sb3Result:
     algo_cls = SAC if config.algo == "sac" else PPO
     if config.resume is not None:
         model = algo_cls.load(config.resume, env=venv, device="cpu")
-        buffer = Path(str(config.resume).removesuffix(".zip").replace("_steps", "_steps_replay_buffer") + ".pkl")
-        if config.algo == "sac" and buffer.exists():
-            model.load_replay_buffer(buffer)
+        if config.algo == "sac" and replay_buffer_path(Path(config.resume)).exists():
+            model.load_replay_buffer(replay_buffer_path(Path(config.resume)))
     else:
         model = algo_cls("MlpPolicy", venv, seed=config.seed, device="cpu", verbose=0, **_algo_kwargs(config))
     model.set_logger(Logger(str(run_dir), [JSONOutputFormat(str(run_dir / "metrics.jsonl")), TensorBoardOutputFormat(str(run_dir / "tb"))]))
 
-    callbacks: list[Any] = [_ProgressBar(config.total_timesteps, config.progress)]
+    callbacks: list[Any] = [progress_bar(config.total_timesteps, config.progress)]
     if config.checkpoint_every > 0:
         callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.n_envs, 1), str(run_dir / "checkpoints"),
                                             name_prefix="model", save_replay_buffer=config.algo == "sac"))
@@ -190,32 +190,28 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, Path) else v for k, v in d.items()}
 
 
-def _make_progress_callback() -> type:
+def progress_bar(total: int, enabled: bool = True) -> Any:
+    """A tqdm bar over training steps as an SB3 callback (SB3's own bar needs `rich`, not a robotrl dependency)."""
     from stable_baselines3.common.callbacks import BaseCallback
+    from tqdm import tqdm
 
     class ProgressBar(BaseCallback):
-        """A tqdm bar over training steps (SB3's own bar needs `rich`, which robotrl does not depend on)."""
-
-        def __init__(self, total: int, enabled: bool) -> None:
-            super().__init__()
-            self.total, self.enabled, self.bar = total, enabled, None
-
         def _on_training_start(self) -> None:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.total, desc="train", unit="step", disable=not self.enabled, dynamic_ncols=True)
+            self.bar = tqdm(total=total, desc="train", unit="step", disable=not enabled, dynamic_ncols=True)
 
         def _on_step(self) -> bool:
-            assert self.bar is not None
             self.bar.update(self.training_env.num_envs)
             return True
 
         def _on_training_end(self) -> None:
-            if self.bar is not None:
-                self.bar.close()
+            self.bar.close()
 
-    return ProgressBar
+    return ProgressBar()
 
 
-def _ProgressBar(total: int, enabled: bool) -> Any:
-    return _make_progress_callback()(total, enabled)
+def replay_buffer_path(checkpoint: Path) -> Path:
+    """Where SB3's CheckpointCallback put the replay buffer saved with `checkpoint` (`<prefix>_<n>_steps.zip`)."""
+    match = re.fullmatch(r"(.*)_(\d+)_steps\.zip", checkpoint.name)
+    if match is None:
+        raise ValueError(f"resume: expected a checkpoint named <prefix>_<steps>_steps.zip, got {checkpoint.name!r}")
+    return checkpoint.with_name(f"{match[1]}_replay_buffer_{match[2]}_steps.pkl")

@@ -53,6 +53,9 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     assert json.loads((run / "result.json").read_text())["success_rate"] == result.success_rate
     assert json.loads((run / "config.json").read_text())["task"] == "Reach"
 
+    from robotrl.sb3 import replay_buffer_path
+
+    assert replay_buffer_path(run / "checkpoints" / "model_600_steps.zip").exists()
     resumed = train(Sb3Config(**{**config.__dict__, "total_timesteps": 200, "run_dir": tmp_path / "resumed",
                                  "resume": run / "checkpoints" / "model_600_steps.zip"}))
     assert resumed.timesteps == 800  # continued from the checkpoint's step count
