@@ -96,11 +96,11 @@ def from_frame(xp: Any, pose: Any, points: Any) -> Any:
     ], -1)
 
 
-def inside_t(xp: Any, p: Any, pad: float = 0.0) -> Any:
-    """Whether block-frame points (..., 2) lie inside the T grown by `pad`."""
+def inside_t(xp: Any, p: Any) -> Any:
+    """Whether block-frame points (..., 2) lie inside the T."""
     inside = None
     for cx, cy, hx, hy in BOXES:
-        box = (xp.abs(p[..., 0] - cx) <= hx + pad) & (xp.abs(p[..., 1] - cy) <= hy + pad)
+        box = (xp.abs(p[..., 0] - cx) <= hx) & (xp.abs(p[..., 1] - cy) <= hy)
         inside = box if inside is None else inside | box
     return inside
 
@@ -414,6 +414,11 @@ class PushTExpert(Expert):
     around it on a circle to the ray along which it can reach the face. Once on the ray it pushes in by the
     depth that best reduces the error along the contact's twist. It backs off and holds once the coverage is
     past the success threshold. Teleop noise perturbs the motion; a drift observer cancels the slow part.
+
+    Measured over 200 seeded episodes (default config): 100% at noise 0, 97% at 0.5, 79% at 0.7, 23%
+    at 1.0. At noise 1.0 TeleopNoise's drift alone exceeds the action bound on an axis about 30% of the
+    time, so even holding the tip still it wanders by several centimetres: too coarse for a task that needs
+    a few millimetres.
     """
 
     task: PushT
