@@ -242,3 +242,25 @@ def test_model_steps_in_mjx_with_the_pusher_in_contact():
     assert np.all(np.isfinite(q)) and np.all(np.isfinite(np.asarray(data.qvel)))
     assert q[8] - block[1] > 1e-3  # pushed off the tip along +y
     assert abs(q[7] - block[0]) < 1e-3 and abs(q[9]) < 1e-2  # a centred push: no sideways slide or spin
+
+
+def test_only_the_tip_and_the_block_can_collide_and_the_target_is_visual():
+    import mujoco
+
+    task = make_task("PushT")
+    m = task.model
+    pairs = set()
+    for i in range(m.ngeom):
+        for j in range(i + 1, m.ngeom):
+            filt = (m.geom_contype[i] & m.geom_conaffinity[j]) or (m.geom_contype[j] & m.geom_conaffinity[i])
+            if filt and m.geom_bodyid[i] != m.geom_bodyid[j]:
+                pairs.add(tuple(sorted(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[k]) for k in (i, j))))
+    assert pairs == {("block", "flange")}  # the pusher sphere (on the flange) against the T's boxes
+    tip = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, "tip")
+    assert m.geom_type[tip] == mujoco.mjtGeom.mjGEOM_SPHERE
+    assert sum(1 for g in range(m.ngeom) if m.geom_bodyid[g] == m.body("block").id) == 2
+    goal = np.array([[0.5, 0.1, 0.7]])
+    pos, quat = task.mocap(np, goal)
+    np.testing.assert_allclose(pos[0, 0, :2], goal[0, :2])
+    np.testing.assert_allclose(quat[0, 0], [np.cos(0.35), 0.0, 0.0, np.sin(0.35)])
+    assert m.nmocap == 1
