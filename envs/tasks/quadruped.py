@@ -276,11 +276,12 @@ class Quadruped(Task):
 @dataclass(frozen=True)
 class TrotParams:
     period: float = 0.4  # s per gait cycle; half of it in stance
-    swing_height: float = 0.07  # m of foot lift at mid-swing
+    swing_height: float = 0.09  # m of foot lift at mid-swing (high: clears the feet under joint noise)
     velocity_gain: float = 0.5  # extra sweep speed per m/s of velocity error
     raibert_gain: float = 0.3  # s: foot shift per m/s of velocity error
     max_stride: float = 0.14  # m: half-stride clamp (keeps the IK in reach)
     level_gain: float = 1.0  # extra leg extension per metre of hip height lost to tilt
+    widen: float = 0.02  # m: feet outwards of the standing pose (a wider base resists roll)
     x_offset: float = -0.04  # m: feet forward of the centre of mass; measured: centred feet still drift backwards
     swing_travel: float = 0.7  # fraction of the swing over which the foot travels forward
     height: float = float(-STAND_FEET[:, 2].mean())  # m: trunk centre above the foot centres
@@ -357,7 +358,7 @@ class TrotExpert(Expert):
 
         nominal = STAND_FEET.copy()
         nominal[:, 0] = HIPS[:, 0] + self.com[0] + p.x_offset
-        nominal[:, 1] += self.com[1]
+        nominal[:, 1] += self.com[1] + SIDE * p.widen
         feet = np.empty((n, 4, 3))
         feet[..., :2] = nominal[None, :, :2] + xy
         # trunk-frame foot depth levels the trunk on flat ground; the tilt term levels it faster: a leg on the
@@ -370,3 +371,37 @@ class TrotExpert(Expert):
         action = (q - DEFAULT_QPOS) / self.task.config.action_scale
         self.phase = (self.phase + self.dt / p.period) % 1.0
         return np.clip(self.teleop(np.clip(action, -1.0, 1.0)), -1.0, 1.0).astype(np.float32)
+
+
+def tracking_stats(policy: str = "expert", noise: float = 0.0, episodes: int = 100, seed: int = 0) -> dict[str, float]:
+    """One seeded episode per env (random commands): fall rate, fraction of steps tracking, mean return.
+
+    `run_episodes` counts an episode a success if any step succeeds, which says little for locomotion; here
+    every step counts (steps after a fall count as not tracking).
+    """
+    from robotrl.envs import make
+
+    env = make("Quadruped", num_envs=episodes, seed=seed, autoreset=False)
+    obs, _ = env.reset(seed=seed)
+    expert = env.task.expert(noise=noise, seed=seed)
+    expert.reset(episodes)
+    steps = env.task.config.episode_steps
+    alive, tracked, ret = np.ones(episodes, bool), np.zeros(episodes), np.zeros(episodes)
+    for _ in range(steps):
+        action = expert.act(obs) if policy == "expert" else np.zeros((episodes, NJ), np.float32)
+        obs, reward, terminated, _, info = env.step(action)
+        tracked += info["success"] & alive
+        ret += np.where(alive, reward, 0.0)
+        alive &= ~terminated
+    env.close()
+    return {"fall_rate": float(1.0 - alive.mean()), "tracking": float(tracked.mean() / steps), "return": float(ret.mean())}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    levels = [float(a) for a in sys.argv[1:]] or [0.0, 0.1, 0.3]
+    print(json.dumps({"policy": "zero", **tracking_stats("zero")}))
+    for level in levels:
+        print(json.dumps({"policy": "expert", "noise": level, **tracking_stats("expert", level)}))

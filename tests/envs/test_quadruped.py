@@ -152,7 +152,7 @@ def test_expert_walks_forward_and_beats_standing_still():
     fwd, ret, fell = _walk(True, [0.6, 0.0, 0.0])
     fwd0, ret0, _ = _walk(False, [0.6, 0.0, 0.0])
     assert not fell.any()
-    assert np.all(fwd > 0.8), fwd  # 4 s at 0.6 m/s is 2.4 m; standing still goes nowhere
+    assert np.all(fwd > 1.5), fwd  # 4 s at 0.6 m/s is 2.4 m (the expert makes ~2.0); standing still goes nowhere
     assert np.all(np.abs(fwd0) < 0.2)
     assert ret.mean() > ret0.mean() + 50.0
 
@@ -186,3 +186,9 @@ def test_model_steps_in_mjx_without_nan():
     q = np.asarray(d.qpos)
     assert np.all(np.isfinite(q)) and np.all(np.isfinite(np.asarray(d.qvel)))
     assert abs(q[2] - Q.STAND_HEIGHT) < 0.03  # landed on its feet and stands
+
+
+def test_teleop_noise_degrades_the_expert():
+    _, clean, _ = _walk(True, [0.6, 0.0, 0.0])
+    _, noisy, _ = _walk(True, [0.6, 0.0, 0.0], noise=0.3)
+    assert noisy.mean() < clean.mean() - 10.0
