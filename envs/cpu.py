@@ -44,13 +44,15 @@ class CpuVectorEnv(RobotVectorEnv):
         num_threads: int | None = None,
         render_images: bool = True,
     ) -> None:
-        super().__init__(task, num_envs, randomization, seed, output, autoreset)
+        super().__init__(task, num_envs, randomization, seed, output, autoreset, images=render_images)
         if reward_type not in ("dense", "sparse"):
             raise ValueError(f"reward_type: expected 'dense' or 'sparse', got {reward_type!r}")
         self.reward_type = reward_type
         m = task.model
         n = self.num_envs
-        threads = num_threads if num_threads is not None else min(os.cpu_count() or 1, n)
+        # below a few envs per core the pool's hand-off costs more than it saves: step in the calling thread
+        cores = os.cpu_count() or 1
+        threads = num_threads if num_threads is not None else (min(cores, n) if n >= 4 * cores else 1)
         if threads < 0:
             raise ValueError(f"num_threads: expected >= 0, got {threads}")
         self._pool = mujoco.rollout.Rollout(nthread=threads if threads > 1 else 0)

@@ -45,10 +45,7 @@ class RobotEnv(gym.Env):
         self._vec = make(task, num_envs=1, randomization=randomization, autoreset=False, num_threads=1, **options)
         self.task = self._vec.task
         self.task_spec = self._vec.task_spec
-        space = self._vec.single_observation_space
-        if not options.get("render_images", True):  # the backend then returns no image keys; neither does the space
-            space = gym.spaces.Dict({k: v for k, v in space.spaces.items() if not k.startswith("image_")})
-        self.observation_space = space
+        self.observation_space = self._vec.single_observation_space
         self.action_space = self._vec.single_action_space
         self.render_mode = render_mode
         self.camera, self.size = camera, (int(height), int(width))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import gymnasium as gym
@@ -65,12 +66,16 @@ class RobotVectorEnv(gym.vector.VectorEnv):
         seed: int | None = None,
         output: str = "numpy",
         autoreset: bool = True,
+        images: bool = True,
     ) -> None:
         self.num_envs = check_num_envs(num_envs)
         if output not in ("numpy", "torch"):
             raise ValueError(f"output: expected 'numpy' or 'torch', got {output!r}")
         self.task = task
-        self.task_spec: Spec = task.spec()
+        spec = task.spec()
+        if not images:  # a backend that renders nothing must not promise image keys
+            spec = dataclasses.replace(spec, observations={k: v for k, v in spec.observations.items() if not v.is_image})
+        self.task_spec: Spec = spec
         self.randomization = randomization if randomization is not None else Randomization()
         self.output = output
         self.autoreset = autoreset

@@ -196,3 +196,11 @@ def test_observation_noise_has_the_configured_scale():
     b, _ = clean.reset(seed=0)
     diff = a["state"] - b["state"]
     assert 0.008 < diff.std() < 0.012
+
+
+def test_without_rendering_the_spec_and_space_promise_no_images():
+    env = make("PickPlace", num_envs=2, seed=0, render_images=False)
+    assert not [k for k in env.task_spec.observations if k.startswith("image_")]
+    assert "instruction" in env.task_spec.observations
+    obs, _ = env.reset(seed=0)
+    assert set(obs) == set(env.single_observation_space.spaces) == set(env.task_spec.observations)
