@@ -11,7 +11,7 @@ from robotrl.envs.tasks.push_t import STATE_LAYOUT, UNIT, coverage
 
 N = 50
 #: the raised teleop noise at which the expert must still succeed on >= 60% of episodes (see the report)
-NOISY = 0.7
+NOISY = 1.0
 
 
 def part(obs, key):
@@ -36,7 +36,7 @@ def test_spec_matches_observations(env):
     spec = env.task.spec()
     assert spec.observations["state"].shape == (push_t.STATE_DIM,)
     assert obs["state"].shape == (N, push_t.STATE_DIM) and obs["state"].dtype == np.float32
-    assert spec.action.shape == (2,) and spec.control_hz == 10.0
+    assert spec.action.shape == (2,) and spec.control_hz == 20.0
 
 
 def test_reset_is_deterministic_for_a_seed_and_varied_across_envs():
@@ -75,7 +75,7 @@ def test_block_moves_only_when_pushed(env):
     np.testing.assert_allclose(block_pose(obs), start, atol=1e-9)
 
     first_push = np.full(N, np.nan)  # displacement along the tip's motion on the step the block first moved
-    for _ in range(25):  # drive the tip straight at the block's centroid
+    for _ in range(40):  # drive the tip straight at the block's centroid
         prev = block_pose(obs)
         gap = push_t.distance_to_t(np, part(obs, "tool_in_block")) - push_t.TIP_RADIUS
         tip = part(obs, "tool_pos")[:, :2]
@@ -98,7 +98,7 @@ def test_tool_height_held_while_moving_in_the_plane(env):
     start = part(obs, "tool_pos").copy()
     action = np.zeros((N, 2), np.float32)
     action[:, 1] = -1.0  # sideways, away from every block start (the block is ahead in +x)
-    for _ in range(4):
+    for _ in range(8):
         obs, *_ = env.step(action)
     tool = part(obs, "tool_pos")
     assert np.all(tool[:, 1] - start[:, 1] < -0.06)
@@ -156,7 +156,7 @@ def test_rollout_rewards_match_success_and_sparse_mode():
     od, _ = dense_env.reset(seed=4)
     os_, _ = sparse_env.reset(seed=4)
     seen_success = False
-    for _ in range(80):
+    for _ in range(150):
         od, rd, _, _, info_d = dense_env.step(expert_d.act(od))
         os_, rs, _, _, info_s = sparse_env.step(expert_s.act(os_))
         np.testing.assert_array_equal(info_d["success"], info_s["success"])
