@@ -131,13 +131,14 @@ class Task(abc.ABC):
         """Specs of the keys `observe` returns."""
 
     def joint_names(self) -> tuple[str, ...]:
-        names = []
-        for i in range(self.model.njnt):
-            if self.model.jnt_type[i] in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE) and i in set(
-                self.model.actuator_trnid[:, 0]
-            ):
-                names.append(mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_JOINT, i))
-        return tuple(names)
+        """Actuated hinge/slide joints in model order: the joints a robot driver reports."""
+        actuated = {int(j) for j in self.model.actuator_trnid[:, 0]}
+        kinds = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+        return tuple(
+            mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_JOINT, i)
+            for i in range(self.model.njnt)
+            if int(self.model.jnt_type[i]) in kinds and i in actuated
+        )
 
     def spec(self) -> Spec:
         obs = dict(self.state_obs_specs())

@@ -265,10 +265,6 @@ class Quadruped(Task):
         return ~self.upright(xp, frame)
 
     # --- specs ---------------------------------------------------------------------------------------
-    def joint_names(self) -> tuple[str, ...]:
-        # explicit: Task.joint_names compares numpy joint types with mujoco enums, which is False on mujoco 4
-        return tuple(f"{leg}_{j}" for leg in LEGS for j in ("abduct", "hip", "knee"))
-
     def action_spec(self) -> ArraySpec:
         return ArraySpec((NJ,), "float32", -1.0, 1.0)
 

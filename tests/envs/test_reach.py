@@ -56,3 +56,10 @@ def test_joint_pos_mode_reaches_commanded_joint_targets():
         env.step(target)
     mid = arm.JOINT_LIMITS.mean(axis=1)
     np.testing.assert_allclose(env.frame().qpos[:, :7], np.broadcast_to(mid, (2, 7)), atol=0.05)
+
+
+def test_spec_names_the_arm_joints_with_their_limits():
+    spec = make("Reach", num_envs=1).task_spec
+    assert spec.joint_names == arm.JOINT_NAMES
+    np.testing.assert_allclose(np.array(spec.joint_limits), arm.JOINT_LIMITS)
+    assert spec.control_hz == 20.0 and spec.episode_steps == 60
