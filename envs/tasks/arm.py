@@ -162,3 +162,48 @@ def ik_joint_targets(
     dq = dq + cfg.nullspace_gain * (home - jt_inv @ (jac @ home))[:, :, 0]
     dq = xp.clip(dq, -cfg.max_joint_step, cfg.max_joint_step)
     return xp.clip(q + dq, xp.asarray(JOINT_LIMITS[:, 0]), xp.asarray(JOINT_LIMITS[:, 1]))
+
+
+def joint_targets_from_action(xp: Any, action: Any) -> Any:
+    """`joint_pos` mode: an action in [-1, 1]^7 spans each joint's full range."""
+    lo, hi = xp.asarray(JOINT_LIMITS[:, 0]), xp.asarray(JOINT_LIMITS[:, 1])
+    return lo + 0.5 * (action[:, : len(PANDA_LINKS)] + 1.0) * (hi - lo)
+
+
+def yaw_quat(xp: Any, yaw: Any) -> Any:
+    """Quaternions (w, x, y, z) of rotations by `yaw` about the world z axis (any leading shape)."""
+    zero = xp.zeros_like(yaw)
+    return xp.stack([xp.cos(0.5 * yaw), zero, zero, xp.sin(0.5 * yaw)], -1)
+
+
+EE_SENSOR = '<framepos name="ee_pos" objtype="site" objname="ee"/>'
+
+
+def table_scene_xml(
+    name: str, option: str, camera: str, bodies: str, actuators: str, table_contacts: bool = False, flags: str = ""
+) -> str:
+    """The MJCF every arm task shares: options, a textured table plane, a light, a camera, the `ee_pos` sensor.
+
+    `option` holds the <option> attributes (timestep, solver iterations), `bodies` the arm and the task's objects.
+    """
+    con = 'contype="1" conaffinity="1"' if table_contacts else 'contype="0" conaffinity="0"'
+    return f"""
+<mujoco model="{name}">
+  <compiler angle="radian" autolimits="true"/>
+  <option {option} integrator="implicitfast">
+    <flag eulerdamp="disable" {flags}/>
+  </option>
+  <visual><global offwidth="640" offheight="480"/></visual>
+  <asset>
+    <texture name="grid" type="2d" builtin="checker" rgb1=".55 .5 .45" rgb2=".5 .45 .4" width="256" height="256"/>
+    <material name="table" texture="grid" texrepeat="6 6"/>
+  </asset>
+  <worldbody>
+    <light pos="0.5 0 2.0" dir="0 0 -1" diffuse="0.7 0.7 0.7"/>
+    <geom name="table" type="plane" size="1.2 1.2 0.05" material="table" {con}/>
+    {camera}
+    {bodies}
+  </worldbody>
+  <actuator>{actuators}</actuator>
+  <sensor>{EE_SENSOR}</sensor>
+</mujoco>"""

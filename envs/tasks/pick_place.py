@@ -97,32 +97,18 @@ class PickPlace(Task):
                 ((t, w, bx + w, by), (t, w, bx - w, by), (w, t, bx, by + w), (w, t, bx, by - w))
             )
         )
-        return f"""
-<mujoco model="pick_place">
-  <compiler angle="radian" autolimits="true"/>
-  <option timestep="0.002" integrator="implicitfast" iterations="8" ls_iterations="8">
-    <flag eulerdamp="disable"/>
-  </option>
-  <visual><global offwidth="640" offheight="480"/></visual>
-  <asset>
-    <texture name="grid" type="2d" builtin="checker" rgb1=".55 .5 .45" rgb2=".5 .45 .4" width="256" height="256"/>
-    <material name="table" texture="grid" texrepeat="6 6"/>
-  </asset>
-  <worldbody>
-    <light pos="0.5 0 2.0" dir="0 0 -1" diffuse="0.7 0.7 0.7"/>
-    <geom name="table" type="plane" size="1.2 1.2 0.05" material="table" contype="1" conaffinity="1"/>
-    <camera name="front" pos="1.25 0 0.8" xyaxes="0 1 0 -0.707 0 0.707" fovy="48"/>
-    {arm.arm_xml(tool, TOOL_OFFSET)}
-    {cubes}
-    {walls}
-  </worldbody>
-  <actuator>
-    {arm.arm_actuators_xml()}
-    <position name="act_finger_l" joint="finger_l" kp="300" ctrlrange="{FINGER_CLOSED} {FINGER_OPEN}" forcerange="-30 30"/>
-    <position name="act_finger_r" joint="finger_r" kp="300" ctrlrange="{FINGER_CLOSED} {FINGER_OPEN}" forcerange="-30 30"/>
-  </actuator>
-  <sensor><framepos name="ee_pos" objtype="site" objname="ee"/></sensor>
-</mujoco>"""
+        fingers = "".join(
+            f'<position name="act_finger_{side}" joint="finger_{side}" kp="300" ctrlrange="{FINGER_CLOSED} {FINGER_OPEN}" forcerange="-30 30"/>'
+            for side in "lr"
+        )
+        return arm.table_scene_xml(
+            "pick_place",
+            option='timestep="0.002" iterations="8" ls_iterations="8"',
+            camera='<camera name="front" pos="1.25 0 0.8" xyaxes="0 1 0 -0.707 0 0.707" fovy="48"/>',
+            bodies=f"{arm.arm_xml(tool, TOOL_OFFSET)}\n{cubes}\n{walls}",
+            actuators=arm.arm_actuators_xml() + fingers,
+            table_contacts=True,
+        )
 
     # --- pure functions ------------------------------------------------------------------------------
     def reset(self, xp: Any, u: Any) -> ResetState:
@@ -130,7 +116,7 @@ class PickPlace(Task):
         slot = xp.argsort(u[:, :4], axis=-1)[:, :NUM_CUBES]  # a random permutation, its first three slots
         xy = xp.asarray(SLOTS)[slot] + SLOT_JITTER * (2.0 * u[:, 4:10].reshape(n, NUM_CUBES, 2) - 1.0)
         yaw = self.config.max_cube_yaw * (2.0 * u[:, 10:13] - 1.0)
-        quat = xp.stack([xp.cos(yaw / 2), xp.zeros_like(yaw), xp.zeros_like(yaw), xp.sin(yaw / 2)], -1)
+        quat = arm.yaw_quat(xp, yaw)
         z = xp.full((n, NUM_CUBES, 1), CUBE_HALF)
         cubes = xp.concatenate([xy, z, quat], -1).reshape(n, 7 * NUM_CUBES)
         q_arm = xp.asarray(arm.HOME_QPOS) + self.config.init_joint_noise * (2.0 * u[:, 14:21] - 1.0)
@@ -143,8 +129,7 @@ class PickPlace(Task):
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         q = frame.qpos[:, :ARM_NQ]
         if self.config.action_mode == "joint_pos":
-            lo, hi = xp.asarray(arm.JOINT_LIMITS[:, 0]), xp.asarray(arm.JOINT_LIMITS[:, 1])
-            q_target = lo + 0.5 * (action[:, :ARM_NQ] + 1.0) * (hi - lo)
+            q_target = arm.joint_targets_from_action(xp, action)
         else:
             ee, rot, _ = arm.forward_kinematics(xp, q, TOOL_OFFSET)
             target = ee + self.config.max_ee_step * action[:, :3]

@@ -192,21 +192,11 @@ class PushT(Task):
 
         tx, ty, _ = self.config.target
         izz = BLOCK_MASS * RHO**2
-        return f"""
-<mujoco model="push_t">
-  <compiler angle="radian" autolimits="true"/>
-  <option timestep="0.005" integrator="implicitfast" iterations="4" ls_iterations="6">
-    <flag eulerdamp="disable"/>
-  </option>
-  <visual><global offwidth="640" offheight="480"/></visual>
-  <asset>
-    <texture name="grid" type="2d" builtin="checker" rgb1=".55 .5 .45" rgb2=".5 .45 .4" width="256" height="256"/>
-    <material name="table" texture="grid" texrepeat="6 6"/>
-  </asset>
-  <worldbody>
-    <light pos="0.5 0 2.0" dir="0 0 -1" diffuse="0.7 0.7 0.7"/>
-    <geom name="table" type="plane" size="1.2 1.2 0.05" material="table" contype="0" conaffinity="0"/>
-    <camera name="front" pos="1.15 0 0.75" xyaxes="0 1 0 -0.733 0 0.68" fovy="45"/>
+        return arm.table_scene_xml(
+            "push_t",
+            option='timestep="0.005" iterations="4" ls_iterations="6"',
+            camera='<camera name="front" pos="1.15 0 0.75" xyaxes="0 1 0 -0.733 0 0.68" fovy="45"/>',
+            bodies=f"""
     {arm.arm_xml(tool, TOOL_OFFSET)}
     <body name="block" pos="0 0 {BLOCK_HALF_HEIGHT}">
       <inertial pos="0 0 0" mass="{BLOCK_MASS}" diaginertia="{izz} {izz} {izz}"/>
@@ -218,10 +208,9 @@ class PushT(Task):
     <body name="target" mocap="true" pos="{tx} {ty} 0.0005">
       {t_geoms('contype="0" conaffinity="0"', "0.1 0.8 0.2 0.35", 0.0005)}
     </body>
-  </worldbody>
-  <actuator>{arm.arm_actuators_xml()}</actuator>
-  <sensor><framepos name="ee_pos" objtype="site" objname="ee"/></sensor>
-</mujoco>"""
+""",
+            actuators=arm.arm_actuators_xml(),
+        )
 
     # --- pure functions ------------------------------------------------------------------------------
     def _target(self, xp: Any, n: int) -> Any:
@@ -242,16 +231,13 @@ class PushT(Task):
     def mocap(self, xp: Any, goal: Any) -> tuple[Any, Any]:
         n = goal.shape[0]
         pos = xp.concatenate([goal[:, :2], xp.full((n, 1), 0.0005)], -1)
-        half = 0.5 * goal[:, 2]
-        zero = xp.zeros_like(half)
-        quat = xp.stack([xp.cos(half), zero, zero, xp.sin(half)], -1)
+        quat = arm.yaw_quat(xp, goal[:, 2])
         return pos[:, None, :], quat[:, None, :]
 
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         q = frame.qpos[:, :ARM_NQ]
         if self.config.action_mode == "joint_pos":
-            lo, hi = xp.asarray(arm.JOINT_LIMITS[:, 0]), xp.asarray(arm.JOINT_LIMITS[:, 1])
-            return lo + 0.5 * (action + 1.0) * (hi - lo)
+            return arm.joint_targets_from_action(xp, action)
         fk = arm.forward_kinematics(xp, q, TOOL_OFFSET)
         xy = fk[0][:, :2] + self.config.max_ee_step * action[:, :2]
         target = xp.concatenate([xy, xp.full((q.shape[0], 1), TIP_Z)], -1)

@@ -33,29 +33,18 @@ class Reach(Task):
 
     def mjcf(self) -> str:
         stylus = '<geom type="capsule" fromto="0 0 0 0 0 0.1" size="0.012" rgba="0.2 0.2 0.2 1" contype="0" conaffinity="0"/>'
-        return f"""
-<mujoco model="reach">
-  <compiler angle="radian" autolimits="true"/>
-  <option timestep="0.002" integrator="implicitfast" iterations="4" ls_iterations="8">
-    <flag contact="disable" eulerdamp="disable"/>
-  </option>
-  <visual><global offwidth="640" offheight="480"/></visual>
-  <asset>
-    <texture name="grid" type="2d" builtin="checker" rgb1=".25 .3 .35" rgb2=".3 .35 .4" width="256" height="256"/>
-    <material name="grid" texture="grid" texrepeat="8 8"/>
-  </asset>
-  <worldbody>
-    <light pos="0 0 2.5" dir="0 0 -1" diffuse="0.8 0.8 0.8"/>
-    <geom name="floor" type="plane" size="2 2 0.1" material="grid" contype="0" conaffinity="0"/>
-    <camera name="front" pos="1.6 0 0.9" xyaxes="0 1 0 -0.45 0 0.9"/>
-    {arm.arm_xml(stylus, TOOL_OFFSET)}
-    <body name="target" mocap="true" pos="0.5 0 0.4">
-      <geom type="sphere" size="{self.config.success_radius}" rgba="0.1 0.9 0.2 0.4" contype="0" conaffinity="0"/>
-    </body>
-  </worldbody>
-  <actuator>{arm.arm_actuators_xml()}</actuator>
-  <sensor><framepos name="ee_pos" objtype="site" objname="ee"/></sensor>
-</mujoco>"""
+        target = (
+            f'<body name="target" mocap="true" pos="0.5 0 0.4"><geom type="sphere" size="{self.config.success_radius}" '
+            'rgba="0.1 0.9 0.2 0.4" contype="0" conaffinity="0"/></body>'
+        )
+        return arm.table_scene_xml(
+            "reach",
+            option='timestep="0.002" iterations="4" ls_iterations="8"',
+            camera='<camera name="front" pos="1.6 0 0.9" xyaxes="0 1 0 -0.45 0 0.9"/>',
+            bodies=arm.arm_xml(stylus, TOOL_OFFSET) + target,
+            actuators=arm.arm_actuators_xml(),
+            flags='contact="disable"',
+        )
 
     # --- pure functions ------------------------------------------------------------------------------
     def reset(self, xp: Any, u: Any) -> ResetState:
@@ -72,8 +61,7 @@ class Reach(Task):
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         q = frame.qpos[:, :7]
         if self.config.action_mode == "joint_pos":
-            lo, hi = xp.asarray(arm.JOINT_LIMITS[:, 0]), xp.asarray(arm.JOINT_LIMITS[:, 1])
-            return lo + 0.5 * (action + 1.0) * (hi - lo)
+            return arm.joint_targets_from_action(xp, action)
         fk = arm.forward_kinematics(xp, q, TOOL_OFFSET)
         target = fk[0] + self.config.max_ee_step * action[:, :3]
         return arm.ik_joint_targets(xp, q, target, xp.zeros(q.shape[0]), TOOL_OFFSET, fk=fk)
