@@ -123,6 +123,7 @@ class MjxVectorEnv(RobotVectorEnv):
         self._has_instruction = task.instruction(np.zeros((1, max(task.goal_dim, 1)))) is not None
 
         self._jits = _compiled(self)
+        self._device = jax.devices()[0]
         self._key = jax.random.PRNGKey(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**31)))
         self._state: MjxState | None = None
 
@@ -185,6 +186,14 @@ class MjxVectorEnv(RobotVectorEnv):
             new = jax.lax.cond(mask.any(), lambda s: self._reset_where(s, mask, k_reset), lambda s: s, new)
         return new, new.obs, reward, terminated, truncated, info
 
+    def run_jit(self, name: str, *args: Any) -> Any:
+        """Call a compiled core function ("core", "step" or "init") with every argument committed to the device.
+
+        XLA programs are cached per argument placement too: a hand-built (uncommitted) array where the
+        last call had a jit output (committed) would compile the whole MJX step again.
+        """
+        return self._jits[name](*jax.device_put(args, self._device))
+
     # --- gymnasium API --------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict]:
         if seed is not None:
@@ -193,9 +202,9 @@ class MjxVectorEnv(RobotVectorEnv):
         if self.autoreset:  # one compiled program for reset and step (see `_core`)
             base = (self._state if self._state is not None else self._nominal_state())._replace(key=sub)
             zero = jnp.zeros((self.num_envs, *self.task_spec.action.shape), self.dtype)
-            self._state = self._jits["core"](base, zero, jnp.ones(self.num_envs, bool))[0]
+            self._state = self.run_jit("core", base, zero, jnp.ones(self.num_envs, bool))[0]
         else:
-            self._state = self._jits["init"](sub)
+            self._state = self.run_jit("init", sub)
         return self._output_obs(self._state.obs, self._state.goal), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
@@ -205,9 +214,9 @@ class MjxVectorEnv(RobotVectorEnv):
         goal_before = self._state.goal
         act = jnp.asarray(action, self.dtype)
         if self.autoreset:
-            out = self._jits["core"](self._state, act, jnp.zeros(self.num_envs, bool))
+            out = self.run_jit("core", self._state, act, jnp.zeros(self.num_envs, bool))
         else:
-            out = self._jits["step"](self._state, act)
+            out = self.run_jit("step", self._state, act)
         self._state, obs, reward, terminated, truncated, raw = out
         info: dict[str, Any] = {"success": self._out(raw["success"]), "diverged": self._out(raw["diverged"])}
         if self.autoreset:
@@ -273,6 +282,9 @@ class MjxVectorEnv(RobotVectorEnv):
         )
         base = self._state if self._state is not None else self._nominal_state()
         goal = jnp.asarray(state["goal"], f)
+        mocap = self.task.mocap(jnp, goal)  # not part of FULLPHYSICS: shown where `reset` puts it
+        if mocap is not None:
+            data = data.replace(mocap_pos=jnp.asarray(mocap[0], f), mocap_quat=jnp.asarray(mocap[1], f))
         steps = jnp.asarray(state["steps"], jnp.int32)
         frame = Frame(data.qpos, data.qvel, data.sensordata, goal)
         obs = {k: v for k, v in self.task.observe(jnp, frame).items()}
@@ -289,8 +301,16 @@ class MjxVectorEnv(RobotVectorEnv):
             data=self._batched_template(), goal=jnp.zeros((n, self.task.goal_dim), self.dtype),
             steps=jnp.zeros(n, jnp.int32), latency=jnp.zeros(n, jnp.int32),
             history=jnp.zeros((n, self.randomization.max_latency + 1, *self.task_spec.action.shape), self.dtype),
-            fields=fields, obs={}, key=self._key,
+            fields=fields, obs=self._zero_obs(), key=self._key,
         )
+
+    def _zero_obs(self) -> dict[str, jax.Array]:
+        """Zero observations of the right structure, so a hand-built state hits the compiled program."""
+        n, m, f = self.num_envs, self.task.model, self.dtype
+        frame = Frame(jnp.zeros((n, m.nq), f), jnp.zeros((n, m.nv), f), jnp.zeros((n, m.nsensordata), f),
+                      jnp.zeros((n, self.task.goal_dim), f))
+        shapes = jax.eval_shape(lambda fr: self.task.observe(jnp, fr), frame)
+        return {k: jnp.zeros(v.shape, v.dtype) for k, v in shapes.items()}
 
     def _batched_template(self) -> mjx.Data:
         n = self.num_envs
