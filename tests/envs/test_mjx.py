@@ -133,7 +133,7 @@ def test_torch_output_shares_memory_through_dlpack() -> None:
     x = env.state.obs["state"]
     t = env._out(x)
     assert t.data_ptr() == x.unsafe_buffer_pointer()  # zero-copy: the tensor views the JAX buffer
-    np.testing.assert_array_equal(t.numpy(), np.asarray(x))
+    np.testing.assert_array_equal(t.cpu().numpy(), np.asarray(x))
 
 
 def test_jax_output_and_functional_core() -> None:
