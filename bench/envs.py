@@ -76,7 +76,8 @@ def bench_async(task: str, n: int, config: BenchConfig) -> float:
 
     from robotrl.envs.gym_env import RobotEnv
 
-    env = gym.vector.AsyncVectorEnv([lambda: RobotEnv(task, render_images=False) for _ in range(n)])
+    # forkserver: the workers fork from a clean server, never from this (possibly JAX-threaded) process
+    env = gym.vector.AsyncVectorEnv([lambda: RobotEnv(task, render_images=False) for _ in range(n)], context="forkserver")
     try:
         env.reset(seed=config.seed)
         actions = random_actions(env.action_space, 64, config.seed)

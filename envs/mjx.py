@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import gymnasium as gym
 import jax
 import jax.numpy as jnp
 import mujoco
@@ -36,10 +35,9 @@ from robotrl.envs.randomization import (
     sample_model_fields,
 )
 from robotrl.envs.task import Frame, Task
-from robotrl.envs.vector import RobotVectorEnv, check_actions, space_for
+from robotrl.envs.vector import RobotVectorEnv, check_actions
 
 FULLPHYSICS = mujoco.mjtState.mjSTATE_FULLPHYSICS
-OUTPUTS = ("numpy", "torch", "jax")
 
 
 class MjxState(NamedTuple):
@@ -82,6 +80,8 @@ class MjxVectorEnv(RobotVectorEnv):
     accepted for signature compatibility with the CPU backend and ignored; images are never rendered.
     """
 
+    outputs = ("numpy", "torch", "jax")
+
     def __init__(
         self,
         task: Task,
@@ -94,19 +94,12 @@ class MjxVectorEnv(RobotVectorEnv):
         num_threads: int | None = None,
         render_images: bool = False,
     ) -> None:
-        if output not in OUTPUTS:
-            raise ValueError(f"output: expected one of {OUTPUTS}, got {output!r}")
-        super().__init__(task, num_envs, randomization, seed, "numpy", autoreset)
-        self.output = output
+        super().__init__(task, num_envs, randomization, seed, output, autoreset, images=False)
         if reward_type not in ("dense", "sparse"):
             raise ValueError(f"reward_type: expected 'dense' or 'sparse', got {reward_type!r}")
         if render_images and task.cameras:
             raise ValueError("render_images: the MJX backend renders no images; use the CPU backend for image keys")
         self.reward_type = reward_type
-        # state keys only: MJX renders nothing (see module docstring)
-        obs_specs = {k: v for k, v in self.task_spec.observations.items() if not k.startswith("image_")}
-        self.single_observation_space = gym.spaces.Dict({k: space_for(v) for k, v in obs_specs.items()})
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
 
         m = task.model
         self.dtype = jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32

@@ -57,6 +57,8 @@ class RobotVectorEnv(gym.vector.VectorEnv):
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
+    #: array types this backend can hand out
+    outputs: tuple[str, ...] = ("numpy", "torch")
 
     def __init__(
         self,
@@ -69,8 +71,8 @@ class RobotVectorEnv(gym.vector.VectorEnv):
         images: bool = True,
     ) -> None:
         self.num_envs = check_num_envs(num_envs)
-        if output not in ("numpy", "torch"):
-            raise ValueError(f"output: expected 'numpy' or 'torch', got {output!r}")
+        if output not in self.outputs:
+            raise ValueError(f"output: expected one of {self.outputs}, got {output!r}")
         self.task = task
         spec = task.spec()
         if not images:  # a backend that renders nothing must not promise image keys
