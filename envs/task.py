@@ -57,6 +57,8 @@ class Task(abc.ABC):
     #: how many uniform draws per env `reset` consumes
     reset_dims: ClassVar[int] = 0
     goal_dim: ClassVar[int] = 0
+    #: expert noise at which it stands in for a human demonstrator (imperfect, still mostly successful)
+    demo_noise: ClassVar[float] = 1.0
 
     def __init__(self, config: TaskConfig | None = None) -> None:
         self.config = config if config is not None else self.config_cls()

@@ -61,6 +61,7 @@ class PickPlaceConfig(TaskConfig):
 
 class PickPlace(Task):
     name = "PickPlace"
+    demo_noise = 0.5  # see the expert docstring for success against noise
     config_cls = PickPlaceConfig
     cameras = ("front", "wrist")
     # slot permutation (4), xy jitter (3 x 2), cube yaw (3), target cube (1), arm joint noise (7)

@@ -119,6 +119,7 @@ class QuadrupedConfig(TaskConfig):
 
 class Quadruped(Task):
     name = "Quadruped"
+    demo_noise = 0.05  # see the expert docstring for success against noise
     config_cls = QuadrupedConfig
     action_modes = ("joint_pos",)
     control_hz = 50.0
