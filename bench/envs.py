@@ -31,7 +31,7 @@ class BenchConfig:
     """Benchmark the CPU backend against AsyncVectorEnv and the raw mujoco.rollout ceiling (JSON lines)."""
 
     tasks: tuple[str, ...] = ()
-    """tasks to run (default: every task whose module exists)"""
+    """tasks to run (default: every registered task)"""
     num_envs: tuple[int, ...] = (2, 8, 32)
     seconds: float = 1.0
     """timed seconds per measurement (after a short warm-up)"""
