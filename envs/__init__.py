@@ -45,11 +45,13 @@ def make(
     task: str | Task,
     num_envs: int = 1,
     backend: str = "cpu",
-    randomization: Randomization | None = None,
+    randomization: Randomization | str | None = None,
     seed: int | None = None,
     **options: Any,
 ) -> Any:
     """A vector env of `num_envs` copies of `task` on `backend` ('cpu' or 'mjx').
+
+    `randomization` is a `Randomization`, "task" for the task's own sim-to-real ranges, or None (off).
 
     Backend options (`output`, `autoreset`, `reward_type`, `num_threads`, ...) and task options
     (`action_mode`, `episode_steps`, ...) may be mixed in `options`.
@@ -61,6 +63,10 @@ def make(
     backend_opts = {k: v for k, v in options.items() if k in backend_keys}
     task_opts = {k: v for k, v in options.items() if k not in backend_keys}
     t = task if isinstance(task, Task) else make_task(task, **task_opts)
+    if isinstance(randomization, str):
+        if randomization != "task":
+            raise ValueError(f"randomization: expected a Randomization, 'task' or None, got {randomization!r}")
+        randomization = t.default_randomization()
     if backend == "cpu":
         from robotrl.envs.cpu import CpuVectorEnv
 

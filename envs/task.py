@@ -18,6 +18,7 @@ from typing import Any, ClassVar, NamedTuple
 import mujoco
 import numpy as np
 
+from robotrl.envs.randomization import Randomization
 from robotrl.spec import ArraySpec, Spec
 
 
@@ -120,6 +121,10 @@ class Task(abc.ABC):
     def instruction(self, goal: np.ndarray) -> list[str] | None:
         """Language instruction per env, or None for tasks without one."""
         return None
+
+    def default_randomization(self) -> Randomization:
+        """The task's sim-to-real randomization (`make(..., randomization="task")`); tasks tune the ranges."""
+        return Randomization.sim2real()
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> "Expert":
         raise NotImplementedError(f"{self.name} has no scripted expert")

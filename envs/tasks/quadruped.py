@@ -23,6 +23,7 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from robotrl.envs.randomization import Randomization
 from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise
 from robotrl.spec import ArraySpec
 
@@ -266,6 +267,13 @@ class Quadruped(Task):
         return ~self.upright(xp, frame)
 
     # --- specs ---------------------------------------------------------------------------------------
+    def default_randomization(self) -> Randomization:
+        """Legged sim-to-real ranges: wide foot friction, payload-like mass changes, one step of latency; no images."""
+        return Randomization(
+            friction=(0.4, 1.25), mass=(0.85, 1.2), damping=(0.8, 1.2), actuator_gain=(0.9, 1.1),
+            latency_steps=(0, 1), obs_noise=0.01,
+        )
+
     def action_spec(self) -> ArraySpec:
         return ArraySpec((NJ,), "float32", -1.0, 1.0)
 

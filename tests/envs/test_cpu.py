@@ -204,3 +204,16 @@ def test_without_rendering_the_spec_and_space_promise_no_images():
     assert "instruction" in env.task_spec.observations
     obs, _ = env.reset(seed=0)
     assert set(obs) == set(env.single_observation_space.spaces) == set(env.task_spec.observations)
+
+
+def test_task_randomization_is_configured_per_task():
+    quad = make("Quadruped", num_envs=4, seed=0, randomization="task")
+    assert quad.randomization == quad.task.default_randomization()
+    assert quad.randomization.friction == (0.4, 1.25) and quad.randomization.camera_pos == 0.0
+    quad.reset(seed=0)
+    frictions = {m.geom_friction[:, 0].max() for m in quad._models}
+    assert len(frictions) == 4
+    reach = make("Reach", num_envs=2, randomization="task")
+    assert reach.randomization == Randomization.sim2real()
+    with pytest.raises(ValueError, match=r"randomization: expected a Randomization, 'task' or None, got 'sim'"):
+        make("Reach", randomization="sim")
