@@ -44,10 +44,7 @@ class CpuVectorEnv(RobotVectorEnv):
         num_threads: int | None = None,
         render_images: bool = True,
     ) -> None:
-        super().__init__(task, num_envs, randomization, seed, output, autoreset, images=render_images)
-        if reward_type not in ("dense", "sparse"):
-            raise ValueError(f"reward_type: expected 'dense' or 'sparse', got {reward_type!r}")
-        self.reward_type = reward_type
+        super().__init__(task, num_envs, randomization, seed, output, autoreset, render_images, reward_type)
         m = task.model
         n = self.num_envs
         # below a few envs per core the pool's hand-off costs more than it saves: step in the calling thread

@@ -94,12 +94,9 @@ class MjxVectorEnv(RobotVectorEnv):
         num_threads: int | None = None,
         render_images: bool = False,
     ) -> None:
-        super().__init__(task, num_envs, randomization, seed, output, autoreset, images=False)
-        if reward_type not in ("dense", "sparse"):
-            raise ValueError(f"reward_type: expected 'dense' or 'sparse', got {reward_type!r}")
         if render_images and task.cameras:
             raise ValueError("render_images: the MJX backend renders no images; use the CPU backend for image keys")
-        self.reward_type = reward_type
+        super().__init__(task, num_envs, randomization, seed, output, autoreset, False, reward_type)
 
         m = task.model
         self.dtype = jnp.float64 if jax.config.read("jax_enable_x64") else jnp.float32

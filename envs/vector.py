@@ -69,8 +69,12 @@ class RobotVectorEnv(gym.vector.VectorEnv):
         output: str = "numpy",
         autoreset: bool = True,
         images: bool = True,
+        reward_type: str = "dense",
     ) -> None:
         self.num_envs = check_num_envs(num_envs)
+        if reward_type not in ("dense", "sparse"):
+            raise ValueError(f"reward_type: expected 'dense' or 'sparse', got {reward_type!r}")
+        self.reward_type = reward_type
         if output not in self.outputs:
             raise ValueError(f"output: expected one of {self.outputs}, got {output!r}")
         self.task = task
