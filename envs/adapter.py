@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from robotrl.envs.vector import check_actions, check_num_envs
+from robotrl.envs.vector import check_actions, check_num_envs, check_output, convert_obs, step_output
 from robotrl.spec import STRING, ArraySpec, Spec
 
 #: the observation key of an env whose observation space is a plain Box
@@ -65,8 +65,7 @@ class GymVectorAdapter(gym.vector.VectorEnv):
         **make_kwargs: Any,
     ) -> None:
         self.num_envs = check_num_envs(num_envs)
-        if output not in ("numpy", "torch"):
-            raise ValueError(f"output: expected 'numpy' or 'torch', got {output!r}")
+        check_output(output)
         if make_kwargs and not isinstance(env, str):
             raise ValueError(f"make_kwargs: only used with an env id, got a factory and {sorted(make_kwargs)}")
         factory = (lambda: gym.make(env, **make_kwargs)) if isinstance(env, str) else env
@@ -88,7 +87,7 @@ class GymVectorAdapter(gym.vector.VectorEnv):
         seed = seed if seed is not None else self._seed
         self._seed = None
         obs = [self._as_dict(e.reset(seed=None if seed is None else seed + i, options=options)[0]) for i, e in enumerate(self.envs)]
-        return self._convert(self._stack(obs)), {}
+        return convert_obs(self._stack(obs), self.output), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
         batch = check_actions(actions, self.task_spec.action, self.num_envs).astype(self.single_action_space.dtype)
@@ -111,14 +110,9 @@ class GymVectorAdapter(gym.vector.VectorEnv):
         out_info: dict[str, Any] = {"success": success} if reports_success else {}
         done = terminated | truncated
         if self.autoreset and done.any():
-            out_info["final_obs"] = self._convert(self._stack(final))
+            out_info["final_obs"] = convert_obs(self._stack(final), self.output)
             out_info["_final_obs"] = done
-        out = self._convert(self._stack(obs))
-        if self.output == "torch":
-            import torch
-
-            return out, torch.as_tensor(reward), torch.as_tensor(terminated), torch.as_tensor(truncated), out_info
-        return out, reward, terminated, truncated, out_info
+        return step_output(self.output, self._stack(obs), reward, terminated, truncated, out_info)
 
     def close(self, **kwargs: Any) -> None:
         for env in self.envs:
@@ -135,10 +129,3 @@ class GymVectorAdapter(gym.vector.VectorEnv):
     def _stack(obs: list[dict[str, Any]]) -> dict[str, Any]:
         return {k: np.array([o[k] for o in obs], dtype=object) if isinstance(obs[0][k], str) else np.stack([np.asarray(o[k]) for o in obs])
                 for k in obs[0]}
-
-    def _convert(self, obs: dict[str, Any]) -> dict[str, Any]:
-        if self.output == "numpy":
-            return obs
-        import torch
-
-        return {k: v if v.dtype == object else torch.as_tensor(v) for k, v in obs.items()}

@@ -23,7 +23,7 @@ from robotrl.envs.randomization import (
     sample_model_fields,
 )
 from robotrl.envs.task import Frame, Task
-from robotrl.envs.vector import RobotVectorEnv, check_actions
+from robotrl.envs.vector import RobotVectorEnv, check_actions, convert_obs, step_output
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 CTRL = int(mujoco.mjtState.mjSTATE_CTRL)
@@ -82,7 +82,7 @@ class CpuVectorEnv(RobotVectorEnv):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         self._reset_envs(np.arange(self.num_envs))
-        return self._convert(self._observe()), {}
+        return convert_obs(self._observe(), self.output), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
         action = check_actions(actions, self.task_spec.action, self.num_envs)
@@ -106,17 +106,12 @@ class CpuVectorEnv(RobotVectorEnv):
         info: dict[str, Any] = {"success": success.copy(), "diverged": diverged}
         done = terminated | truncated
         if self.autoreset and done.any():
-            info["final_obs"] = self._convert({k: _copy(v) for k, v in obs.items()})
+            info["final_obs"] = convert_obs({k: _copy(v) for k, v in obs.items()}, self.output)
             info["_final_obs"] = done.copy()
             idx = np.nonzero(done)[0]
             self._reset_envs(idx)
             obs = self._merge(obs, self._observe(idx), idx)
-        out = self._convert(obs)
-        if self.output == "torch":
-            import torch
-
-            return out, torch.as_tensor(reward), torch.as_tensor(terminated), torch.as_tensor(truncated), info
-        return out, reward, terminated, truncated, info
+        return step_output(self.output, obs, reward, terminated, truncated, info)
 
     def close(self, **kwargs: Any) -> None:
         if self._renderer is not None:

@@ -110,7 +110,7 @@ class MjxVectorEnv(RobotVectorEnv):
         spec = self.task_spec.action
         self._act_low = np.asarray(spec.low_array())
         self._act_high = np.asarray(spec.high_array())
-        self._has_instruction = task.instruction(np.zeros((1, max(task.goal_dim, 1)))) is not None
+        self._has_instruction = "instruction" in self.task_spec.observations
 
         self._jits = _compiled(self)
         self._device = jax.devices()[0]
@@ -277,7 +277,7 @@ class MjxVectorEnv(RobotVectorEnv):
             data = data.replace(mocap_pos=jnp.asarray(mocap[0], f), mocap_quat=jnp.asarray(mocap[1], f))
         steps = jnp.asarray(state["steps"], jnp.int32)
         frame = Frame(data.qpos, data.qvel, data.sensordata, goal)
-        obs = {k: v for k, v in self.task.observe(jnp, frame).items()}
+        obs = dict(self.task.observe(jnp, frame))
         self._state = base._replace(data=data, goal=goal, steps=steps, obs=obs,
                                     history=jnp.zeros_like(base.history))
 

@@ -50,6 +50,33 @@ def check_actions(actions: Any, spec: ArraySpec, num_envs: int) -> np.ndarray:
     return np.clip(arr, spec.low_array(), spec.high_array()).astype(np.float64)
 
 
+def check_output(output: str, allowed: tuple[str, ...] = ("numpy", "torch")) -> str:
+    if output not in allowed:
+        choices = f"{', '.join(map(repr, allowed[:-1]))} or {allowed[-1]!r}" if len(allowed) > 1 else repr(allowed[0])
+        raise ValueError(f"output: expected {choices}, got {output!r}")
+    return output
+
+
+def convert_obs(obs: dict[str, Any], output: str) -> dict[str, Any]:
+    """Numeric observations as torch tensors (zero-copy) for output="torch"; strings stay numpy object arrays."""
+    if output == "numpy":
+        return obs
+    import torch
+
+    return {k: torch.as_tensor(v) if isinstance(v, np.ndarray) and v.dtype != object else v for k, v in obs.items()}
+
+
+def step_output(
+    output: str, obs: dict[str, Any], reward: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, info: dict
+) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
+    """A numpy step result in the requested output type."""
+    if output == "torch":
+        import torch
+
+        return convert_obs(obs, output), torch.as_tensor(reward), torch.as_tensor(terminated), torch.as_tensor(truncated), info
+    return obs, reward, terminated, truncated, info
+
+
 class RobotVectorEnv(gym.vector.VectorEnv):
     """A batch of one task's envs; episodes auto-reset in the same step (`info['final_obs']` keeps the last obs).
 
@@ -75,8 +102,7 @@ class RobotVectorEnv(gym.vector.VectorEnv):
         if reward_type not in ("dense", "sparse"):
             raise ValueError(f"reward_type: expected 'dense' or 'sparse', got {reward_type!r}")
         self.reward_type = reward_type
-        if output not in self.outputs:
-            raise ValueError(f"output: expected one of {self.outputs}, got {output!r}")
+        check_output(output, self.outputs)
         self.task = task
         spec = task.spec()
         if not images:  # a backend that renders nothing must not promise image keys
@@ -91,10 +117,3 @@ class RobotVectorEnv(gym.vector.VectorEnv):
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.render_mode = "rgb_array"
         self._seed = seed
-
-    def _convert(self, obs: dict[str, Any]) -> dict[str, Any]:
-        if self.output == "numpy":
-            return obs
-        import torch
-
-        return {k: torch.as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in obs.items()}

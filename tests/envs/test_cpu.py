@@ -217,3 +217,12 @@ def test_task_randomization_is_configured_per_task():
     assert reach.randomization == Randomization.sim2real()
     with pytest.raises(ValueError, match=r"randomization: expected a Randomization, 'task' or None, got 'sim'"):
         make("Reach", randomization="sim")
+
+
+def test_torch_output_keeps_instructions_as_strings():
+    env = make("PickPlace", num_envs=2, seed=0, output="torch", render_images=False)
+    obs, _ = env.reset(seed=0)
+    assert isinstance(obs["state"], torch.Tensor)
+    assert all(text.startswith("put the ") for text in obs["instruction"])
+    obs, *_ = env.step(torch.zeros(2, 5))
+    assert isinstance(obs["state"], torch.Tensor) and len(obs["instruction"]) == 2
