@@ -197,7 +197,6 @@ class CpuVectorEnv(RobotVectorEnv):
 
     def _render(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         return self._renderer_for().render(
-            models=[self._models[i] for i in ids],
             states=self._state[ids],
             mocap=None if self._mocap is None else (self._mocap[0][ids], self._mocap[1][ids]),
             cameras=self.task.cameras,

@@ -213,7 +213,6 @@ class BatchRenderer:
 
     def render(
         self,
-        models: list[mujoco.MjModel],
         states: np.ndarray,
         mocap: tuple[np.ndarray, np.ndarray] | None,
         cameras: tuple[str, ...],

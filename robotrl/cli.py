@@ -61,11 +61,7 @@ def run_list(config: EnvsList) -> None:
     from robotrl.envs import list_tasks, make_task
 
     for name in list_tasks():
-        try:
-            task = make_task(name)
-        except ModuleNotFoundError as err:
-            print(json.dumps({"task": name, "error": str(err)}) if config.json else f"{name:<11} (not available: {err})")
-            continue
+        task = make_task(name)
         spec = task.spec()
         if config.json:
             print(json.dumps({**spec.to_dict(), "action_modes": list(task.action_modes)}))

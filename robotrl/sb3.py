@@ -84,7 +84,7 @@ class Sb3Result:
     model_path: Path
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+        return _jsonable(dataclasses.asdict(self))
 
 
 def make_sb3_env(config: Sb3Config, seed: int | None = None) -> gym.Env:
