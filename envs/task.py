@@ -22,6 +22,24 @@ from robotrl.envs.randomization import Randomization
 from robotrl.spec import ArraySpec, Spec
 
 
+def state_layout(*fields: tuple[str, int]) -> tuple[dict[str, tuple[int, int]], int]:
+    """Name -> (start, stop) of consecutive fields of a flat "state" vector, and its total size.
+
+    Tasks concatenate their observation in this order; experts and tests then read fields by name.
+    """
+    layout: dict[str, tuple[int, int]] = {}
+    offset = 0
+    for name, size in fields:
+        layout[name] = (offset, offset + size)
+        offset += size
+    return layout, offset
+
+
+def split_state(state: Any, layout: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """The named fields (n, size) of batched state vectors (n, dim)."""
+    return {name: state[:, a:b] for name, (a, b) in layout.items()}
+
+
 class Frame(NamedTuple):
     """What a task may read of the simulation after a control step (all batched over envs)."""
 

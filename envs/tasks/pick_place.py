@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise
+from robotrl.envs.task import (
+    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout,
+)
 from robotrl.envs.tasks import arm
 from robotrl.spec import ArraySpec
 
@@ -38,16 +40,11 @@ CUBE_QPOS = 9  # arm (7) + fingers (2), then 7 qpos per free cube
 CUBE_QVEL = 9
 
 #: layout of the "state" observation: name -> (start, stop); the expert reads it by name
-STATE_LAYOUT: dict[str, tuple[int, int]] = {}
-_offset = 0
-for _name, _size in (
+STATE_LAYOUT, STATE_DIM = state_layout(
     ("joint_pos", 7), ("joint_vel", 7), ("gripper", 1), ("tool_pos", 3), ("tool_yaw", 2),
     ("cube_pos", 3 * NUM_CUBES), ("cube_quat", 4 * NUM_CUBES), ("target", NUM_CUBES),
     ("target_rel", 3), ("bin_rel", 3),
-):
-    STATE_LAYOUT[_name] = (_offset, _offset + _size)
-    _offset += _size
-STATE_DIM = _offset
+)
 
 
 @dataclass
@@ -272,7 +269,7 @@ class PickPlaceExpert(Expert):
         n = s.shape[0]
         if self.phase.shape[0] != n:
             self.reset(n)
-        get = {k: s[:, a:b] for k, (a, b) in STATE_LAYOUT.items()}
+        get = split_state(s, STATE_LAYOUT)
         ee = get["tool_pos"]
         yaw = np.arctan2(get["tool_yaw"][:, 0], get["tool_yaw"][:, 1])
         opening = get["gripper"][:, 0]

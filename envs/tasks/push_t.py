@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise
+from robotrl.envs.task import (
+    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout,
+)
 from robotrl.envs.tasks import arm
 from robotrl.spec import ArraySpec
 
@@ -65,15 +67,10 @@ def _grid(k: int) -> np.ndarray:
 COVERAGE_POINTS = _grid(5)  # 175 points, 6 mm apart
 
 #: layout of the "state" observation: name -> (start, stop); the expert reads it by name
-STATE_LAYOUT: dict[str, tuple[int, int]] = {}
-_offset = 0
-for _name, _size in (
+STATE_LAYOUT, STATE_DIM = state_layout(
     ("joint_pos", 7), ("joint_vel", 7), ("tool_pos", 3), ("block_pose", 4), ("block_vel", 3),
     ("target_pose", 4), ("pose_error", 3), ("tool_in_block", 2), ("coverage", 1),
-):
-    STATE_LAYOUT[_name] = (_offset, _offset + _size)
-    _offset += _size
-STATE_DIM = _offset
+)
 
 
 def _wrap(xp: Any, a: Any) -> Any:
@@ -451,7 +448,7 @@ class PushTExpert(Expert):
         n = s.shape[0]
         if self.contact.shape[0] != n:
             self.reset(n)
-        get = {k: s[:, a:b] for k, (a, b) in STATE_LAYOUT.items()}
+        get = split_state(s, STATE_LAYOUT)
         tip = get["tool_pos"][:, :2]
         bp = get["block_pose"]
         block = np.c_[bp[:, :2], np.arctan2(bp[:, 2], bp[:, 3])]

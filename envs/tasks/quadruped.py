@@ -24,7 +24,9 @@ import mujoco
 import numpy as np
 
 from robotrl.envs.randomization import Randomization
-from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise
+from robotrl.envs.task import (
+    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout,
+)
 from robotrl.spec import ArraySpec
 
 # --- geometry (metres, kg) ---------------------------------------------------------------------------
@@ -53,14 +55,9 @@ BASE_NV = 6  # free joint: world linear velocity, body angular velocity
 NJ = 12
 
 #: layout of the "state" observation: name -> (start, stop); the expert reads it by name
-STATE_LAYOUT: dict[str, tuple[int, int]] = {}
-_offset = 0
-for _name, _size in (
+STATE_LAYOUT, STATE_DIM = state_layout(
     ("base_lin_vel", 3), ("base_ang_vel", 3), ("gravity", 3), ("joint_pos", NJ), ("joint_vel", NJ), ("command", 3),
-):
-    STATE_LAYOUT[_name] = (_offset, _offset + _size)
-    _offset += _size
-STATE_DIM = _offset
+)
 
 
 def leg_fk(xp: Any, q: Any) -> Any:
