@@ -35,6 +35,12 @@ def state_layout(*fields: tuple[str, int]) -> tuple[dict[str, tuple[int, int]], 
     return layout, offset
 
 
+def state_spec(layout: dict[str, tuple[int, int]]) -> ArraySpec:
+    """The float32 "state" observation spec of a layout, with its named fields."""
+    fields = tuple((name, b - a) for name, (a, b) in layout.items())
+    return ArraySpec((sum(k for _, k in fields),), "float32", fields=fields)
+
+
 def split_state(state: Any, layout: dict[str, tuple[int, int]]) -> dict[str, Any]:
     """The named fields (n, size) of batched state vectors (n, dim)."""
     return {name: state[:, a:b] for name, (a, b) in layout.items()}

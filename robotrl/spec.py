@@ -29,9 +29,17 @@ class ArraySpec:
     dtype: str
     low: tuple[float, ...] | None = None
     high: tuple[float, ...] | None = None
+    #: named consecutive slices of a flat vector, e.g. (("joint_pos", 7), ("joint_vel", 7), ...): how a ROS
+    #: node or a recording importer finds the robot's joints inside a task's "state" observation
+    fields: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "fields", tuple((str(n), int(k)) for n, k in self.fields))
+        if self.fields and (len(self.shape) != 1 or sum(k for _, k in self.fields) != self.shape[0]):
+            raise SpecMismatchError(
+                f"ArraySpec.fields: expected sizes summing to a flat shape, got {list(self.fields)} for shape {self.shape}"
+            )
         if self.dtype != STRING:
             np.dtype(self.dtype)  # raises TypeError on an unknown dtype name
         for name in ("low", "high"):
@@ -58,12 +66,22 @@ class ArraySpec:
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    def field_slices(self) -> dict[str, slice]:
+        """Name -> slice of each named field (empty when the array has no fields)."""
+        out, start = {}, 0
+        for name, k in self.fields:
+            out[name] = slice(start, start + k)
+            start += k
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"shape": list(self.shape), "dtype": self.dtype}
         for name in ("low", "high"):
             bound = getattr(self, name)
             if bound is not None:  # a uniform bound is stored once, not once per element
                 d[name] = _finite_or_str(bound[0]) if len(set(bound)) == 1 else [_finite_or_str(v) for v in bound]
+        if self.fields:
+            d["fields"] = [[n, k] for n, k in self.fields]
         return d
 
     @classmethod
@@ -74,6 +92,7 @@ class ArraySpec:
             dtype=d["dtype"],
             low=None if low is None else np.asarray(low, dtype=np.float64),
             high=None if high is None else np.asarray(high, dtype=np.float64),
+            fields=tuple(tuple(f) for f in d.get("fields", ())),
         )
 
     def validate(self, value: Any, where: str, batched: bool = True) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from robotrl.envs.task import (
-    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout,
+    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout, state_spec,
 )
 from robotrl.envs.tasks import arm
 from robotrl.spec import ArraySpec
@@ -291,7 +291,7 @@ class PushT(Task):
         return ArraySpec((dim,), "float32", -1.0, 1.0)
 
     def state_obs_specs(self) -> dict[str, ArraySpec]:
-        return {"state": ArraySpec((STATE_DIM,), "float32")}
+        return {"state": state_spec(STATE_LAYOUT)}
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         return PushTExpert(self, noise, seed)

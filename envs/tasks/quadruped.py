@@ -25,7 +25,7 @@ import numpy as np
 
 from robotrl.envs.randomization import Randomization
 from robotrl.envs.task import (
-    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout,
+    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout, state_spec,
 )
 from robotrl.spec import ArraySpec
 
@@ -275,7 +275,7 @@ class Quadruped(Task):
         return ArraySpec((NJ,), "float32", -1.0, 1.0)
 
     def state_obs_specs(self) -> dict[str, ArraySpec]:
-        return {"state": ArraySpec((STATE_DIM,), "float32")}
+        return {"state": state_spec(STATE_LAYOUT)}
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         return TrotExpert(self, noise, seed)

@@ -7,9 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise
+from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout, state_spec
 from robotrl.envs.tasks import arm
 from robotrl.spec import ArraySpec
+
+#: layout of the "state" observation (joint positions and velocities first, as on every arm task)
+STATE_LAYOUT, STATE_DIM = state_layout(
+    ("joint_pos", 7), ("joint_vel", 7), ("tool_pos", 3), ("target", 3), ("target_rel", 3),
+)
 
 TOOL_OFFSET = 0.10  # a 10 cm stylus below the flange
 TARGET_LOW = np.array([0.30, -0.30, 0.15])
@@ -81,7 +86,7 @@ class Reach(Task):
         return ArraySpec((dim,), "float32", -1.0, 1.0)
 
     def state_obs_specs(self) -> dict[str, ArraySpec]:
-        return {"state": ArraySpec((23,), "float32")}
+        return {"state": state_spec(STATE_LAYOUT)}
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         return ReachExpert(self, noise, seed)
