@@ -1,1 +1,7 @@
-"""robotrl.datasets — filled in by later issues (see ../shared/DESIGN.md)."""
+"""robotrl.datasets: the zarr episode store, recorders, samplers for training, and LeRobot / MCAP interop."""
+
+from robotrl.datasets.store import (
+    CorruptChunkError, Episode, EpisodeStore, EpisodeWriter, StoreError, VectorRecorder, validate,
+)
+
+__all__ = ["CorruptChunkError", "Episode", "EpisodeStore", "EpisodeWriter", "StoreError", "VectorRecorder", "validate"]

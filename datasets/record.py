@@ -1,0 +1,70 @@
+"""Batch recording of a policy or scripted expert across a vector env into an episode store.
+
+This is the fast path for demonstrations (many envs stepped together); the interactive, one-operator path
+with keep/discard is `robotrl.datasets.collect`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from tqdm import tqdm
+
+from robotrl.datasets.store import EpisodeStore, VectorRecorder
+
+
+def record_policy(
+    env: Any,
+    act: Callable[[dict[str, np.ndarray]], np.ndarray],
+    store: EpisodeStore,
+    episodes: int,
+    source: str = "scripted",
+    on_episode_end: Callable[[int], None] | None = None,
+    seed: int | None = None,
+    progress: bool = True,
+    **meta: Any,
+) -> list[int]:
+    """Step `env` with `act` until at least `episodes` more episodes are committed to `store` (envs that end
+    on the same step all count); returns their indices. Episodes still running then are discarded, so every
+    stored episode is whole."""
+    recorder = VectorRecorder(store, env.num_envs, source=source, **meta)
+    obs, _ = env.reset(seed=seed)
+    bar = tqdm(total=episodes, desc=f"record {store.spec.task}", unit="ep", disable=not progress, leave=False)
+    while len(recorder.finalized) < episodes:
+        action = np.asarray(act(obs), dtype=np.float32)
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        for i in recorder.add(obs, action, reward, terminated, truncated, info):
+            bar.update(1)
+            if on_episode_end is not None:
+                on_episode_end(i)
+        obs = next_obs
+    bar.close()
+    recorder.discard()
+    return recorder.finalized
+
+
+def record_expert(
+    out: str | Path,
+    task: str,
+    episodes: int,
+    num_envs: int = 8,
+    noise: float | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **task_options: Any,
+) -> EpisodeStore:
+    """Demonstrations of `task`'s scripted expert (at the task's `demo_noise` unless `noise` is given),
+    appended to the store at `out` (created if absent). Returns the store, open for appending."""
+    from robotrl.envs import make
+
+    env = make(task, num_envs=num_envs, seed=seed, **task_options)
+    noise = env.task.demo_noise if noise is None else noise
+    expert = env.task.expert(noise=noise, seed=seed)
+    expert.reset(num_envs)
+    store = EpisodeStore.create(out, env.task_spec, exist_ok=True)
+    record_policy(env, expert.act, store, episodes, source="scripted", on_episode_end=expert.reset_env,
+                  seed=seed, progress=progress, noise=noise)
+    env.close()
+    return store
