@@ -1,0 +1,96 @@
+"""Training windows: edge padding, masks, in-memory vs chunk-cached disk reads, mixing, the torch path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robotrl import SpecMismatchError
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampler, dataloader
+from test_store import SPEC, episode_data, episode_length
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> EpisodeStore:
+    s = EpisodeStore.create(tmp_path / "d.zarr", SPEC)
+    for k in range(5):
+        s.append_episode(episode_data(k), {"k": k, "instruction": f"task {k}"})
+    return EpisodeStore.open(tmp_path / "d.zarr")
+
+
+def test_windows_pad_at_episode_edges(store: EpisodeStore) -> None:
+    cfg = SequenceConfig(obs_horizon=3, action_horizon=8, extra_keys=("reward",))
+    sampler = SequenceSampler.from_store(store, cfg)
+    assert len(sampler) == store.num_steps
+    starts = store.episode_starts
+    for k in range(5):
+        n, d = episode_length(k), episode_data(k)
+        first, last = int(starts[k]), int(starts[k]) + n - 1
+        b = sampler.get(np.array([first, first + 1, last]))  # anchors are global rows here (all episodes chosen)
+        # first step: history repeats the first frame, flagged as padding
+        np.testing.assert_array_equal(b["obs"]["state"][0], d["state"][[0, 0, 0]])
+        np.testing.assert_array_equal(b["obs_is_pad"][0], [True, True, False])
+        np.testing.assert_array_equal(b["obs"]["state"][1], d["state"][[0, 0, 1]])
+        np.testing.assert_array_equal(b["action"][1], d["action"][1:9])
+        assert not b["action_is_pad"][1].any()
+        # last step: the chunk repeats the last action, flagged
+        np.testing.assert_array_equal(b["action"][2], d["action"][[n - 1] * 8])
+        np.testing.assert_array_equal(b["action_is_pad"][2], [False] + [True] * 7)
+        np.testing.assert_array_equal(b["obs"]["image_front"][2], d["image_front"][n - 3:n])
+        assert list(b["episode"]) == [k] * 3 and list(b["t"]) == [0, 1, n - 1]
+        np.testing.assert_array_equal(b["reward"], d["reward"][[0, 1, n - 1]])
+
+
+def test_disk_path_matches_memory_path(store: EpisodeStore) -> None:
+    mem = SequenceSampler.from_store(store, SequenceConfig(in_memory=True))
+    disk = SequenceSampler.from_store(store, SequenceConfig(in_memory=False))
+    idx = np.random.default_rng(0).integers(0, len(mem), 64)
+    a, b = mem.get(idx), disk.get(idx)
+    for key in a["obs"]:
+        np.testing.assert_array_equal(a["obs"][key], b["obs"][key])
+    np.testing.assert_array_equal(a["action"], b["action"])
+
+
+def test_episode_subset_and_bad_keys(store: EpisodeStore) -> None:
+    sub = SequenceSampler.from_store(store, episodes=[1, 3])
+    assert len(sub) == episode_length(1) + episode_length(3)
+    assert set(sub.sample(200, np.random.default_rng(0))["episode"]) == {1, 3}
+    with pytest.raises(SpecMismatchError, match="obs_keys: \\['joint'\\] not in store"):
+        SequenceSampler.from_store(store, SequenceConfig(obs_keys=("joint",)))
+    with pytest.raises(ValueError, match="action_horizon: expected an integer >= 1, got 0"):
+        SequenceConfig(action_horizon=0)
+    with pytest.raises(IndexError, match="episodes: expected indices in \\[0, 5\\)"):
+        SequenceSampler.from_store(store, episodes=[7])
+
+
+def test_mixed_sampling_keeps_ratios_exactly(store: EpisodeStore) -> None:
+    demos = SequenceSampler.from_store(store, episodes=[0, 1])
+    online = SequenceSampler.from_store(store, episodes=[2, 3, 4])
+    mixed = MixedSampler([demos, online], [0.5, 0.5])
+    rng = np.random.default_rng(0)
+    for batch in (256, 7):
+        b = mixed.sample(batch, rng)
+        counts = np.bincount(b["source"], minlength=2)
+        assert counts.sum() == batch and abs(counts[0] - counts[1]) <= 1
+        assert set(b["episode"][b["source"] == 0]) <= {0, 1} and set(b["episode"][b["source"] == 1]) <= {2, 3, 4}
+        assert b["obs"]["state"].shape == (batch, 2, 6)
+    assert list(MixedSampler([demos, online], [1, 4]).counts(10)) == [2, 8]
+    assert list(MixedSampler([demos, online], [2, 1]).counts(10)) == [7, 3]  # 6.67 / 3.33: largest remainder
+    with pytest.raises(SpecMismatchError, match="windows"):
+        MixedSampler([demos, SequenceSampler.from_store(store, SequenceConfig(action_horizon=4))], [1, 1])
+    with pytest.raises(ValueError, match="ratios"):
+        MixedSampler([demos, online], [0, 0])
+
+
+def test_torch_dataloader_with_workers(store: EpisodeStore) -> None:
+    sampler = SequenceSampler.from_store(store, SequenceConfig(in_memory=False))
+    loader = dataloader(sampler, batch_size=16, num_workers=2, seed=0)
+    batches = [b for _, b in zip(range(6), loader)]
+    assert all(isinstance(b["action"], torch.Tensor) and b["action"].shape == (16, 16, 2) for b in batches)
+    assert batches[0]["obs"]["image_front"].dtype == torch.uint8
+    again = next(iter(dataloader(sampler, batch_size=16, num_workers=0, seed=0)))
+    torch.testing.assert_close(again["action"], batches[0]["action"])  # same seed, same first batch
