@@ -6,6 +6,8 @@ with keep/discard is `robotrl.datasets.collect`.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,4 +69,28 @@ def record_expert(
     record_policy(env, expert.act, store, episodes, source="scripted", on_episode_end=expert.reset_env,
                   seed=seed, progress=progress, noise=noise)
     env.close()
+    return store
+
+
+@dataclass
+class DataRecord:
+    """Record demonstrations of a task's scripted expert (a noisy stand-in for a teleoperator) into a store."""
+
+    task: str = "PushT"
+    out: Path = Path("data/pusht.zarr")
+    """store to create, or to append to when its spec matches"""
+    episodes: int = 100
+    num_envs: int = 8
+    noise: float | None = None
+    """expert noise (default: the task's demo_noise, the level that stands in for a human)"""
+    seed: int = 0
+    episode_steps: int | None = None
+    """override the task's episode length"""
+
+
+def run_record(config: DataRecord) -> EpisodeStore:
+    options = {} if config.episode_steps is None else {"episode_steps": config.episode_steps}
+    store = record_expert(config.out, config.task, config.episodes, num_envs=config.num_envs, noise=config.noise,
+                          seed=config.seed, **options)
+    print(json.dumps({k: v for k, v in store.summary().items() if k != "keys"}))
     return store

@@ -124,24 +124,51 @@ def load_bench() -> Any:
     return module
 
 
-def _groups() -> dict[str, tuple[str, Callable[[], dict[str, tuple[type, Callable[[Any], Any]]]]]]:
-    def envs() -> dict[str, tuple[type, Callable[[Any], Any]]]:
+Commands = dict[str, tuple[type, Callable[[Any], Any]]]
+
+
+def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
+    def envs() -> Commands:
         bench = load_bench()
         return {"list": (EnvsList, run_list), "check": (EnvsCheck, run_check), "view": (EnvsView, run_view),
                 "bench": (bench.BenchConfig, bench.main)}
 
-    def train() -> dict[str, tuple[type, Callable[[Any], Any]]]:
+    def train() -> Commands:
         return {"sb3": (Sb3Config, run_sb3)}
 
+    def data() -> Commands:
+        from robotrl.datasets import ops, record
+
+        return {"info": (ops.DataInfo, ops.info), "validate": (ops.DataValidate, ops.check),
+                "stats": (ops.DataStats, ops.stats), "merge": (ops.DataMerge, ops.merge),
+                "split": (ops.DataSplit, ops.split), "record": (record.DataRecord, record.run_record)}
+
     return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
+            "data": ("Episode stores: inspect, validate, merge, split, record demos, convert.", data),
             "train": ("Training: Stable-Baselines3 on a robotrl task.", train)}
+
+
+def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any], Any]]]]]:
+    """Top-level commands that take options directly (`robotrl collect --task PushT ...`)."""
+
+    def collect() -> tuple[type, Callable[[Any], Any]]:
+        from robotrl.datasets.collect import CollectConfig, run_collect
+
+        return CollectConfig, run_collect
+
+    return {"collect": ("Teleoperate (or script) a task and record episodes into a store.", collect)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    groups = _groups()
+    groups, commands_ = _groups(), _commands()
+    if args and args[0] in commands_:
+        cls, fn = commands_[args[0]][1]()
+        fn(tyro.cli(cls, prog=f"robotrl {args[0]}", args=args[1:]))
+        return
     if not args or args[0] not in groups:
-        placeholders = {name: type(name, (_Group,), {"__doc__": doc}) for name, (doc, _) in groups.items()}
+        docs = {**{n: d for n, (d, _) in groups.items()}, **{n: d for n, (d, _) in commands_.items()}}
+        placeholders = {name: type(name, (_Group,), {"__doc__": doc}) for name, doc in docs.items()}
         tyro.extras.subcommand_cli_from_dict({k: dataclass(v) for k, v in placeholders.items()}, prog="robotrl", args=args)
         raise SystemExit(f"robotrl: expected one of the groups {sorted(groups)}, got {args}")
     commands = groups[args[0]][1]()

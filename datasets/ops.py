@@ -1,0 +1,154 @@
+"""Whole-store operations behind `robotrl data`: info, validate, stats, merge, split.
+
+Each command is a dataclass config (the CLI and the Python API) and a function; none modifies its inputs,
+so a mistake never costs recorded data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robotrl.datasets.store import EpisodeStore, StoreError, validate
+
+
+@dataclass
+class DataInfo:
+    """Summarize a store: task, episodes, steps, lengths, success rate, sources, instructions, keys."""
+
+    store: Path
+    json: bool = False
+    """print the summary as one JSON object"""
+
+
+@dataclass
+class DataValidate:
+    """Check a store: its spec (optionally against a task's), the commit record and the checksum of every chunk."""
+
+    store: Path
+    task: str | None = None
+    """also check the store's spec against this task's (with the task's default options)"""
+
+
+@dataclass
+class DataStats:
+    """Per-key normalization statistics (mean, std, min, max) stored with the data."""
+
+    store: Path
+    json: bool = False
+
+
+@dataclass
+class DataMerge:
+    """Concatenate stores with the same spec into a new store (episodes in the order given)."""
+
+    inputs: list[Path]
+    out: Path
+
+
+@dataclass
+class DataSplit:
+    """Split a store's episodes at random into two new stores (e.g. train / held-out validation)."""
+
+    store: Path
+    out: list[Path] = field(default_factory=list)
+    """two output paths (default: <store>_train.zarr and <store>_val.zarr next to the input)"""
+    fraction: float = 0.9
+    """share of episodes that go to the first output"""
+    seed: int = 0
+
+
+def info(config: DataInfo) -> dict[str, Any]:
+    summary = EpisodeStore.open(config.store).summary()
+    if config.json:
+        print(json.dumps(summary))
+    else:
+        ln = summary["length"]
+        print(f"{summary['path']}: task {summary['task']}, {summary['episodes']} episodes, {summary['steps']} steps "
+              f"({summary['control_hz']:g} Hz); length {ln['min']}/{ln['mean']:.1f}/{ln['max']} (min/mean/max); "
+              f"success {summary['success_rate']:.1%}; sources {summary['sources']}")
+        for instruction in summary["instructions"]:
+            print(f"  instruction: {instruction}")
+        for key, k in summary["keys"].items():
+            print(f"  {key:<14} {k['dtype']:<8} {tuple(k['shape'])}  chunk {k['chunk_rows']} rows")
+    return summary
+
+
+def check(config: DataValidate) -> list[str]:
+    spec = None
+    if config.task is not None:
+        from robotrl.envs import make_task
+
+        spec = make_task(config.task).spec()
+    errors = validate(EpisodeStore.open(config.store), spec)
+    for e in errors:
+        print(f"error: {e}")
+    if errors:
+        raise SystemExit(f"{config.store}: {len(errors)} problem(s)")
+    print(f"{config.store}: ok")
+    return errors
+
+
+def stats(config: DataStats) -> dict[str, dict[str, list[float]]]:
+    st = EpisodeStore.open(config.store).stats()
+    out = {k: {name: np.asarray(v).tolist() for name, v in s.items()} for k, s in st.items()}
+    if config.json:
+        print(json.dumps(out))
+    else:
+        with np.printoptions(precision=3, suppress=True, linewidth=160):
+            for key, s in st.items():
+                print(f"{key} (n={int(s['count'])})")
+                for name in ("mean", "std", "min", "max"):
+                    print(f"  {name:<4} {np.asarray(s[name])}")
+    return out
+
+
+def copy_episodes(src: EpisodeStore, dst: EpisodeStore, episodes: list[int] | None = None) -> int:
+    """Append `episodes` of `src` (default: all) to `dst`, metadata kept (with the source store recorded)."""
+    count = 0
+    for i in range(src.num_episodes) if episodes is None else episodes:
+        ep = src.episode(i)
+        meta = {k: v for k, v in ep.meta.items() if k not in ("index", "start", "end", "length")}
+        meta.setdefault("origin", {"store": src.path.name, "episode": i})
+        dst.append_episode(ep.data, meta)
+        count += 1
+    return count
+
+
+def merge(config: DataMerge) -> EpisodeStore:
+    if not config.inputs:
+        raise ValueError("merge.inputs: expected at least one store, got none")
+    sources = [EpisodeStore.open(p) for p in config.inputs]
+    for s in sources[1:]:
+        s.spec.check(sources[0].spec, this=f"store {s.path}", that=f"store {sources[0].path}")
+    out = EpisodeStore.create(config.out, sources[0].spec)
+    for s in sources:
+        copy_episodes(s, out)
+    print(f"{config.out}: {out.num_episodes} episodes, {out.num_steps} steps from {len(sources)} store(s)")
+    return out
+
+
+def split(config: DataSplit) -> tuple[EpisodeStore, EpisodeStore]:
+    if not 0.0 < config.fraction < 1.0:
+        raise ValueError(f"split.fraction: expected a value in (0, 1), got {config.fraction}")
+    src = EpisodeStore.open(config.store)
+    if src.num_episodes < 2:
+        raise StoreError(f"split: {config.store} has {src.num_episodes} episode(s); need at least 2")
+    stem = config.store.with_suffix("")
+    outs = config.out or [Path(f"{stem}_train.zarr"), Path(f"{stem}_val.zarr")]
+    if len(outs) != 2:
+        raise ValueError(f"split.out: expected two paths, got {len(outs)}")
+    order = np.random.default_rng(config.seed).permutation(src.num_episodes)
+    n_first = min(src.num_episodes - 1, max(1, int(round(config.fraction * src.num_episodes))))
+    parts = (sorted(order[:n_first].tolist()), sorted(order[n_first:].tolist()))
+    stores = []
+    for path, eps in zip(outs, parts):
+        dst = EpisodeStore.create(path, src.spec)
+        copy_episodes(src, dst, eps)
+        stores.append(dst)
+        print(f"{path}: {dst.num_episodes} episodes, {dst.num_steps} steps")
+    return stores[0], stores[1]

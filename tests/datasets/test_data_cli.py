@@ -1,0 +1,58 @@
+"""`robotrl data ...` through the installed console script, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from robotrl.datasets import EpisodeStore
+from test_cli import robotrl
+
+
+def ok(*args: str) -> str:
+    out = robotrl(*args)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_record_info_validate_merge_split_stats(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    ok("data", "record", "--task", "PushT", "--out", str(a), "--episodes", "3", "--num-envs", "3", "--episode-steps", "25")
+    ok("data", "record", "--task", "PushT", "--out", str(b), "--episodes", "2", "--num-envs", "2", "--episode-steps", "25",
+       "--seed", "1")
+    info = json.loads(ok("data", "info", "--store", str(a), "--json"))
+    assert info["episodes"] == 3 and info["steps"] == 75 and info["sources"] == {"scripted": 3}
+    assert "ok" in ok("data", "validate", "--store", str(a))
+
+    ok("data", "merge", "--inputs", str(a), str(b), "--out", str(tmp_path / "m.zarr"))
+    merged = EpisodeStore.open(tmp_path / "m.zarr")
+    assert merged.num_episodes == 5
+    np.testing.assert_array_equal(merged.episode(3).data["action"], EpisodeStore.open(b).episode(0).data["action"])
+    assert merged.episodes[3]["origin"] == {"store": "b.zarr", "episode": 0}
+
+    ok("data", "split", "--store", str(tmp_path / "m.zarr"), "--fraction", "0.6", "--seed", "0")
+    train, val = EpisodeStore.open(tmp_path / "m_train.zarr"), EpisodeStore.open(tmp_path / "m_val.zarr")
+    assert (train.num_episodes, val.num_episodes) == (3, 2)
+    origins = {(e["origin"]["store"], e["origin"]["episode"]) for s in (train, val) for e in s.episodes}
+    assert len(origins) == 5  # every episode went to exactly one side
+
+    stats = json.loads(ok("data", "stats", "--store", str(a), "--json"))
+    actions = EpisodeStore.open(a).load(["action"])["action"]
+    np.testing.assert_allclose(stats["action"]["mean"], actions.mean(0), atol=1e-6)
+
+
+def test_validate_and_merge_report_problems(tmp_path: Path) -> None:
+    a, r = tmp_path / "a.zarr", tmp_path / "r.zarr"
+    ok("data", "record", "--task", "PushT", "--out", str(a), "--episodes", "2", "--num-envs", "2", "--episode-steps", "20")
+    ok("data", "record", "--task", "Reach", "--out", str(r), "--episodes", "1", "--num-envs", "1", "--episode-steps", "20")
+    out = robotrl("data", "merge", "--inputs", str(a), str(r), "--out", str(tmp_path / "m.zarr"))
+    assert out.returncode != 0 and "spec.task" in out.stderr and "'Reach'" in out.stderr and "'PushT'" in out.stderr
+    assert not (tmp_path / "m.zarr").exists()
+    out = robotrl("data", "validate", "--store", str(a), "--task", "Reach")
+    assert out.returncode != 0 and "spec.task: store a.zarr has 'PushT', policy/task spec has 'Reach'" in out.stdout
+    chunk = a / "data" / "action" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-3])  # truncated
+    out = robotrl("data", "validate", "--store", str(a))
+    assert out.returncode != 0 and "data/action chunk 0 (rows 0-39, episode(s) [0, 1])" in out.stdout
