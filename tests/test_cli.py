@@ -16,7 +16,9 @@ def robotrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize(
     "args",
-    [(), ("envs",), ("train",), ("envs", "list"), ("envs", "check"), ("envs", "view"), ("envs", "bench"), ("train", "sb3")],
+    [(), ("envs",), ("train",), ("envs", "list"), ("envs", "check"), ("envs", "view"), ("envs", "bench"), ("train", "sb3"),
+     ("data",), ("data", "info"), ("data", "validate"), ("data", "stats"), ("data", "merge"), ("data", "split"),
+     ("data", "record")],
 )
 def test_help_at_every_level(args):
     out = robotrl(*args, "--help")
