@@ -348,6 +348,16 @@ def _open_reader(path: Path, f: Any) -> Any:
                         f"got {f.read(8)!r} ({e})") from None
 
 
+def embedded_spec(in_path: str | Path) -> Spec | None:
+    """The task spec `export_mcap` saved in the recording's ``robotrl`` metadata record, or None (a foreign bag)."""
+    for path in _mcap_files(in_path):
+        with open(path, "rb") as f:
+            for record in _open_reader(path, f).iter_metadata():
+                if record.name == "robotrl" and "spec" in record.metadata:
+                    return Spec.from_json(record.metadata["spec"])
+    return None
+
+
 def _channels(files: list[Path]) -> dict[str, tuple[str, str, str]]:
     """topic -> (schema name, schema encoding, message encoding) over every file, from the summaries."""
     out: dict[str, tuple[str, str, str]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -60,6 +60,36 @@ class DataSplit:
     fraction: float = 0.9
     """share of episodes that go to the first output"""
     seed: int = 0
+
+
+@dataclass
+class DataExport:
+    """Convert a store to a LeRobot v3.0 dataset (parquet + mp4 + meta/) or a ROS 2 MCAP recording."""
+
+    store: Path
+    out: Path
+    """LeRobot: a new directory; MCAP: a .mcap file"""
+    format: Literal["lerobot", "mcap"] = "lerobot"
+    episodes: list[int] | None = None
+    """MCAP only: which episodes, in order (default: all)"""
+    video: bool = True
+    """LeRobot only: cameras as lossless mp4 (else PNG frames inside the parquet)"""
+    repo_id: str | None = None
+    """LeRobot only: dataset name in info.json (default robotrl/<task>)"""
+
+
+@dataclass
+class DataImport:
+    """Convert a LeRobot v3 dataset or a ROS 2 MCAP recording into a store (resampled to the control rate)."""
+
+    input: Path
+    out: Path
+    format: Literal["lerobot", "mcap"] = "lerobot"
+    task: str | None = None
+    """the task whose spec the data must match (default: the spec saved in the input by robotrl, or for a
+    foreign LeRobot dataset one built from its features)"""
+    control_hz: float | None = None
+    """MCAP only: resampling rate (default: the spec's)"""
 
 
 def info(config: DataInfo) -> dict[str, Any]:
@@ -152,3 +182,40 @@ def split(config: DataSplit) -> tuple[EpisodeStore, EpisodeStore]:
         stores.append(dst)
         print(f"{path}: {dst.num_episodes} episodes, {dst.num_steps} steps")
     return stores[0], stores[1]
+
+
+def export(config: DataExport) -> Path:
+    if config.format == "lerobot":
+        from robotrl.datasets.lerobot import export_lerobot
+
+        out = export_lerobot(config.store, config.out, video=config.video, repo_id=config.repo_id)
+    else:
+        from robotrl.datasets.mcap import export_mcap
+
+        out = export_mcap(config.store, config.out, episodes=config.episodes)
+    print(f"{out}: {config.format} export of {config.store}")
+    return out
+
+
+def import_(config: DataImport) -> EpisodeStore:
+    spec = None
+    if config.task is not None:
+        from robotrl.envs import make_task
+
+        spec = make_task(config.task).spec()
+    if config.format == "lerobot":
+        from robotrl.datasets.lerobot import import_lerobot
+
+        store = import_lerobot(config.input, config.out, spec=spec)
+    else:
+        from robotrl.datasets.mcap import embedded_spec, import_mcap
+
+        saved = embedded_spec(config.input)
+        if spec is not None and saved is not None:
+            saved.check(spec, this=f"recording {config.input.name}", that=f"task {config.task}")
+        spec = spec or saved
+        if spec is None:
+            raise ValueError(f"task: {config.input} carries no robotrl spec; expected --task naming the task it records")
+        store = import_mcap(config.input, config.out, spec, control_hz=config.control_hz)
+    print(f"{config.out}: {store.num_episodes} episodes, {store.num_steps} steps imported from {config.input}")
+    return store

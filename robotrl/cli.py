@@ -141,7 +141,8 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
 
         return {"info": (ops.DataInfo, ops.info), "validate": (ops.DataValidate, ops.check),
                 "stats": (ops.DataStats, ops.stats), "merge": (ops.DataMerge, ops.merge),
-                "split": (ops.DataSplit, ops.split), "record": (record.DataRecord, record.run_record)}
+                "split": (ops.DataSplit, ops.split), "record": (record.DataRecord, record.run_record),
+                "export": (ops.DataExport, ops.export), "import": (ops.DataImport, ops.import_)}
 
     return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
             "data": ("Episode stores: inspect, validate, merge, split, record demos, convert.", data),
@@ -164,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     groups, commands_ = _groups(), _commands()
     if args and args[0] in commands_:
         cls, fn = commands_[args[0]][1]()
-        fn(tyro.cli(cls, prog=f"robotrl {args[0]}", args=args[1:]))
+        _run(fn, tyro.cli(cls, prog=f"robotrl {args[0]}", args=args[1:]), f"robotrl {args[0]}")
         return
     if not args or args[0] not in groups:
         docs = {**{n: d for n, (d, _) in groups.items()}, **{n: d for n, (d, _) in commands_.items()}}
@@ -174,8 +175,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     commands = groups[args[0]][1]()
     config = tyro.extras.subcommand_cli_from_dict({k: cls for k, (cls, _) in commands.items()},
                                                   prog=f"robotrl {args[0]}", args=args[1:])
-    run = next(fn for cls, fn in commands.values() if isinstance(config, cls))
-    run(config)
+    name, run = next((name, fn) for name, (cls, fn) in commands.items() if isinstance(config, cls))
+    _run(run, config, f"robotrl {args[0]} {name}")
+
+
+def _run(fn: Callable[[Any], Any], config: Any, prog: str) -> None:
+    """Run a command; bad input (files, specs, values) ends in one line naming the problem, not a traceback.
+    ROBOTRL_TRACEBACK=1 shows the traceback."""
+    import os
+
+    from robotrl.datasets.store import StoreError
+
+    try:
+        fn(config)
+    except (ValueError, StoreError, FileNotFoundError, FileExistsError) as e:
+        if os.environ.get("ROBOTRL_TRACEBACK"):
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

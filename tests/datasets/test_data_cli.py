@@ -56,3 +56,24 @@ def test_validate_and_merge_report_problems(tmp_path: Path) -> None:
     chunk.write_bytes(chunk.read_bytes()[:-3])  # truncated
     out = robotrl("data", "validate", "--store", str(a))
     assert out.returncode != 0 and "data/action chunk 0 (rows 0-39, episode(s) [0, 1])" in out.stdout
+
+
+def test_export_import_round_trips_through_both_formats(tmp_path: Path) -> None:
+    src = tmp_path / "pp.zarr"
+    ok("data", "record", "--task", "PickPlace", "--out", str(src), "--episodes", "2", "--num-envs", "2",
+       "--episode-steps", "15")
+    ok("data", "export", "--store", str(src), "--out", str(tmp_path / "lr"), "--format", "lerobot")
+    ok("data", "import", "--input", str(tmp_path / "lr"), "--out", str(tmp_path / "from_lr.zarr"))
+    ok("data", "export", "--store", str(src), "--out", str(tmp_path / "pp.mcap"), "--format", "mcap")
+    ok("data", "import", "--input", str(tmp_path / "pp.mcap"), "--out", str(tmp_path / "from_mcap.zarr"), "--format", "mcap")
+    a = EpisodeStore.open(src)
+    for back in (EpisodeStore.open(tmp_path / "from_lr.zarr"), EpisodeStore.open(tmp_path / "from_mcap.zarr")):
+        assert back.spec == a.spec and back.episode_ends.tolist() == a.episode_ends.tolist()
+        for i in range(a.num_episodes):
+            for key in ("state", "image_front", "image_wrist", "action", "reward"):
+                np.testing.assert_array_equal(back.episode(i).data[key], a.episode(i).data[key], err_msg=f"{back.path} {key}")
+            assert back.episodes[i]["instruction"] == a.episodes[i]["instruction"]
+    out = robotrl("data", "import", "--input", str(tmp_path / "pp.mcap"), "--out", str(tmp_path / "x.zarr"),
+                  "--format", "mcap", "--task", "PushT")
+    assert out.returncode == 2 and "spec.task: recording pp.mcap has 'PickPlace', task PushT has 'PushT'" in out.stderr
+    assert "Traceback" not in out.stderr
