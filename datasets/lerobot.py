@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from robotrl.datasets.store import EpisodeStore
+from robotrl.datasets.store import EpisodeStore, user_meta
 from robotrl.spec import STRING, ArraySpec, Spec, SpecMismatchError
 
 CODEBASE_VERSION = "v3.0"
@@ -469,7 +469,7 @@ def _write_dataset(store: EpisodeStore, root: Path, fps: int, video: bool, vcode
                 st = _image_stats(values[name]) if ft["dtype"] in ("image", "video") else _feature_stats(values[name])
                 stats[name].append(st)
                 row.update({f"stats/{name}/{k}": v.tolist() for k, v in st.items()})
-            meta = {k: v for k, v in ep.meta.items() if k not in ("index", "start", "end", "length")}
+            meta = user_meta(ep.meta)
             row[META_COLUMN] = json.dumps(meta, default=str)
             episodes.append(row)
             frame += n

@@ -47,7 +47,7 @@ from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
 from rosbags.typesys import Stores, get_typestore
 
-from robotrl.datasets.store import SOURCES, EpisodeStore, step_arrays, string_keys
+from robotrl.datasets.store import SOURCES, EpisodeStore, step_arrays, string_keys, user_meta
 from robotrl.spec import ArraySpec, Spec, SpecMismatchError
 
 FORMAT = "robotrl-mcap"
@@ -59,7 +59,6 @@ STRING_MSG = "std_msgs/msg/String"
 #: per-step outcome fields carried on `TopicMap.step`, in order
 STEP_FIELDS = ("reward", "terminated", "truncated", "success", "intervention")
 #: episode-record keys the store sets itself; never copied from a recording
-_STORE_OWNED = ("index", "start", "end", "length")
 Clock = Literal["auto", "recorded", "control"]
 
 
@@ -296,7 +295,7 @@ def export_mcap(
             w = _McapWriter(f, types, spec, clock_used)
             for i, t_ns in zip(indices, times):
                 ep = store.episode(i)
-                meta = {k: v for k, v in ep.meta.items() if k not in _STORE_OWNED}
+                meta = user_meta(ep.meta)
                 marker = {"format": FORMAT, "episode": ep.index, "length": len(ep), "control_hz": spec.control_hz,
                           "clock": clock_used, "meta": meta}
                 w.write(topics.episode, int(t_ns[0]), msg[STRING_MSG](data=json.dumps(marker)))
@@ -581,7 +580,7 @@ def _episode(seg: _Segment, number: int, spec: Spec, plan: _Plan, hz: float | No
     if string_keys(spec) and not instruction:
         raise McapError(f"{where}: topic {plan.instruction_topic}: expected an instruction at or before t={ticks[0] / 1e9:.9f} s "
                         f"for the spec's string observation {string_keys(spec)}, got none")
-    meta = {k: v for k, v in marker_meta.items() if k not in _STORE_OWNED}
+    meta = user_meta(marker_meta)
     meta.update(instruction=instruction or None, control_hz=float(hz or spec.control_hz),
                 success=bool(meta.get("success", bool(data["success"].any()))),
                 interventions=int(data["intervention"].sum()), imported_from=source_name)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from robotrl.datasets.store import EpisodeStore, StoreError, validate
+from robotrl.datasets.store import EpisodeStore, StoreError, user_meta, validate
 
 
 @dataclass
@@ -142,7 +142,7 @@ def copy_episodes(src: EpisodeStore, dst: EpisodeStore, episodes: list[int] | No
     count = 0
     for i in range(src.num_episodes) if episodes is None else episodes:
         ep = src.episode(i)
-        meta = {k: v for k, v in ep.meta.items() if k not in ("index", "start", "end", "length")}
+        meta = user_meta(ep.meta)
         meta.setdefault("origin", {"store": src.path.name, "episode": i})
         dst.append_episode(ep.data, meta)
         count += 1

@@ -52,6 +52,8 @@ STEP_KEYS: dict[str, tuple[str, tuple[int, ...]]] = {
     "timestamp": ("float64", ()),
 }
 RESERVED = ("action", *STEP_KEYS)
+#: per-episode metadata the store itself writes (the episode's place in the arrays)
+RECORD_KEYS = ("index", "start", "end", "length")
 #: every chunk is written, even an all-zero one, so that a missing chunk file is always damage, never "empty"
 ARRAY_CONFIG = {"write_empty_chunks": True}
 CHUNK_BYTES = 256 * 1024  # small enough that a random image window decodes little, large enough to compress
@@ -80,6 +82,11 @@ def step_arrays(spec: Spec) -> dict[str, ArraySpec]:
     out["action"] = spec.action
     out.update({k: ArraySpec(shape, dtype) for k, (dtype, shape) in STEP_KEYS.items()})
     return out
+
+
+def user_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """An episode's metadata without the keys the store owns: what to carry when copying it elsewhere."""
+    return {k: v for k, v in meta.items() if k not in RECORD_KEYS}
 
 
 def string_keys(spec: Spec) -> list[str]:
@@ -179,7 +186,11 @@ class EpisodeStore:
             if not exist_ok:
                 raise StoreError(f"{path}: a store already exists; open it with EpisodeStore.open(path, mode='a')")
             store = cls(path, mode="a")
-            store.check_spec(spec, that="requested spec")
+            try:
+                store.check_spec(spec, that="requested spec")
+            except SpecMismatchError:
+                store.close()
+                raise
             return store
         if path.exists() and any(path.iterdir()):
             raise StoreError(f"{path}: exists and is not an empty directory; refusing to write a store over it")
@@ -346,7 +357,10 @@ class EpisodeStore:
             arr = self._arrays[key]
             arr.resize((end, *arr.shape[1:]))
             arr[start:end] = x
-        record = {"index": self.num_episodes, "start": start, "end": end, "length": length, **dict(meta)}
+        clash = sorted(set(meta) & set(RECORD_KEYS))
+        if clash:
+            raise StoreError(f"append_episode: metadata key(s) {clash} are set by the store; expected other names")
+        record = {**dict(meta), "index": self.num_episodes, "start": start, "end": end, "length": length}
         stats = update_stats(self._stats, {k: arrays[k] for k in _stat_keys(self.arrays_spec)})
         commit = {"episode_ends": [*self.episode_ends.tolist(), end], "episodes": [*self.episodes, record], "stats": stats}
         zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(commit)  # the commit: one atomic file

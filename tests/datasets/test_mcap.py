@@ -15,7 +15,7 @@ from rosbags.typesys import Stores, get_typestore
 
 from robotrl.datasets.mcap import McapError, TopicMap, export_mcap, import_mcap
 from robotrl.datasets.record import record_expert
-from robotrl.datasets.store import EpisodeStore
+from robotrl.datasets.store import EpisodeStore, user_meta
 from robotrl.spec import ArraySpec, Spec
 
 ARM = tuple(f"joint{i}" for i in range(1, 8))
@@ -82,7 +82,7 @@ def test_recorded_clock_keeps_jittered_stamps_and_round_trips_exactly(pusht: Epi
         data = pusht.episode(i).data
         n = len(data["action"])
         data["timestamp"] = t0 + np.arange(n) / 20.0 + rng.uniform(-0.01, 0.01, n)
-        real.append_episode(data, {**pusht.episode(i).meta, "source": "teleop"})
+        real.append_episode(data, {**user_meta(pusht.episode(i).meta), "source": "teleop"})
         t0 += 10.0
     path = export_mcap(real, tmp_path / "real.mcap")
     with open(path, "rb") as f:

@@ -241,3 +241,14 @@ def test_scripted_demos_record_real_episodes(tmp_path: Path) -> None:
     joint = ep.data["state"][:, store.spec.observations["state"].field_slices()["joint_pos"]]
     limits = np.asarray(store.spec.joint_limits)
     assert np.all(joint >= limits[:, 0] - 1e-3) and np.all(joint <= limits[:, 1] + 1e-3)
+
+
+def test_store_owned_metadata_and_a_refused_spec_release_the_writer(tmp_path: Path) -> None:
+    store = EpisodeStore.create(tmp_path / "d.zarr", SPEC)
+    with pytest.raises(StoreError, match=r"metadata key\(s\) \['end'\] are set by the store"):
+        store.append_episode(episode_data(0), {"end": 3})
+    assert store.num_episodes == 0
+    store.close()
+    with pytest.raises(SpecMismatchError):
+        EpisodeStore.create(tmp_path / "d.zarr", Spec(**{**SPEC.__dict__, "control_hz": 5.0}), exist_ok=True)
+    EpisodeStore.open(tmp_path / "d.zarr", mode="a").close()  # the refused open did not keep the lock

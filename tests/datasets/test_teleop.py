@@ -135,12 +135,14 @@ def test_scripted_device_acts_with_the_expert_and_decides_like_an_operator() -> 
 # ---------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def xdisplay() -> Iterator[str]:
-    """A private Xvfb server on a free display (Xvfb picks it: -displayfd), set as DISPLAY for the module."""
+    """A private Xvfb server on a free display (Xvfb picks it: -displayfd), set as DISPLAY for the module.
+    -noreset: by default an X server resets when its last client leaves, refusing connections meanwhile."""
     xvfb = shutil.which("Xvfb")
     if xvfb is None:
         pytest.skip("Xvfb is not installed (Debian: apt install xvfb); the keyboard driver needs an X server")
     read_fd, write_fd = os.pipe()
-    proc = subprocess.Popen([xvfb, "-displayfd", str(write_fd), "-screen", "0", "640x480x24", "-nolisten", "tcp"],
+    args = ["-displayfd", str(write_fd), "-screen", "0", "640x480x24", "-nolisten", "tcp", "-noreset"]
+    proc = subprocess.Popen([xvfb, *args],
                             pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(write_fd)
     try:
@@ -481,6 +483,40 @@ def test_spacemouse_state_maps_to_twist_and_button_events() -> None:
     np.testing.assert_allclose(mapped.command_from_state(SpaceMouseState(x=0.3)).twist[0], (0.3 - 0.05) / 0.95 * 2.0)
     with pytest.raises(ValueError, match="buttons: expected events from"):
         SpaceMouseDevice(buttons={0: "jump"})
+
+
+class QueuedHID:
+    """HID reports waiting to be read, as hidapi hands them to pyspacemouse (non-blocking: b"" when none)."""
+
+    def __init__(self, reports: list[bytes]) -> None:
+        self.reports = list(reports)
+
+    def read(self, size: int) -> bytes:
+        return self.reports.pop(0) if self.reports else b""
+
+    def close(self) -> None:
+        self.reports = []
+
+
+def test_spacemouse_read_decodes_and_drains_every_pending_hid_report() -> None:
+    """pyspacemouse decodes real SpaceNavigator reports (ROS axes); one read takes all that are queued, so a
+    click that came and went between two control steps still toggles the gripper."""
+    import pyspacemouse
+
+    info = pyspacemouse.apply_axis_convention(pyspacemouse.get_device_specs()["SpaceNavigator"],
+                                              pyspacemouse.AxisConvention.ROS)
+    int16 = lambda v: int(v).to_bytes(2, "little", signed=True)  # noqa: E731
+    translation = bytes([1]) + int16(175) + int16(-350) + int16(0)  # HID x right half, y away full
+    reports = [translation, bytes([3, 0b01]), bytes([3, 0b00])]  # left button down, up
+    hid = QueuedHID(reports)
+    mouse = pyspacemouse.SpaceMouseDevice(info=info, device=hid)
+    with SpaceMouseDevice(deadzone=0.05, mouse=mouse) as device:
+        cmd = device.read({})
+        np.testing.assert_allclose(cmd.twist, [1.0, -0.45 / 0.95, 0, 0, 0, 0], atol=1e-9)  # forward, right
+        assert cmd.gripper == 1.0
+        assert device.read({}).gripper == 1.0  # no new reports: nothing changes
+        hid.reports.append(bytes([3, 0b10]))  # right button: keep
+        assert device.read({}).events == ["keep"]
 
 
 def test_spacemouse_missing_says_what_to_check() -> None:
