@@ -58,7 +58,6 @@ FLOAT_ARRAY = "std_msgs/msg/Float64MultiArray"
 STRING_MSG = "std_msgs/msg/String"
 #: per-step outcome fields carried on `TopicMap.step`, in order
 STEP_FIELDS = ("reward", "terminated", "truncated", "success", "intervention")
-#: episode-record keys the store sets itself; never copied from a recording
 Clock = Literal["auto", "recorded", "control"]
 
 
