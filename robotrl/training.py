@@ -1,0 +1,105 @@
+"""What every training loop shares: EMA weights, the warm-up + cosine learning-rate schedule, a run directory
+with TensorBoard events and metrics.jsonl, and exact resume (model, EMA, optimizer, schedule, RNG states)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class EMA:
+    """Exponential moving average of a module's weights, with diffusion policy's warm-up (the decay grows with
+    the step count, so early averages do not drag in random initial weights)."""
+
+    def __init__(self, model: nn.Module, decay: float = 0.999, power: float = 0.75) -> None:
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.max_decay, self.power, self.step = decay, power, 0
+
+    def decay(self) -> float:
+        return min(self.max_decay, 1 - (1 + self.step) ** -self.power) if self.step > 0 else 0.0
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        d = self.decay()
+        for ema, p in zip(self.model.parameters(), model.parameters()):
+            ema.mul_(d).add_(p.detach(), alpha=1 - d)
+        for ema_b, b in zip(self.model.buffers(), model.buffers()):
+            ema_b.copy_(b)
+        self.step += 1
+
+
+def cosine_lr(step: int, total: int, warmup: int) -> float:
+    """Multiplier of the base learning rate: linear warm-up, then a cosine decay to zero at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    return value
+
+
+class RunLog:
+    """metrics.jsonl (one JSON object per `log` call) and TensorBoard events in the run directory."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = open(self.run_dir / "metrics.jsonl", "a")
+        self.tb = SummaryWriter(str(self.run_dir / "tb"))
+        self.start = time.perf_counter()
+
+    def log(self, step: int, **metrics: float) -> None:
+        row = {"step": step, "wall_s": round(time.perf_counter() - self.start, 3), **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        for k, v in metrics.items():
+            self.tb.add_scalar(k, float(v), step)
+
+    def close(self) -> None:
+        self.file.close()
+        self.tb.close()
+
+
+def rng_state(rng: np.random.Generator) -> dict[str, Any]:
+    """The torch and numpy-generator states a run draws from (plain ints and a tensor: no pickle needed)."""
+    return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
+
+
+def set_rng_state(state: dict[str, Any], rng: np.random.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    rng.bit_generator.state = state["numpy"]
+
+
+def save_train_state(path: Path, **state: Any) -> None:
+    """Everything needed to continue a run exactly (model, EMA and optimizer tensors, step, RNG states);
+    atomic, so a kill mid-save keeps the previous state."""
+    tmp = path.with_suffix(".partial")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def load_train_state(path: Path) -> dict[str, Any]:
+    return torch.load(path, weights_only=True)  # tensors and plain containers only: nothing is unpickled
