@@ -259,7 +259,11 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
         state = load_file(str(weights), device=device)
     except SafetensorError as e:
         raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from e
-    missing, unexpected = policy.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = policy.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # a tensor of another shape
+        raise CheckpointError(f"{weights}: weights do not fit {cls.__name__} with the manifest's config: "
+                              f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from None
     if missing or unexpected:
         raise CheckpointError(f"{weights}: weights do not fit {cls.__name__} with the manifest's config: missing "
                               f"{missing[:5]}, unexpected {unexpected[:5]}")

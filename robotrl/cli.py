@@ -134,7 +134,9 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
                 "bench": (bench.BenchConfig, bench.main)}
 
     def train() -> Commands:
-        return {"sb3": (Sb3Config, run_sb3)}
+        from robotrl.bc import BCConfig, run_train_bc
+
+        return {"sb3": (Sb3Config, run_sb3), "bc": (BCConfig, run_train_bc)}
 
     def data() -> Commands:
         from robotrl.datasets import ops, record
@@ -146,7 +148,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
 
     return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
             "data": ("Episode stores: inspect, validate, merge, split, record demos, convert.", data),
-            "train": ("Training: Stable-Baselines3 on a robotrl task.", train)}
+            "train": ("Training: behaviour cloning (flow, diffusion) and Stable-Baselines3.", train)}
 
 
 def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any], Any]]]]]:
@@ -157,7 +159,13 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
 
         return CollectConfig, run_collect
 
-    return {"collect": ("Teleoperate (or script) a task and record episodes into a store.", collect)}
+    def evaluate() -> tuple[type, Callable[[Any], Any]]:
+        from robotrl.evaluate import EvalConfig, run_eval
+
+        return EvalConfig, run_eval
+
+    return {"collect": ("Teleoperate (or script) a task and record episodes into a store.", collect),
+            "eval": ("Success rate of a policy over held-out seeds, with a 95% interval and videos.", evaluate)}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

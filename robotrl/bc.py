@@ -1,0 +1,199 @@
+"""Behaviour cloning: from an episode store to a policy checkpoint.
+
+    robotrl train bc --store data/pusht.zarr --policy flow --steps 20000
+    result = robotrl.bc.train(BCConfig(store=Path("data/pusht.zarr"), policy="flow"))   # the same dataclass
+
+Reads top to bottom: data -> policy -> optimizer, LR schedule and EMA -> (resume) -> the loop (sample a
+window batch, loss, step, EMA, log, checkpoint, evaluate) -> the final EMA policy, evaluated and saved.
+A run killed at any point resumes exactly (`--resume`): the same batches, noise and weights as a run that
+was never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.policies import POLICIES, Policy
+from robotrl.training import EMA, RunLog, cosine_lr, jsonable, load_train_state, rng_state, save_train_state, set_rng_state
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; the last good checkpoint is kept."""
+
+
+@dataclass
+class BCConfig:
+    """Train a policy by behaviour cloning on an episode store; evaluates it in the vector env."""
+
+    store: Path = Path("data/pusht.zarr")
+    policy: Literal["flow", "diffusion"] = "flow"
+    steps: int = 20_000
+    batch_size: int = 256
+    lr: float = 1e-4
+    weight_decay: float = 1e-6
+    warmup: int = 500
+    ema: float = 0.999
+    """EMA decay of the weights that are evaluated and saved (0 turns EMA off)"""
+    obs_horizon: int = 2
+    action_horizon: int = 16
+    execute: int = 8
+    """actions executed per predicted chunk at evaluation"""
+    channels: tuple[int, ...] = (64, 128, 256)
+    obs_keys: tuple[str, ...] | None = None
+    """observations used (default: every numeric one in the store)"""
+    eval_every: int = 0
+    """evaluate every N steps (0: only at the end)"""
+    eval_episodes: int = 20
+    eval_envs: int = 10
+    checkpoint_every: int = 1000
+    log_every: int = 50
+    run_dir: Path | None = None
+    """default: runs/bc-<policy>-<task>-<time>"""
+    resume: bool = False
+    """continue the run in run_dir from its last train state"""
+    seed: int = 0
+    threads: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "checkpoint_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"BCConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        if self.resume and self.run_dir is None:
+            raise ValueError("BCConfig.resume: needs run_dir (the run to continue)")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"BCConfig.ema: expected a decay in [0, 1), got {self.ema}")
+
+
+@dataclass
+class BCResult:
+    checkpoint: Path
+    steps: int
+    train_seconds: float
+    final_loss: float
+    success_rate: float | None
+    success_ci95: tuple[float, float] | None
+    run_dir: Path
+
+
+def make_policy(config: BCConfig, store: EpisodeStore) -> Policy:
+    cls = POLICIES[config.policy]
+    fields = {f.name for f in dataclasses.fields(cls.config_cls)}
+    options = {"obs_horizon": config.obs_horizon, "action_horizon": config.action_horizon, "obs_keys": config.obs_keys,
+               "channels": config.channels}
+    return cls(store.spec, cls.config_cls(**{k: v for k, v in options.items() if k in fields}), store.stats())
+
+
+def evaluate(policy: Policy, config: BCConfig) -> Any:
+    from robotrl.evaluate import evaluate_policy
+
+    return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=config.execute)
+
+
+def train(config: BCConfig) -> BCResult:
+    torch.set_num_threads(config.threads)
+    store = EpisodeStore.open(config.store)
+    run_dir = Path(config.run_dir or f"runs/bc-{config.policy}-{store.spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_path = run_dir / "train_state.pt"
+    if not config.resume:
+        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+
+    # data
+    sampler = SequenceSampler.from_store(store, SequenceConfig(config.obs_horizon, config.action_horizon, config.obs_keys))
+    rng = np.random.default_rng(config.seed)
+    torch.manual_seed(config.seed)
+
+    # policy, optimizer, schedule, EMA
+    policy = make_policy(config, store)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))
+    ema = EMA(policy, config.ema) if config.ema > 0 else None
+
+    start = 0
+    if config.resume:
+        if not state_path.exists():
+            raise FileNotFoundError(f"resume: {state_path} does not exist (no checkpoint was written in {run_dir})")
+        state = load_train_state(state_path)
+        policy.load_state_dict(state["policy"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        if ema is not None:
+            ema.model.load_state_dict(state["ema"])
+            ema.step = state["ema_step"]
+        set_rng_state(state["rng"], rng)
+        start = state["step"]
+
+    def checkpoint(step: int) -> None:
+        save_train_state(state_path, step=step, policy=policy.state_dict(), optimizer=optimizer.state_dict(),
+                         schedule=schedule.state_dict(), ema=ema.model.state_dict() if ema else {},
+                         ema_step=ema.step if ema else 0, rng=rng_state(rng))
+        (ema.model if ema else policy).save(run_dir / "checkpoint")
+
+    log = RunLog(run_dir)
+    bar = tqdm(total=config.steps, initial=start, desc=f"bc {config.policy}", unit="step", disable=not config.progress,
+               dynamic_ncols=True)
+    began = time.perf_counter()
+    loss_value = float("nan")
+    policy.train()
+    for step in range(start, config.steps):
+        loss = policy.compute_loss(sampler.sample(config.batch_size, rng))
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            log.close()
+            raise TrainingDiverged(f"bc: loss is {loss_value} at step {step}; the last good checkpoint is in "
+                                   f"{run_dir / 'checkpoint'} (resume with a lower lr)")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
+        optimizer.step()
+        schedule.step()
+        if ema is not None:
+            ema.update(policy)
+        done = step + 1
+        bar.update(1)
+        if done % config.log_every == 0 or done == config.steps:
+            log.log(done, **{"train/loss": loss_value, "train/grad_norm": grad_norm, "train/lr": schedule.get_last_lr()[0]})
+            bar.set_postfix(loss=f"{loss_value:.4f}")
+        if done % config.checkpoint_every == 0 or done == config.steps:
+            checkpoint(done)
+        if config.eval_every and done % config.eval_every == 0 and done != config.steps:
+            stats = evaluate(ema.model if ema else policy, config)
+            log.log(done, **{"eval/success_rate": stats.success_rate})
+    bar.close()
+    seconds = time.perf_counter() - began
+
+    final = ema.model if ema else policy
+    final.eval()
+    path = final.save(run_dir / "policy")
+    success, ci = None, None
+    if config.eval_episodes > 0:
+        stats = evaluate(final, config)
+        success, ci = stats.success_rate, stats.success_ci95()
+        log.log(config.steps, **{"eval/success_rate": success})
+    log.close()
+    result = BCResult(path, config.steps, seconds, loss_value, success, ci, run_dir)
+    (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
+    return result
+
+
+def run_train_bc(config: BCConfig) -> BCResult:
+    result = train(config)
+    ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
+    success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
+        if result.success_rate is not None else ""
+    print(f"bc {config.policy}: {success}{result.steps} steps in {result.train_seconds:.0f} s; "
+          f"policy {result.checkpoint}")
+    return result

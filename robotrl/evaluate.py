@@ -1,0 +1,128 @@
+"""Success rate of a policy in the parallel vector env, over held-out seeds, with a Wilson interval and videos.
+
+    robotrl eval --policy runs/bc-flow/policy --episodes 200
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from robotrl.spec import STRING, Spec
+
+#: evaluation seeds start here: demonstrations are recorded from seed 0 upwards, so these are held out
+HELD_OUT_SEED = 1_000_000
+
+
+@dataclass
+class EvalConfig:
+    """Evaluate a policy checkpoint (or an exported policy) on its task in the CPU vector env."""
+
+    policy: Path
+    """checkpoint directory (`robotrl train bc` output) or an exported policy directory"""
+    episodes: int = 50
+    num_envs: int = 10
+    seed: int = HELD_OUT_SEED
+    execute: int = 8
+    """actions executed from each predicted chunk before predicting again"""
+    steps: int | None = None
+    """override the sampler's step count (flow / DDIM) at evaluation"""
+    videos: int = 0
+    """also write this many single-env episode videos next to the checkpoint (eval_<i>.mp4)"""
+    video_dir: Path | None = None
+
+
+def spec_for(spec: Spec, keys: tuple[str, ...]) -> Spec:
+    """`spec` restricted to the observations a policy reads (and the instruction): what an env must match."""
+    obs = {k: v for k, v in spec.observations.items() if k in keys or v.dtype == STRING}
+    return dataclasses.replace(spec, observations=obs)
+
+
+def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: int, **options: Any) -> Any:
+    """The vector env of the policy's task, configured as the data it learned from, checked against its spec."""
+    from robotrl.envs import make
+
+    images = [k for k in obs_keys if spec.observations[k].is_image]
+    task_opts: dict[str, Any] = {"action_mode": spec.action_mode, "episode_steps": spec.episode_steps}
+    if images:
+        task_opts["image_size"] = spec.observations[images[0]].shape[0]
+    env = make(spec.task, num_envs=num_envs, seed=seed, render_images=bool(images), **task_opts, **options)
+    spec_for(spec, obs_keys).check(spec_for(env.task_spec, obs_keys), this="policy", that=f"env {spec.task}")
+    return env
+
+
+def controller_for(policy: Any, execute: int) -> Any:
+    from robotrl.policies.controller import ChunkController
+
+    text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
+    return ChunkController(policy.act, tuple(policy.obs_keys), policy.config.obs_horizon,
+                           min(execute, policy.config.action_horizon), text_keys=text)
+
+
+def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = HELD_OUT_SEED, execute: int = 8) -> Any:
+    """`EpisodeStats` of `policy` over `episodes` episodes from held-out seeds."""
+    from robotrl.envs.rollouts import run_episodes
+
+    env = make_eval_env(policy.spec, tuple(policy.obs_keys), min(num_envs, episodes), seed)
+    controller = controller_for(policy, execute)
+    controller.reset(env.num_envs)
+    try:
+        return run_episodes(env, controller, episodes, seed=seed, on_episode_start=controller.reset_env)
+    finally:
+        env.close()
+
+
+def record_videos(policy: Any, out_dir: Path, count: int, seed: int, execute: int) -> list[Path]:
+    from robotrl.envs.video import write_mp4
+
+    paths = []
+    for i in range(count):
+        env = make_eval_env(policy.spec, tuple(policy.obs_keys), 1, seed + i, autoreset=False)
+        controller = controller_for(policy, execute)
+        controller.reset(1)
+        cam = env.task.cameras[0] if env.task.cameras else None
+        obs, _ = env.reset(seed=seed + i)
+        frames = [env.render_env(0, cam, (240, 320))]
+        for _ in range(policy.spec.episode_steps):
+            obs, _, terminated, truncated, _ = env.step(controller(obs))
+            frames.append(env.render_env(0, cam, (240, 320)))
+            if terminated[0] or truncated[0]:
+                break
+        env.close()
+        paths.append(write_mp4(out_dir / f"eval_{i}.mp4", frames, fps=policy.spec.control_hz))
+    return paths
+
+
+def load_any(path: Path) -> Any:
+    """A training checkpoint (torch) or an exported policy (runtime), by what the directory holds."""
+    from robotrl.policies.base import read_manifest
+
+    manifest = read_manifest(path) if (path / "manifest.json").exists() else {}
+    if "export" in manifest:
+        from robotrl.policies.runtime import load as load_runtime
+
+        return load_runtime(path)
+    from robotrl.policies import load
+
+    return load(path)
+
+
+def run_eval(config: EvalConfig) -> dict[str, Any]:
+    policy = load_any(config.policy)
+    if config.steps is not None:
+        policy.config.steps = config.steps
+    stats = evaluate_policy(policy, config.episodes, config.num_envs, config.seed, config.execute)
+    lo, hi = stats.success_ci95()
+    result = {"policy": str(config.policy), "task": policy.spec.task, "episodes": len(stats.success),
+              "success_rate": stats.success_rate, "ci95": [lo, hi], "mean_return": float(np.mean(stats.returns)),
+              "seed": config.seed}
+    if config.videos:
+        result["videos"] = [str(p) for p in record_videos(policy, config.video_dir or config.policy, config.videos,
+                                                           config.seed, config.execute)]
+    print(json.dumps(result))
+    return result
