@@ -1,11 +1,28 @@
 """robotrl.policies: policies that map observation histories to action chunks, their checkpoints and runtime.
 
-`load(path)` rebuilds any saved policy; `POLICIES` maps registry names to classes.
+`load(path)` rebuilds any saved policy; `POLICIES` maps registry names to classes. Names are imported lazily,
+so that `robotrl.policies.runtime` (what a robot runs) never pulls in torch training code.
 """
 
-from robotrl.policies.base import POLICIES, CheckpointError, Policy, PolicyConfig, load
-from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
-from robotrl.policies.flow import FlowConfig, FlowPolicy
+from __future__ import annotations
 
-__all__ = ["POLICIES", "CheckpointError", "DiffusionConfig", "DiffusionPolicy", "FlowConfig", "FlowPolicy", "Policy",
-           "PolicyConfig", "load"]
+import importlib
+from typing import Any
+
+#: public name -> defining module
+_EXPORTS = {
+    "POLICIES": "base", "CheckpointError": "base", "Policy": "base", "PolicyConfig": "base", "load": "base",
+    "register_all": "base", "DiffusionConfig": "diffusion", "DiffusionPolicy": "diffusion",
+    "FlowConfig": "flow", "FlowPolicy": "flow",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'robotrl.policies' has no attribute {name!r}")
+    module = importlib.import_module(f"robotrl.policies.{_EXPORTS[name]}")
+    if name == "POLICIES":
+        module.register_all()
+    return getattr(module, name)

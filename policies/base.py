@@ -98,11 +98,21 @@ class Normalizer(nn.Module):
 # the interface
 # ---------------------------------------------------------------------------------------------------
 POLICIES: dict[str, type["Policy"]] = {}
+#: modules that define registered policies (imported by `register_all`)
+POLICY_MODULES = ("flow", "diffusion")
 
 
 def register(cls: type["Policy"]) -> type["Policy"]:
     POLICIES[cls.name] = cls
     return cls
+
+
+def register_all() -> dict[str, type["Policy"]]:
+    import importlib
+
+    for name in POLICY_MODULES:
+        importlib.import_module(f"robotrl.policies.{name}")
+    return POLICIES
 
 
 class Policy(nn.Module):
@@ -235,8 +245,7 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    import robotrl.policies  # noqa: F401 -- registers every policy class
-
+    register_all()
     path = Path(path)
     manifest = read_manifest(path)
     cls = POLICIES.get(manifest["policy"])
