@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -192,6 +193,8 @@ class Task(abc.ABC):
             joint_names=names,
             joint_limits=tuple(limits),
             episode_steps=self.config.episode_steps,
+            # the options the data was made with, so an evaluation rebuilds the very same env (never compared)
+            metadata={"task_options": json.loads(json.dumps(dataclasses.asdict(self.config), default=float))},
         )
 
 

@@ -48,9 +48,8 @@ def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: in
     from robotrl.envs import make
 
     images = [k for k in obs_keys if spec.observations[k].is_image]
-    task_opts: dict[str, Any] = {"action_mode": spec.action_mode, "episode_steps": spec.episode_steps}
-    if images:
-        task_opts["image_size"] = spec.observations[images[0]].shape[0]
+    task_opts: dict[str, Any] = {"action_mode": spec.action_mode, "episode_steps": spec.episode_steps,
+                                 **spec.metadata.get("task_options", {})}
     env = make(spec.task, num_envs=num_envs, seed=seed, render_images=bool(images), **task_opts, **options)
     spec_for(spec, obs_keys).check(spec_for(env.task_spec, obs_keys), this="policy", that=f"env {spec.task}")
     return env

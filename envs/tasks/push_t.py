@@ -155,6 +155,7 @@ class PushTConfig(TaskConfig):
     """
 
     episode_steps: int = 600  # 30 s at 20 Hz, the Push-T benchmark's time budget (300 steps at 10 Hz)
+    images: bool = False  # render an overhead camera over the target as the observation image_top
     success_coverage: float = 0.9  # fraction of the block's area inside the target T
     max_ee_step: float = 0.01  # metres per control step at |action| = 1 (ee_delta mode): 0.2 m/s
     target: tuple[float, float, float] = (0.48, 0.0, 0.0)  # x, y, yaw of the target T
@@ -174,6 +175,10 @@ class PushT(Task):
     goal_dim = 3
     config: PushTConfig
 
+    def __init__(self, config: PushTConfig | None = None) -> None:
+        super().__init__(config)
+        self.cameras = ("top",) if self.config.images else ()
+
     def mjcf(self) -> str:
         tool = (
             f'<geom type="capsule" fromto="0 0 0 0 0 {TOOL_OFFSET}" size="0.006" rgba="0.2 0.2 0.2 1" contype="0" conaffinity="0"/>'
@@ -192,7 +197,8 @@ class PushT(Task):
         return arm.table_scene_xml(
             "push_t",
             option='timestep="0.005" iterations="4" ls_iterations="6"',
-            camera='<camera name="front" pos="1.15 0 0.75" xyaxes="0 1 0 -0.733 0 0.68" fovy="45"/>',
+            camera='<camera name="front" pos="1.15 0 0.75" xyaxes="0 1 0 -0.733 0 0.68" fovy="45"/>'
+                   f'<camera name="top" pos="{tx} {ty} 0.55" xyaxes="0 1 0 -1 0 0" fovy="50"/>',
             bodies=f"""
     {arm.arm_xml(tool, TOOL_OFFSET)}
     <body name="block" pos="0 0 {BLOCK_HALF_HEIGHT}">

@@ -264,3 +264,15 @@ def test_only_the_tip_and_the_block_can_collide_and_the_target_is_visual():
     np.testing.assert_allclose(pos[0, 0, :2], goal[0, :2])
     np.testing.assert_allclose(quat[0, 0], [np.cos(0.35), 0.0, 0.0, np.sin(0.35)])
     assert m.nmocap == 1
+
+
+def test_overhead_image_observation():
+    from robotrl.envs import make
+
+    env = make("PushT", num_envs=2, images=True, image_size=96)
+    assert env.task_spec.observations["image_top"].shape == (96, 96, 3)
+    assert env.task_spec.metadata["task_options"]["images"] is True  # an evaluation rebuilds the same env
+    obs, _ = env.reset(seed=0)
+    assert obs["image_top"].shape == (2, 96, 96, 3) and obs["image_top"].dtype == np.uint8
+    assert np.abs(obs["image_top"][0].astype(int) - obs["image_top"][1].astype(int)).mean() > 1.0  # blocks differ
+    assert "image_top" not in make("PushT", num_envs=1).task_spec.observations
