@@ -86,10 +86,14 @@ class DataRecord:
     seed: int = 0
     episode_steps: int | None = None
     """override the task's episode length"""
+    images: bool | None = None
+    """PushT: also record the overhead camera (image_top)"""
+    image_size: int | None = None
+    """camera image size in pixels (square)"""
 
 
 def run_record(config: DataRecord) -> EpisodeStore:
-    options = {} if config.episode_steps is None else {"episode_steps": config.episode_steps}
+    options = {k: v for k in ("episode_steps", "images", "image_size") if (v := getattr(config, k)) is not None}
     store = record_expert(config.out, config.task, config.episodes, num_envs=config.num_envs, noise=config.noise,
                           seed=config.seed, **options)
     print(json.dumps({k: v for k, v in store.summary().items() if k != "keys"}))
