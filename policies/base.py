@@ -99,7 +99,7 @@ class Normalizer(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 POLICIES: dict[str, type["Policy"]] = {}
 #: modules that define registered policies (imported by `register_all`)
-POLICY_MODULES = ("flow", "diffusion")
+POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow")
 
 
 def register(cls: type["Policy"]) -> type["Policy"]:
@@ -144,6 +144,14 @@ class Policy(nn.Module):
         shapes = {k: spec.observations[k].shape for k in self.vector_keys}
         shapes["action"] = spec.action.shape
         self.normalizer = Normalizer(shapes, stats)
+
+    @property
+    def obs_horizon(self) -> int:
+        return self.config.obs_horizon
+
+    @property
+    def action_horizon(self) -> int:
+        return self.config.action_horizon
 
     # --- to implement ------------------------------------------------------------------------------
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:

@@ -164,7 +164,13 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
 
         return EvalConfig, run_eval
 
+    def export() -> tuple[type, Callable[[Any], Any]]:
+        from robotrl.policies.export import ExportConfig, run_export
+
+        return ExportConfig, run_export
+
     return {"collect": ("Teleoperate (or script) a task and record episodes into a store.", collect),
+            "export": ("Export a policy checkpoint to ONNX or TorchScript (+ manifest) for the runtime.", export),
             "eval": ("Success rate of a policy over held-out seeds, with a 95% interval and videos.", evaluate)}
 
 

@@ -59,8 +59,8 @@ def controller_for(policy: Any, execute: int) -> Any:
     from robotrl.policies.controller import ChunkController
 
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
-    return ChunkController(policy.act, tuple(policy.obs_keys), policy.config.obs_horizon,
-                           min(execute, policy.config.action_horizon), text_keys=text)
+    return ChunkController(policy.act, tuple(policy.obs_keys), policy.obs_horizon,
+                           min(execute, policy.action_horizon), text_keys=text)
 
 
 def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = HELD_OUT_SEED, execute: int = 8) -> Any:
@@ -114,6 +114,9 @@ def load_any(path: Path) -> Any:
 def run_eval(config: EvalConfig) -> dict[str, Any]:
     policy = load_any(config.policy)
     if config.steps is not None:
+        if not hasattr(getattr(policy, "config", None), "steps"):
+            raise ValueError(f"steps: {config.policy} has no sampler step count to override (an exported policy "
+                             "fixes it at export: robotrl export --steps)")
         policy.config.steps = config.steps
     stats = evaluate_policy(policy, config.episodes, config.num_envs, config.seed, config.execute)
     lo, hi = stats.success_ci95()

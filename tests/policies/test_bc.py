@@ -24,6 +24,8 @@ from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
 from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy
 from robotrl.policies import CheckpointError, load
+from robotrl.policies.export import export
+from robotrl.policies.runtime import load as load_runtime
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -52,9 +54,11 @@ def test_flow_bc_beats_a_random_policy_on_reach(reach_demos: Path, tmp_path: Pat
     losses = [m["train/loss"] for m in metrics if "train/loss" in m]
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     assert any((tmp_path / "run" / "tb").iterdir())
-    # the saved policy is the evaluated one
+    # the saved policy is the evaluated one, and its ONNX export through the runtime does as well
     again = evaluate_policy(load(result.checkpoint), 20, 10, execute=4)
     assert abs(again.success_rate - result.success_rate) <= 0.15
+    exported = evaluate_policy(load_runtime(export(result.checkpoint, tmp_path / "onnx")), 20, 10, execute=4)
+    assert abs(exported.success_rate - result.success_rate) <= 0.15, (exported.success_rate, result.success_rate)
 
 
 def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path) -> None:
