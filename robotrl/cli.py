@@ -164,12 +164,18 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
 
         return EvalConfig, run_eval
 
+    def distill() -> tuple[type, Callable[[Any], Any]]:
+        from robotrl.distill import DistillConfig, run_distill
+
+        return DistillConfig, run_distill
+
     def export() -> tuple[type, Callable[[Any], Any]]:
         from robotrl.policies.export import ExportConfig, run_export
 
         return ExportConfig, run_export
 
     return {"collect": ("Teleoperate (or script) a task and record episodes into a store.", collect),
+            "distill": ("Distill a flow / diffusion teacher into a one-step consistency student.", distill),
             "export": ("Export a policy checkpoint to ONNX or TorchScript (+ manifest) for the runtime.", export),
             "eval": ("Success rate of a policy over held-out seeds, with a 95% interval and videos.", evaluate)}
 

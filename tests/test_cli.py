@@ -19,7 +19,7 @@ def robotrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     [(), ("envs",), ("train",), ("envs", "list"), ("envs", "check"), ("envs", "view"), ("envs", "bench"), ("train", "sb3"),
      ("data",), ("data", "info"), ("data", "validate"), ("data", "stats"), ("data", "merge"), ("data", "split"),
      ("data", "record"), ("data", "export"), ("data", "import"), ("collect",),
-     ("train", "bc"), ("eval",), ("export",)],
+     ("train", "bc"), ("eval",), ("export",), ("distill",)],
 )
 def test_help_at_every_level(args):
     out = robotrl(*args, "--help")

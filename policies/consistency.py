@@ -1,0 +1,211 @@
+"""One-step consistency policy (RL-100's deployment head): a student with its teacher's architecture, distilled
+from a flow or diffusion teacher so that one network call from pure noise gives the chunk the teacher's ODE
+solver would give after many.
+
+The teacher's sampler visits a fixed grid of N + 1 points, point 0 pure noise, point N the clean chunk:
+
+    flow       time t_i = i / N,  x_i = (1 - t_i) noise + t_i chunk,     one Euler (or Heun) step per point
+    diffusion  the DDIM grid k_0 = train_steps - 1 > ... > k_{N-1} = 0, then the clean point (alpha-bar = 1),
+               x_i = sqrt(ab_i) chunk + sqrt(1 - ab_i) noise,            one deterministic DDIM step per point
+               (a teacher that samples with DDPM is distilled along this ODE of the same network)
+
+The student f(x_i, i, obs) maps any point of a teacher trajectory to that trajectory's end. It is
+parametrised so that the boundary condition f(x_N, N) = x_N holds exactly, whatever the weights:
+
+    flow       f = x + (1 - t) F(x, t, obs)                               (c_skip = 1, c_out = 1 - t)
+    diffusion  f = sqrt(ab) x - sqrt(1 - ab) F(x, k, obs)                 (c_skip = sqrt(ab), c_out = -sqrt(1 - ab))
+
+with F the U-Net, initialised from the teacher's weights (`from_teacher`). For a flow teacher F starts as the
+teacher's velocity, so the untrained student is the teacher's one-step Euler sampler. For a diffusion teacher
+F is a v-prediction (v = sqrt(ab) eps - sqrt(1 - ab) chunk): the teacher's eps-parametrisation would divide by
+sqrt(ab) ~ 5e-4 at the noisiest point, which no training can condition; v equals eps at low noise, so the
+teacher's weights are a good start there and the features are reused everywhere. Consistency distillation
+(Song et al. 2023) then trains f(x_i, i) towards the target network's f(x_{i+1}, i + 1), where x_{i+1} is one
+teacher ODE step from x_i and the target is an EMA of the student (`distill_loss`; the loop is
+`robotrl.distill`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from robotrl.policies.base import register
+from robotrl.policies.diffusion import cosine_alphas_cumprod
+from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
+from robotrl.spec import SpecMismatchError, Spec
+
+TEACHERS = ("flow", "diffusion")
+
+
+@dataclass
+class ConsistencyConfig(GenerativeConfig):
+    teacher: str = "flow"
+    """the teacher's policy type: 'flow' or 'diffusion' (fixes the student's time input and parametrisation)"""
+    teacher_steps: int = 10
+    """N: points of the teacher's ODE grid the student is distilled on (the teacher's own sampler steps)"""
+    teacher_solver: str = "euler"
+    """flow teacher: 'euler' or 'heun' steps along the grid"""
+    train_steps: int = 100
+    """diffusion teacher: length of its noise schedule"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"ConsistencyConfig.teacher: expected one of {TEACHERS}, got {self.teacher!r}")
+        if self.teacher_solver not in ("euler", "heun"):
+            raise ValueError(f"ConsistencyConfig.teacher_solver: expected 'euler' or 'heun', got "
+                             f"{self.teacher_solver!r}")
+        if self.teacher_steps < 1:
+            raise ValueError(f"ConsistencyConfig.teacher_steps: expected >= 1, got {self.teacher_steps}")
+        if self.teacher == "diffusion" and self.teacher_steps > self.train_steps:
+            raise ValueError(f"ConsistencyConfig.teacher_steps: expected <= train_steps ({self.train_steps}) for a "
+                             f"diffusion teacher, got {self.teacher_steps}")
+
+
+@register
+class ConsistencyPolicy(GenerativePolicy):
+    """One network call per chunk; trained only by `distill_loss` against a teacher (see the module docstring)."""
+
+    name = "consistency"
+    config_cls = ConsistencyConfig
+
+    @property  # type: ignore[override]
+    def time_scale(self) -> float:  # the teacher's time embedding, so that the teacher's weights fit
+        from robotrl.policies.flow import FlowPolicy
+
+        return FlowPolicy.time_scale if self.config.teacher == "flow" else 1.0
+
+    def __init__(self, spec: Spec, config: ConsistencyConfig | None = None,
+                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        super().__init__(spec, config, stats)
+        cfg = self.config
+        n = cfg.teacher_steps
+        if cfg.teacher == "flow":
+            times = torch.arange(n + 1, dtype=torch.float32) / n
+            alpha_bar = torch.zeros(n + 1)  # unused
+        else:
+            ks = torch.linspace(cfg.train_steps - 1, 0, n).round()  # DiffusionPolicy's DDIM grid
+            times = torch.cat([ks, torch.tensor([-1.0])])  # the clean point's time is never seen by the U-Net
+            alpha_bar = torch.cat([cosine_alphas_cumprod(cfg.train_steps)[ks.long()], torch.ones(1)])
+        self.register_buffer("times", times, persistent=False)
+        self.register_buffer("alpha_bar", alpha_bar, persistent=False)
+
+    @classmethod
+    def from_teacher(cls, teacher: GenerativePolicy, teacher_steps: int | None = None,
+                     teacher_solver: str | None = None) -> "ConsistencyPolicy":
+        """A student with the teacher's spec, normalization, architecture and weights, distilled on the teacher's
+        own sampler grid unless `teacher_steps` / `teacher_solver` say otherwise."""
+        if teacher.name not in TEACHERS:
+            raise TypeError(f"ConsistencyPolicy.from_teacher: expected a teacher of type {TEACHERS}, got "
+                            f"{teacher.name!r} ({type(teacher).__name__})")
+        tc = teacher.config
+        shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(GenerativeConfig)}
+        config = ConsistencyConfig(**shared, teacher=teacher.name,
+                                   teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
+                                   teacher_solver=teacher_solver or getattr(tc, "solver", "euler"),
+                                   train_steps=getattr(tc, "train_steps", ConsistencyConfig.train_steps))
+        student = cls(teacher.spec, config, teacher.stats or None)
+        student.load_state_dict(teacher.state_dict())
+        return student.to(next(teacher.parameters()).device)
+
+    def check_teacher(self, teacher: GenerativePolicy) -> None:
+        """Refuse a teacher this student was not built for (type, spec, windows, architecture)."""
+        if teacher.name != self.config.teacher:
+            raise TypeError(f"consistency student: built for a {self.config.teacher!r} teacher, got {teacher.name!r}")
+        teacher.spec.check(self.spec, this="teacher", that="consistency student")
+        for f in dataclasses.fields(GenerativeConfig):
+            mine, theirs = getattr(self.config, f.name), getattr(teacher.config, f.name)
+            if mine != theirs:
+                raise SpecMismatchError(f"consistency student: config.{f.name} is {mine!r} but the teacher's is "
+                                        f"{theirs!r}; build the student with ConsistencyPolicy.from_teacher")
+
+    # --- the trajectory grid -----------------------------------------------------------------------
+    def _at(self, values: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return values[i][:, None, None]
+
+    def point(self, chunk: torch.Tensor, noise: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        """x_i: the chunk noised to grid point i (the forward process the teacher was trained on)."""
+        if self.config.teacher == "flow":
+            t = self._at(self.times, i)
+            return (1 - t) * noise + t * chunk
+        ab = self._at(self.alpha_bar, i)
+        return ab.sqrt() * chunk + (1 - ab).sqrt() * noise
+
+    def consistency(self, x: torch.Tensor, i: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """f(x, i, obs): the end of the teacher trajectory through x at grid point i (i = N returns x itself)."""
+        out = self.net(x, self.times[i], cond)
+        if self.config.teacher == "flow":
+            return x + (1 - self._at(self.times, i)) * out
+        ab = self._at(self.alpha_bar, i)
+        return ab.sqrt() * x - (1 - ab).sqrt() * out
+
+    @torch.no_grad()
+    def teacher_step(self, teacher: GenerativePolicy, x: torch.Tensor, i: torch.Tensor,
+                     cond: torch.Tensor) -> torch.Tensor:
+        """One step of the teacher's sampler from grid point i to i + 1 (`cond` from the teacher's encoder)."""
+        if self.config.teacher == "flow":
+            t, t_next = self.times[i], self.times[i + 1]
+            dt = (t_next - t)[:, None, None]
+            v = teacher.net(x, t, cond)
+            if self.config.teacher_solver == "heun":
+                v = 0.5 * (v + teacher.net(x + dt * v, t_next, cond))
+            return x + dt * v
+        # deterministic DDIM (eta = 0), with DiffusionPolicy.sample's clamp of the clean-chunk estimate
+        ab, ab_next = self._at(self.alpha_bar, i), self._at(self.alpha_bar, i + 1)
+        eps = teacher.net(x, self.times[i], cond)
+        x0 = ((x - (1 - ab).sqrt() * eps) / ab.sqrt()).clamp(-1.5, 1.5)
+        return ab_next.sqrt() * x0 + (1 - ab_next).sqrt() * eps
+
+    @torch.no_grad()
+    def teacher_solve(self, teacher: GenerativePolicy, noise: torch.Tensor,
+                      obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The teacher's multi-step answer from `noise` along the grid (what the student's one step should give);
+        padded-horizon (B, horizon, A), normalized."""
+        cond = teacher.encoder(obs)
+        x = noise
+        for step in range(self.config.teacher_steps):
+            x = self.teacher_step(teacher, x, torch.full((x.shape[0],), step, device=x.device), cond)
+        return x
+
+    # --- training and sampling -----------------------------------------------------------------------
+    def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("ConsistencyPolicy is trained by distillation from a teacher: use distill_loss(teacher, "
+                           "target, obs, action, action_is_pad) (robotrl.distill does), not loss()")
+
+    def distill_loss(self, teacher: GenerativePolicy, target: "ConsistencyPolicy", obs: dict[str, torch.Tensor],
+                     action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
+        """Consistency-distillation loss on a normalized batch: ||f(x_i, i) - f_target(x_{i+1}, i + 1)||^2 with
+        x_i the chunk noised to a random grid point and x_{i+1} one teacher step further (no gradient to the
+        teacher or the target; at i + 1 = N the target is the teacher's step itself)."""
+        chunk, mask = self.pad_chunk(action, action_is_pad)
+        noise = torch.randn_like(chunk)
+        i = torch.randint(0, self.config.teacher_steps, (chunk.shape[0],), device=chunk.device)
+        x = self.point(chunk, noise, i)
+        with torch.no_grad():
+            x_next = self.teacher_step(teacher, x, i, teacher.encoder(obs))
+            y = target.consistency(x_next, i + 1, target.encoder(obs))
+        return self.masked_mse(self.consistency(x, i, self.encoder(obs)), y, mask)
+
+    def compute_distill_loss(self, batch: Mapping[str, Any], teacher: GenerativePolicy,
+                             target: "ConsistencyPolicy") -> torch.Tensor:
+        """`distill_loss` of a `SequenceSampler` batch (raw units; normalized with the student's statistics,
+        which are the teacher's)."""
+        device = next(self.parameters()).device
+        obs = self.normalize_obs(batch["obs"])
+        action = self.normalizer.normalize("action", torch.as_tensor(batch["action"], device=device).float())
+        pad = torch.as_tensor(batch["action_is_pad"], device=device)
+        return self.distill_loss(teacher, target, obs, action, pad)
+
+    def sample_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """One network call: f(noise, 0, obs), for noise (B, horizon, A); deterministic (what export traces)."""
+        i = torch.zeros(noise.shape[0], dtype=torch.long, device=noise.device)
+        return self.consistency(noise, i, self.encoder(obs))[:, : self.config.action_horizon]
+
+    def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = next(iter(obs.values())).shape[0]
+        return self.sample_from_noise(obs, self.noise(batch, next(self.parameters()).device))

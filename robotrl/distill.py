@@ -1,0 +1,297 @@
+"""Distillation: a flow or diffusion teacher checkpoint -> a one-step consistency student checkpoint.
+
+    robotrl distill --teacher runs/bc-flow/policy --store data/pusht.zarr --steps 5000
+    student = robotrl.distill.distill(DistillConfig(teacher=Path("runs/bc-flow/policy"),
+                                                    store=Path("data/pusht.zarr")))   # the same dataclass
+
+Reads top to bottom: teacher -> data (the store's spec must equal the teacher's) -> student (the teacher's
+architecture and weights, `ConsistencyPolicy.from_teacher`) -> optimizer, LR schedule, the EMA target network
+and the EMA of the saved weights -> (resume) -> the loop (sample a window batch, consistency-distillation loss,
+step, both EMAs, log, checkpoint, evaluate) -> the final EMA student, evaluated and saved.
+
+Besides the loss, the run logs `distill/teacher_gap`: the mean squared distance (normalized action units)
+between the student's one-step chunk and the teacher's multi-step chunk from the same noise, on a fixed batch
+of training observations -- what distillation drives down. A run killed at any point resumes exactly
+(`--resume`): the same batches, noise and weights as a run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.policies import Policy, load
+from robotrl.policies.consistency import TEACHERS, ConsistencyPolicy
+from robotrl.training import (
+    EMA, RunLog, cosine_lr, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+)
+
+#: config fields that do not change what a run computes: they may differ between a run and its resumption
+NOT_RESULT = ("run_dir", "resume", "stop_after", "progress", "log_every", "checkpoint_every", "eval_every",
+              "eval_episodes", "eval_envs", "execute", "threads")
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; the last good checkpoint is kept."""
+
+
+@dataclass
+class DistillConfig:
+    """Distill a flow or diffusion policy into a one-step consistency policy on the teacher's training data."""
+
+    teacher: Path = Path("runs/bc-flow/policy")
+    """the teacher's checkpoint directory (`robotrl train bc` output)"""
+    store: Path = Path("data/pusht.zarr")
+    """episode store of the teacher's task (its spec must equal the teacher's); usually its training data"""
+    steps: int = 5_000
+    batch_size: int = 256
+    lr: float = 1e-4
+    weight_decay: float = 1e-6
+    warmup: int = 200
+    ema: float = 0.999
+    """EMA decay of the weights that are evaluated and saved (0 turns it off)"""
+    target_ema: float = 0.95
+    """EMA decay of the target network the student is regressed onto (0: the student itself, stop-gradient)"""
+    teacher_steps: int | None = None
+    """N: teacher ODE steps the student learns to skip (default: the teacher's own sampler steps)"""
+    gap_batch: int = 64
+    """training windows on which the student-teacher gap is logged"""
+    eval_every: int = 0
+    """evaluate the student in the vector env every N steps (0: only at the end)"""
+    eval_episodes: int = 20
+    """held-out episodes of the final evaluation (0: none); the teacher is evaluated on the same seeds"""
+    eval_envs: int = 10
+    execute: int = 8
+    """actions executed per predicted chunk at evaluation"""
+    checkpoint_every: int = 1000
+    log_every: int = 50
+    run_dir: Path | None = None
+    """default: runs/distill-<teacher type>-<task>-<time>"""
+    resume: bool = False
+    """continue the run in run_dir from its last train state"""
+    stop_after: int | None = None
+    """end this invocation after this many steps in all (the LR schedule still spans `steps`); resume later"""
+    seed: int = 0
+    threads: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "checkpoint_every", "log_every", "gap_batch", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"DistillConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        for name in ("ema", "target_ema"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"DistillConfig.{name}: expected a decay in [0, 1), got {getattr(self, name)}")
+        if self.teacher_steps is not None and self.teacher_steps < 1:
+            raise ValueError(f"DistillConfig.teacher_steps: expected >= 1, got {self.teacher_steps}")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ValueError(f"DistillConfig.stop_after: expected >= 1, got {self.stop_after}")
+        if self.resume and self.run_dir is None:
+            raise ValueError("DistillConfig.resume: needs run_dir (the run to continue)")
+        self.teacher, self.store = Path(self.teacher), Path(self.store)
+
+
+@dataclass
+class DistillResult:
+    checkpoint: Path
+    """the student checkpoint (`policy/` when finished, the last `checkpoint/` when stopped by stop_after)"""
+    steps: int
+    finished: bool
+    train_seconds: float
+    final_loss: float
+    teacher_gap: float
+    """mean squared student-teacher distance on the fixed batch, normalized units (teacher_gap_init at step 0)"""
+    teacher_gap_init: float
+    success_rate: float | None
+    success_ci95: tuple[float, float] | None
+    teacher_success_rate: float | None
+    run_dir: Path
+
+
+def load_teacher(path: Path) -> Policy:
+    teacher = load(path)
+    if teacher.name not in TEACHERS:
+        raise ValueError(f"distill: teacher {path} is a {teacher.name!r} policy; expected one of {TEACHERS}")
+    return teacher.requires_grad_(False).eval()
+
+
+def check_resumable(saved: dict[str, Any], config: DistillConfig, run_dir: Path) -> None:
+    """Refuse to continue a run with settings that would change what it computes."""
+    now = jsonable(config)
+    for k in ("teacher", "store"):  # the same files, however the path is spelled
+        if k in saved and Path(saved[k]).resolve() == Path(now[k]).resolve():
+            saved = {**saved, k: now[k]}
+    changed = [k for k in now if k not in NOT_RESULT and k in saved and saved[k] != now[k]]
+    if changed:
+        detail = ", ".join(f"{k}: run has {saved[k]!r}, given {now[k]!r}" for k in changed)
+        raise ValueError(f"resume: {run_dir / 'config.json'} differs from the given config ({detail}); resume with "
+                         "the run's settings or start a new run_dir")
+
+
+class TeacherGap:
+    """Student one-step vs teacher multi-step chunks from the same noise on a fixed batch of training windows.
+    Drawn from its own generators, so measuring it never moves the run's random streams (exact resume)."""
+
+    def __init__(self, student: ConsistencyPolicy, teacher: Policy, sampler: SequenceSampler, batch: int,
+                 seed: int) -> None:
+        windows = sampler.sample(batch, np.random.default_rng(seed + 1))
+        self.obs = student.normalize_obs(windows["obs"])
+        generator = torch.Generator().manual_seed(seed + 1)
+        self.noise = torch.randn(batch, student.horizon, student.action_dim, generator=generator)
+        self.reference = student.teacher_solve(teacher, self.noise, self.obs)[:, : student.config.action_horizon]
+
+    @torch.no_grad()
+    def __call__(self, student: ConsistencyPolicy) -> float:
+        was_training = student.training
+        chunk = student.eval().sample_from_noise(self.obs, self.noise)
+        student.train(was_training)
+        return float(((chunk - self.reference) ** 2).mean())
+
+
+def evaluate(policy: Policy, config: DistillConfig) -> Any:
+    from robotrl.evaluate import evaluate_policy
+
+    return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=config.execute)
+
+
+def distill(config: DistillConfig) -> Path:
+    """Run (or continue) the distillation; the student checkpoint's directory."""
+    return train(config).checkpoint
+
+
+def train(config: DistillConfig) -> DistillResult:
+    """`distill` with everything it measured (also written to run_dir/result.json)."""
+    torch.set_num_threads(config.threads)
+
+    # teacher and data
+    teacher = load_teacher(config.teacher)
+    store = EpisodeStore.open(config.store)
+    store.check_spec(teacher.spec, that=f"teacher {config.teacher}")
+    tc = teacher.config
+    windows = SequenceConfig(tc.obs_horizon, tc.action_horizon, tuple(teacher.obs_keys))
+    sampler = SequenceSampler.from_store(store, windows)
+
+    run_dir = Path(config.run_dir or f"runs/distill-{teacher.name}-{store.spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_path = run_dir / "train_state.pt"
+    if config.resume:
+        if not state_path.exists():
+            raise FileNotFoundError(f"resume: {state_path} does not exist (no checkpoint was written in {run_dir})")
+        check_resumable(json.loads((run_dir / "config.json").read_text()), config, run_dir)
+    else:
+        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+    rng = np.random.default_rng(config.seed)
+    torch.manual_seed(config.seed)
+
+    # student (the teacher's architecture and weights), optimizer, schedule, target network, EMA
+    student = ConsistencyPolicy.from_teacher(teacher, config.teacher_steps)
+    gap = TeacherGap(student, teacher, sampler, config.gap_batch, config.seed)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))
+    target = EMA(student, config.target_ema)
+    ema = EMA(student, config.ema) if config.ema > 0 else None
+    gap_init = gap(student)
+
+    start = 0
+    if config.resume:
+        state = load_train_state(state_path)
+        student.load_state_dict(state["policy"])
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        target.model.load_state_dict(state["target"])
+        target.step = state["target_step"]
+        if ema is not None:
+            ema.model.load_state_dict(state["ema"])
+            ema.step = state["ema_step"]
+        set_rng_state(state["rng"], rng)
+        start, gap_init = state["step"], state["gap_init"]
+
+    def checkpoint(step: int) -> None:
+        save_train_state(state_path, step=step, policy=student.state_dict(), optimizer=optimizer.state_dict(),
+                         schedule=schedule.state_dict(), target=target.model.state_dict(), target_step=target.step,
+                         ema=ema.model.state_dict() if ema else {}, ema_step=ema.step if ema else 0,
+                         rng=rng_state(rng), gap_init=gap_init)
+        (ema.model if ema else student).save(run_dir / "checkpoint")
+
+    log = RunLog(run_dir)
+    if start == 0:
+        log.log(0, **{"distill/teacher_gap": gap_init})
+    end = min(config.steps, config.stop_after or config.steps)
+    bar = tqdm(total=config.steps, initial=start, desc=f"distill {teacher.name}", unit="step",
+               disable=not config.progress, dynamic_ncols=True)
+    began = time.perf_counter()
+    loss_value, gap_value = float("nan"), gap_init
+    student.train()
+    for step in range(start, end):
+        loss = student.compute_distill_loss(sampler.sample(config.batch_size, rng), teacher, target.model)
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            log.close()
+            raise TrainingDiverged(f"distill: loss is {loss_value} at step {step}; the last good checkpoint is in "
+                                   f"{run_dir / 'checkpoint'} (resume with a lower lr)")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0))
+        optimizer.step()
+        schedule.step()
+        target.update(student)
+        if ema is not None:
+            ema.update(student)
+        done = step + 1
+        bar.update(1)
+        if done % config.log_every == 0 or done == end:
+            gap_value = gap(ema.model if ema else student)
+            log.log(done, **{"distill/loss": loss_value, "distill/teacher_gap": gap_value,
+                             "distill/grad_norm": grad_norm, "distill/lr": schedule.get_last_lr()[0]})
+            bar.set_postfix(loss=f"{loss_value:.4f}", gap=f"{gap_value:.4f}")
+        if done % config.checkpoint_every == 0 or done == end:
+            checkpoint(done)
+        if config.eval_every and config.eval_episodes and done % config.eval_every == 0 and done != config.steps:
+            stats = evaluate(ema.model if ema else student, config)
+            log.log(done, **{"eval/success_rate": stats.success_rate})
+    bar.close()
+    seconds = time.perf_counter() - began
+
+    finished = end == config.steps
+    final = (ema.model if ema else student).eval()
+    success, ci, teacher_success = None, None, None
+    if not finished:
+        path = run_dir / "checkpoint"
+    else:
+        path = final.save(run_dir / "policy")
+        if config.eval_episodes > 0:
+            stats = evaluate(final, config)
+            success, ci = stats.success_rate, stats.success_ci95()
+            teacher_success = evaluate(teacher, config).success_rate
+            log.log(config.steps, **{"eval/success_rate": success, "eval/teacher_success_rate": teacher_success})
+    log.close()
+    result = DistillResult(path, end, finished, seconds, loss_value, gap_value, gap_init, success, ci, teacher_success,
+                           run_dir)
+    (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
+    return result
+
+
+def run_distill(config: DistillConfig) -> DistillResult:
+    result = train(config)
+    if not result.finished:
+        print(f"distill: stopped after {result.steps}/{config.steps} steps; continue with --resume --run-dir "
+              f"{result.run_dir}")
+        return result
+    success = ""
+    if result.success_rate is not None and result.success_ci95 is not None:
+        lo, hi = result.success_ci95
+        success = f"student success {result.success_rate:.1%} (95% CI {lo:.1%}-{hi:.1%}), teacher " \
+                  f"{result.teacher_success_rate:.1%}, over {config.eval_episodes} held-out episodes; "
+    print(f"distill: {success}teacher gap {result.teacher_gap_init:.4f} -> {result.teacher_gap:.4f}; {result.steps} "
+          f"steps in {result.train_seconds:.0f} s; one-step policy {result.checkpoint}")
+    return result
