@@ -38,7 +38,8 @@ class BCConfig:
     """Train a policy by behaviour cloning on an episode store; evaluates it in the vector env."""
 
     store: Path = Path("data/pusht.zarr")
-    policy: Literal["flow", "diffusion"] = "flow"
+    policy: Literal["flow", "diffusion", "meanflow"] = "flow"
+    """flow or diffusion (multi-step samplers), or meanflow (one step, learned from the data alone)"""
     steps: int = 20_000
     batch_size: int = 256
     lr: float = 1e-4
