@@ -13,7 +13,6 @@ and `check_spec` refuses an env or dataset whose spec differs, naming the field.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import typing
 from collections.abc import Mapping
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robotrl.files import sha256
 from robotrl.spec import STRING, Spec, SpecMismatchError
 
 FORMAT = "robotrl-policy"
@@ -218,14 +218,6 @@ class Policy(nn.Module):
         tmp.write_text(json.dumps(manifest, indent=2))
         tmp.replace(path / MANIFEST)
         return path
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

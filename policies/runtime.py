@@ -8,7 +8,6 @@ manifest whose spec disagrees with the graph's inputs or outputs (or with the `s
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from robotrl.files import sha256
 from robotrl.spec import Spec, SpecMismatchError
 
 MANIFEST = "manifest.json"
@@ -107,14 +107,6 @@ class RuntimePolicy:
                                             f"NaN/inf (first at index {where}: {x[where]})")
             feeds[key] = np.ascontiguousarray(x)
         return feeds
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_export_manifest(path: str | Path) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +25,10 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies import POLICIES, Policy
-from robotrl.training import EMA, RunLog, cosine_lr, jsonable, load_train_state, rng_state, save_train_state, set_rng_state
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN/inf; the last good checkpoint is kept."""
+from robotrl.training import (
+    EMA, RunLog, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
+    set_rng_state,
+)
 
 
 @dataclass
@@ -151,16 +149,8 @@ def train(config: BCConfig) -> BCResult:
     policy.train()
     for step in range(start, config.steps):
         loss = policy.compute_loss(sampler.sample(config.batch_size, rng))
-        loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
-            log.close()
-            raise TrainingDiverged(f"bc: loss is {loss_value} at step {step}; the last good checkpoint is in "
-                                   f"{run_dir / 'checkpoint'} (resume with a lower lr)")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
-        optimizer.step()
-        schedule.step()
+        loss_value, grad_norm = optimizer_step(loss, policy, optimizer, schedule,
+                                               f"bc step {step} (last checkpoint: {run_dir / 'checkpoint'})")
         if ema is not None:
             ema.update(policy)
         done = step + 1

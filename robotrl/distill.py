@@ -18,7 +18,6 @@ of training observations -- what distillation drives down. A run killed at any p
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +32,13 @@ from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyPolicy
 from robotrl.training import (
-    EMA, RunLog, cosine_lr, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+    EMA, RunLog, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
+    set_rng_state,
 )
 
 #: config fields that do not change what a run computes: they may differ between a run and its resumption
 NOT_RESULT = ("run_dir", "resume", "stop_after", "progress", "log_every", "checkpoint_every", "eval_every",
               "eval_episodes", "eval_envs", "execute", "threads")
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN/inf; the last good checkpoint is kept."""
 
 
 @dataclass
@@ -234,16 +230,8 @@ def train(config: DistillConfig) -> DistillResult:
     student.train()
     for step in range(start, end):
         loss = student.compute_distill_loss(sampler.sample(config.batch_size, rng), teacher, target.model)
-        loss_value = float(loss.detach())
-        if not math.isfinite(loss_value):
-            log.close()
-            raise TrainingDiverged(f"distill: loss is {loss_value} at step {step}; the last good checkpoint is in "
-                                   f"{run_dir / 'checkpoint'} (resume with a lower lr)")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0))
-        optimizer.step()
-        schedule.step()
+        loss_value, grad_norm = optimizer_step(loss, student, optimizer, schedule,
+                                               f"distill step {step} (last checkpoint: {run_dir / 'checkpoint'})")
         target.update(student)
         if ema is not None:
             ema.update(student)

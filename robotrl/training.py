@@ -16,6 +16,25 @@ import torch
 from torch import nn
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf; the last good checkpoint is kept."""
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any,
+                   where: str, max_grad_norm: float = 1.0) -> tuple[float, float]:
+    """One clipped gradient step; a NaN/inf loss raises `TrainingDiverged` (naming `where`) before any weight
+    changes. Returns (loss, gradient norm)."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise TrainingDiverged(f"{where}: loss is {value}; the last good checkpoint is kept (resume with a lower lr)")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    optimizer.step()
+    schedule.step()
+    return value, grad_norm
+
+
 class EMA:
     """Exponential moving average of a module's weights, with diffusion policy's warm-up (the decay grows with
     the step count, so early averages do not drag in random initial weights)."""
