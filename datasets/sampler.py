@@ -7,6 +7,8 @@ A sample is anchored at step ``t`` of an episode (every step of every episode is
 
 Rows outside the episode repeat the episode's first or last row (the edge padding diffusion-policy and
 LeRobot train with) and are flagged in ``obs_is_pad`` / ``action_is_pad``, so a loss can mask them.
+A string observation (the language instruction) is constant within an episode and stored in its metadata;
+each window carries its episode's string under the same key, ``batch["obs"]["instruction"]`` (B,).
 A whole batch is one vectorized fancy-index per key, which is what keeps sampling off the critical path:
 in memory for data that fits (the default), or through `ChunkCache` straight from the zarr chunks.
 """
@@ -21,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch.utils.data
 
-from robotrl.datasets.store import EpisodeStore
+from robotrl.datasets.store import EpisodeStore, string_keys
 from robotrl.spec import STRING, SpecMismatchError
 
 
@@ -109,10 +111,13 @@ class SequenceSampler:
         obs_keys: Sequence[str],
         config: SequenceConfig | None = None,
         episodes: Sequence[int] | None = None,
+        text: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.config = config or SequenceConfig()
         self.data = dict(data)
         self.obs_keys = tuple(obs_keys)
+        self.text = {k: np.asarray(v, dtype=object) for k, v in (text or {}).items()}
+        """string observation key -> one string per episode (all episodes, not only the chosen ones)"""
         missing = [k for k in (*self.obs_keys, "action", *self.config.extra_keys) if k not in self.data]
         if missing:
             raise KeyError(f"SequenceSampler: key(s) {missing} not in the data; have {sorted(self.data)}")
@@ -121,6 +126,10 @@ class SequenceSampler:
         chosen = np.arange(len(ends)) if episodes is None else np.asarray(episodes, dtype=np.int64)
         if len(chosen) and (chosen.min() < 0 or chosen.max() >= len(ends)):
             raise IndexError(f"episodes: expected indices in [0, {len(ends)}), got {chosen.min()}..{chosen.max()}")
+        for k, v in self.text.items():
+            if v.shape != (len(ends),):
+                raise ValueError(f"SequenceSampler.text[{k!r}]: expected one string per episode ({len(ends)}), got "
+                                 f"shape {v.shape}")
         lengths = ends[chosen] - starts[chosen]
         # one anchor per step of every chosen episode, with its episode's bounds
         self.anchor = np.concatenate([np.arange(starts[e], ends[e]) for e in chosen]) if len(chosen) else np.zeros(0, np.int64)
@@ -145,7 +154,8 @@ class SequenceSampler:
             data: dict[str, Rows] = store.load(keys)
         else:
             data = {k: ChunkCache(store.array(k), store.num_steps) for k in keys}
-        return cls(data, store.episode_ends, obs_keys, config, episodes)
+        text = {k: [meta.get("instruction") or "" for meta in store.episodes] for k in string_keys(store.spec)}
+        return cls(data, store.episode_ends, obs_keys, config, episodes, text)
 
     def __len__(self) -> int:
         return len(self.anchor)
@@ -156,12 +166,14 @@ class SequenceSampler:
         t, lo, hi = self.anchor[index, None], self.ep_start[index, None], self.ep_end[index, None] - 1
         obs_rows = t + self._obs_offsets
         act_rows = t + self._act_offsets
+        episode = self.ep_index[index]
         out: dict[str, Any] = {
-            "obs": {k: self.data[k][np.clip(obs_rows, lo, hi)] for k in self.obs_keys},
+            "obs": {**{k: self.data[k][np.clip(obs_rows, lo, hi)] for k in self.obs_keys},
+                    **{k: v[episode] for k, v in self.text.items()}},
             "action": self.data["action"][np.clip(act_rows, lo, hi)],
             "obs_is_pad": obs_rows < lo,
             "action_is_pad": act_rows > hi,
-            "episode": self.ep_index[index],
+            "episode": episode,
             "t": (t - lo)[:, 0],
         }
         for k in self.config.extra_keys:
@@ -192,6 +204,9 @@ class MixedSampler:
                 raise SpecMismatchError(f"MixedSampler: sampler {i} windows ({s.obs_keys}, To={s.config.obs_horizon}, "
                                         f"H={s.config.action_horizon}) differ from sampler 0's ({first.obs_keys}, "
                                         f"To={first.config.obs_horizon}, H={first.config.action_horizon})")
+            if sorted(s.text) != sorted(first.text):
+                raise SpecMismatchError(f"MixedSampler: sampler {i} has string observations {sorted(s.text)}, sampler 0 "
+                                        f"has {sorted(first.text)}")
             for k in (*first.obs_keys, "action"):
                 a, b = first.data[k], s.data[k]
                 if tuple(a.shape[1:]) != tuple(b.shape[1:]) or np.dtype(a.dtype) != np.dtype(b.dtype):

@@ -9,6 +9,17 @@ from typing import Any, Callable
 import numpy as np
 
 
+def wilson_ci95(successes: np.ndarray) -> tuple[float, float]:
+    """Wilson score interval of a success rate, honest at 0% and 100% where the normal approximation is not."""
+    n = len(successes)
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p, z = float(np.mean(successes)), 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
 @dataclass(frozen=True)
 class EpisodeStats:
     """Per-episode outcomes, in the order episodes finished."""
@@ -16,20 +27,31 @@ class EpisodeStats:
     success: np.ndarray  # bool: success reached at any step of the episode
     returns: np.ndarray
     lengths: np.ndarray
+    instruction: np.ndarray | None = None
+    """the episode's instruction (tasks with one)"""
+    wrong_object: np.ndarray | None = None
+    """bool: another object than the instructed one got where the instruction wanted it (`Task.wrong_object`)"""
 
     @property
     def success_rate(self) -> float:
         return float(np.mean(self.success)) if len(self.success) else float("nan")
 
     def success_ci95(self) -> tuple[float, float]:
-        """Wilson score interval, honest at 0% and 100% where the normal approximation is not."""
-        n = len(self.success)
-        if n == 0:
-            return (float("nan"), float("nan"))
-        p, z = self.success_rate, 1.96
-        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return (max(0.0, centre - half), min(1.0, centre + half))
+        return wilson_ci95(self.success)
+
+    def by_instruction(self) -> dict[str, dict[str, Any]]:
+        """Per instruction: episodes, success rate with its Wilson interval, and the wrong-object rate."""
+        if self.instruction is None:
+            return {}
+        out = {}
+        for text in sorted(set(self.instruction.tolist())):
+            sel = self.instruction == text
+            row: dict[str, Any] = {"episodes": int(sel.sum()), "success_rate": float(self.success[sel].mean()),
+                                   "ci95": list(wilson_ci95(self.success[sel]))}
+            if self.wrong_object is not None:
+                row["wrong_object_rate"] = float(self.wrong_object[sel].mean())
+            out[text] = row
+        return out
 
 
 def run_episodes(
@@ -43,7 +65,8 @@ def run_episodes(
 
     Only episodes that started in the first `ceil(episodes / num_envs)` waves are counted, so the result
     does not favour short episodes. `on_episode_start(i)` is called when env i starts a new episode
-    (experts keep per-episode state).
+    (experts keep per-episode state). Tasks with instructions also get each episode's instruction and,
+    where the task defines it, whether a wrong object was placed at any step.
     """
     if episodes <= 0:
         raise ValueError(f"episodes: expected a positive integer, got {episodes}")
@@ -51,28 +74,44 @@ def run_episodes(
     waves = math.ceil(episodes / n)
     started = np.ones(n, dtype=np.int64)
     obs, _ = env.reset(seed=seed)
+    text = np.asarray(obs["instruction"], dtype=object).copy() if "instruction" in obs else None
     ever = np.zeros(n, dtype=bool)
+    wrong, has_wrong = np.zeros(n, dtype=bool), False
     ret = np.zeros(n)
     length = np.zeros(n, dtype=np.int64)
-    success, returns, lengths = [], [], []
+    success, returns, lengths, instructions, wrongs = [], [], [], [], []
     if on_episode_start is not None:
         for i in range(n):
             on_episode_start(i)
     while len(success) < episodes and (started <= waves).any():
         obs, reward, terminated, truncated, info = env.step(policy(obs))
         ever |= np.asarray(info["success"], dtype=bool)
+        done = np.asarray(terminated) | np.asarray(truncated)
+        placed = env.task.wrong_object(obs)
+        if placed is not None:
+            has_wrong = True
+            if done.any():  # an env that just ended was judged on its last observation, not on its new episode's
+                placed = np.where(done, env.task.wrong_object(info["final_obs"]), placed)
+            wrong |= np.asarray(placed, dtype=bool)
         ret += np.asarray(reward, dtype=np.float64)
         length += 1
-        for i in np.nonzero(np.asarray(terminated) | np.asarray(truncated))[0]:
+        for i in np.nonzero(done)[0]:
             if started[i] <= waves and len(success) < episodes:
                 success.append(bool(ever[i]))
                 returns.append(float(ret[i]))
                 lengths.append(int(length[i]))
+                wrongs.append(bool(wrong[i]))
+                if text is not None:
+                    instructions.append(str(text[i]))
             started[i] += 1
-            ever[i], ret[i], length[i] = False, 0.0, 0
+            ever[i], wrong[i], ret[i], length[i] = False, False, 0.0, 0
+            if text is not None:
+                text[i] = obs["instruction"][i]
             if on_episode_start is not None:
                 on_episode_start(i)
-    return EpisodeStats(np.array(success, dtype=bool), np.array(returns), np.array(lengths))
+    return EpisodeStats(np.array(success, dtype=bool), np.array(returns), np.array(lengths),
+                        np.array(instructions, dtype=object) if text is not None else None,
+                        np.array(wrongs, dtype=bool) if has_wrong else None)
 
 
 def evaluate_expert(env: Any, noise: float = 0.0, episodes: int = 200, seed: int = 0) -> EpisodeStats:

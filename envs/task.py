@@ -14,6 +14,7 @@ import abc
 import dataclasses
 import json
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, ClassVar, NamedTuple
 
 import mujoco
@@ -145,6 +146,12 @@ class Task(abc.ABC):
     # --- host-side ----------------------------------------------------------------------------------
     def instruction(self, goal: np.ndarray) -> list[str] | None:
         """Language instruction per env, or None for tasks without one."""
+        return None
+
+    def wrong_object(self, obs: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """Per env (n,) bool: an object other than the instructed one is where the instruction wants it, read from
+        the observation. For tasks that pick one of several objects (the wrong-object rate of a language-
+        conditioned policy); None for tasks with one object."""
         return None
 
     def default_randomization(self) -> Randomization:

@@ -13,7 +13,7 @@ from typing import Any
 _EXPORTS = {
     "POLICIES": "base", "CheckpointError": "base", "Policy": "base", "PolicyConfig": "base", "load": "base",
     "register_all": "base", "DiffusionConfig": "diffusion", "DiffusionPolicy": "diffusion",
-    "FlowConfig": "flow", "FlowPolicy": "flow",
+    "FlowConfig": "flow", "FlowPolicy": "flow", "VLAConfig": "vla", "VLAPolicy": "vla",
 }
 
 __all__ = sorted(_EXPORTS)

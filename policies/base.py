@@ -99,7 +99,7 @@ class Normalizer(nn.Module):
 # ---------------------------------------------------------------------------------------------------
 POLICIES: dict[str, type["Policy"]] = {}
 #: modules that define registered policies (imported by `register_all`)
-POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow")
+POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow", "vla")
 
 
 def register(cls: type["Policy"]) -> type["Policy"]:
@@ -144,6 +144,12 @@ class Policy(nn.Module):
         shapes = {k: spec.observations[k].shape for k in self.vector_keys}
         shapes["action"] = spec.action.shape
         self.normalizer = Normalizer(shapes, stats)
+
+    @property
+    def text_inputs(self) -> dict[str, dict[str, Any]]:
+        """String observations the policy reads, each -> {"encoder": model name, "dim": embedding size}: an
+        exported graph takes their embeddings, which the runtime computes with that frozen encoder."""
+        return {}
 
     @property
     def obs_horizon(self) -> int:

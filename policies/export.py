@@ -3,8 +3,10 @@ robotrl training code (see `robotrl.policies.runtime`).
 
 An export directory holds::
 
-    policy.onnx | policy.pt   the graph: RAW observations (B, To, ...) per numeric obs key (images uint8 HWC)
-                              and the initial noise (B, horizon, A) in; the action chunk (B, H, A) in env units,
+    policy.onnx | policy.pt   the graph: RAW observations (B, To, ...) per numeric obs key (images uint8 HWC),
+                              the frozen embedding (B, dim) of each string observation the policy reads (a VLA's
+                              instruction: the runtime encodes the text outside the graph, with the encoder the
+                              manifest names) and the initial noise (B, horizon, A) in; the action chunk (B, H, A) in env units,
                               clipped to the spec's bounds, out. Normalization, the sampling loop (unrolled:
                               the number of steps is fixed at export) and unnormalization are all inside.
     manifest.json             the checkpoint's manifest (policy, config, spec, stats), "weights_sha256" now the
@@ -96,7 +98,7 @@ class ExportedPolicy(nn.Module):
     def __init__(self, policy: Policy) -> None:
         super().__init__()
         self.policy = policy
-        self.keys = tuple(policy.obs_keys)
+        self.keys = (*policy.obs_keys, *policy.text_inputs)
         self.register_buffer("low", torch.as_tensor(policy.spec.action.low_array(), dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(policy.spec.action.high_array(), dtype=torch.float32))
 
@@ -119,8 +121,8 @@ class _GraphInputs(dict):
         spec = self.policy.spec.observations.get(key)
         if spec is not None and spec.dtype == STRING:
             raise ExportError(f"{self.policy.name}: reads the string observation {key!r}, which cannot be a graph input; "
-                              f"exporting a language-conditioned policy needs the text encoded outside the graph and "
-                              f"fed as a numeric input (not supported yet)")
+                              f"a policy declares the strings it reads in `text_inputs` (their embeddings become "
+                              f"graph inputs)")
 
     def __missing__(self, key: Any) -> Any:
         self._refuse(key)
@@ -134,8 +136,8 @@ class _GraphInputs(dict):
 
 
 def input_specs(policy: Policy) -> list[dict[str, Any]]:
-    """Name, shape (batch axis named) and dtype of each graph input: observations in `obs_keys` order, then
-    the noise. Images stay uint8 HWC; every other observation is float32."""
+    """Name, shape (batch axis named) and dtype of each graph input: observations in `obs_keys` order, the
+    embeddings of the policy's `text_inputs`, then the noise. Images stay uint8 HWC; the rest is float32."""
     To = policy.config.obs_horizon
     out = []
     for k in policy.obs_keys:
@@ -144,6 +146,9 @@ def input_specs(policy: Policy) -> list[dict[str, Any]]:
         image = k in policy.image_keys
         out.append({"name": k, "shape": [BATCH, To, *policy.spec.observations[k].shape],
                     "dtype": "uint8" if image else "float32", "role": "observation"})
+    for k, text in policy.text_inputs.items():
+        out.append({"name": k, "shape": [BATCH, int(text["dim"])], "dtype": "float32", "role": "text_embedding",
+                    "encoder": text["encoder"]})
     out.append({"name": NOISE, "shape": [BATCH, *noise_shape(policy)], "dtype": "float32", "role": "noise"})
     return out
 
@@ -158,6 +163,9 @@ def example_inputs(policy: Policy, batch: int, seed: int = 0) -> list[np.ndarray
             out.append(rng.integers(0, 256, shape, dtype=np.uint8))
         elif s["role"] == "noise":
             out.append(rng.standard_normal(shape, dtype=np.float32))
+        elif s["role"] == "text_embedding":  # sentence embeddings are unit vectors
+            x = rng.standard_normal(shape, dtype=np.float32)
+            out.append(x / np.linalg.norm(x, axis=-1, keepdims=True))
         else:
             stats = policy.stats.get(s["name"], {})
             lo = np.asarray(stats.get("min", -1.0), np.float32)

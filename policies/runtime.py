@@ -1,7 +1,9 @@
 """Run an exported policy (`robotrl.policies.export`) with no training code: what a robot or a ROS 2 node loads.
 
 Imports only numpy, the standard library and `robotrl.spec` here; onnxruntime (ONNX) or torch.jit (TorchScript)
-when a policy of that format is loaded. `load` refuses a file whose hash differs from the manifest's, and a
+when a policy of that format is loaded; and, for a language-conditioned policy (a VLA), the frozen sentence
+encoder its manifest names (`robotrl.policies.language`: inference of a pretrained model, no training code),
+loaded on the first instruction and cached per instruction string. `load` refuses a file whose hash differs from the manifest's, and a
 manifest whose spec disagrees with the graph's inputs or outputs (or with the `spec` the caller expects);
 `act` refuses observations that do not fit the spec, naming the key, what was expected and what was found.
 """
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from robotrl.files import sha256
-from robotrl.spec import Spec, SpecMismatchError
+from robotrl.spec import STRING, Spec, SpecMismatchError
 
 MANIFEST = "manifest.json"
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
@@ -37,7 +39,8 @@ class RuntimePolicy:
         self.format: str = export["format"]
         self.deterministic: bool = bool(export.get("deterministic", True))
         inputs = export["inputs"]
-        self.obs_inputs = [i for i in inputs if i["name"] != export["noise"]["input"]]
+        self.text_inputs = [i for i in inputs if i.get("role") == "text_embedding"]
+        self.obs_inputs = [i for i in inputs if i["name"] != export["noise"]["input"] and i not in self.text_inputs]
         self.obs_keys = tuple(i["name"] for i in self.obs_inputs)
         self.obs_horizon = int(self.obs_inputs[0]["shape"][1]) if self.obs_inputs else 0
         self.noise_name: str = export["noise"]["input"]
@@ -59,6 +62,8 @@ class RuntimePolicy:
         replaces the standard normal draw (to reproduce a torch run)."""
         feeds = self.check_obs(obs)
         batch = next(iter(feeds.values())).shape[0] if feeds else 1
+        for inp in self.text_inputs:
+            feeds[inp["name"]] = self.embed(inp, obs, batch)
         if noise is None:
             noise = self.rng.standard_normal((batch, *self.noise_shape), dtype=np.float32)
         else:
@@ -70,6 +75,34 @@ class RuntimePolicy:
         feeds[self.noise_name] = np.ascontiguousarray(noise)
         action = self._run([feeds[n] for n in self.input_order])
         return np.asarray(action, dtype=np.float32)
+
+    def embed(self, inp: dict[str, Any], obs: Mapping[str, Any], batch: int) -> np.ndarray:
+        """The graph's embedding input for a string observation: B strings (or one for all envs) through the
+        manifest's frozen encoder, or embeddings (B, dim) computed elsewhere, passed as they are."""
+        key, dim = inp["name"], int(inp["shape"][1])
+        if key not in obs:
+            raise SpecMismatchError(f"act: observation {key!r} missing: expected one instruction string per env "
+                                    f"(B,) or its embedding (B, {dim})")
+        text = obs[key]
+        if isinstance(text, np.ndarray) and text.dtype.kind == "f":
+            if text.shape != (batch, dim):
+                raise SpecMismatchError(f"act: observation {key!r}: expected embeddings ({batch}, {dim}), got {text.shape}")
+            return np.ascontiguousarray(text, dtype=np.float32)
+        strings = [text] * batch if isinstance(text, str) else list(np.asarray(text, dtype=object).reshape(-1))
+        if len(strings) != batch:
+            raise SpecMismatchError(f"act: observation {key!r}: expected {batch} instruction(s) (one per env), got "
+                                    f"{len(strings)}")
+        for i, t in enumerate(strings):
+            if not isinstance(t, str) or not t.strip():
+                raise SpecMismatchError(f"act: observation {key!r}: expected a non-empty instruction string at index "
+                                        f"{i}, got {t!r}")
+        from robotrl.policies.language import language_encoder
+
+        encoder = language_encoder(inp["encoder"])
+        if encoder.dim != dim:
+            raise SpecMismatchError(f"act: observation {key!r}: the encoder {inp['encoder']} gives {encoder.dim}-dim "
+                                    f"embeddings, the graph takes {dim}")
+        return encoder(strings).numpy()
 
     def check_obs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The graph's observation inputs from `obs`, or a `SpecMismatchError` naming the key."""
@@ -141,6 +174,14 @@ def check_manifest(manifest: dict[str, Any], spec: Spec, where: str) -> None:
     for inp in export["inputs"]:
         key = inp["name"]
         if key == noise["input"]:
+            continue
+        if inp.get("role") == "text_embedding":
+            if key not in spec.observations or spec.observations[key].dtype != STRING:
+                raise SpecMismatchError(f"{where}: graph input {key!r} embeds a string observation, but the manifest's "
+                                        f"spec has no string observation {key!r}")
+            if len(inp["shape"]) != 2 or not isinstance(inp.get("encoder"), str):
+                raise ExportedPolicyError(f"{where}: text input {key!r}: expected shape [batch, dim] and an 'encoder' "
+                                          f"name, got shape {inp['shape']} and encoder {inp.get('encoder')!r}")
             continue
         if key not in spec.observations:
             raise SpecMismatchError(f"{where}: graph input {key!r} is not an observation of the manifest's spec "

@@ -15,8 +15,10 @@ reused by every integration step. Training and sampling are `FlowPolicy`'s (rect
 `VLAPolicy` subclasses it and supplies the two networks it calls, `encoder(obs) -> cond` (here: the prefix's
 per-layer keys/values) and `net(x_t, t, cond) -> velocity` (here: the action expert).
 
-The instruction is the observation `instruction_key` (a string per env); in training batches it is
-``batch["obs"]["instruction"]``, one string per window (see `add_instructions`).
+The instruction is the string observation `instruction_key` (one string per env or window; a training batch
+from `SequenceSampler` carries each window's episode instruction). `normalize_obs` turns it into the frozen
+sentence encoder's embedding (cached per string), so the networks only ever see numbers, and an exported graph
+takes the embedding as an input (`text_inputs`) that the runtime computes with the same encoder.
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class PatchEncoder(nn.Module):
             cin = w
         self.trunk = nn.Sequential(*layers)
         self.proj = nn.Linear(cin, width)
+        with torch.no_grad():
+            size = self.trunk(torch.zeros(1, 3, self.crop, self.crop)).shape[-1]
+        self.register_buffer("pool", adaptive_pool_matrix(size, grid), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.permute(0, 3, 1, 2)
@@ -112,8 +117,19 @@ class PatchEncoder(nn.Module):
         else:
             top, left = (h - c) // 2, (w - c) // 2
         feat = self.trunk(x[..., top:top + c, left:left + c] * 2.0 - 1.0)
-        feat = F.adaptive_avg_pool2d(feat, self.grid)  # (N, C, g, g)
-        return self.proj(feat.flatten(2).transpose(1, 2))
+        feat = torch.einsum("ih,nchw,jw->nijc", self.pool, feat, self.pool)  # adaptive average pooling to (g, g)
+        return self.proj(feat.flatten(1, 2))
+
+
+def adaptive_pool_matrix(size: int, grid: int) -> torch.Tensor:
+    """(grid, size) weights of adaptive average pooling along one axis (torch's bins: floor(i*size/grid) to
+    ceil((i+1)*size/grid)). As a matrix product it exports to ONNX with a dynamic batch, which
+    `adaptive_avg_pool2d` does not."""
+    m = torch.zeros(grid, size)
+    for i in range(grid):
+        lo, hi = (i * size) // grid, -(-((i + 1) * size) // grid)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
 
 
 class Attention(nn.Module):
@@ -195,17 +211,15 @@ class VLAPrefix(nn.Module):
             b, to = x.shape[:2]
             patches = enc(x.flatten(0, 1)).reshape(b, to * self.config.patch_grid ** 2, -1)
             parts.append(patches + self.image_pos[k])
-        text = obs[self.config.instruction_key]
-        device = self.language.weight.device
-        emb = language_encoder(self.config.language_model)(text).to(device)
+        emb = obs[self.config.instruction_key]  # (B, language_dim): see VLAPolicy.normalize_obs
         parts.append((self.language(emb) + self.type_emb[0])[:, None])
         if self.state is not None:
             state = torch.cat([obs[k].flatten(2) for k in self.vector_keys], dim=-1) * self.state_keep
             parts.append((self.state(state.flatten(1)) + self.type_emb[1])[:, None])
-        batch = {p.shape[0] for p in parts}
+        batch = {int(p.shape[0]) for p in parts}
         if len(batch) != 1:
             raise SpecMismatchError(f"vla: observations and instructions disagree on the batch size: got "
-                                    f"{len(text)} instruction(s) for {parts[0].shape[0]} observation window(s)")
+                                    f"{emb.shape[0]} instruction(s) for {parts[0].shape[0]} observation window(s)")
         return torch.cat(parts, dim=1)
 
     def forward(self, obs: Mapping[str, Any]) -> torch.Tensor:
@@ -300,13 +314,18 @@ class VLAPolicy(FlowPolicy):
         """The frozen sentence encoder (shared, not saved; its embeddings are cached per instruction)."""
         return language_encoder(self.config.language_model)
 
+    @property
+    def text_inputs(self) -> dict[str, dict[str, Any]]:
+        cfg = self.config
+        return {cfg.instruction_key: {"encoder": cfg.language_model, "dim": cfg.language_dim}}
+
     def normalize_obs(self, obs: Mapping[str, Any]) -> dict[str, Any]:
-        """Numeric keys normalized as every policy's; the instruction passed through as an array of B strings."""
+        """Numeric keys normalized as every policy's; the instruction (B strings, one string for all, or
+        precomputed embeddings (B, language_dim)) -> its frozen embedding (B, language_dim)."""
         key = self.config.instruction_key
         if key not in obs:
             raise SpecMismatchError(f"{self.name}: observation {key!r} missing: expected one instruction string per "
-                                    f"env/window (B,); a training batch carries it as batch['obs'][{key!r}] "
-                                    f"(see robotrl.policies.vla.add_instructions)")
+                                    f"env/window (B,) (a SequenceSampler batch carries it as batch['obs'][{key!r}])")
         for k in self.obs_keys:
             want = (self.config.obs_horizon, *self.spec.observations[k].shape)
             if k not in obs or tuple(np.shape(obs[k]))[1:] != want:
@@ -314,28 +333,22 @@ class VLAPolicy(FlowPolicy):
                 raise SpecMismatchError(f"{self.name}: observation {k!r}: expected shape (B, {', '.join(map(str, want))}) "
                                         f"(obs_horizon={self.config.obs_horizon}), got {got}")
         out: dict[str, Any] = super().normalize_obs(obs)
-        text = obs[key]
         batch = len(next(iter(out.values())))
-        out[key] = np.full(batch, text, dtype=object) if isinstance(text, str) else np.asarray(text, dtype=object).reshape(-1)
+        out[key] = self.embed(obs[key], batch).to(self.encoder.language.weight.device)
         return out
 
-
-# ---------------------------------------------------------------------------------------------------
-# instructions of training windows
-# ---------------------------------------------------------------------------------------------------
-def episode_instructions(store: Any, key: str = "instruction") -> np.ndarray:
-    """The instruction of every episode of an `EpisodeStore` (episode index -> string), from its metadata."""
-    out = []
-    for i, meta in enumerate(store.episodes):
-        text = meta.get(key)
-        if not isinstance(text, str) or not text:
-            raise ValueError(f"{store.path}: episode {i} has no {key!r} in its metadata (got {text!r}); a VLA trains only "
-                             f"on episodes with an instruction")
-        out.append(text)
-    return np.asarray(out, dtype=object)
-
-
-def add_instructions(batch: dict[str, Any], instructions: np.ndarray, key: str = "instruction") -> dict[str, Any]:
-    """`batch` (from a `SequenceSampler`) with ``batch["obs"][key]``: each window's episode instruction."""
-    batch["obs"][key] = np.asarray(instructions, dtype=object)[np.asarray(batch["episode"])]
-    return batch
+    def embed(self, text: Any, batch: int) -> torch.Tensor:
+        """The instruction's embedding (B, language_dim): strings through the frozen encoder, numbers as given."""
+        key, dim = self.config.instruction_key, self.config.language_dim
+        if isinstance(text, torch.Tensor) or (isinstance(text, np.ndarray) and text.dtype.kind == "f"):
+            emb = torch.as_tensor(text, dtype=torch.float32)
+            if emb.ndim != 2 or emb.shape[1] != dim:
+                raise SpecMismatchError(f"{self.name}: observation {key!r}: expected strings (B,) or embeddings "
+                                        f"(B, {dim}), got an array of shape {tuple(emb.shape)}")
+            return emb
+        strings = np.full(batch, text, dtype=object) if isinstance(text, str) else np.asarray(text, dtype=object).reshape(-1)
+        empty = [i for i, t in enumerate(strings) if isinstance(t, str) and not t.strip()]
+        if empty:
+            raise SpecMismatchError(f"{self.name}: observation {key!r}: expected a non-empty instruction, got an empty "
+                                    f"string at index {empty[0]} (an episode recorded without an instruction?)")
+        return self.language(strings)

@@ -36,8 +36,9 @@ class BCConfig:
     """Train a policy by behaviour cloning on an episode store; evaluates it in the vector env."""
 
     store: Path = Path("data/pusht.zarr")
-    policy: Literal["flow", "diffusion", "meanflow"] = "flow"
-    """flow or diffusion (multi-step samplers), or meanflow (one step, learned from the data alone)"""
+    policy: Literal["flow", "diffusion", "meanflow", "vla"] = "flow"
+    """flow or diffusion (multi-step samplers), meanflow (one step, learned from the data alone), or vla (images +
+    language instruction + state through a transformer with a flow action expert; needs a store with instructions)"""
     steps: int = 20_000
     batch_size: int = 256
     lr: float = 1e-4
@@ -52,6 +53,9 @@ class BCConfig:
     channels: tuple[int, ...] = (64, 128, 256)
     obs_keys: tuple[str, ...] | None = None
     """observations used (default: every numeric one in the store)"""
+    state_mask_fields: tuple[str, ...] = ()
+    """vla: named state fields hidden from the policy (PickPlace: target target_rel, so that only the instruction
+    says which cube to take)"""
     eval_every: int = 0
     """evaluate every N steps (0: only at the end)"""
     eval_episodes: int = 20
@@ -91,7 +95,10 @@ def make_policy(config: BCConfig, store: EpisodeStore) -> Policy:
     cls = POLICIES[config.policy]
     fields = {f.name for f in dataclasses.fields(cls.config_cls)}
     options = {"obs_horizon": config.obs_horizon, "action_horizon": config.action_horizon, "obs_keys": config.obs_keys,
-               "channels": config.channels}
+               "channels": config.channels, "state_mask_fields": config.state_mask_fields}
+    if config.state_mask_fields and "state_mask_fields" not in fields:
+        raise ValueError(f"BCConfig.state_mask_fields: the {config.policy} policy cannot hide state fields (only vla "
+                         f"can); got {config.state_mask_fields}")
     return cls(store.spec, cls.config_cls(**{k: v for k, v in options.items() if k in fields}), store.stats())
 
 

@@ -1,6 +1,9 @@
 """Success rate of a policy in the parallel vector env, over held-out seeds, with a Wilson interval and videos.
 
     robotrl eval --policy runs/bc-flow/policy --episodes 200
+
+On tasks with language instructions (PickPlace) the result also has the success rate per instruction and the
+wrong-object rate: episodes in which a cube other than the named one was put in the bin.
 """
 
 from __future__ import annotations
@@ -123,6 +126,10 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
     result = {"policy": str(config.policy), "task": policy.spec.task, "episodes": len(stats.success),
               "success_rate": stats.success_rate, "ci95": [lo, hi], "mean_return": float(np.mean(stats.returns)),
               "seed": config.seed}
+    if stats.wrong_object is not None:
+        result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
+    if stats.instruction is not None:
+        result["by_instruction"] = stats.by_instruction()
     if config.videos:
         result["videos"] = [str(p) for p in record_videos(policy, config.video_dir or config.policy, config.videos,
                                                            config.seed, config.execute)]

@@ -8,6 +8,7 @@ contacts that matter (cubes against fingers, table, bin walls and each other) ar
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +199,13 @@ class PickPlace(Task):
     # --- host-side -----------------------------------------------------------------------------------
     def instruction(self, goal: np.ndarray) -> list[str]:
         return [f"put the {COLORS[int(i)]} cube in the bin" for i in np.argmax(np.asarray(goal), axis=-1)]
+
+    def wrong_object(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """A cube that is not the named one lies in the bin."""
+        get = split_state(np.asarray(obs["state"]), STATE_LAYOUT)
+        n = len(get["target"])
+        inside = np.asarray(self.in_bin(np, get["cube_pos"].reshape(n, NUM_CUBES, 3)))
+        return (inside & (np.asarray(get["target"]) < 0.5)).any(axis=-1)
 
     def action_spec(self) -> ArraySpec:
         dim = ARM_NQ + 1 if self.config.action_mode == "joint_pos" else 5

@@ -195,3 +195,33 @@ def test_model_steps_in_mjx_without_nan() -> None:
     assert np.isfinite(qpos).all() and np.isfinite(np.asarray(d.qvel)).all()
     cubes = qpos[9:].reshape(NUM_CUBES, 7)
     np.testing.assert_allclose(cubes[:, 2], CUBE_HALF, atol=3e-3)  # resting on the table, not falling through
+
+
+def test_wrong_cube_is_detected_and_outcomes_are_split_by_instruction() -> None:
+    """The expert told the wrong cube (its 'target' field rotated) puts that cube in the bin: every episode is a
+    wrong-object episode and none succeeds; the true expert has no wrong-object episode. Both per instruction."""
+    from robotrl.envs.rollouts import run_episodes
+
+    a, b = STATE_LAYOUT["target"]
+    for misled in (False, True):
+        env = make("PickPlace", num_envs=6, seed=3, render_images=False, num_threads=1)
+        expert = env.task.expert(noise=0.0, seed=3)
+        expert.reset(6)
+
+        def act(obs: dict) -> np.ndarray:
+            if misled:
+                obs = {**obs, "state": np.asarray(obs["state"]).copy()}
+                obs["state"][:, a:b] = np.roll(obs["state"][:, a:b], 1, axis=1)
+            return expert.act(obs)
+
+        stats = run_episodes(env, act, 6, seed=3, on_episode_start=expert.reset_env)
+        env.close()
+        assert stats.instruction is not None and stats.wrong_object is not None
+        assert all(t in {f"put the {c} cube in the bin" for c in COLORS} for t in stats.instruction)
+        rows = stats.by_instruction()
+        assert sum(r["episodes"] for r in rows.values()) == 6 and len(rows) >= 2
+        if misled:
+            assert stats.wrong_object.all() and not stats.success.any(), stats
+            assert all(r["wrong_object_rate"] == 1.0 and r["success_rate"] == 0.0 for r in rows.values())
+        else:
+            assert not stats.wrong_object.any() and stats.success.all(), stats

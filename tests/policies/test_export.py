@@ -74,6 +74,7 @@ def policies(pusht: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> d
     """Flow (Euler, 10 steps) and diffusion (DDIM, 10 steps), trained a few steps and saved as checkpoints."""
     root = tmp_path_factory.mktemp("ckpt")
     out = {}
+    torch.manual_seed(0)  # initial weights independent of which tests ran before in this process
     for name, policy in {
         "flow": FlowPolicy(pusht.spec, FlowConfig(channels=(32, 64), steps=10, solver="euler"), pusht.stats()),
         "diffusion": DiffusionPolicy(pusht.spec, DiffusionConfig(channels=(32, 64), sampler="ddim", steps=10),
@@ -271,12 +272,20 @@ def test_one_step_students_export(name: str, pusht: EpisodeStore, obs: dict, tmp
         assert np.abs(rt.act(obs, noise=noise) - expected).max() <= TOLERANCE[fmt], (name, fmt)
 
 
-def test_language_policy_is_refused_clearly(tmp_path: Path) -> None:
-    vla = pytest.importorskip("robotrl.policies.vla")
+def test_policy_reading_an_undeclared_string_is_refused_clearly(tmp_path: Path) -> None:
+    """A string observation becomes a graph input only as the embedding a policy declares in `text_inputs` (the
+    VLA's export is tested in test_vla.py); reading one without declaring it is an ExportError naming the key."""
     from robotrl.envs import make_task
 
-    policy = vla.VLAPolicy(make_task("PickPlace").spec(), vla.VLAConfig())
-    with pytest.raises(ExportError, match="string observation 'instruction'"):
+    class ReadsText(FlowPolicy):
+        name = "reads_text"
+
+        def normalize_obs(self, obs: Any) -> dict[str, torch.Tensor]:
+            assert obs["instruction"] is not None
+            return super().normalize_obs(obs)
+
+    policy = ReadsText(make_task("PickPlace").spec(), FlowConfig(channels=(32, 64), obs_keys=("state",)))
+    with pytest.raises(ExportError, match="string observation 'instruction'.*text_inputs"):
         export(policy, tmp_path / "out")
 
 
