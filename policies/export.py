@@ -178,13 +178,14 @@ def example_inputs(policy: Policy, batch: int, seed: int = 0) -> list[np.ndarray
 # export
 # ---------------------------------------------------------------------------------------------------
 def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["onnx", "torchscript"] = "onnx",
-           steps: int | None = None, opset: int = OPSET, verify: bool = True, tolerance: float = TOLERANCE) -> Path:
+           steps: int | None = None, opset: int = OPSET, verify: bool = True, tolerance: float | None = None) -> Path:
     """Write `out_dir`/policy.onnx (or policy.pt) and manifest.json for a policy or a checkpoint directory;
     returns `out_dir`. `steps` overrides the policy's inference steps (flow, DDIM) for the export only.
 
     The graph is traced at batch 2 with a dynamic batch axis. With `verify`, it is run on other inputs at
     another batch size and compared with the eager policy on the same noise; a max abs difference above
-    `tolerance` (env units) is an `ExportError` (it would mean the trace baked in something input-dependent).
+    `tolerance` (env units; default: the policy class's `export_tolerance`, else `TOLERANCE`) is an `ExportError`
+    (it would mean the trace baked in something input-dependent).
     """
     if format not in FILES:
         raise ExportError(f"export format: expected one of {sorted(FILES)}, got {format!r}")
@@ -203,6 +204,8 @@ def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["on
             raise ExportError(f"export steps: {policy.name} has no inference steps to set")
         policy.config = replace(policy.config, steps=steps)  # validated by the config's __post_init__
         source = {**source, "config": asdict(policy.config)}
+    if tolerance is None:
+        tolerance = float(getattr(policy, "export_tolerance", TOLERANCE))
     model = ExportedPolicy(policy).eval()
     specs = input_specs(model.policy)
     names = [s["name"] for s in specs]

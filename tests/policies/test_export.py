@@ -3,7 +3,8 @@ policy given the same noise, the runtime refuses damaged files, mismatched specs
 importing it pulls in no training code.
 
 Tolerances (max abs difference of the action chunk in env units, same observations and noise as
-`Policy.act` after `torch.manual_seed`): ONNX (onnxruntime) 1e-4, TorchScript 1e-5.
+`Policy.act` after `torch.manual_seed`): ONNX (onnxruntime) 1e-4 (1e-3 for DDIM, see
+`DiffusionPolicy.export_tolerance`), TorchScript 1e-5.
 """
 
 from __future__ import annotations
@@ -48,19 +49,12 @@ def trained(policy: Policy, store: EpisodeStore, steps: int = 10) -> Policy:
     return policy.eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Any:
-    """These models are tiny: per-op overhead dominates, and one torch thread is faster on a busy 2-core box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def pusht(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
-    return record_expert(tmp_path_factory.mktemp("demos") / "pusht.zarr", "PushT", episodes=4, num_envs=4,
-                         episode_steps=30, progress=False)
+def pusht(pusht_demos: EpisodeStore) -> EpisodeStore:
+    return pusht_demos
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +90,12 @@ def exports(policies: dict[str, tuple[Policy, Path]], tmp_path_factory: pytest.T
     return out
 
 
+def tolerance(policy: Policy, fmt: str) -> float:
+    """The test's bound: TorchScript runs torch's own kernels (1e-5); ONNX the policy's export tolerance (1e-4, or
+    1e-3 for DDIM, whose first step amplifies rounding differences ~2000x: see DiffusionPolicy.export_tolerance)."""
+    return TOLERANCE[fmt] if fmt == "torchscript" else max(TOLERANCE[fmt], getattr(policy, "export_tolerance", 0.0))
+
+
 def seeded_act(policy: Policy, obs: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
     """`policy.act(obs)` and the initial noise it drew (the same torch.randn call after the same seed)."""
     torch.manual_seed(seed)
@@ -120,7 +120,7 @@ def test_export_reproduces_the_torch_policy(name: str, fmt: str, policies: dict,
         got = rt.act(sub, noise=noise)
         assert got.dtype == np.float32 and got.shape == (batch, 16, 2)
         err = np.abs(got - expected).max()
-        assert err <= TOLERANCE[fmt], (name, fmt, batch, err)
+        assert err <= tolerance(policy, fmt), (name, fmt, batch, err)
         assert np.abs(expected).max() > 1e-3  # not trivially zero
     # numpy noise: within the spec's bounds, different draws differ
     a, b = rt.act(obs), rt.act(obs)
@@ -137,7 +137,8 @@ def test_export_reproduces_the_torch_policy(name: str, fmt: str, policies: dict,
     assert info["inputs"] == [{"name": "state", "shape": ["batch", 2, 34], "dtype": "float32", "role": "observation"},
                               {"name": "noise", "shape": ["batch", 16, 2], "dtype": "float32", "role": "noise"}]
     assert info["outputs"][0]["shape"] == ["batch", 16, 2] and info["noise"]["input"] == "noise"
-    assert info["deterministic"] and info["verified_max_abs_error"] <= TOLERANCE[fmt]
+    assert info["deterministic"] and info["verified_max_abs_error"] <= tolerance(policy, fmt)
+    assert info["tolerance"] == (1e-3 if name == "diffusion" else 1e-4)
     if fmt == "onnx":  # exported from the checkpoint directory: provenance kept
         assert info["checkpoint_weights_sha256"] == source["weights_sha256"]
 
@@ -269,7 +270,7 @@ def test_one_step_students_export(name: str, pusht: EpisodeStore, obs: dict, tmp
         rt = runtime.load(export(policy, tmp_path / fmt, fmt))
         assert rt.deterministic
         expected, noise = seeded_act(policy, obs, 0)
-        assert np.abs(rt.act(obs, noise=noise) - expected).max() <= TOLERANCE[fmt], (name, fmt)
+        assert np.abs(rt.act(obs, noise=noise) - expected).max() <= tolerance(policy, fmt), (name, fmt)
 
 
 def test_policy_reading_an_undeclared_string_is_refused_clearly(tmp_path: Path) -> None:

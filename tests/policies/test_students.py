@@ -10,7 +10,6 @@ than cores make every step many times slower.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,18 +34,12 @@ from robotrl.training import EMA
 H, CHANNELS = 8, (32, 64)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
-    return record_expert(tmp_path_factory.mktemp("demos") / "pusht.zarr", "PushT", episodes=4, num_envs=4,
-                         episode_steps=40, progress=False)
+def store(pusht_demos: EpisodeStore) -> EpisodeStore:
+    return pusht_demos
 
 
 @pytest.fixture(scope="module")

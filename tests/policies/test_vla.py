@@ -26,13 +26,7 @@ COLOURS = [f"put the {c} cube in the bin" for c in ("red", "green", "blue")]
 SMALL = dict(width=64, depth=2, image_widths=(16, 32), patch_grid=2, obs_horizon=1, action_horizon=8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> object:
-    # small models: one thread is as fast, and two threads slow down ~25x when other processes share the 2 cores
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
