@@ -24,13 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from robotrl.files import sha256
+from robotrl import files
+from robotrl.files import MANIFEST, sha256
 from robotrl.spec import STRING, Spec, SpecMismatchError
 
 FORMAT = "robotrl-policy"
 VERSION = 1
 WEIGHTS = "model.safetensors"
-MANIFEST = "manifest.json"
 
 
 class CheckpointError(ValueError):
@@ -228,13 +228,8 @@ class Policy(nn.Module):
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    manifest = files.read_manifest(path, CheckpointError, "a robotrl checkpoint", ())
     file = path / MANIFEST
-    if not file.exists():
-        raise CheckpointError(f"{path}: not a robotrl checkpoint (no {MANIFEST})")
-    try:
-        manifest = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{file}: invalid JSON ({e})") from e
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{file}: format: expected {FORMAT!r}, got {manifest.get('format')!r}")
     if int(manifest.get("version", -1)) > VERSION:

@@ -10,17 +10,15 @@ manifest whose spec disagrees with the graph's inputs or outputs (or with the `s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from robotrl.files import sha256
+from robotrl.files import MANIFEST, read_manifest, sha256
 from robotrl.spec import STRING, Spec, SpecMismatchError
 
-MANIFEST = "manifest.json"
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 
 
@@ -145,16 +143,8 @@ class RuntimePolicy:
 def read_export_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     file = path / MANIFEST
-    if not file.exists():
-        raise ExportedPolicyError(f"{path}: not an exported robotrl policy (no {MANIFEST})")
-    try:
-        manifest = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ExportedPolicyError(f"{file}: invalid JSON ({e})") from e
-    for key in ("policy", "spec", "weights_sha256", "export"):
-        if key not in manifest:
-            hint = " (a training checkpoint? export it first: robotrl export --policy DIR)" if key == "export" else ""
-            raise ExportedPolicyError(f"{file}: field {key!r} missing{hint}")
+    manifest = read_manifest(path, ExportedPolicyError, "an exported robotrl policy", ("policy", "spec", "weights_sha256",
+                             "export"), {"export": " (a training checkpoint? export it first: robotrl export --policy DIR)"})
     export = manifest["export"]
     if export.get("format") not in FORMATS:
         raise ExportedPolicyError(f"{file}: export.format: expected one of {sorted(FORMATS)}, got {export.get('format')!r}")

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
 
 
 def sha256(path: Path) -> str:
@@ -13,3 +18,22 @@ def sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def read_manifest(path: Path, error: type[Exception], what: str, required: Sequence[str],
+                  hints: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`path`/manifest.json parsed, with the `required` top-level fields; anything else is `error` naming the
+    file (a directory that is not `what`, invalid JSON, a missing field with its hint, if any)."""
+    file = path / MANIFEST
+    if not file.exists():
+        raise error(f"{path}: not {what} (no {MANIFEST})")
+    try:
+        manifest = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise error(f"{file}: invalid JSON ({e})") from e
+    if not isinstance(manifest, dict):
+        raise error(f"{file}: expected a JSON object, got {type(manifest).__name__}")
+    for key in required:
+        if key not in manifest:
+            raise error(f"{file}: field {key!r} missing{(hints or {}).get(key, '')}")
+    return manifest
