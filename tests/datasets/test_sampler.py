@@ -94,3 +94,30 @@ def test_torch_dataloader_with_workers(store: EpisodeStore) -> None:
     assert batches[0]["obs"]["image_front"].dtype == torch.uint8
     again = next(iter(dataloader(sampler, batch_size=16, num_workers=0, seed=0)))
     torch.testing.assert_close(again["action"], batches[0]["action"])  # same seed, same first batch
+
+
+def test_windows_carry_their_episode_instruction() -> None:
+    """String observations live per episode; each window gets its own episode's, through every batch path."""
+    ends = np.array([3, 7, 12])
+    data = {"state": np.arange(12, dtype=np.float32)[:, None], "action": np.zeros((12, 2), np.float32)}
+    text = {"instruction": ["put the red cube in the bin", "put the green cube in the bin", "put the blue cube in the bin"]}
+    sampler = SequenceSampler(data, ends, ["state"], SequenceConfig(obs_horizon=2, action_horizon=4), text=text)
+    batch = sampler.sample(64, np.random.default_rng(0))
+    got = batch["obs"]["instruction"]
+    assert got.shape == (64,) and got.dtype == object
+    assert list(got) == [text["instruction"][e] for e in batch["episode"]]
+    # the episode follows from the observed state itself (state = row index), not from the batch's bookkeeping
+    assert all(t == text["instruction"][int(np.searchsorted(ends, s[-1, 0], side="right"))]
+               for t, s in zip(got, batch["obs"]["state"]))
+    subset = SequenceSampler(data, ends, ["state"], SequenceConfig(2, 4), episodes=[2], text=text)
+    assert set(subset.sample(16, np.random.default_rng(1))["obs"]["instruction"]) == {text["instruction"][2]}
+    loader_batch = next(iter(dataloader(sampler, batch_size=8)))
+    assert len(loader_batch["obs"]["instruction"]) == 8
+
+    plain = SequenceSampler(data, ends, ["state"], SequenceConfig(2, 4))
+    with pytest.raises(SpecMismatchError, match=r"string observations \[\]"):
+        MixedSampler([sampler, plain], [0.5, 0.5])
+    mixed = MixedSampler([sampler, subset], [0.5, 0.5]).sample(10, np.random.default_rng(2))
+    assert len(mixed["obs"]["instruction"]) == 10
+    with pytest.raises(ValueError, match=r"text\['instruction'\]: expected one string per episode \(3\)"):
+        SequenceSampler(data, ends, ["state"], text={"instruction": ["only one"]})
