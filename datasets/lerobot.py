@@ -60,6 +60,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from robotrl.datasets.store import EpisodeStore, user_meta
+from robotrl.files import read_json_object
 from robotrl.spec import STRING, ArraySpec, Spec, SpecMismatchError
 
 CODEBASE_VERSION = "v3.0"
@@ -554,12 +555,7 @@ def read_info(root: str | Path) -> dict[str, Any]:
         hint = " (it looks like a robotrl zarr store; open it with EpisodeStore.open)" if (root / "zarr.json").exists() else ""
         raise LeRobotFormatError(f"{path}: expected the LeRobot v3.0 metadata file meta/info.json, "
                                  f"got no such file{hint}")
-    try:
-        info = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise LeRobotFormatError(f"{path}: expected JSON, got a parse error: {e}") from e
-    if not isinstance(info, dict):
-        raise LeRobotFormatError(f"{path}: expected a JSON object, got {type(info).__name__}")
+    info = read_json_object(path, LeRobotFormatError)
     version = info.get("codebase_version")
     if not isinstance(version, str) or not version.startswith("v3."):
         hint = " (convert older datasets with lerobot's convert_dataset_v21_to_v30)" if isinstance(version, str) else ""

@@ -27,13 +27,19 @@ def read_manifest(path: Path, error: type[Exception], what: str, required: Seque
     file = path / MANIFEST
     if not file.exists():
         raise error(f"{path}: not {what} (no {MANIFEST})")
-    try:
-        manifest = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise error(f"{file}: invalid JSON ({e})") from e
-    if not isinstance(manifest, dict):
-        raise error(f"{file}: expected a JSON object, got {type(manifest).__name__}")
+    manifest = read_json_object(file, error)
     for key in required:
         if key not in manifest:
             raise error(f"{file}: field {key!r} missing{(hints or {}).get(key, '')}")
     return manifest
+
+
+def read_json_object(file: Path, error: type[Exception]) -> dict[str, Any]:
+    """A JSON file that must hold an object; a parse error or another JSON type is `error` naming the file."""
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise error(f"{file}: expected JSON, got a parse error: {e}") from e
+    if not isinstance(data, dict):
+        raise error(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
