@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -310,6 +312,29 @@ def test_export_takes_the_instruction_embedding_and_matches_torch(store: Episode
         rt.act({**obs, "instruction": np.array(COLOURS[:2], dtype=object)})
     with pytest.raises(SpecMismatchError, match="non-empty instruction string at index 1"):
         rt.act({**obs, "instruction": np.array([COLOURS[0], "", COLOURS[1], COLOURS[2]], dtype=object)})
+
+    # what a robot runs: the runtime and the frozen encoder, none of the policy's training code
+    np.savez(tmp_path / "obs.npz", **{k: v for k, v in obs.items() if k != "instruction"})
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        from robotrl.policies import runtime
+        obs = dict(np.load({str(tmp_path / "obs.npz")!r}))
+        obs["instruction"] = np.array({list(obs["instruction"])!r}, dtype=object)
+        chunk = runtime.load({str(out)!r}, threads=1).act(obs, noise=np.load({str(tmp_path / "noise.npy")!r}))
+        np.save({str(tmp_path / "chunk.npy")!r}, chunk)
+        training = ["robotrl.policies.vla", "robotrl.policies.base", "robotrl.policies.flow", "robotrl.policies.nets",
+                    "robotrl.policies.export", "robotrl.training", "robotrl.bc", "robotrl.datasets", "robotrl.envs"]
+        loaded = [m for m in training if m in sys.modules]
+        assert not loaded, f"runtime imported {{loaded}}"
+        print("ok")
+    """)
+    np.save(tmp_path / "noise.npy", noise)
+    # not from the repository root: there `import datasets` (which transformers tries) would find robotrl's
+    # datasets/ folder instead of Hugging Face's package
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "chunk.npy"), got)
 
 
 @pytest.mark.parametrize("size,grid", [(8, 4), (15, 2), (29, 4), (7, 7)])
