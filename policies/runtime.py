@@ -3,8 +3,8 @@
 Imports only numpy, the standard library and `robotrl.spec` here; onnxruntime (ONNX) or torch.jit (TorchScript)
 when a policy of that format is loaded; and, for a language-conditioned policy (a VLA), the frozen sentence
 encoder its manifest names (`robotrl.policies.language`: inference of a pretrained model, no training code),
-loaded on the first instruction and cached per instruction string. `load` refuses a file whose hash differs from the manifest's, and a
-manifest whose spec disagrees with the graph's inputs or outputs (or with the `spec` the caller expects);
+loaded on the first instruction and cached per instruction string. `load` refuses a file whose hash differs
+from the manifest's, and a manifest whose spec disagrees with the graph's inputs or outputs (or with the `spec` the caller expects);
 `act` refuses observations that do not fit the spec, naming the key, what was expected and what was found.
 """
 
@@ -85,6 +85,8 @@ class RuntimePolicy:
         if isinstance(text, np.ndarray) and text.dtype.kind == "f":
             if text.shape != (batch, dim):
                 raise SpecMismatchError(f"act: observation {key!r}: expected embeddings ({batch}, {dim}), got {text.shape}")
+            if not np.all(np.isfinite(text)):
+                raise SpecMismatchError(f"act: observation {key!r}: expected finite embeddings, got NaN/inf")
             return np.ascontiguousarray(text, dtype=np.float32)
         strings = [text] * batch if isinstance(text, str) else list(np.asarray(text, dtype=object).reshape(-1))
         if len(strings) != batch:

@@ -308,6 +308,8 @@ def test_export_takes_the_instruction_embedding_and_matches_torch(store: Episode
     np.testing.assert_array_equal(rt.act(same, noise=noise), rt.act({**obs, "instruction": emb}, noise=noise))
     with pytest.raises(SpecMismatchError, match="'instruction' missing"):
         rt.act({k: v for k, v in obs.items() if k != "instruction"})
+    with pytest.raises(SpecMismatchError, match="finite embeddings"):
+        rt.act({**obs, "instruction": np.full((4, 384), np.nan, np.float32)})
     with pytest.raises(SpecMismatchError, match=r"expected 4 instruction\(s\) \(one per env\), got 2"):
         rt.act({**obs, "instruction": np.array(COLOURS[:2], dtype=object)})
     with pytest.raises(SpecMismatchError, match="non-empty instruction string at index 1"):
