@@ -5,7 +5,8 @@
   success_rate, ci95   over `episodes` episodes from seed HELD_OUT_SEED up (Wilson 95% interval)
   vs_expert      success_rate / the expert's, same seeds; vs_teacher (students): minus their teacher's, in points
   by_instruction, wrong_object_rate   on tasks with instructions (PickPlace)
-  train_steps, train_wall_s   from the run's metrics.jsonl (the last logged step of the checkpoint's run)
+  train_steps, train_wall_s   from the run's metrics.jsonl (the last logged step of the checkpoint's run; for a
+                 distilled student, the distillation alone: its teacher's training comes first)
   eval_wall_s    seconds for this evaluation
 
     .venv/bin/python bench/imitation.py --task PushT --policies flow=runs/bc-flow/checkpoint \\
@@ -47,7 +48,7 @@ def run_record(checkpoint: Path) -> dict[str, Any]:
     metrics = checkpoint.parent / "metrics.jsonl"
     if not metrics.exists():
         return {}
-    last = [json.loads(line) for line in metrics.read_text().splitlines() if '"train/' in line][-1:]
+    last = [json.loads(line) for line in metrics.read_text().splitlines() if '"train/' in line or '"distill/' in line][-1:]
     return {"train_steps": last[0]["step"], "train_wall_s": round(last[0]["wall_s"], 1)} if last else {}
 
 

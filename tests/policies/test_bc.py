@@ -125,3 +125,19 @@ def test_bad_checkpoints_and_specs_are_refused(reach_demos: Path, tmp_path: Path
         load(bad)
     with pytest.raises(CheckpointError, match="not a robotrl checkpoint"):
         load(tmp_path)
+
+
+def test_evaluation_is_repeatable_and_leaves_the_callers_random_stream(reach_demos: Path, tmp_path: Path) -> None:
+    """The sampling noise is seeded with the evaluation seed (same seed: the same episodes, return for return),
+    and torch's global generator comes back as it was, so evaluating inside a training loop changes nothing."""
+    policy = load(train(small(reach_demos, tmp_path / "run", steps=5)).checkpoint)
+    state = torch.get_rng_state()
+    a = evaluate_policy(policy, 4, 4, execute=4)
+    assert torch.equal(torch.get_rng_state(), state)
+    b = evaluate_policy(policy, 4, 4, execute=4)
+    np.testing.assert_array_equal(a.returns, b.returns)
+    other = evaluate_policy(policy, 4, 4, seed=HELD_OUT_SEED + 7, execute=4)
+    assert not np.array_equal(a.returns, other.returns)
+    exported = load_runtime(export(policy, tmp_path / "onnx"))
+    c, d = evaluate_policy(exported, 4, 4, execute=4), evaluate_policy(exported, 4, 4, execute=4)
+    np.testing.assert_array_equal(c.returns, d.returns)
