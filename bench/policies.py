@@ -49,7 +49,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ddpm100": ("diffusion", {"sampler": "ddpm", "train_steps": 100}),
     "ddim10": ("diffusion", {"sampler": "ddim", "train_steps": 100, "steps": 10}),
     "flow10": ("flow", {"steps": 10, "solver": "euler"}),
-    "flow1": ("flow", {"steps": 1, "solver": "euler"}),  # one-step stand-in until the students are registered
+    "flow1": ("flow", {"steps": 1, "solver": "euler"}),  # one call of the teacher net: the latency floor of a same-size student
 }
 
 
