@@ -75,6 +75,7 @@ def run_episodes(
     started = np.ones(n, dtype=np.int64)
     obs, _ = env.reset(seed=seed)
     text = np.asarray(obs["instruction"], dtype=object).copy() if "instruction" in obs else None
+    judge = getattr(getattr(env, "task", None), "wrong_object", None)  # outside (adapted) envs have no Task
     ever = np.zeros(n, dtype=bool)
     wrong, has_wrong = np.zeros(n, dtype=bool), False
     ret = np.zeros(n)
@@ -87,11 +88,11 @@ def run_episodes(
         obs, reward, terminated, truncated, info = env.step(policy(obs))
         ever |= np.asarray(info["success"], dtype=bool)
         done = np.asarray(terminated) | np.asarray(truncated)
-        placed = env.task.wrong_object(obs)
+        placed = judge(obs) if judge is not None else None
         if placed is not None:
             has_wrong = True
             if done.any():  # an env that just ended was judged on its last observation, not on its new episode's
-                placed = np.where(done, env.task.wrong_object(info["final_obs"]), placed)
+                placed = np.where(done, judge(info["final_obs"]), placed)
             wrong |= np.asarray(placed, dtype=bool)
         ret += np.asarray(reward, dtype=np.float64)
         length += 1

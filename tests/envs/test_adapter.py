@@ -89,3 +89,14 @@ def test_factory_and_no_autoreset():
     env.step(np.zeros((1, 1)))
     _, _, _, trunc, info = env.step(np.zeros((1, 1)))
     assert trunc[0] and "final_obs" not in info
+
+
+def test_outside_env_runs_through_the_episode_runner():
+    """run_episodes (evaluation, expert checks) works on an adapted env, which has no robotrl Task."""
+    from robotrl.envs.rollouts import run_episodes
+
+    env = GymVectorAdapter("robotrl/Reach-v0", num_envs=2, seed=0, episode_steps=3)
+    assert not hasattr(env, "task")
+    stats = run_episodes(env, lambda obs: np.zeros((2, 3), np.float32), 4, seed=0)
+    assert len(stats.success) == 4 and stats.wrong_object is None and stats.instruction is None
+    assert stats.lengths.tolist() == [3, 3, 3, 3]
