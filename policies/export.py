@@ -6,8 +6,8 @@ An export directory holds::
     policy.onnx | policy.pt   the graph: RAW observations (B, To, ...) per numeric obs key (images uint8 HWC),
                               the frozen embedding (B, dim) of each string observation the policy reads (a VLA's
                               instruction: the runtime encodes the text outside the graph, with the encoder the
-                              manifest names) and the initial noise (B, horizon, A) in; the action chunk (B, H, A) in env units,
-                              clipped to the spec's bounds, out. Normalization, the sampling loop (unrolled:
+                              manifest names) and the initial noise (B, horizon, A) in; the action chunk
+                              (B, H, A) in env units, clipped to the spec's bounds, out. Normalization, the sampling loop (unrolled:
                               the number of steps is fixed at export) and unnormalization are all inside.
     manifest.json             the checkpoint's manifest (policy, config, spec, stats), "weights_sha256" now the
                               hash of the exported file, plus "export": format, inputs, outputs, noise, opset, ...

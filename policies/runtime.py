@@ -4,8 +4,9 @@ Imports only numpy, the standard library and `robotrl.spec` here; onnxruntime (O
 when a policy of that format is loaded; and, for a language-conditioned policy (a VLA), the frozen sentence
 encoder its manifest names (`robotrl.policies.language`: inference of a pretrained model, no training code),
 loaded on the first instruction and cached per instruction string. `load` refuses a file whose hash differs
-from the manifest's, and a manifest whose spec disagrees with the graph's inputs or outputs (or with the `spec` the caller expects);
-`act` refuses observations that do not fit the spec, naming the key, what was expected and what was found.
+from the manifest's, and a manifest whose spec disagrees with the graph's inputs or outputs (or with the `spec`
+the caller expects); `act` refuses observations that do not fit the spec, naming the key, what was expected
+and what was found.
 """
 
 from __future__ import annotations
