@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -47,8 +47,13 @@ class PolicyConfig:
     """H: actions predicted per call (the chunk)"""
     obs_keys: tuple[str, ...] | None = None
     """observations used (default: every numeric observation of the spec)"""
+    state_mask_fields: tuple[str, ...] = ()
+    """named fields of the vector observations the policy never sees (zeroed after normalization): e.g. the
+    block pose in PushT's state for an image policy, or PickPlace's target cube for the VLA, which must then
+    take it from the instruction"""
 
     def __post_init__(self) -> None:
+        self.state_mask_fields = tuple(self.state_mask_fields)
         for name in ("obs_horizon", "action_horizon"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -92,6 +97,25 @@ class Normalizer(nn.Module):
 
     def unnormalize(self, key: str, y: torch.Tensor) -> torch.Tensor:
         return (y - getattr(self, f"{key}_offset")) / getattr(self, f"{key}_scale")
+
+
+def keep_masks(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Per vector observation that has any of the named `fields`: 1 for each element kept, 0 for each hidden."""
+    masks, found = {}, set()
+    for k in vector_keys:
+        slices = {name: sl for name, sl in spec.observations[k].field_slices().items() if name in fields}
+        if slices:
+            keep = np.ones(spec.observations[k].size, dtype=np.float32)
+            for sl in slices.values():
+                keep[sl] = 0.0
+            masks[k] = torch.as_tensor(keep.reshape(spec.observations[k].shape))
+            found.update(slices)
+    unknown = [f for f in fields if f not in found]
+    if unknown:
+        have = [n for k in vector_keys for n, _ in spec.observations[k].fields]
+        raise SpecMismatchError(f"state_mask_fields: {unknown} are not fields of the observations "
+                                f"{list(vector_keys)}; their fields are {have}")
+    return masks
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,6 +168,11 @@ class Policy(nn.Module):
         shapes = {k: spec.observations[k].shape for k in self.vector_keys}
         shapes["action"] = spec.action.shape
         self.normalizer = Normalizer(shapes, stats)
+        #: keep masks (1 seen, 0 hidden) of the vector observations with hidden fields; not saved (the config is)
+        masks = keep_masks(spec, self.vector_keys, self.config.state_mask_fields)
+        self.masked_keys = tuple(masks)
+        for k, keep in masks.items():
+            self.register_buffer(f"{k}_keep", keep, persistent=False)
 
     @property
     def text_inputs(self) -> dict[str, dict[str, Any]]:
@@ -175,6 +204,8 @@ class Policy(nn.Module):
         for k in self.obs_keys:
             x = torch.as_tensor(np.asarray(obs[k]) if not isinstance(obs[k], torch.Tensor) else obs[k], device=device)
             out[k] = x.float() / 255.0 if k in self.image_keys else self.normalizer.normalize(k, x.float())
+        for k in self.masked_keys:
+            out[k] = out[k] * getattr(self, f"{k}_keep")
         return out
 
     def compute_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:

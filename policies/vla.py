@@ -59,9 +59,6 @@ class VLAConfig(PolicyConfig):
     """its embedding size (checked against the installed encoder)"""
     instruction_key: str = "instruction"
     """the spec's string observation that holds the instruction"""
-    state_mask_fields: tuple[str, ...] = ()
-    """named fields of the vector observations zeroed before the state token (e.g. ("target", "target_rel") in
-    PickPlace, whose state otherwise tells the policy which cube to take without reading the instruction)"""
     steps: int = 10
     """integration steps at inference (changeable after training: `policy.config.steps = k`)"""
     solver: str = "euler"
@@ -70,7 +67,6 @@ class VLAConfig(PolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.image_widths = tuple(self.image_widths)
-        self.state_mask_fields = tuple(self.state_mask_fields)
         for name in ("width", "depth", "heads", "mlp_ratio", "patch_grid", "steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -200,7 +196,6 @@ class VLAPrefix(nn.Module):
         self.language = nn.Linear(cfg.language_dim, w)
         state_dim = to * sum(spec.observations[k].size for k in self.vector_keys)
         self.state = mlp([state_dim, w, w]) if state_dim else None
-        self.register_buffer("state_keep", state_keep_mask(spec, self.vector_keys, cfg.state_mask_fields), persistent=False)
         self.type_emb = nn.Parameter(0.02 * torch.randn(2, w))  # language, state
         self.blocks = nn.ModuleList([Block(w, cfg.heads, cfg.mlp_ratio, full=i < cfg.depth - 1) for i in range(cfg.depth)])
 
@@ -214,7 +209,7 @@ class VLAPrefix(nn.Module):
         emb = obs[self.config.instruction_key]  # (B, language_dim): see VLAPolicy.normalize_obs
         parts.append((self.language(emb) + self.type_emb[0])[:, None])
         if self.state is not None:
-            state = torch.cat([obs[k].flatten(2) for k in self.vector_keys], dim=-1) * self.state_keep
+            state = torch.cat([obs[k].flatten(2) for k in self.vector_keys], dim=-1)
             parts.append((self.state(state.flatten(1)) + self.type_emb[1])[:, None])
         batch = {int(p.shape[0]) for p in parts}
         if len(batch) != 1:
@@ -258,25 +253,6 @@ class ActionExpert(nn.Module):
         for block, ctx in zip(self.blocks, context):
             h, _ = block(h, ctx)
         return self.out(self.norm(h))
-
-
-def state_keep_mask(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) -> torch.Tensor:
-    """1 for every dimension of the concatenated vector observations, 0 for the named `fields`."""
-    keep, found = [], set()
-    for k in vector_keys:
-        spec_k = spec.observations[k]
-        m = np.ones(spec_k.size, dtype=np.float32)
-        for name, sl in spec_k.field_slices().items():
-            if name in fields:
-                m[sl] = 0.0
-                found.add(name)
-        keep.append(m)
-    unknown = [f for f in fields if f not in found]
-    if unknown:
-        have = [n for k in vector_keys for n, _ in spec.observations[k].fields]
-        raise SpecMismatchError(f"VLAConfig.state_mask_fields: {unknown} are not fields of the observations "
-                                f"{list(vector_keys)}; their fields are {have}")
-    return torch.as_tensor(np.concatenate(keep) if keep else np.zeros(0, np.float32))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -54,8 +54,8 @@ class BCConfig:
     obs_keys: tuple[str, ...] | None = None
     """observations used (default: every numeric one in the store)"""
     state_mask_fields: tuple[str, ...] = ()
-    """vla: named state fields hidden from the policy (PickPlace: target target_rel, so that only the instruction
-    says which cube to take)"""
+    """named state fields hidden from the policy (PickPlace VLA: target target_rel, so that only the instruction
+    says which cube to take; PushT from images: block_pose block_vel pose_error tool_in_block coverage)"""
     eval_every: int = 0
     """evaluate every N steps (0: only at the end)"""
     eval_episodes: int = 20
@@ -96,9 +96,6 @@ def make_policy(config: BCConfig, store: EpisodeStore) -> Policy:
     fields = {f.name for f in dataclasses.fields(cls.config_cls)}
     options = {"obs_horizon": config.obs_horizon, "action_horizon": config.action_horizon, "obs_keys": config.obs_keys,
                "channels": config.channels, "state_mask_fields": config.state_mask_fields}
-    if config.state_mask_fields and "state_mask_fields" not in fields:
-        raise ValueError(f"BCConfig.state_mask_fields: the {config.policy} policy cannot hide state fields (only vla "
-                         f"can); got {config.state_mask_fields}")
     return cls(store.spec, cls.config_cls(**{k: v for k, v in options.items() if k in fields}), store.stats())
 
 

@@ -5,9 +5,10 @@
                                                     store=Path("data/pusht.zarr")))   # the same dataclass
 
 Reads top to bottom: teacher -> data (the store's spec must equal the teacher's) -> student (the teacher's
-architecture and weights, `ConsistencyPolicy.from_teacher`) -> optimizer, LR schedule, the EMA target network
-and the EMA of the saved weights -> (resume) -> the loop (sample a window batch, consistency-distillation loss,
-step, both EMAs, log, checkpoint, evaluate) -> the final EMA student, evaluated and saved.
+architecture and weights, or a narrower fresh U-Net: `ConsistencyPolicy.from_teacher`) -> optimizer, LR
+schedule, the EMA target network and the EMA of the saved weights -> (resume) -> the loop (sample a window
+batch, consistency-distillation loss, step, both EMAs, log, checkpoint, evaluate) -> the final EMA student,
+evaluated and saved.
 
 Besides the loss, the run logs `distill/teacher_gap`: the mean squared distance (normalized action units)
 between the student's one-step chunk and the teacher's multi-step chunk from the same noise, on a fixed batch
@@ -60,6 +61,9 @@ class DistillConfig:
     """EMA decay of the target network the student is regressed onto (0: the student itself, stop-gradient)"""
     teacher_steps: int | None = None
     """N: teacher ODE steps the student learns to skip (default: the teacher's own sampler steps)"""
+    channels: tuple[int, ...] | None = None
+    """student U-Net widths (default: the teacher's, starting from its weights); narrower ones (same number of
+    levels) give a faster student whose U-Net starts fresh and needs more steps"""
     gap_batch: int = 64
     """training windows on which the student-teacher gap is logged"""
     eval_every: int = 0
@@ -190,7 +194,7 @@ def train(config: DistillConfig) -> DistillResult:
     torch.manual_seed(config.seed)
 
     # student (the teacher's architecture and weights), optimizer, schedule, target network, EMA
-    student = ConsistencyPolicy.from_teacher(teacher, config.teacher_steps)
+    student = ConsistencyPolicy.from_teacher(teacher, config.teacher_steps, channels=config.channels)
     gap = TeacherGap(student, teacher, sampler, config.gap_batch, config.seed)
     optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))

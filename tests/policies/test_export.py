@@ -146,7 +146,9 @@ def test_export_reproduces_the_torch_policy(name: str, fmt: str, policies: dict,
 def test_image_policy_takes_uint8_images(tmp_path: Path) -> None:
     store = record_expert(tmp_path / "img.zarr", "PushT", episodes=2, num_envs=2, episode_steps=20, progress=False,
                           images=True, image_size=32)
-    policy = FlowPolicy(store.spec, FlowConfig(channels=(32, 64), steps=3, action_horizon=8), store.stats()).eval()
+    hidden = ("block_pose", "block_vel", "pose_error", "tool_in_block", "coverage")  # the image must tell these
+    policy = FlowPolicy(store.spec, FlowConfig(channels=(32, 64), steps=3, action_horizon=8, state_mask_fields=hidden),
+                        store.stats()).eval()
     out = export(policy, tmp_path / "onnx")
     rt = runtime.load(out)
     assert [(i["name"], i["dtype"]) for i in rt.manifest["export"]["inputs"]] == \
@@ -155,6 +157,16 @@ def test_image_policy_takes_uint8_images(tmp_path: Path) -> None:
     assert obs["image_top"].dtype == np.uint8 and obs["image_top"].shape == (3, 2, 32, 32, 3)
     expected, noise = seeded_act(policy, obs, 0)
     assert np.abs(rt.act(obs, noise=noise) - expected).max() <= TOLERANCE["onnx"]
+    # the hidden state fields reach neither the torch policy nor the exported graph
+    state = obs["state"].copy()
+    for name, sl in store.spec.observations["state"].field_slices().items():
+        if name in hidden:
+            state[..., sl] = np.random.default_rng(2).uniform(-5, 5, state[..., sl].shape)
+    assert not np.array_equal(state, obs["state"])
+    np.testing.assert_array_equal(seeded_act(policy, {**obs, "state": state}, 0)[0], expected)
+    np.testing.assert_array_equal(rt.act({**obs, "state": state}, noise=noise), rt.act(obs, noise=noise))
+    state[..., store.spec.observations["state"].field_slices()["tool_pos"]] += 0.05  # a seen field matters
+    assert not np.array_equal(rt.act({**obs, "state": state}, noise=noise), rt.act(obs, noise=noise))
     with pytest.raises(SpecMismatchError, match="'image_top': expected an image of dtype uint8"):
         rt.act({**obs, "image_top": obs["image_top"].astype(np.float32)})
 

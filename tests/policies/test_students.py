@@ -142,10 +142,18 @@ def test_boundary_condition_holds_for_any_weights(kind: str, store: EpisodeStore
         assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in student.parameters() if p.grad is not None)
 
 
+@pytest.mark.parametrize("channels, lr", [(None, 1e-4), ((16, 32), 1e-3)], ids=["teachers-net", "narrow"])
 def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPolicy, sampler: SequenceSampler,
-                                                               windows: dict[str, Any]) -> None:
+                                                               windows: dict[str, Any], channels: tuple[int, ...] | None,
+                                                               lr: float) -> None:
+    """The student that starts as the teacher, and a narrower one whose U-Net starts fresh (the faster student
+    for deployment), both close most of the gap to the teacher's multi-step chunk."""
     torch.manual_seed(0)
-    student = ConsistencyPolicy.from_teacher(teacher)
+    student = ConsistencyPolicy.from_teacher(teacher, channels=channels)
+    student.check_teacher(teacher)
+    if channels is not None:
+        assert student.config.channels == channels
+        assert sum(p.numel() for p in student.net.parameters()) < 0.5 * sum(p.numel() for p in teacher.net.parameters())
     target = EMA(student, 0.95)
     obs = student.normalize_obs(windows["obs"])
     noise = fixed_noise(student, 48)
@@ -162,7 +170,7 @@ def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPol
 
     gap0, loss0 = gap(), fixed_batch_loss()
     rng = np.random.default_rng(0)
-    opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(student.parameters(), lr=lr)
     for _ in range(80):
         loss = student.train().compute_distill_loss(sampler.sample(32, rng), teacher, target.model)
         opt.zero_grad()
@@ -187,6 +195,8 @@ def test_student_loss_needs_a_teacher(teacher: FlowPolicy, windows: dict[str, An
         student.check_teacher(DiffusionPolicy(store.spec, DiffusionConfig(action_horizon=H, channels=CHANNELS)))
     with pytest.raises(SpecMismatchError, match="channels"):
         student.check_teacher(FlowPolicy(store.spec, FlowConfig(action_horizon=H, channels=(32, 64, 64))))
+    with pytest.raises(ValueError, match="expected 2 U-Net levels"):
+        ConsistencyPolicy.from_teacher(teacher, channels=(16, 32, 64))
     with pytest.raises(ValueError, match="teacher_steps"):
         ConsistencyConfig(teacher="diffusion", train_steps=10, teacher_steps=20)
 
