@@ -7,6 +7,9 @@ downloaded, ever: the model is loaded from the package's directory with the Hugg
 loaded on first use, so building or loading a policy does not pay for it. Embeddings are cached per
 instruction string: a task has a handful of instructions, so after the first batch encoding costs a dict
 lookup.
+
+`check_instructions` is the one check of an instruction observation, shared by the torch policy and the
+runtime; it and this module's import need no torch (the encoder itself does, when it is called).
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from robotrl.spec import SpecMismatchError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,8 @@ class LanguageEncoder:
 
     def __call__(self, texts: Sequence[str] | np.ndarray) -> torch.Tensor:
         """Embeddings (B, dim) float32 of `texts` (a sequence or array of B strings)."""
+        import torch
+
         texts = [t for t in np.asarray(texts, dtype=object).reshape(-1)]
         for i, t in enumerate(texts):
             if not isinstance(t, str):
@@ -116,6 +125,31 @@ class LanguageEncoder:
 
 
 _SHARED: dict[str, LanguageEncoder] = {}
+
+
+def check_instructions(text: Any, batch: int, dim: int, key: str, where: str) -> Any:
+    """An instruction observation as a caller gives it -- one string for every env, B strings, or embeddings
+    (B, dim) computed elsewhere -- checked: a list of B non-empty strings, or finite float32 embeddings (B, dim)
+    (a torch tensor is passed on as it is once its shape is right)."""
+    is_tensor = hasattr(text, "detach")  # torch embeddings: an exported graph's input while it is traced
+    if is_tensor or (isinstance(text, np.ndarray) and text.dtype.kind == "f"):
+        if tuple(text.shape) != (batch, dim):
+            raise SpecMismatchError(f"{where}: observation {key!r}: expected strings (B,) or embeddings (B, {dim}) "
+                                    f"for B = {batch}, got an array of shape {tuple(text.shape)}")
+        if is_tensor:
+            return text  # values unknown while tracing; a caller's NumPy embeddings are checked below
+        if not np.all(np.isfinite(text)):
+            raise SpecMismatchError(f"{where}: observation {key!r}: expected finite embeddings, got NaN/inf")
+        return np.ascontiguousarray(text, dtype=np.float32)
+    strings = [text] * batch if isinstance(text, str) else list(np.asarray(text, dtype=object).reshape(-1))
+    if len(strings) != batch:
+        raise SpecMismatchError(f"{where}: observation {key!r}: expected {batch} instruction(s) (one per env), got "
+                                f"{len(strings)}")
+    for i, t in enumerate(strings):
+        if not isinstance(t, str) or not t.strip():
+            raise SpecMismatchError(f"{where}: observation {key!r}: expected a non-empty instruction string at index "
+                                    f"{i}, got {t!r} (an episode recorded without an instruction?)")
+    return strings
 
 
 def language_encoder(name: str = DEFAULT_LANGUAGE_MODEL) -> LanguageEncoder:

@@ -78,32 +78,20 @@ class RuntimePolicy:
     def embed(self, inp: dict[str, Any], obs: Mapping[str, Any], batch: int) -> np.ndarray:
         """The graph's embedding input for a string observation: B strings (or one for all envs) through the
         manifest's frozen encoder, or embeddings (B, dim) computed elsewhere, passed as they are."""
+        from robotrl.policies.language import check_instructions, language_encoder
+
         key, dim = inp["name"], int(inp["shape"][1])
         if key not in obs:
             raise SpecMismatchError(f"act: observation {key!r} missing: expected one instruction string per env "
                                     f"(B,) or its embedding (B, {dim})")
-        text = obs[key]
-        if isinstance(text, np.ndarray) and text.dtype.kind == "f":
-            if text.shape != (batch, dim):
-                raise SpecMismatchError(f"act: observation {key!r}: expected embeddings ({batch}, {dim}), got {text.shape}")
-            if not np.all(np.isfinite(text)):
-                raise SpecMismatchError(f"act: observation {key!r}: expected finite embeddings, got NaN/inf")
-            return np.ascontiguousarray(text, dtype=np.float32)
-        strings = [text] * batch if isinstance(text, str) else list(np.asarray(text, dtype=object).reshape(-1))
-        if len(strings) != batch:
-            raise SpecMismatchError(f"act: observation {key!r}: expected {batch} instruction(s) (one per env), got "
-                                    f"{len(strings)}")
-        for i, t in enumerate(strings):
-            if not isinstance(t, str) or not t.strip():
-                raise SpecMismatchError(f"act: observation {key!r}: expected a non-empty instruction string at index "
-                                        f"{i}, got {t!r}")
-        from robotrl.policies.language import language_encoder
-
+        text = check_instructions(obs[key], batch, dim, key, "act")
+        if isinstance(text, np.ndarray):
+            return text
         encoder = language_encoder(inp["encoder"])
         if encoder.dim != dim:
             raise SpecMismatchError(f"act: observation {key!r}: the encoder {inp['encoder']} gives {encoder.dim}-dim "
                                     f"embeddings, the graph takes {dim}")
-        return encoder(strings).numpy()
+        return encoder(text).numpy()
 
     def check_obs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The graph's observation inputs from `obs`, or a `SpecMismatchError` naming the key."""

@@ -34,7 +34,7 @@ from torch import nn
 
 from robotrl.policies.base import Policy, PolicyConfig, register
 from robotrl.policies.flow import FlowPolicy
-from robotrl.policies.language import DEFAULT_LANGUAGE_MODEL, language_encoder, language_model_info
+from robotrl.policies.language import DEFAULT_LANGUAGE_MODEL, check_instructions, language_encoder, language_model_info
 from robotrl.policies.nets import BasicBlock, SinusoidalEmbedding, mlp
 from robotrl.spec import STRING, Spec, SpecMismatchError
 
@@ -315,16 +315,6 @@ class VLAPolicy(FlowPolicy):
 
     def embed(self, text: Any, batch: int) -> torch.Tensor:
         """The instruction's embedding (B, language_dim): strings through the frozen encoder, numbers as given."""
-        key, dim = self.config.instruction_key, self.config.language_dim
-        if isinstance(text, torch.Tensor) or (isinstance(text, np.ndarray) and text.dtype.kind == "f"):
-            emb = torch.as_tensor(text, dtype=torch.float32)
-            if emb.ndim != 2 or emb.shape[1] != dim:
-                raise SpecMismatchError(f"{self.name}: observation {key!r}: expected strings (B,) or embeddings "
-                                        f"(B, {dim}), got an array of shape {tuple(emb.shape)}")
-            return emb
-        strings = np.full(batch, text, dtype=object) if isinstance(text, str) else np.asarray(text, dtype=object).reshape(-1)
-        empty = [i for i, t in enumerate(strings) if isinstance(t, str) and not t.strip()]
-        if empty:
-            raise SpecMismatchError(f"{self.name}: observation {key!r}: expected a non-empty instruction, got an empty "
-                                    f"string at index {empty[0]} (an episode recorded without an instruction?)")
-        return self.language(strings)
+        cfg = self.config
+        checked = check_instructions(text, batch, cfg.language_dim, cfg.instruction_key, self.name)
+        return self.language(checked) if isinstance(checked, list) else torch.as_tensor(checked, dtype=torch.float32)

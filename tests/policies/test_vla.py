@@ -240,11 +240,13 @@ def test_instruction_and_shapes_are_checked(store: EpisodeStore) -> None:
         policy.compute_loss({**batch, "obs": obs})
     with pytest.raises(SpecMismatchError, match="obs_horizon=1"):
         policy.compute_loss(windows(store, dataclasses.replace(policy.config, obs_horizon=2), 2))
-    with pytest.raises(SpecMismatchError, match="batch size"):
+    with pytest.raises(SpecMismatchError, match=r"expected 2 instruction\(s\) \(one per env\), got 1"):
         policy.act({**obs, "instruction": np.array(COLOURS[:1], dtype=object)})
-    with pytest.raises(SpecMismatchError, match="non-empty instruction, got an empty string at index 1"):
+    with pytest.raises(SpecMismatchError, match="non-empty instruction string at index 1"):
         policy.act({**obs, "instruction": np.array([COLOURS[0], " "], dtype=object)})
-    with pytest.raises(SpecMismatchError, match=r"embeddings \(B, 384\), got an array of shape \(2, 3\)"):
+    with pytest.raises(SpecMismatchError, match="finite embeddings"):
+        policy.act({**obs, "instruction": np.full((2, 384), np.inf, np.float32)})
+    with pytest.raises(SpecMismatchError, match=r"embeddings \(B, 384\) for B = 2, got an array of shape \(2, 3\)"):
         policy.act({**obs, "instruction": np.zeros((2, 3), np.float32)})
     # precomputed embeddings (what an exported graph takes) give the same chunk as the strings
     torch.manual_seed(0)
