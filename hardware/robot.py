@@ -1,0 +1,201 @@
+"""A robot's configuration: its joints and their limits, the end-effector workspace, the topics its ROS 2 driver
+offers and how it takes commands. One YAML file per robot in `hardware/robots/`; every hardware node (deploy,
+sim robot, teleop) and the safety filter read the same file, so a launch file only names the robot.
+
+    robot = RobotConfig.load("sim_panda")            # a bundled name, or a path to a YAML file
+
+The file is checked as it is read: an unknown or missing key, a list of the wrong length, or a limit that
+does not make sense (lower above upper, a non-positive velocity) is a `RobotConfigError` naming the file, the
+field, what was expected and what was found. Torch-free and rclpy-free (the nodes import rclpy, not this).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+#: the bundled robot files
+ROBOTS_DIR = Path(__file__).with_name("robots")
+#: how commands reach the driver: `trajectory_msgs/JointTrajectory` (a ros2_controllers
+#: JointTrajectoryController) or `std_msgs/Float64MultiArray` (a ForwardCommandController of positions)
+COMMAND_TYPES = ("joint_trajectory", "float64_multi_array")
+#: forward kinematics the workspace check can use (the task suite's arm: Franka Panda link frames)
+KINEMATICS = ("panda", "none")
+
+
+class RobotConfigError(ValueError):
+    """A robot file that cannot be used as it is; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class JointLimits:
+    """Per-joint limits, in the order of `RobotConfig.joint_names` (radians, seconds)."""
+
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    velocity: tuple[float, ...]
+    """max |q'| rad/s"""
+    acceleration: tuple[float, ...]
+    """max |q''| rad/s^2"""
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """An axis-aligned box the end effector (tool point) must stay in, metres in the arm's base frame."""
+
+    lower: tuple[float, float, float]
+    upper: tuple[float, float, float]
+    tool_offset: float = 0.0
+    """flange to tool point along the flange's z (metres)"""
+
+
+@dataclass(frozen=True)
+class Topics:
+    joint_states: str = "/joint_states"
+    command: str = "/robotrl/joint_command"
+    images: dict[str, str] = field(default_factory=dict)
+    """observation key -> sensor_msgs/Image topic"""
+    task_state: str = "/robotrl/task_state"
+    """std_msgs/Float64MultiArray: the task's state observation (objects' poses: from the sim robot, or from
+    perception / motion capture on a real cell)"""
+    instruction: str = "/robotrl/instruction"
+    estop: str = "/robotrl/estop"
+    diagnostics: str = "/diagnostics"
+
+
+@dataclass(frozen=True)
+class RobotConfig:
+    name: str
+    joint_names: tuple[str, ...]
+    limits: JointLimits
+    workspace: Workspace | None = None
+    kinematics: str = "none"
+    """'panda' (check the workspace with the Panda's forward kinematics) or 'none' (no workspace check)"""
+    command_type: str = "joint_trajectory"
+    time_from_start: float = 0.1
+    """joint_trajectory: when the single commanded point should be reached (seconds)"""
+    control_hz: float = 20.0
+    """rate of the command timer"""
+    max_obs_age: float = 0.1
+    """observations older than this (seconds) are stale: the node holds position"""
+    topics: Topics = field(default_factory=Topics)
+    description: str = ""
+
+    @property
+    def dof(self) -> int:
+        return len(self.joint_names)
+
+    def lower(self) -> np.ndarray:
+        return np.asarray(self.limits.lower, dtype=np.float64)
+
+    def upper(self) -> np.ndarray:
+        return np.asarray(self.limits.upper, dtype=np.float64)
+
+    # --- reading -----------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str | Path) -> RobotConfig:
+        """A bundled robot by name (`hardware/robots/<name>.yaml`) or any robot file by path."""
+        path = Path(name_or_path)
+        if path.suffix not in (".yaml", ".yml"):
+            path = ROBOTS_DIR / f"{name_or_path}.yaml"
+            if not path.exists():
+                have = sorted(p.stem for p in ROBOTS_DIR.glob("*.yaml"))
+                raise RobotConfigError(f"robot {name_or_path!r}: expected a bundled robot {have} or a path to a "
+                                       f".yaml file")
+        if not path.exists():
+            raise RobotConfigError(f"{path}: no such robot file")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise RobotConfigError(f"{path}: not valid YAML ({e})") from e
+        return cls.from_dict(data, str(path))
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "robot") -> RobotConfig:
+        d = _mapping(data, where)
+        _known(d, {f.name for f in dataclasses.fields(cls)}, where)
+        for key in ("name", "joint_names", "limits"):
+            if key not in d:
+                raise RobotConfigError(f"{where}: missing field {key!r}")
+        names = d["joint_names"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise RobotConfigError(f"{where}: joint_names: expected a non-empty list of names, got {names!r}")
+        if len(set(names)) != len(names):
+            raise RobotConfigError(f"{where}: joint_names: expected distinct names, got {names}")
+        n = len(names)
+        lim = _mapping(d["limits"], f"{where}: limits")
+        _known(lim, {f.name for f in dataclasses.fields(JointLimits)}, f"{where}: limits")
+        vec = {k: _floats(lim.get(k), n, f"{where}: limits.{k}") for k in ("lower", "upper", "velocity", "acceleration")}
+        bad = [i for i in range(n) if not vec["lower"][i] < vec["upper"][i]]
+        if bad:
+            raise RobotConfigError(f"{where}: limits: expected lower < upper for every joint, got lower "
+                                   f"{vec['lower'][bad[0]]} >= upper {vec['upper'][bad[0]]} for {names[bad[0]]!r}")
+        for k in ("velocity", "acceleration"):
+            if min(vec[k]) <= 0:
+                raise RobotConfigError(f"{where}: limits.{k}: expected positive values, got {list(vec[k])}")
+        workspace = None
+        if d.get("workspace") is not None:
+            w = _mapping(d["workspace"], f"{where}: workspace")
+            _known(w, {f.name for f in dataclasses.fields(Workspace)}, f"{where}: workspace")
+            lo, hi = _floats(w.get("lower"), 3, f"{where}: workspace.lower"), _floats(w.get("upper"), 3, f"{where}: workspace.upper")
+            if not all(a < b for a, b in zip(lo, hi)):
+                raise RobotConfigError(f"{where}: workspace: expected lower < upper on every axis, got {lo} and {hi}")
+            workspace = Workspace(lo, hi, _number(w.get("tool_offset", 0.0), f"{where}: workspace.tool_offset"))  # type: ignore[arg-type]
+        kinematics = d.get("kinematics", "none")
+        if kinematics not in KINEMATICS:
+            raise RobotConfigError(f"{where}: kinematics: expected one of {KINEMATICS}, got {kinematics!r}")
+        if workspace is not None and kinematics == "none":
+            raise RobotConfigError(f"{where}: workspace: needs kinematics (one of {KINEMATICS[:-1]}) to be checked")
+        if kinematics == "panda" and n != 7:
+            raise RobotConfigError(f"{where}: kinematics 'panda': expected 7 joints, got {n}")
+        command_type = d.get("command_type", "joint_trajectory")
+        if command_type not in COMMAND_TYPES:
+            raise RobotConfigError(f"{where}: command_type: expected one of {COMMAND_TYPES}, got {command_type!r}")
+        positive = {k: _number(d.get(k, getattr(cls, k)), f"{where}: {k}") for k in ("time_from_start", "control_hz", "max_obs_age")}
+        for k, v in positive.items():
+            if v <= 0:
+                raise RobotConfigError(f"{where}: {k}: expected a positive number, got {v}")
+        t = _mapping(d.get("topics", {}), f"{where}: topics")
+        _known(t, {f.name for f in dataclasses.fields(Topics)}, f"{where}: topics")
+        images = _mapping(t.get("images", {}), f"{where}: topics.images")
+        topics = Topics(**{k: _topic(v, f"{where}: topics.{k}") for k, v in t.items() if k != "images"},
+                        images={str(k): _topic(v, f"{where}: topics.images.{k}") for k, v in images.items()})
+        return cls(name=str(d["name"]), joint_names=tuple(names),
+                   limits=JointLimits(**vec), workspace=workspace, kinematics=kinematics,  # type: ignore[arg-type]
+                   command_type=command_type, topics=topics, description=str(d.get("description", "")), **positive)
+
+
+def _mapping(x: Any, where: str) -> dict[str, Any]:
+    if not isinstance(x, dict):
+        raise RobotConfigError(f"{where}: expected a mapping, got {type(x).__name__} {x!r}")
+    return x
+
+
+def _known(d: dict[str, Any], names: set[str], where: str) -> None:
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise RobotConfigError(f"{where}: unknown field(s) {unknown}; expected some of {sorted(names)}")
+
+
+def _number(x: Any, where: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise RobotConfigError(f"{where}: expected a finite number, got {x!r}")
+    return float(x)
+
+
+def _floats(x: Any, n: int, where: str) -> tuple[float, ...]:
+    if not isinstance(x, list) or len(x) != n:
+        raise RobotConfigError(f"{where}: expected a list of {n} numbers (one per joint/axis), got {x!r}")
+    return tuple(_number(v, f"{where}[{i}]") for i, v in enumerate(x))
+
+
+def _topic(x: Any, where: str) -> str:
+    if not isinstance(x, str) or not x.startswith("/") or " " in x:
+        raise RobotConfigError(f"{where}: expected an absolute topic name like '/joint_states', got {x!r}")
+    return x

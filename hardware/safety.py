@@ -1,0 +1,180 @@
+"""The safety filter between a policy and the wire: whatever the policy asks, what is published is finite, inside
+the robot's joint limits, reachable at its velocity and acceleration limits, inside the end-effector workspace,
+and never based on stale observations. Always on; pure numpy, so the same object runs in a ROS 2 node, a test,
+or a simulation loop.
+
+    safety = SafetyFilter(RobotConfig.load("franka_fr3"))
+    safety.observe(q_measured, stamp=now)         # every joint-state message
+    command = safety.step(policy_target, now)     # every control period: publish `command` unless it is None
+
+`step` returns the joint positions to publish, or None when nothing may be published (e-stopped, or no joint
+state seen yet). A command it cannot make safe -- NaN/inf, wrong size, or an end-effector outside the workspace
+-- is replaced by holding the last published position; so is every command once the last observation is older
+than `robot.max_obs_age` (the node holds within one control period of the data going stale). Position limits
+clip, velocity and acceleration limits shorten the step towards the target. Holding stops the arm at once:
+for a stale or broken input, stopping beats respecting the deceleration limit. `estop` latches until `reset`,
+which re-arms only with a fresh observation and restarts from the measured position. Every intervention is
+counted (`counters`), for the node's diagnostics.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from robotrl.hardware.robot import RobotConfig
+
+
+class SafetyState(str, enum.Enum):
+    WAITING = "waiting"
+    """no joint state yet: nothing to hold to, nothing is published"""
+    ARMED = "armed"
+    HOLDING = "holding"
+    """the last step held position (stale observations, or a command that could not be made safe)"""
+    ESTOPPED = "estopped"
+
+
+#: the counters `SafetyFilter.counters` keeps (all start at 0)
+COUNTERS = ("published", "held_stale", "held_no_target", "rejected_nonfinite", "rejected_shape", "rejected_workspace",
+            "clipped_position", "limited_velocity", "limited_acceleration", "rate_limited", "blocked_estop",
+            "blocked_waiting", "estops", "resets")
+
+
+class SafetyFilter:
+    def __init__(self, robot: RobotConfig) -> None:
+        self.robot = robot
+        self.lower, self.upper = robot.lower(), robot.upper()
+        self.v_max = np.asarray(robot.limits.velocity, dtype=np.float64)
+        self.a_max = np.asarray(robot.limits.acceleration, dtype=np.float64)
+        self.period = 1.0 / robot.control_hz
+        self.fk = _tool_point(robot)
+        self.counters: Counter[str] = Counter({k: 0 for k in COUNTERS})
+        self.state = SafetyState.WAITING
+        self.estop_reason = ""
+        self.measured: np.ndarray | None = None
+        self.obs_stamp = -np.inf
+        self.last: np.ndarray | None = None  # last published command
+        self.last_time = -np.inf
+        self.velocity = np.zeros(robot.dof)  # of the published commands
+
+    # --- inputs ------------------------------------------------------------------------------------
+    def observe(self, q: np.ndarray, stamp: float) -> None:
+        """The measured joint positions (robot's joint order) and when they were measured or received."""
+        q = np.asarray(q, dtype=np.float64)
+        if q.shape != (self.robot.dof,) or not np.all(np.isfinite(q)):
+            raise ValueError(f"SafetyFilter.observe: expected {self.robot.dof} finite joint positions, got {q!r}")
+        self.measured, self.obs_stamp = q, float(stamp)
+        if self.state is SafetyState.WAITING:
+            self.state = SafetyState.ARMED
+
+    def stale(self, now: float) -> bool:
+        return now - self.obs_stamp > self.robot.max_obs_age
+
+    def estop(self, reason: str = "e-stop") -> None:
+        if self.state is not SafetyState.ESTOPPED:
+            self.counters["estops"] += 1
+        self.state, self.estop_reason = SafetyState.ESTOPPED, reason
+
+    def reset(self, now: float) -> tuple[bool, str]:
+        """Re-arm after an e-stop: only with a fresh joint state, restarting from the measured position."""
+        if self.measured is None or self.stale(now):
+            return False, (f"not re-armed: no joint state in the last {self.robot.max_obs_age} s "
+                           f"(last {'never' if self.measured is None else f'{now - self.obs_stamp:.3f} s ago'})")
+        self.state, self.estop_reason = SafetyState.ARMED, ""
+        self.last, self.last_time, self.velocity = self.measured.copy(), -np.inf, np.zeros(self.robot.dof)
+        self.counters["resets"] += 1
+        return True, "re-armed at the measured position"
+
+    # --- the filter --------------------------------------------------------------------------------
+    def step(self, target: Any, now: float) -> np.ndarray | None:
+        """The command to publish at time `now` for the policy's joint `target` (None: the policy has none yet)."""
+        if self.state is SafetyState.ESTOPPED:
+            self.counters["blocked_estop"] += 1
+            return None
+        if self.measured is None:
+            self.counters["blocked_waiting"] += 1
+            return None
+        if now - self.last_time < 0.5 * self.period:  # a second caller, or a timer running far too fast
+            self.counters["rate_limited"] += 1
+            return None
+        if self.stale(now):
+            return self._hold(now, "held_stale")
+        if target is None:
+            return self._hold(now, "held_no_target")
+        try:
+            q = np.asarray(target, dtype=np.float64)
+        except (TypeError, ValueError):
+            return self._hold(now, "rejected_shape")
+        if q.shape != (self.robot.dof,):
+            return self._hold(now, "rejected_shape")
+        if not np.all(np.isfinite(q)):
+            return self._hold(now, "rejected_nonfinite")
+        clipped = np.clip(q, self.lower, self.upper)
+        if not np.array_equal(clipped, q):
+            self.counters["clipped_position"] += 1
+        q = self._limit_motion(clipped, now)
+        if self.fk is not None and not self._in_workspace(q):
+            return self._hold(now, "rejected_workspace")
+        return self._publish(q, now)
+
+    def _limit_motion(self, q: np.ndarray, now: float) -> np.ndarray:
+        """Shorten the step from the last command so that its velocity and change of velocity are within limits.
+
+        The speed towards the target is also capped at what can still brake to rest on it at the acceleration
+        limit (the discrete-time stopping speed), so that a target -- a joint limit included -- is reached
+        without overshoot instead of being hit at full speed."""
+        ref = self.last if self.last is not None else self.measured
+        assert ref is not None
+        dt = min(now - self.last_time, self.period)  # >= period / 2 (rate limit); the period after a reset
+        err = q - ref
+        a_dt = self.a_max * dt
+        brake = a_dt * (np.sqrt(0.25 + 2.0 * np.abs(err) / (a_dt * dt)) - 0.5)  # stops on the target in whole steps
+        v = np.sign(err) * np.minimum(np.abs(err) / dt, brake)
+        if np.any(np.abs(v) > self.v_max):
+            self.counters["limited_velocity"] += 1
+            v = np.clip(v, -self.v_max, self.v_max)
+        v_acc = np.clip(v, self.velocity - a_dt, self.velocity + a_dt)
+        if not np.array_equal(v_acc, v):
+            self.counters["limited_acceleration"] += 1
+        return np.clip(ref + np.clip(v_acc, -self.v_max, self.v_max) * dt, self.lower, self.upper)
+
+    def _in_workspace(self, q: np.ndarray) -> bool:
+        ws = self.robot.workspace
+        assert ws is not None and self.fk is not None
+        p = self.fk(q)
+        return bool(np.all(p >= ws.lower) and np.all(p <= ws.upper))
+
+    def _hold(self, now: float, why: str) -> np.ndarray:
+        self.counters[why] += 1
+        hold = self.last if self.last is not None else self.measured
+        assert hold is not None
+        out = self._publish(hold.copy(), now, moving=False)
+        self.state = SafetyState.HOLDING
+        return out
+
+    def _publish(self, q: np.ndarray, now: float, moving: bool = True) -> np.ndarray:
+        if moving and self.last is not None and np.isfinite(self.last_time):
+            self.velocity = (q - self.last) / max(min(now - self.last_time, self.period), 1e-9)
+        else:
+            self.velocity = np.zeros(self.robot.dof)
+        self.last, self.last_time = q, now
+        self.state = SafetyState.ARMED
+        self.counters["published"] += 1
+        return q.copy()
+
+    def status(self) -> dict[str, Any]:
+        """State, reason and counters: what the node publishes as diagnostics."""
+        return {"state": self.state.value, "estop_reason": self.estop_reason, **dict(self.counters)}
+
+
+def _tool_point(robot: RobotConfig) -> Any:
+    """q (dof,) -> tool point (3,) in the base frame, or None when the robot has no workspace to check."""
+    if robot.workspace is None or robot.kinematics == "none":
+        return None
+    from robotrl.envs.tasks.arm import forward_kinematics  # the task suite's Panda kinematics (numpy)
+
+    offset = robot.workspace.tool_offset
+    return lambda q: forward_kinematics(np, np.asarray(q, dtype=np.float64)[None], offset)[0][0]

@@ -1,0 +1,76 @@
+"""Robot files: the bundled ones load and agree with the task suite's arm; broken files are refused naming the
+field, the expected and the actual value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from robotrl.envs.tasks.arm import JOINT_LIMITS, JOINT_NAMES
+from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig, RobotConfigError
+
+
+def test_bundled_robots_load() -> None:
+    names = sorted(p.stem for p in ROBOTS_DIR.glob("*.yaml"))
+    assert {"sim_panda", "franka_fr3"} <= set(names)
+    for name in names:
+        robot = RobotConfig.load(name)
+        assert robot.dof == len(robot.limits.velocity) == 7
+        assert all(t.startswith("/") for t in (robot.topics.joint_states, robot.topics.command))
+
+
+def test_sim_panda_is_the_task_suites_arm() -> None:
+    robot = RobotConfig.load("sim_panda")
+    assert robot.joint_names == JOINT_NAMES
+    np.testing.assert_allclose(np.stack([robot.lower(), robot.upper()], -1), JOINT_LIMITS)
+
+
+def test_franka_fr3_talks_to_franka_ros2() -> None:
+    robot = RobotConfig.load(ROBOTS_DIR / "franka_fr3.yaml")
+    assert robot.command_type == "joint_trajectory"
+    assert robot.topics.command == "/fr3_arm_controller/joint_trajectory"
+    assert robot.joint_names[0] == "fr3_joint1"
+
+
+def write(tmp_path: Path, data: Any) -> Path:
+    path = tmp_path / "robot.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.pop("joint_names"), "missing field 'joint_names'"),
+    (lambda d: d.update(joint_name=[]), r"unknown field\(s\) \['joint_name'\]"),
+    (lambda d: d["limits"].update(velocity=[1.0] * 6), r"limits.velocity: expected a list of 7 numbers"),
+    (lambda d: d["limits"].update(acceleration=[1.0] * 6 + [0.0]), "limits.acceleration: expected positive"),
+    (lambda d: d["limits"]["lower"].__setitem__(3, 5.0), "expected lower < upper .* for 'joint4'"),
+    (lambda d: d["limits"]["upper"].__setitem__(0, float("nan")), r"limits.upper\[0\]: expected a finite number"),
+    (lambda d: d.update(command_type="twist"), "command_type: expected one of"),
+    (lambda d: d["topics"].update(command="joint_command"), "topics.command: expected an absolute topic name"),
+    (lambda d: d["topics"]["images"].update(image_top=3), "topics.images.image_top: expected an absolute topic"),
+    (lambda d: d.update(control_hz=0), "control_hz: expected a positive number, got 0"),
+    (lambda d: d["workspace"].update(upper=[0.1, 0.5, 0.7]), "workspace: expected lower < upper on every axis"),
+    (lambda d: d.update(kinematics="none"), "workspace: needs kinematics"),
+    (lambda d: d.update(joint_names=["a"] * 7), "expected distinct names"),
+])
+def test_broken_files_are_refused(tmp_path: Path, edit: Any, match: str) -> None:
+    data = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+    edit(data)
+    with pytest.raises(RobotConfigError, match=match) as err:
+        RobotConfig.load(write(tmp_path, data))
+    assert str(tmp_path) in str(err.value)  # names the file
+
+
+def test_unknown_names_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(RobotConfigError, match=r"expected a bundled robot \[.*'sim_panda'"):
+        RobotConfig.load("ur5")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed")
+    with pytest.raises(RobotConfigError, match="not valid YAML"):
+        RobotConfig.load(bad)
+    with pytest.raises(RobotConfigError, match="no such robot file"):
+        RobotConfig.load(tmp_path / "missing.yaml")
