@@ -1,0 +1,116 @@
+"""Chunk execution on one robot: receding horizon is the simulator's ChunkController on a batch of one, temporal
+ensembling averages overlapping chunks with ACT's weights, and asynchronous inference never stalls the control
+loop and aligns each chunk with the state it was predicted for."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
+from robotrl.policies.controller import ChunkController
+
+H, A = 6, 2
+
+
+class Policy:
+    """Chunk (1, H, A): action i of a chunk is (newest observation x + i, number of this call)."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls, self.delay, self.seen = 0, delay, []
+        self.thread_ids: set[int] = set()
+
+    def __call__(self, window: dict[str, Any]) -> np.ndarray:
+        time.sleep(self.delay)
+        self.thread_ids.add(threading.get_ident())
+        x = float(window["x"][0, -1, 0])
+        self.seen.append(window["x"][0].copy())
+        chunk = np.stack([np.full(H, x) + np.arange(H), np.full(H, self.calls, dtype=float)], -1)
+        self.calls += 1
+        return chunk[None]
+
+
+def test_receding_horizon_is_the_simulators_controller() -> None:
+    ours, theirs = Policy(), Policy()
+    ex = ChunkExecutor(ours, ("x",), 2, ExecutionConfig(execute=4))
+    sim = ChunkController(theirs, ("x",), 2, 4)
+    sim.reset(1)
+    for t in range(20):
+        obs = {"x": np.array([float(t * t)])}
+        np.testing.assert_array_equal(ex.step(obs), sim({"x": obs["x"][None]})[0])
+    assert ours.calls == theirs.calls == 5
+    np.testing.assert_array_equal(ours.seen[1], [[9.0], [16.0]])  # the two newest frames at step 4
+
+
+def test_temporal_ensembling_weights_older_chunks_first() -> None:
+    policy, m = Policy(), 0.5
+    ex = ChunkExecutor(policy, ("x",), 1, ExecutionConfig(ensemble_decay=m))
+    for t in range(10):
+        action = ex.step({"x": np.array([0.0])})
+        assert action is not None
+        covering = np.arange(max(0, t - H + 1), t + 1)  # calls made at steps t-H+1..t each cover step t
+        w = np.exp(-m * np.arange(len(covering)))
+        assert action[1] == pytest.approx((w * covering).sum() / w.sum(), rel=1e-6)
+        assert action[0] == pytest.approx((w * (t - covering)).sum() / w.sum(), rel=1e-6)
+    assert policy.calls == 10
+
+
+def test_asynchronous_inference_never_stalls_the_loop_and_aligns_chunks() -> None:
+    period, delay_steps = 0.01, 3
+    policy = Policy(delay=0.02)  # two periods of inference
+    rolled: list[np.ndarray] = []
+
+    def roll(history: dict[str, np.ndarray], planned: np.ndarray) -> dict[str, np.ndarray]:
+        rolled.append(planned.copy())
+        return {"x": history["x"] + planned[:, 0].sum()}
+
+    ex = ChunkExecutor(policy, ("x",), 1, ExecutionConfig(execute=4, asynchronous=True, delay_steps=delay_steps),
+                       roll_forward=roll)
+    actions, worst = [], 0.0
+    for t in range(40):
+        t0 = time.perf_counter()
+        actions.append(ex.step({"x": np.array([100.0 * t])}))
+        worst = max(worst, time.perf_counter() - t0)
+        time.sleep(max(0.0, period - (time.perf_counter() - t0)))
+    ex.close()
+    assert worst < 0.01, f"a control step waited {worst * 1e3:.1f} ms for inference"
+    assert threading.get_ident() not in policy.thread_ids
+    assert actions[0] is None  # nothing to execute until the first chunk arrives
+    first = next(i for i, a in enumerate(actions) if a is not None)
+    assert first >= delay_steps
+    # every executed action belongs to a chunk that started at its request step + delay_steps
+    starts = {int(a[1]): None for a in actions if a is not None}
+    assert len(starts) >= 4
+    # later chunks were predicted for the rolled-forward state: x of the request step + planned actions
+    assert rolled and all(len(p) == delay_steps for p in rolled)
+    assert any(np.any(s != np.round(s, -2)) for s in policy.seen[1:])  # not a raw observation (multiples of 100)
+
+
+def test_the_first_action_of_an_aligned_chunk_runs_at_its_start_step() -> None:
+    policy = Policy()
+    ex = ChunkExecutor(policy, ("x",), 1, ExecutionConfig(execute=4, asynchronous=True, delay_steps=2))
+    out = []
+    for t in range(12):
+        out.append(ex.step({"x": np.array([10.0 * t])}))
+        time.sleep(0.005)  # the worker finishes well within a step
+    ex.close()
+    # request at step 0 -> chunk starts at step 2 with its action 0 (x = 0 + 0): steps 0, 1 hold
+    assert out[0] is None and out[1] is None
+    np.testing.assert_array_equal(out[2], [0.0, 0.0])
+    np.testing.assert_array_equal(out[3], [1.0, 0.0])
+
+
+def test_reset_starts_over() -> None:
+    policy = Policy()
+    ex = ChunkExecutor(policy, ("x",), 2, ExecutionConfig(execute=3))
+    for t in range(5):
+        ex.step({"x": np.array([1.0])})
+    ex.reset()
+    ex.step({"x": np.array([7.0])})
+    np.testing.assert_array_equal(policy.seen[-1], [[7.0], [7.0]])  # the new episode's first frame, repeated
+    with pytest.raises(ValueError, match="execute: expected >= 1"):
+        ExecutionConfig(execute=0)
