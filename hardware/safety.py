@@ -7,10 +7,11 @@ or a simulation loop.
     safety.observe(q_measured, stamp=now)         # every joint-state message
     command = safety.step(policy_target, now)     # every control period: publish `command` unless it is None
 
-`step` returns the joint positions to publish, or None when nothing may be published (e-stopped, or no joint
-state seen yet). A command it cannot make safe -- NaN/inf, wrong size, or an end-effector outside the workspace
--- is replaced by holding the last published position; so is every command once the last observation is older
-than `robot.max_obs_age` (the node holds within one control period of the data going stale). Position limits
+`step` returns the joint positions to publish, or None when nothing may be published: e-stopped, no joint
+state seen yet, or a command that is NaN/inf or of the wrong size (none of it reaches the wire; a position
+controller keeps its last target). A command whose end effector would leave the workspace is replaced by holding
+the last published position; so is every command once the last observation is older than `robot.max_obs_age`
+(the node holds within one control period of the data going stale). Position limits
 clip, velocity and acceleration limits shorten the step towards the target. Holding stops the arm at once:
 for a stale or broken input, stopping beats respecting the deceleration limit. `estop` latches until `reset`,
 which re-arms only with a fresh observation and restarts from the measured position. Every intervention is
@@ -107,11 +108,12 @@ class SafetyFilter:
         try:
             q = np.asarray(target, dtype=np.float64)
         except (TypeError, ValueError):
-            return self._hold(now, "rejected_shape")
-        if q.shape != (self.robot.dof,):
-            return self._hold(now, "rejected_shape")
-        if not np.all(np.isfinite(q)):
-            return self._hold(now, "rejected_nonfinite")
+            q = np.zeros(0)
+        if q.shape != (self.robot.dof,) or not np.all(np.isfinite(q)):
+            # nothing of it reaches the wire: the driver keeps its last target, which holds the arm
+            self.counters["rejected_shape" if q.shape != (self.robot.dof,) else "rejected_nonfinite"] += 1
+            self.state = SafetyState.HOLDING
+            return None
         clipped = np.clip(q, self.lower, self.upper)
         if not np.array_equal(clipped, q):
             self.counters["clipped_position"] += 1

@@ -54,13 +54,18 @@ def test_home_is_inside_the_workspace_and_passes() -> None:
     ("joint1", "rejected_shape"),
     (None, "held_no_target"),
 ])
-def test_bad_commands_hold_the_last_position(bad: object, counter: str) -> None:
+def test_bad_commands_never_reach_the_wire(bad: object, counter: str) -> None:
+    """NaN/inf and wrong sizes publish nothing (the driver keeps its last target); no target at all holds."""
     f = armed()
     first = f.step(HOME + 0.01, DT)
     f.observe(first, 2 * DT)
-    held = f.step(bad, 2 * DT)
-    np.testing.assert_array_equal(held, first)
+    out = f.step(bad, 2 * DT)
+    if bad is None:
+        np.testing.assert_array_equal(out, first)
+    else:
+        assert out is None
     assert f.counters[counter] == 1 and f.state is SafetyState.HOLDING
+    np.testing.assert_array_equal(f.step(HOME + 0.01, 3 * DT), first)  # a good command moves on from there
 
 
 def test_a_far_target_is_approached_within_velocity_and_acceleration_limits() -> None:

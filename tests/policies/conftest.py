@@ -1,4 +1,4 @@
-"""Fixtures the policy tests share: one torch thread for small models, and PushT demonstrations on disk."""
+"""Fixtures the policy tests share: one torch thread for small models (PushT demonstrations: ../conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-
-from robotrl.datasets import EpisodeStore
-from robotrl.datasets.record import record_expert
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +16,3 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def pusht_demos(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
-    """Four real PushT episodes of the noisy scripted expert (40 steps each), recorded once per test process."""
-    return record_expert(tmp_path_factory.mktemp("demos") / "pusht.zarr", "PushT", episodes=4, num_envs=4,
-                         episode_steps=40, progress=False)

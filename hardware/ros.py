@@ -1,0 +1,56 @@
+"""What every robotrl ROS 2 node shares: its dataclass config read from ROS parameters (so the launch files'
+parameter files, `--ros-args -p name:=value` and the Python API are one thing), and a main that spins the node
+until Ctrl-C or SIGTERM and shuts rclpy down cleanly."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import rclpy
+from rclpy.executors import ExternalShutdownException
+from rclpy.node import Node
+
+C = TypeVar("C")
+
+
+def declare_config(node: Node, cls: type[C]) -> C:
+    """Declare one ROS parameter per field of the dataclass `cls` (its default as the parameter's default) and
+    build the config from the values the node was started with. A value of the wrong type is refused by rclpy
+    naming the parameter; the dataclass's own checks name the field."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        ros_default = str(default) if isinstance(default, Path) else default
+        value = node.declare_parameter(f.name, ros_default).value
+        values[f.name] = Path(value) if isinstance(default, Path) else value
+    return cls(**values)
+
+
+def spin_node(make: Callable[[], Node], args: Sequence[str] | None = None) -> int:
+    """rclpy.init, build the node, spin until Ctrl-C / SIGTERM, destroy it and shut down; 0 on a clean stop."""
+    rclpy.init(args=list(args) if args is not None else sys.argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    node = None
+    try:
+        node = make()
+        rclpy.spin(node)
+    except (KeyboardInterrupt, ExternalShutdownException):
+        pass
+    finally:
+        if node is not None:
+            close = getattr(node, "close", None)
+            if close is not None:
+                close()
+            node.destroy_node()
+        if rclpy.ok():
+            rclpy.shutdown()
+    return 0
+
+
+def _interrupt(*_: Any) -> None:
+    raise KeyboardInterrupt

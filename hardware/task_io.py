@@ -1,0 +1,67 @@
+"""What a policy trained on a robotrl task needs on a robot: its actions turned into the arm's joint targets by
+the task's own controller (the same `Task.control` the simulator applies, so a policy acts on the robot as it
+acted in training), and the future-state roll that asynchronous inference aligns chunks with.
+
+The task is rebuilt from the exported policy's spec (name, action mode, task options); the robot must have the
+task's arm (same number of joints, in the task's order -- names may differ, e.g. fr3_joint1 for joint1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from robotrl.hardware.robot import RobotConfig
+from robotrl.spec import Spec, SpecMismatchError
+
+
+class TaskIO:
+    def __init__(self, spec: Spec, robot: RobotConfig) -> None:
+        from robotrl.envs import make_task
+        from robotrl.envs.task import Frame
+
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.metadata.get("task_options", {}).items()}
+        self.task = make_task(spec.task, **{**options, "action_mode": spec.action_mode})
+        self.spec, self.robot, self._frame = spec, robot, Frame
+        model = self.task.model
+        if model.nu != robot.dof:
+            raise SpecMismatchError(f"robot {robot.name}: the {spec.task} policy drives {model.nu} actuators "
+                                    f"{list(self.task.joint_names())}, the robot has {robot.dof} joints "
+                                    f"{list(robot.joint_names)}")
+        self.nq, self.nv, self.nsens = model.nq, model.nv, model.nsensordata
+        self.goal_dim = getattr(self.task, "goal_dim", 0)
+        state = spec.observations.get("state")
+        self.fields = state.field_slices() if state is not None else {}
+
+    def joint_targets(self, q: np.ndarray, action: np.ndarray) -> np.ndarray:
+        """The arm's joint targets for task `action` (A,) from measured joint positions `q` (dof,)."""
+        qpos = np.zeros((1, self.nq))
+        qpos[0, : self.robot.dof] = q
+        frame = self._frame(qpos, np.zeros((1, self.nv)), np.zeros((1, self.nsens)), np.zeros((1, self.goal_dim)))
+        return np.asarray(self.task.control(np, frame, np.asarray(action, dtype=np.float64)[None]))[0]
+
+    def roll_forward(self, history: dict[str, np.ndarray], planned: np.ndarray) -> dict[str, np.ndarray]:
+        """The observation history as it will be after the `planned` actions (d, A): the newest frame's tool or
+        joint positions moved as the controller will move them (the arm follows its targets; objects are left
+        where they are -- the policy's next chunk reacts to them when it is observed again)."""
+        if "state" not in history:
+            return history
+        state = history["state"].copy()
+        last = state[-1]
+        mode = self.spec.action_mode
+        if mode == "ee_delta" and "tool_pos" in self.fields:
+            step = float(getattr(self.task.config, "max_ee_step", 0.0))
+            sl = self.fields["tool_pos"]
+            dims = min(planned.shape[1], 3)
+            last[sl.start:sl.start + dims] += step * planned[:, :dims].sum(0)
+        elif mode == "joint_pos" and "joint_pos" in self.fields:
+            from robotrl.envs.tasks.arm import joint_targets_from_action
+
+            sl = self.fields["joint_pos"]
+            last[sl] = joint_targets_from_action(np, planned[-1:].astype(np.float64))[0][: sl.stop - sl.start]
+        state[-1] = last
+        return {**history, "state": state}
+
+    def describe(self) -> dict[str, Any]:
+        return {"task": self.spec.task, "action_mode": self.spec.action_mode, "joints": list(self.robot.joint_names)}

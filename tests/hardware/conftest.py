@@ -1,0 +1,60 @@
+"""An exported one-step-ish PushT policy (a small flow policy, trained a few steps on real demonstrations), and
+a ROS 2 context for in-process node tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import rclpy
+import torch
+
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.policies.export import export
+from robotrl.policies.flow import FlowConfig, FlowPolicy
+
+
+def small_flow(store: EpisodeStore, steps: int = 5) -> FlowPolicy:
+    torch.manual_seed(0)
+    policy = FlowPolicy(store.spec, FlowConfig(channels=(16, 32), steps=2, action_horizon=8), store.stats())
+    sampler = SequenceSampler.from_store(store, SequenceConfig(action_horizon=8))
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        loss = policy.compute_loss(sampler.sample(16, rng))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return policy.eval()
+
+
+@pytest.fixture(scope="session")
+def pusht_export(pusht_demos: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return export(small_flow(pusht_demos), tmp_path_factory.mktemp("export") / "flow", "onnx")
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def nan_export(pusht_demos: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A policy whose every output is NaN (its weights are): what a diverged training run exports."""
+    policy = small_flow(pusht_demos, steps=0)
+    with torch.no_grad():
+        for p in policy.net.parameters():
+            p.fill_(float("nan"))
+    return export(policy, tmp_path_factory.mktemp("export") / "nan", "onnx", verify=False)
+
+
+@pytest.fixture
+def ros() -> Iterator[None]:
+    rclpy.init()
+    try:
+        yield
+    finally:
+        rclpy.shutdown()

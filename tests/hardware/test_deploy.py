@@ -1,0 +1,136 @@
+"""The deploy node over real rclpy / Fast DDS, in one process with a harness node that plays the robot: it
+publishes commands from fresh observations, holds within one period when they go stale, publishes nothing from
+a NaN policy or while e-stopped (until ~/reset), and counts malformed messages without crashing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Bool, Float64MultiArray
+from std_srvs.srv import Trigger
+
+from robotrl.envs import make
+from robotrl.envs.tasks.push_t import START_QPOS
+from robotrl.hardware.deploy import DeployConfig, DeployNode
+from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
+from robotrl.hardware.robot import RobotConfig
+
+ROBOT = RobotConfig.load("sim_panda")
+HOME = np.asarray(START_QPOS, dtype=np.float64)
+
+
+class Robot(Node):
+    """The harness: publishes joint states and the task state, records commands."""
+
+    def __init__(self) -> None:
+        super().__init__("harness")
+        t = ROBOT.topics
+        self.js = self.create_publisher(JointState, t.joint_states, 10)
+        self.state = self.create_publisher(Float64MultiArray, t.task_state, 10)
+        self.estop = self.create_publisher(Bool, t.estop, 10)
+        self.commands: list[tuple[float, np.ndarray]] = []
+        self.create_subscription(Float64MultiArray, t.command,
+                                 lambda m: self.commands.append((time.monotonic(), np.array(m.data))), 10)
+        env = make("PushT", num_envs=1, seed=0)
+        self.obs = env.reset(seed=0)[0]["state"][0]
+        env.close()
+
+    def publish(self, joints: JointState | None = None, state: Float64MultiArray | None = None) -> None:
+        self.js.publish(joints or arrays_to_joint_state(ROBOT.joint_names, HOME))
+        self.state.publish(state or float_array_to_msg(self.obs))
+
+
+def run(executor: SingleThreadedExecutor, seconds: float, each: Callable[[], Any] | None = None,
+        period: float = 0.01) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if each is not None:
+            each()
+        executor.spin_once(timeout_sec=period)
+
+
+@pytest.fixture
+def nodes(ros: None, pusht_export: Path) -> Any:
+    deploy = DeployNode(DeployConfig(policy=str(pusht_export), robot="sim_panda"))
+    robot = Robot()
+    executor = SingleThreadedExecutor()
+    executor.add_node(deploy)
+    executor.add_node(robot)
+    yield deploy, robot, executor
+    executor.shutdown()
+    deploy.close()
+    deploy.destroy_node()
+    robot.destroy_node()
+
+
+def test_commands_flow_from_fresh_observations_and_hold_when_stale(nodes: Any) -> None:
+    deploy, robot, executor = nodes
+    run(executor, 1.0, robot.publish)
+    assert len(robot.commands) >= 10, deploy.safety.status()
+    q = np.stack([c for _, c in robot.commands])
+    assert q.shape[1] == 7 and np.all(np.isfinite(q))
+    assert np.all(q >= ROBOT.lower()) and np.all(q <= ROBOT.upper())
+    assert np.any(np.abs(q - HOME) > 1e-6)  # the policy moves the arm
+    # the observations stop: within max_obs_age + one period every command is the same hold
+    stopped = time.monotonic()
+    run(executor, 0.6)
+    late = [c for t, c in robot.commands if t > stopped + ROBOT.max_obs_age + 1.0 / ROBOT.control_hz]
+    assert late and all(np.array_equal(c, late[0]) for c in late)
+    assert deploy.safety.counters["held_stale"] > 0
+
+
+def test_estop_stops_everything_until_reset(nodes: Any) -> None:
+    deploy, robot, executor = nodes
+    run(executor, 0.4, robot.publish)
+    robot.estop.publish(Bool(data=True))
+    run(executor, 0.2, robot.publish)
+    n = len(robot.commands)
+    run(executor, 0.5, robot.publish)
+    assert len(robot.commands) == n and deploy.safety.status()["state"] == "estopped"
+    client = robot.create_client(Trigger, "/robotrl_deploy/reset")
+    assert client.wait_for_service(timeout_sec=5.0)
+    future = client.call_async(Trigger.Request())
+    run(executor, 0.2, robot.publish)
+    assert future.done() and future.result().success, future.result()
+    run(executor, 0.4, robot.publish)
+    assert len(robot.commands) > n
+
+
+def test_malformed_messages_are_counted_not_fatal(nodes: Any) -> None:
+    deploy, robot, executor = nodes
+    wrong_names = arrays_to_joint_state([f"j{i}" for i in range(7)], HOME)
+    short_state = float_array_to_msg(robot.obs[:10])
+    nan_joints = arrays_to_joint_state(ROBOT.joint_names, np.full(7, np.nan))
+    bad = [(wrong_names, None), (None, short_state), (nan_joints, None)]
+    k = iter(range(10**6))
+    run(executor, 0.6, lambda: robot.publish(*bad[next(k) % 3]))
+    assert deploy.malformed.get(ROBOT.topics.joint_states, 0) >= 2
+    assert deploy.malformed.get(ROBOT.topics.task_state, 0) >= 1
+    n = len(robot.commands)
+    run(executor, 0.5, robot.publish)  # and good messages still drive it
+    assert len(robot.commands) > n
+
+
+def test_a_nan_policy_publishes_nothing(ros: None, nan_export: Path) -> None:
+    deploy = DeployNode(DeployConfig(policy=str(nan_export), robot="sim_panda"))
+    robot = Robot()
+    executor = SingleThreadedExecutor()
+    executor.add_node(deploy)
+    executor.add_node(robot)
+    try:
+        run(executor, 1.0, robot.publish)
+        assert robot.commands == []
+        assert deploy.safety.counters["rejected_nonfinite"] >= 10
+    finally:
+        executor.shutdown()
+        deploy.close()
+        deploy.destroy_node()
+        robot.destroy_node()
