@@ -57,13 +57,17 @@ class DeployConfig:
     delay_steps: int = 1
     """asynchronous: control periods an inference is expected to take"""
     trigger: str = "timer"
-    """'timer' (a command every control period) or 'observation' (one per new joint state + observation set)"""
+    """'timer' (a command every control period) or 'observation' (one per new joint state + observation set, the
+    safety filter's clock advancing one control period each: lockstep with a simulator)"""
     instruction: str = ""
     """the instruction until one arrives on the instruction topic (language-conditioned policies)"""
     threads: int = 1
     """onnxruntime threads"""
     seed: int = 0
     """the policy's sampling noise"""
+    wait_for_reset: bool = False
+    """publish nothing until the first ~/reset, which also restarts the noise stream at `seed` (an episode
+    runner comparing with the in-process evaluation); False: act as soon as observations arrive"""
     diagnostics_hz: float = 1.0
 
     def __post_init__(self) -> None:
@@ -96,6 +100,7 @@ class DeployNode(Node):
         self.malformed: dict[str, int] = {}
         self.inference_ms: list[float] = []
         self.ticks = 0
+        self.started = not cfg.wait_for_reset
 
         topics = self.robot.topics
         self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data)
@@ -139,9 +144,9 @@ class DeployNode(Node):
             q, _ = joint_state_to_arrays(msg, self.robot.joint_names)
         except MalformedMessage as e:
             return self._bad(self.robot.topics.joint_states, e)
-        now = time.monotonic()
         self.q = q
-        self.safety.observe(q, now)
+        if self.config.trigger == "timer":
+            self.safety.observe(q, time.monotonic())
         self.fresh.add("joint_states")
         self._maybe_tick()
 
@@ -183,6 +188,8 @@ class DeployNode(Node):
     def _srv_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         """A new episode: the executor starts over; an e-stop is re-armed if the joint states are fresh."""
         now = time.monotonic()
+        if not self.started:
+            self.policy.rng, self.started = np.random.default_rng(self.config.seed), True
         self.runner.reset()
         self.fresh.clear()
         if self.safety.state is SafetyState.ESTOPPED:
@@ -211,8 +218,14 @@ class DeployNode(Node):
         return obs
 
     def tick(self) -> None:
+        if not self.started:
+            return
         now = time.monotonic()
         self.ticks += 1
+        # lockstep: the simulator's clock is one control period per observation set, however fast they come
+        clock = now if self.config.trigger == "timer" else self.ticks / self.robot.control_hz
+        if self.config.trigger == "observation" and self.q is not None:
+            self.safety.observe(self.q, clock)
         target = None
         obs = self.observation(now)
         if obs is not None and self.q is not None and self.safety.state is not SafetyState.ESTOPPED:
@@ -221,7 +234,7 @@ class DeployNode(Node):
             self.inference_ms.append(1e3 * (time.perf_counter() - t0))
             if action is not None:
                 target = self.io.joint_targets(self.q, action)
-        command = self.safety.step(target, now)
+        command = self.safety.step(target, clock)
         if command is not None:
             self.command_pub.publish(self._command_msg(command))
 

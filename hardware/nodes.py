@@ -1,0 +1,70 @@
+"""The robotrl ROS 2 nodes as the launch files start them: executable, node name, parameter file and the
+parameters set from launch arguments. `launch/*.launch.py` build their launch_ros `Node`s from this table and
+the tests start the same executables with the same files (`command`), so CI runs what a robot runs even though
+`launch` itself cannot be installed from PyPI."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: the repository's launch/ folder (launch files and their parameter files)
+LAUNCH_DIR = Path(__file__).resolve().parents[1] / "launch"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    executable: str
+    """console script installed with robotrl (on PATH)"""
+    name: str
+    """ROS node name: the top-level key of its parameter file"""
+    params: str
+    """parameter file under launch/params/"""
+    arguments: Mapping[str, str]
+    """launch argument -> its default; each sets the parameter of the same name"""
+
+    @property
+    def params_file(self) -> Path:
+        return LAUNCH_DIR / "params" / self.params
+
+    def command(self, overrides: Mapping[str, Any] | None = None) -> list[str]:
+        """The command line the launch file's Node amounts to: the parameter file, then overrides."""
+        cmd = [self.executable, "--ros-args", "--params-file", str(self.params_file)]
+        for key, value in (overrides or {}).items():
+            cmd += ["-p", f"{key}:={_ros_value(value)}"]
+        return cmd
+
+
+def _ros_value(value: Any) -> str:
+    """`-p name:=value` parses value as YAML: strings are single-quoted so that JSON or numbers in them stay text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, Path)):
+        return "'" + str(value).replace("'", "''") + "'"
+    return str(value)
+
+
+NODES: dict[str, NodeSpec] = {
+    "deploy": NodeSpec("robotrl-deploy", "robotrl_deploy", "deploy.yaml", {"policy": "", "robot": "sim_panda"}),
+    "sim_robot": NodeSpec("robotrl-sim-robot", "robotrl_sim_robot", "sim_robot.yaml",
+                          {"robot": "sim_panda", "task": "PushT", "perturbation": "none"}),
+}
+
+
+def launch_description(key: str) -> Any:
+    """The launch description of node `key` (what `launch/<key>.launch.py` returns): one launch argument per
+    entry of `arguments`, and a launch_ros `Node` running the installed executable (found on PATH, no ament
+    package needed) with the parameter file, then the launch arguments as parameters. Needs a ROS 2 install
+    (`launch`, `launch_ros`); robotrl itself never imports this function."""
+    from launch import LaunchDescription
+    from launch.actions import DeclareLaunchArgument
+    from launch.substitutions import LaunchConfiguration
+    from launch_ros.actions import Node
+
+    spec = NODES[key]
+    args = [DeclareLaunchArgument(name, default_value=default) for name, default in spec.arguments.items()]
+    node = Node(executable=spec.executable, name=spec.name, output="screen", emulate_tty=True,
+                parameters=[str(spec.params_file), {name: LaunchConfiguration(name) for name in spec.arguments}])
+    return LaunchDescription([*args, node])

@@ -1,0 +1,119 @@
+"""Success over ROS 2: episodes of the sim robot with the deploy node in the loop, both in their own processes,
+counted from the sim robot's status topic -- the figure compared with the in-process `robotrl eval`.
+
+    stats = evaluate_over_ros(episodes=50, seed=1_000_000)    # both nodes already running
+
+Each episode: the deploy node's `~/reset` (history and chunks cleared), then the sim robot reset -- to `seed`
+for the first episode, to the next episode of its seeded stream after that, which is the stream a one-env
+`CpuVectorEnv(seed=seed)` draws from -- and the episode runs until the sim robot reports it terminated or
+truncated. Success is "succeeded at any step", as `run_episodes` counts it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from std_msgs.msg import Int64, String
+from std_srvs.srv import Trigger
+
+from robotrl.envs.rollouts import EpisodeStats
+from robotrl.hardware.nodes import NODES
+from robotrl.hardware.sim_robot_node import RESET_TOPIC, STATUS_TOPIC
+
+
+class EpisodeRunner(Node):
+    def __init__(self) -> None:
+        super().__init__("robotrl_episode_runner")
+        self.status: dict[str, Any] | None = None
+        self.create_subscription(String, STATUS_TOPIC, self._on_status, 100)
+        self.reset_seed = self.create_publisher(Int64, RESET_TOPIC, 10)
+        self.deploy_reset = self.create_client(Trigger, f"/{NODES['deploy'].name}/reset")
+        self.sim_reset = self.create_client(Trigger, f"/{NODES['sim_robot'].name}/reset")
+        self.executor_ = SingleThreadedExecutor()
+        self.executor_.add_node(self)
+
+    def _on_status(self, msg: String) -> None:
+        self.status = json.loads(msg.data)
+
+    def spin_for(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.executor_.spin_once(timeout_sec=min(0.01, max(end - time.monotonic(), 0.0)))
+
+    def call(self, client: Any, timeout: float = 10.0) -> None:
+        if not client.wait_for_service(timeout_sec=timeout):
+            raise TimeoutError(f"ros eval: service {client.srv_name} not available within {timeout} s")
+        future = client.call_async(Trigger.Request())
+        self.executor_.spin_until_future_complete(future, timeout_sec=timeout)
+        if not future.done() or not future.result().success:
+            raise RuntimeError(f"ros eval: {client.srv_name} failed: {future.result() if future.done() else 'timeout'}")
+
+    def wait_for_status(self, timeout: float = 30.0) -> dict[str, Any]:
+        end = time.monotonic() + timeout
+        while self.status is None and time.monotonic() < end:
+            self.spin_for(0.05)
+        if self.status is None:
+            raise TimeoutError(f"ros eval: no status on {STATUS_TOPIC} within {timeout} s (is the sim robot running?)")
+        return self.status
+
+    def episode(self, first_seed: int | None, timeout: float) -> tuple[bool, float, int]:
+        """One episode: (succeeded at any step, return, steps)."""
+        previous = self.wait_for_status()["episode"]
+        self.spin_for(0.2)  # let the messages of the last episode land before the deploy node forgets them
+        self.call(self.deploy_reset)
+        if first_seed is not None:
+            end = time.monotonic() + 10.0
+            while self.reset_seed.get_subscription_count() == 0 and time.monotonic() < end:
+                self.spin_for(0.05)  # a message published before discovery is lost
+            self.reset_seed.publish(Int64(data=first_seed))
+        else:
+            self.call(self.sim_reset)
+        success, ret, steps, seen = False, 0.0, 0, -1
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.executor_.spin_once(timeout_sec=0.05)
+            s = self.status
+            if s is None or s["episode"] <= previous or s["step"] == seen:
+                continue
+            seen = s["step"]
+            if s["step"] > 0:
+                success |= bool(s["success"])
+                ret += float(s["reward"])
+                steps = int(s["step"])
+            if s["terminated"] or s["truncated"]:
+                return success, ret, steps
+        raise TimeoutError(f"ros eval: episode not finished within {timeout} s (last status {self.status})")
+
+
+def evaluate_over_ros(episodes: int, seed: int, episode_timeout: float = 120.0) -> EpisodeStats:
+    """Run `episodes` episodes through the running sim robot and deploy nodes (rclpy must be initialised)."""
+    runner = EpisodeRunner()
+    try:
+        results = [runner.episode(seed if i == 0 else None, episode_timeout) for i in range(episodes)]
+    finally:
+        runner.executor_.shutdown()
+        runner.destroy_node()
+    success, returns, lengths = (np.array(x) for x in zip(*results))
+    return EpisodeStats(success.astype(bool), returns.astype(np.float64), lengths.astype(np.int64))
+
+
+def main() -> None:  # pragma: no cover - a thin CLI over evaluate_over_ros
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1_000_000)
+    args = parser.parse_args()
+    rclpy.init()
+    try:
+        stats = evaluate_over_ros(args.episodes, args.seed)
+    finally:
+        rclpy.shutdown()
+    print(json.dumps({"episodes": len(stats.success), "success_rate": stats.success_rate,
+                      "ci95": stats.success_ci95}))

@@ -1,0 +1,188 @@
+"""`robotrl-sim-robot`: the MuJoCo sim robot (`SimRobot`) behind the topics a real arm's driver and a cell's
+perception offer, so that the deploy node runs against it unchanged.
+
+    robotrl-sim-robot --ros-args -p robot:=sim_panda -p task:=PushT -p perturbation:=task
+
+Publishes the robot's joint states, the task state (`Float64MultiArray`, the task's "state" observation) and the
+cameras (`sensor_msgs/Image`, rgb8) once per control step, and the episode's status on `/robotrl/sim/status`
+(`std_msgs/String`, JSON: episode, step, success, reward, terminated, truncated); takes commands as the robot's
+file says (`Float64MultiArray` or `JointTrajectory`). A finished episode ignores commands until the next reset:
+`~/reset` (std_srvs/Trigger, the next episode of the seeded stream) or `/robotrl/sim/reset` (std_msgs/Int64:
+that seed).
+
+Real time (default): a timer steps the physics every control period with the newest command that is due.
+Lockstep (`lockstep:=true`): one step per command, taken as soon as the command arrives (or after
+`lockstep_timeout` with the last target): the sim then runs exactly as the in-process evaluation does, as fast
+as the policy answers -- for comparing success over ROS 2 with `robotrl eval`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rclpy.node import Node
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import Float64MultiArray, Int64, String
+from std_srvs.srv import Trigger
+from trajectory_msgs.msg import JointTrajectory
+
+from robotrl.hardware.messages import (
+    MalformedMessage, array_to_image, arrays_to_joint_state, float_array_to_msg, msg_to_float_array,
+    trajectory_to_positions,
+)
+from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.ros import declare_config, spin_node
+from robotrl.hardware.sim_robot import SimRobot, SimRobotConfig
+
+STATUS_TOPIC = "/robotrl/sim/status"
+RESET_TOPIC = "/robotrl/sim/reset"
+PERTURBATIONS = ("none", "task")
+
+
+@dataclass
+class SimRobotNodeConfig:
+    robot: str = "sim_panda"
+    """a bundled robot or a path to a robot file (the task's arm)"""
+    task: str = "PushT"
+    task_options: str = "{}"
+    """JSON object of task config fields, e.g. {"images": true}"""
+    seed: int = 0
+    perturbation: str = "none"
+    """'none' (nominal dynamics) or 'task' (one fixed draw of the task's sim-to-real randomization: the twin)"""
+    joint_noise: float = 0.0
+    """std (rad) of the joint-encoder noise"""
+    command_latency: float = 0.0
+    """seconds from a command's arrival to its application"""
+    lockstep: bool = False
+    """one physics step per command instead of real time"""
+    lockstep_timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.perturbation not in PERTURBATIONS:
+            raise ValueError(f"SimRobotNodeConfig.perturbation: expected one of {PERTURBATIONS}, got {self.perturbation!r}")
+        try:
+            options = json.loads(self.task_options)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"SimRobotNodeConfig.task_options: expected a JSON object, got {self.task_options!r} ({e})")
+        if not isinstance(options, dict):
+            raise ValueError(f"SimRobotNodeConfig.task_options: expected a JSON object, got {self.task_options!r}")
+
+
+class SimRobotNode(Node):
+    def __init__(self, config: SimRobotNodeConfig | None = None) -> None:
+        super().__init__("robotrl_sim_robot")
+        cfg = self.config = config or declare_config(self, SimRobotNodeConfig)
+        from robotrl.envs import make_task
+
+        self.robot = RobotConfig.load(cfg.robot)
+        options = json.loads(cfg.task_options)
+        perturbation = make_task(cfg.task, **options).default_randomization() if cfg.perturbation == "task" else None
+        self.sim = SimRobot(SimRobotConfig(cfg.task, options, cfg.seed, perturbation, cfg.joint_noise,
+                                           cfg.command_latency), self.robot)
+        self.episode, self.malformed = 0, 0
+        self.done = False
+        self.awaiting_since = time.monotonic()
+        t = self.robot.topics
+        self.js_pub = self.create_publisher(JointState, t.joint_states, 10)
+        self.state_pub = self.create_publisher(Float64MultiArray, t.task_state, 10)
+        self.image_pubs = {f"image_{c}": self.create_publisher(Image, t.images.get(f"image_{c}", f"/camera/{c}/image_raw"), 10)
+                           for c in self.sim.task.cameras}
+        self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
+        if self.robot.command_type == "joint_trajectory":
+            self.create_subscription(JointTrajectory, t.command, self._on_trajectory, 10)
+        else:
+            self.create_subscription(Float64MultiArray, t.command, self._on_array, 10)
+        self.create_subscription(Int64, RESET_TOPIC, lambda m: self.reset(int(m.data)), 10)
+        self.create_service(Trigger, "~/reset", self._srv_reset)
+        period = 1.0 / self.sim.control_hz
+        self.create_timer(period, self._lockstep_watchdog if cfg.lockstep else self._tick)
+        self.get_logger().info(f"sim robot {self.robot.name}: {cfg.task}, {self.sim.control_hz:g} Hz, "
+                               f"{'lockstep' if cfg.lockstep else 'real time'}, perturbation {cfg.perturbation}")
+        self.publish()
+
+    # --- commands -----------------------------------------------------------------------------------
+    def _on_array(self, msg: Float64MultiArray) -> None:
+        try:
+            q = msg_to_float_array(msg, expected_size=self.robot.dof).reshape(-1)
+        except MalformedMessage as e:
+            return self._bad(e)
+        self._command(q)
+
+    def _on_trajectory(self, msg: JointTrajectory) -> None:
+        try:
+            q = trajectory_to_positions(msg, self.robot.joint_names)
+        except MalformedMessage as e:
+            return self._bad(e)
+        self._command(q)
+
+    def _bad(self, error: Exception) -> None:
+        self.malformed += 1
+        self.get_logger().warning(f"malformed command (#{self.malformed}): {error}", throttle_duration_sec=1.0)
+
+    def _command(self, q: Any) -> None:
+        if self.done:
+            return
+        now = time.monotonic()
+        self.sim.command(q, now)
+        if self.config.lockstep:
+            self._step(now + self.sim.latency)
+
+    # --- stepping -----------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        if self.done:
+            self._publish_status()  # a finished episode keeps saying so, for whoever starts listening now
+        else:
+            self._step(time.monotonic())
+
+    def _lockstep_watchdog(self) -> None:
+        if self.done:
+            self._publish_status()
+        elif time.monotonic() - self.awaiting_since > self.config.lockstep_timeout:
+            self._step(time.monotonic())
+
+    def _step(self, now: float) -> None:
+        self.sim.step(now)
+        status = self.sim.status()
+        self.done = bool(status["terminated"] or status["truncated"])
+        self.publish()
+
+    def publish(self) -> None:
+        stamp = self.get_clock().now().to_msg()
+        q, dq = self.sim.joint_state()
+        self.js_pub.publish(arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))
+        obs = self.sim.observation()
+        for key, pub in self.image_pubs.items():
+            pub.publish(array_to_image(obs[key], stamp=stamp, frame_id=key))
+        if "state" in obs:
+            self.state_pub.publish(float_array_to_msg(obs["state"]))
+        self._publish_status()
+        self.awaiting_since = time.monotonic()
+
+    def _publish_status(self) -> None:
+        status = {"episode": self.episode, **{k: _plain(v) for k, v in self.sim.status().items()}}
+        self.status_pub.publish(String(data=json.dumps(status)))
+
+    def reset(self, seed: int | None = None) -> None:
+        self.sim.reset(seed)
+        self.episode += 1
+        self.done = False
+        self.publish()
+
+    def _srv_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        self.reset()
+        response.success, response.message = True, f"episode {self.episode}"
+        return response
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if hasattr(v, "item") else v
+
+
+def main(args: list[str] | None = None) -> int:
+    return spin_node(SimRobotNode, args)
