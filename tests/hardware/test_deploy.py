@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
@@ -134,3 +136,33 @@ def test_a_nan_policy_publishes_nothing(ros: None, nan_export: Path) -> None:
         deploy.close()
         deploy.destroy_node()
         robot.destroy_node()
+
+
+joint_states = st.builds(
+    lambda names, pos, vel: JointState(name=names, position=pos, velocity=vel),
+    st.one_of(st.just(list(ROBOT.joint_names)), st.lists(st.sampled_from([*ROBOT.joint_names, "finger", ""]),
+                                                             max_size=9)),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=9),
+    st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=9),
+)
+task_states = st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=40).map(
+    lambda x: Float64MultiArray(data=x))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(joint_states, task_states), min_size=1, max_size=5))
+def test_fuzzed_messages_never_crash_it_or_reach_the_wire(nodes: Any, batch: list) -> None:
+    """Random joint states and task states (wrong names, counts, NaN, inf) between good ones: the node keeps
+    running, and everything it publishes is finite and inside the joint limits."""
+    deploy, robot, executor = nodes
+    robot.commands.clear()
+    for joints, state in batch:
+        robot.publish(joints, state)
+        executor.spin_once(timeout_sec=0.005)
+        robot.publish()
+        executor.spin_once(timeout_sec=0.005)
+    run(executor, 0.15, robot.publish)
+    assert robot.commands, "good messages after the fuzzed ones no longer drive the node"
+    for _, q in robot.commands:
+        assert q.shape == (7,) and np.all(np.isfinite(q))
+        assert np.all(q >= ROBOT.lower()) and np.all(q <= ROBOT.upper())

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +19,14 @@ import numpy as np
 import pytest
 import rclpy
 import yaml
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
 
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
 from robotrl.evaluate import controller_for, seeded_sampling
 from robotrl.hardware.nodes import NODES
-from robotrl.hardware.robot import ROBOTS_DIR
+from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.hardware.ros_eval import evaluate_over_ros
 from robotrl.policies import runtime
 
@@ -31,38 +34,56 @@ DOMAIN = 42  # apart from the in-process node tests
 SEED, STEPS, EPISODES = 1_000_003, 60, 3
 
 
-@pytest.fixture
-def nodes(pusht_export: Path, tmp_path: Path) -> Iterator[dict[str, subprocess.Popen]]:
+def start_nodes(tmp_path: Path, overrides: dict[str, dict]) -> dict[str, subprocess.Popen]:
+    """The nodes as the launch files start them (parameter file, then overrides), on a private DDS domain."""
     # the console scripts sit next to this interpreter (the venv's bin/), which need not be on PATH
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN), "PATH": path}
-    robot = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
-    robot["limits"].update(velocity=[100.0] * 7, acceleration=[1e5] * 7)
-    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
-    overrides = {
-        "sim_robot": {"robot": str(tmp_path / "robot.yaml"), "task_options": json.dumps({"episode_steps": STEPS}), "lockstep": True, "seed": SEED},
-        "deploy": {"robot": str(tmp_path / "robot.yaml"), "policy": str(pusht_export), "trigger": "observation", "seed": SEED,
-                   "wait_for_reset": True},
-    }
     procs = {}
     for key, params in overrides.items():
         log = open(tmp_path / f"{key}.log", "w")
         procs[key] = subprocess.Popen(NODES[key].command(params), stdout=log, stderr=subprocess.STDOUT, env=env)
+    return procs
+
+
+def stop_nodes(procs: dict[str, subprocess.Popen], tmp_path: Path) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    for key in procs:
+        text = (tmp_path / f"{key}.log").read_text()
+        assert "Traceback" not in text, f"{key} crashed:\n{text}"
+
+
+@pytest.fixture
+def ros_domain() -> Iterator[None]:
     rclpy.init(domain_id=DOMAIN)
+    try:
+        yield
+    finally:
+        rclpy.shutdown()
+
+
+@pytest.fixture
+def nodes(pusht_export: Path, tmp_path: Path, ros_domain: None) -> Iterator[dict[str, subprocess.Popen]]:
+    robot = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+    robot["limits"].update(velocity=[100.0] * 7, acceleration=[1e5] * 7)
+    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
+    procs = start_nodes(tmp_path, {
+        "sim_robot": {"robot": str(tmp_path / "robot.yaml"), "task_options": json.dumps({"episode_steps": STEPS}),
+                      "lockstep": True, "seed": SEED},
+        "deploy": {"robot": str(tmp_path / "robot.yaml"), "policy": str(pusht_export), "trigger": "observation",
+                   "seed": SEED, "wait_for_reset": True},
+    })
     try:
         yield procs
     finally:
-        rclpy.shutdown()
-        for p in procs.values():
-            p.terminate()
-        for key, p in procs.items():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        logs = {key: (tmp_path / f"{key}.log").read_text() for key in procs}
-        for key, text in logs.items():
-            assert "Traceback" not in text, f"{key} crashed:\n{text}"
+        stop_nodes(procs, tmp_path)
 
 
 def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, pusht_export: Path) -> None:
@@ -81,3 +102,40 @@ def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, pus
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(over_ros.success, in_process.success)
     assert len(set(np.round(over_ros.returns, 6))) == EPISODES  # three different episodes, not one replayed
+
+
+def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(pusht_export: Path, tmp_path: Path,
+                                                                           ros_domain: None) -> None:
+    """Real time, the arm's real limits: the robot process dies (SIGKILL, no goodbye); the deploy node's commands
+    become one constant hold no later than max_obs_age + one control period after the last joint state."""
+    robot = RobotConfig.load("sim_panda")
+    procs = start_nodes(tmp_path, {"sim_robot": {}, "deploy": {"policy": str(pusht_export)}})
+    node = rclpy.create_node("watcher")
+    commands: list[tuple[float, np.ndarray]] = []
+    last_state = [0.0]
+    node.create_subscription(Float64MultiArray, robot.topics.command,
+                             lambda m: commands.append((time.monotonic(), np.array(m.data))), 100)
+    def on_joint_state(msg: JointState) -> None:
+        last_state[0] = time.monotonic()
+
+    node.create_subscription(JointState, robot.topics.joint_states, on_joint_state, 100)
+    try:
+        end = time.monotonic() + 60
+        while (len(commands) < 20 or not last_state[0]) and time.monotonic() < end:  # the policy drives the robot
+            rclpy.spin_once(node, timeout_sec=0.05)
+        assert len(commands) >= 20 and last_state[0], f"{len(commands)} commands, joint states seen: {last_state}"
+        procs["sim_robot"].kill()
+        procs["sim_robot"].wait()
+        killed = time.monotonic()
+        while time.monotonic() < killed + 1.0:
+            rclpy.spin_once(node, timeout_sec=0.01)
+        after = [(t, q) for t, q in commands if t > last_state[0]]
+        hold = after[-1][1]
+        first_hold = next(t for t, q in after if np.array_equal(q, hold))
+        assert all(np.array_equal(q, hold) for t, q in after if t >= first_hold)
+        assert first_hold - last_state[0] <= robot.max_obs_age + 1.0 / robot.control_hz + 0.03, \
+            (first_hold - last_state[0])
+        assert procs["deploy"].poll() is None  # and it keeps running
+    finally:
+        node.destroy_node()
+        stop_nodes({"deploy": procs["deploy"]}, tmp_path)
