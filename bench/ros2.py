@@ -1,0 +1,207 @@
+"""Observation-to-command latency of the deploy node over ROS 2 (Fast DDS), and its deadline-miss rate, at
+100, 200 and 500 Hz, for the one-step students and their 10-step flow teacher (the baseline, same process).
+
+The deploy node runs as a robot runs it: its own process, started from the launch table
+(`robotrl.hardware.nodes`), an ONNX export through the runtime, the safety filter before the wire. This process
+plays the robot: at the rate it publishes a joint state and the PushT task state, and times the command that the
+deploy node (`trigger:=observation`: one command per observation set, as soon as it has them) sends back.
+Chunks are executed as deployed (receding horizon, `execute` actions per inference), so one step in `execute`
+runs the policy and the others only the executor, task controller and safety filter: p99 is the inference
+step's latency whenever 1 / execute > 1%.
+
+Prints one JSON line per (policy, rate):
+  p50_ms, p99_ms, max_ms   publish of the task state -> receipt of the command, wall clock, this process
+  miss_rate                commands later than one period (or never received) / observations sent
+  vs_<baseline>_p99        the baseline's p99 / this p99 at the same rate (> 1: faster)
+  inference_p50_ms         the same export's `runtime.act` alone in this process (batch 1), for reference
+
+Untrained weights (latency does not depend on them) of the state-only PushT policies of bench/policies.py.
+
+    .venv/bin/python bench/ros2.py
+    .venv/bin/python bench/ros2.py --policies flow10 consistency --rates 200 --seconds 20
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import rclpy
+import torch
+import tyro
+import yaml
+from rclpy.executors import SingleThreadedExecutor
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray
+
+sys.path.insert(0, str(Path(__file__).parent))
+from policies import build  # noqa: E402  (bench/policies.py: the same policy variants)
+
+from robotrl.envs import make  # noqa: E402
+from robotrl.envs.tasks.push_t import START_QPOS  # noqa: E402
+from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg  # noqa: E402
+from robotrl.hardware.nodes import NODES  # noqa: E402
+from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig  # noqa: E402
+from robotrl.policies import runtime  # noqa: E402
+from robotrl.policies.export import export  # noqa: E402
+
+DOMAIN = 57
+
+
+@dataclass
+class Ros2BenchConfig:
+    policies: tuple[str, ...] = ("flow10", "consistency", "consistency_narrow")
+    baseline: str = "flow10"
+    rates: tuple[float, ...] = (100.0, 200.0, 500.0)
+    seconds: float = 10.0
+    """timed seconds per (policy, rate), after `warmup` seconds"""
+    warmup: float = 1.0
+    execute: int = 8
+    threads: int = 1
+    """onnxruntime threads of the deploy node"""
+    seed: int = 0
+
+
+class Robot:
+    """Publishes observation sets at a fixed rate and times the commands that come back."""
+
+    def __init__(self, robot: RobotConfig) -> None:
+        self.node = rclpy.create_node("bench_robot")
+        t = robot.topics
+        self.js_pub = self.node.create_publisher(JointState, t.joint_states, 100)
+        self.state_pub = self.node.create_publisher(Float64MultiArray, t.task_state, 100)
+        self.received: list[float] = []
+        self.node.create_subscription(Float64MultiArray, t.command, lambda m: self.received.append(time.perf_counter()), 1000)
+        env = make("PushT", num_envs=1, seed=0)
+        self.state = float_array_to_msg(env.reset(seed=0)[0]["state"][0])
+        env.close()
+        self.joints = arrays_to_joint_state(robot.joint_names, np.asarray(START_QPOS, dtype=np.float64))
+        self.executor = SingleThreadedExecutor()
+        self.executor.add_node(self.node)
+        self.spinning = True
+        self.thread = threading.Thread(target=self._spin, daemon=True)
+        self.thread.start()
+
+    def _spin(self) -> None:
+        while self.spinning:
+            self.executor.spin_once(timeout_sec=0.001)
+
+    def wait_for_deploy(self, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while not self.received and time.monotonic() < end:
+            self.js_pub.publish(self.joints)
+            self.state_pub.publish(self.state)
+            time.sleep(0.05)
+        if not self.received:
+            raise TimeoutError("bench: no command from the deploy node")
+
+    def run(self, rate: float, seconds: float) -> tuple[np.ndarray, np.ndarray]:
+        """Send times of `rate * seconds` observation sets and the receipt times of the commands since."""
+        time.sleep(0.2)
+        self.received.clear()
+        period, n = 1.0 / rate, int(rate * seconds)
+        sent = np.zeros(n)
+        start = time.perf_counter()
+        for k in range(n):
+            due = start + k * period
+            while time.perf_counter() < due:  # busy-wait: sleep() jitters by more than a 500 Hz period
+                pass
+            self.js_pub.publish(self.joints)
+            self.state_pub.publish(self.state)
+            sent[k] = time.perf_counter()
+        time.sleep(0.5)
+        return sent, np.asarray(self.received)
+
+    def close(self) -> None:
+        self.spinning = False
+        self.thread.join()
+        self.executor.shutdown()
+        self.node.destroy_node()
+
+
+def measure(robot: Robot, rate: float, seconds: float, warmup: float) -> dict[str, Any]:
+    robot.run(rate, warmup)
+    sent, received = robot.run(rate, seconds)
+    n = len(sent)
+    # one command per observation set, in order (DDS keeps a writer's order); a lost one shifts nothing before it
+    k = min(n, len(received))
+    lat = (received[:k] - sent[:k]) * 1e3
+    late = int((lat > 1e3 / rate).sum()) + (n - k)
+    return {"observations": n, "commands": int(len(received)), "p50_ms": round(float(np.percentile(lat, 50)), 3),
+            "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
+            "miss_rate": round(late / n, 5)}
+
+
+def start_deploy(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, log: Path) -> subprocess.Popen:
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN), "PATH": path}
+    cmd = NODES["deploy"].command({"policy": str(policy_dir), "robot": str(robot_file), "trigger": "observation",
+                                   "execute": config.execute, "threads": config.threads, "seed": config.seed})
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
+
+
+def inference_p50(policy_dir: Path, threads: int) -> float:
+    rt = runtime.load(policy_dir, threads=threads)
+    obs = {k: np.zeros((1, rt.obs_horizon, *rt.spec.observations[k].shape), np.float32) for k in rt.obs_keys}
+    for _ in range(5):
+        rt.act(obs)
+    times = []
+    for _ in range(100):
+        t = time.perf_counter()
+        rt.act(obs)
+        times.append(time.perf_counter() - t)
+    return round(float(np.percentile(times, 50)) * 1e3, 3)
+
+
+def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
+    torch.set_num_threads(1)
+    labels = [config.baseline, *[p for p in config.policies if p != config.baseline]]
+    rows: list[dict[str, Any]] = []
+    baseline: dict[float, float] = {}
+    rclpy.init(domain_id=DOMAIN)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for label in labels:
+                policy = build(label, config.seed)
+                if policy is None:
+                    raise ValueError(f"bench: unknown policy {label!r}")
+                out = export(policy, Path(tmp) / label, "onnx")
+                infer = inference_p50(out, config.threads)
+                for rate in config.rates:
+                    spec = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+                    spec["control_hz"] = float(rate)
+                    robot_file = Path(tmp) / f"robot_{rate:g}.yaml"
+                    robot_file.write_text(yaml.safe_dump(spec))
+                    robot_cfg = RobotConfig.load(robot_file)
+                    proc = start_deploy(out, robot_file, config, Path(tmp) / f"{label}_{rate:g}.log")
+                    robot = Robot(robot_cfg)
+                    try:
+                        robot.wait_for_deploy()
+                        row = {"bench": "ros2", "policy": label, "registry": policy.name, "rate_hz": rate,
+                               "execute": config.execute, **measure(robot, rate, config.seconds, config.warmup),
+                               "inference_p50_ms": infer, "load_avg_1m": round(os.getloadavg()[0], 2)}
+                    finally:
+                        robot.close()
+                        proc.terminate()
+                        proc.wait(timeout=10)
+                    if label == config.baseline:
+                        baseline[rate] = row["p99_ms"]
+                    row[f"vs_{config.baseline}_p99"] = round(baseline[rate] / row["p99_ms"], 2) if rate in baseline else None
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    finally:
+        rclpy.shutdown()
+    return rows
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Ros2BenchConfig))
