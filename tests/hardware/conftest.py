@@ -12,15 +12,21 @@ import rclpy
 import torch
 
 from robotrl.datasets import EpisodeStore
+from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies.export import export
 from robotrl.policies.flow import FlowConfig, FlowPolicy
 
 
-def small_flow(store: EpisodeStore, steps: int = 5) -> FlowPolicy:
+#: what an image policy must see in the camera rather than read from PushT's state
+HIDDEN = ("block_pose", "block_vel", "pose_error", "tool_in_block", "coverage")
+
+
+def small_flow(store: EpisodeStore, steps: int = 5, **options: object) -> FlowPolicy:
     torch.manual_seed(0)
-    policy = FlowPolicy(store.spec, FlowConfig(channels=(16, 32), steps=2, action_horizon=8), store.stats())
-    sampler = SequenceSampler.from_store(store, SequenceConfig(action_horizon=8))
+    policy = FlowPolicy(store.spec, FlowConfig(channels=(16, 32), steps=2, action_horizon=8, **options),  # type: ignore[arg-type]
+                        store.stats())
+    sampler = SequenceSampler.from_store(store, SequenceConfig(action_horizon=8, obs_keys=policy.obs_keys))
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
     for _ in range(steps):
@@ -37,6 +43,21 @@ def pusht_export(pusht_demos: EpisodeStore, tmp_path_factory: pytest.TempPathFac
     torch.set_num_threads(1)
     try:
         return export(small_flow(pusht_demos), tmp_path_factory.mktemp("export") / "flow", "onnx")
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def pusht_image_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small image policy (32 px overhead camera + the arm's state) trained a few steps on real demos."""
+    root = tmp_path_factory.mktemp("image")
+    store = record_expert(root / "img.zarr", "PushT", episodes=2, num_envs=2, episode_steps=30, progress=False,
+                          images=True, image_size=32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        policy = small_flow(store, obs_keys=("image_top", "state"), state_mask_fields=HIDDEN)
+        return export(policy, root / "flow", "onnx")
     finally:
         torch.set_num_threads(threads)
 

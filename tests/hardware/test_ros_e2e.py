@@ -69,15 +69,24 @@ def ros_domain() -> Iterator[None]:
         rclpy.shutdown()
 
 
+@pytest.fixture(params=["state", "image"])
+def policy_and_options(request: pytest.FixtureRequest) -> tuple[Path, dict]:
+    """A state policy, and an image policy (camera + arm state, the block's pose hidden from it)."""
+    if request.param == "state":
+        return request.getfixturevalue("pusht_export"), {"episode_steps": STEPS}
+    return request.getfixturevalue("pusht_image_export"), {"episode_steps": STEPS, "images": True, "image_size": 32}
+
+
 @pytest.fixture
-def nodes(pusht_export: Path, tmp_path: Path, ros_domain: None) -> Iterator[dict[str, subprocess.Popen]]:
+def nodes(policy_and_options: tuple[Path, dict], tmp_path: Path, ros_domain: None) -> Iterator[dict]:
+    export_dir, options = policy_and_options
     robot = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
     robot["limits"].update(velocity=[100.0] * 7, acceleration=[1e5] * 7)
     (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
     procs = start_nodes(tmp_path, {
-        "sim_robot": {"robot": str(tmp_path / "robot.yaml"), "task_options": json.dumps({"episode_steps": STEPS}),
+        "sim_robot": {"robot": str(tmp_path / "robot.yaml"), "task_options": json.dumps(options),
                       "lockstep": True, "seed": SEED},
-        "deploy": {"robot": str(tmp_path / "robot.yaml"), "policy": str(pusht_export), "trigger": "observation",
+        "deploy": {"robot": str(tmp_path / "robot.yaml"), "policy": str(export_dir), "trigger": "observation",
                    "seed": SEED, "wait_for_reset": True},
     })
     try:
@@ -86,12 +95,13 @@ def nodes(pusht_export: Path, tmp_path: Path, ros_domain: None) -> Iterator[dict
         stop_nodes(procs, tmp_path)
 
 
-def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, pusht_export: Path) -> None:
+def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, policy_and_options: tuple) -> None:
+    export_dir, options = policy_and_options
     over_ros = evaluate_over_ros(EPISODES, SEED, episode_timeout=60.0)
     assert all(p.poll() is None for p in nodes.values()), "a node died"
 
-    policy = runtime.load(pusht_export, threads=1)
-    env = make("PushT", num_envs=1, seed=SEED, episode_steps=STEPS)
+    policy = runtime.load(export_dir, threads=1)
+    env = make("PushT", num_envs=1, seed=SEED, **options)
     controller = controller_for(policy, execute=8)
     controller.reset(1)
     with seeded_sampling(policy, SEED):
