@@ -103,7 +103,7 @@ def evaluate_over_ros(episodes: int, seed: int, episode_timeout: float = 120.0) 
     return EpisodeStats(success.astype(bool), returns.astype(np.float64), lengths.astype(np.int64))
 
 
-def main() -> None:  # pragma: no cover - a thin CLI over evaluate_over_ros
+def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -117,3 +117,7 @@ def main() -> None:  # pragma: no cover - a thin CLI over evaluate_over_ros
         rclpy.shutdown()
     print(json.dumps({"episodes": len(stats.success), "success_rate": stats.success_rate,
                       "ci95": stats.success_ci95}))
+
+
+if __name__ == "__main__":
+    main()
