@@ -173,9 +173,10 @@ def check_config(config: CollectConfig, device_given: bool = False) -> None:
         raise ValueError(f"max_discarded: expected >= 0, got {config.max_discarded}")
 
 
-def check_store(path: Path, spec: Spec) -> None:
+def check_store(path: Path, spec: Spec, who: str = "collect", instead: str = "Collect into a new --out") -> None:
     """Fail early if `path` holds a store recorded with another spec: a `SpecMismatchError` naming the first
-    field that differs and both values (read-only: no writer lock is taken, nothing is created)."""
+    field that differs and both values (read-only: no writer lock is taken, nothing is created). `who` and
+    `instead` word the error for the recorder that asks."""
     path = Path(path)
     if not (path / "zarr.json").exists():
         return
@@ -184,7 +185,7 @@ def check_store(path: Path, spec: Spec) -> None:
         existing.check_spec(spec, that=f"task {spec.task} as configured")
     except SpecMismatchError as e:
         raise SpecMismatchError(
-            f"collect: cannot append to {path}: {e}. Collect into a new --out, or use the store's task options "
+            f"{who}: cannot append to {path}: {e}. {instead}, or use the store's task options "
             f"(its episode_steps is {existing.spec.episode_steps})"
         ) from None
 

@@ -18,26 +18,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
-from rclpy.node import Node
-from rclpy.qos import qos_profile_sensor_data
-from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Bool, Float64MultiArray, String
 from std_srvs.srv import Trigger
-from trajectory_msgs.msg import JointTrajectory
 
 from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
-from robotrl.hardware.messages import (
-    MalformedMessage, float_array_to_msg, image_to_array, joint_state_to_arrays, joint_trajectory, msg_to_float_array,
-)
 from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.robot_node import RobotNode
 from robotrl.hardware.ros import declare_config, spin_node
-from robotrl.hardware.safety import SafetyFilter, SafetyState
-from robotrl.hardware.task_io import TaskIO
-from robotrl.spec import STRING, SpecMismatchError
+from robotrl.hardware.safety import SafetyState
 
 TRIGGERS = ("timer", "observation")
 
@@ -77,55 +67,25 @@ class DeployConfig:
             raise ValueError(f"DeployConfig.trigger: expected one of {TRIGGERS}, got {self.trigger!r}")
 
 
-class DeployNode(Node):
+class DeployNode(RobotNode):
     def __init__(self, config: DeployConfig | None = None) -> None:
         super().__init__("robotrl_deploy")
         from robotrl.policies import runtime
 
         cfg = self.config = config or declare_config(self, DeployConfig)
-        self.robot = RobotConfig.load(cfg.robot)
         self.policy = runtime.load(cfg.policy, seed=cfg.seed, threads=cfg.threads)
-        self.io = TaskIO(self.policy.spec, self.robot)
-        self.safety = SafetyFilter(self.robot)
-        spec = self.policy.spec
-        self.text_keys = tuple(k for k, v in spec.observations.items() if v.dtype == STRING)
+        self.connect_robot(RobotConfig.load(cfg.robot), self.policy.spec, self.policy.obs_keys, cfg.instruction)
         execution = ExecutionConfig(cfg.execute, cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None,
                                     cfg.asynchronous, cfg.delay_steps)
         self.runner = ChunkExecutor(self.policy.act, self.policy.obs_keys, self.policy.obs_horizon, execution,
-                                      roll_forward=self.io.roll_forward, text_keys=self.text_keys)
-        self.q: np.ndarray | None = None
-        self.latest: dict[str, tuple[np.ndarray, float]] = {}
+                                    roll_forward=self.io.roll_forward, text_keys=self.text_keys)
         self.fresh: set[str] = set()  # keys updated since the last command (trigger=observation)
-        self.instruction = cfg.instruction
-        self.malformed: dict[str, int] = {}
         self.inference_ms: list[float] = []
         self.ticks = 0
         self.started = not cfg.wait_for_reset
-
         topics = self.robot.topics
-        self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data)
-        vector = [k for k in self.policy.obs_keys if not spec.observations[k].is_image]
-        if len(vector) > 1:
-            raise SpecMismatchError(f"deploy: the policy reads {len(vector)} vector observations {vector}; the robot "
-                                    f"offers one task-state topic ({topics.task_state})")
-        for key in vector:
-            size = spec.observations[key].size
-            self.create_subscription(Float64MultiArray, topics.task_state,
-                                     lambda m, k=key, n=size: self._on_vector(k, n, m), qos_profile_sensor_data)
-        for key in self.policy.obs_keys:
-            if spec.observations[key].is_image:
-                if key not in topics.images:
-                    raise SpecMismatchError(f"deploy: the policy reads camera {key!r}; robot {self.robot.name} names "
-                                            f"cameras {sorted(topics.images)} (topics.images in its file)")
-                shape = tuple(spec.observations[key].shape)
-                self.create_subscription(Image, topics.images[key], lambda m, k=key, s=shape: self._on_image(k, s, m),
-                                         qos_profile_sensor_data)
-        self.create_subscription(String, topics.instruction, self._on_instruction, 10)
-        self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         self.create_service(Trigger, "~/estop", self._srv_estop)
         self.create_service(Trigger, "~/reset", self._srv_reset)
-        msg_type = JointTrajectory if self.robot.command_type == "joint_trajectory" else Float64MultiArray
-        self.command_pub = self.create_publisher(msg_type, topics.command, 10)
         self.diag_pub = self.create_publisher(DiagnosticArray, topics.diagnostics, 10)
         if cfg.trigger == "timer":
             self.create_timer(1.0 / self.robot.control_hz, self.tick)
@@ -134,50 +94,16 @@ class DeployNode(Node):
                                f"{topics.command}, {self.robot.control_hz:g} Hz, trigger {cfg.trigger})")
 
     # --- inputs -------------------------------------------------------------------------------------
-    def _bad(self, topic: str, error: Exception) -> None:
-        self.malformed[topic] = self.malformed.get(topic, 0) + 1
-        self.get_logger().warning(f"malformed message on {topic} (#{self.malformed[topic]}): {error}",
-                                  throttle_duration_sec=1.0)
+    def on_joint_state(self, q: np.ndarray, stamp: float) -> None:
+        if self.config.trigger == "timer":  # lockstep: the safety filter gets it on the step's own clock (tick)
+            self.safety.observe(q, stamp)
 
-    def _on_joint_state(self, msg: JointState) -> None:
-        try:
-            q, _ = joint_state_to_arrays(msg, self.robot.joint_names)
-        except MalformedMessage as e:
-            return self._bad(self.robot.topics.joint_states, e)
-        self.q = q
-        if self.config.trigger == "timer":
-            self.safety.observe(q, time.monotonic())
-        self.fresh.add("joint_states")
-        self._maybe_tick()
-
-    def _on_vector(self, key: str, size: int, msg: Float64MultiArray) -> None:
-        try:
-            x = msg_to_float_array(msg, expected_size=size).reshape(-1)
-        except MalformedMessage as e:
-            return self._bad(self.robot.topics.task_state, e)
-        self.latest[key] = (x.astype(np.float32), time.monotonic())
-        self.fresh.add(key)
-        self._maybe_tick()
-
-    def _on_image(self, key: str, shape: tuple[int, ...], msg: Image) -> None:
-        try:
-            image = image_to_array(msg, expected_shape=shape)  # type: ignore[arg-type]
-        except MalformedMessage as e:
-            return self._bad(self.robot.topics.images[key], e)
-        self.latest[key] = (image, time.monotonic())
-        self.fresh.add(key)
-        self._maybe_tick()
-
-    def _on_instruction(self, msg: String) -> None:
-        if msg.data.strip():
-            self.instruction = msg.data
-        else:
-            self._bad(self.robot.topics.instruction, ValueError("String.data: expected an instruction, got ''"))
-
-    def _on_estop(self, msg: Bool) -> None:
-        if msg.data:
-            self.safety.estop(f"{self.robot.topics.estop}")
-            self.get_logger().error(f"E-STOP from {self.robot.topics.estop}: no commands until ~/reset")
+    def on_input(self, key: str) -> None:
+        if self.config.trigger == "observation":
+            self.fresh.add(key)
+            if {"joint_states", *self.policy.obs_keys} <= self.fresh:
+                self.fresh.clear()
+                self.tick()
 
     def _srv_estop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         self.safety.estop("~/estop service")
@@ -199,24 +125,6 @@ class DeployNode(Node):
         return response
 
     # --- the control step ---------------------------------------------------------------------------
-    def _maybe_tick(self) -> None:
-        if self.config.trigger == "observation" and {"joint_states", *self.policy.obs_keys} <= self.fresh:
-            self.fresh.clear()
-            self.tick()
-
-    def observation(self, now: float) -> dict[str, Any] | None:
-        """The newest frame of every key the policy reads, or None if one is missing or stale."""
-        obs: dict[str, Any] = {}
-        for key in self.policy.obs_keys:
-            if key not in self.latest or now - self.latest[key][1] > self.robot.max_obs_age:
-                return None
-            obs[key] = self.latest[key][0]
-        for key in self.text_keys:
-            if not self.instruction:
-                return None
-            obs[key] = self.instruction
-        return obs
-
     def tick(self) -> None:
         if not self.started:
             return
@@ -234,15 +142,7 @@ class DeployNode(Node):
             self.inference_ms.append(1e3 * (time.perf_counter() - t0))
             if action is not None:
                 target = self.io.joint_targets(self.q, action)
-        command = self.safety.step(target, clock)
-        if command is not None:
-            self.command_pub.publish(self._command_msg(command))
-
-    def _command_msg(self, q: np.ndarray) -> Any:
-        if self.robot.command_type == "joint_trajectory":
-            return joint_trajectory(self.robot.joint_names, q, self.robot.time_from_start,
-                                    stamp=self.get_clock().now().to_msg())
-        return float_array_to_msg(q)
+        self.publish_command(self.safety.step(target, clock))
 
     def _publish_diagnostics(self) -> None:
         status = self.safety.status()

@@ -50,6 +50,8 @@ NODES: dict[str, NodeSpec] = {
     "deploy": NodeSpec("robotrl-deploy", "robotrl_deploy", "deploy.yaml", {"policy": "", "robot": "sim_panda"}),
     "sim_robot": NodeSpec("robotrl-sim-robot", "robotrl_sim_robot", "sim_robot.yaml",
                           {"robot": "sim_panda", "task": "PushT", "perturbation": "none"}),
+    "teleop": NodeSpec("robotrl-teleop", "robotrl_teleop", "teleop.yaml",
+                       {"robot": "sim_panda", "task": "PushT", "store": "data/teleop.zarr", "device": "keyboard"}),
 }
 
 

@@ -31,14 +31,17 @@ def declare_config(node: Node, cls: type[C]) -> C:
     return cls(**values)
 
 
-def spin_node(make: Callable[[], Node], args: Sequence[str] | None = None) -> int:
-    """rclpy.init, build the node, spin until Ctrl-C / SIGTERM, destroy it and shut down; 0 on a clean stop."""
+def spin_node(make: Callable[[], Node], args: Sequence[str] | None = None,
+              finished: Callable[[Any], bool] | None = None) -> int:
+    """rclpy.init, build the node, spin until Ctrl-C / SIGTERM (or until `finished(node)`), close and destroy it
+    and shut down; 0 on a clean stop."""
     rclpy.init(args=list(args) if args is not None else sys.argv)
     signal.signal(signal.SIGTERM, _interrupt)
     node = None
     try:
         node = make()
-        rclpy.spin(node)
+        while rclpy.ok() and not (finished is not None and finished(node)):
+            rclpy.spin_once(node, timeout_sec=0.1)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:

@@ -85,9 +85,14 @@ class SafetyFilter:
             return False, (f"not re-armed: no joint state in the last {self.robot.max_obs_age} s "
                            f"(last {'never' if self.measured is None else f'{now - self.obs_stamp:.3f} s ago'})")
         self.state, self.estop_reason = SafetyState.ARMED, ""
-        self.last, self.last_time, self.velocity = self.measured.copy(), -np.inf, np.zeros(self.robot.dof)
+        self.restart()
         self.counters["resets"] += 1
         return True, "re-armed at the measured position"
+
+    def restart(self) -> None:
+        """Forget the last published command: the next one is limited from the measured position, at rest (the
+        arm was moved by another controller since, e.g. a policy the operator takes over from)."""
+        self.last, self.last_time, self.velocity = None, -np.inf, np.zeros(self.robot.dof)
 
     # --- the filter --------------------------------------------------------------------------------
     def step(self, target: Any, now: float) -> np.ndarray | None:

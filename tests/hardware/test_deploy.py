@@ -5,7 +5,8 @@ a NaN policy or while e-stopped (until ~/reset), and counts malformed messages w
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,18 +60,27 @@ def run(executor: SingleThreadedExecutor, seconds: float, each: Callable[[], Any
         executor.spin_once(timeout_sec=period)
 
 
-@pytest.fixture
-def nodes(ros: None, pusht_export: Path) -> Any:
-    deploy = DeployNode(DeployConfig(policy=str(pusht_export), robot="sim_panda"))
+@contextmanager
+def deployed(config: DeployConfig) -> Iterator[tuple[DeployNode, Robot, SingleThreadedExecutor]]:
+    """The deploy node and the harness robot in one executor (rclpy initialised by the `ros` fixture)."""
+    deploy = DeployNode(config)
     robot = Robot()
     executor = SingleThreadedExecutor()
     executor.add_node(deploy)
     executor.add_node(robot)
-    yield deploy, robot, executor
-    executor.shutdown()
-    deploy.close()
-    deploy.destroy_node()
-    robot.destroy_node()
+    try:
+        yield deploy, robot, executor
+    finally:
+        executor.shutdown()
+        deploy.close()
+        deploy.destroy_node()
+        robot.destroy_node()
+
+
+@pytest.fixture
+def nodes(ros: None, pusht_export: Path) -> Iterator[tuple[DeployNode, Robot, SingleThreadedExecutor]]:
+    with deployed(DeployConfig(policy=str(pusht_export), robot="sim_panda")) as nodes:
+        yield nodes
 
 
 def test_commands_flow_from_fresh_observations_and_hold_when_stale(nodes: Any) -> None:
@@ -122,20 +132,20 @@ def test_malformed_messages_are_counted_not_fatal(nodes: Any) -> None:
 
 
 def test_a_nan_policy_publishes_nothing(ros: None, nan_export: Path) -> None:
-    deploy = DeployNode(DeployConfig(policy=str(nan_export), robot="sim_panda"))
-    robot = Robot()
-    executor = SingleThreadedExecutor()
-    executor.add_node(deploy)
-    executor.add_node(robot)
-    try:
+    with deployed(DeployConfig(policy=str(nan_export), robot="sim_panda")) as (deploy, robot, executor):
         run(executor, 1.0, robot.publish)
         assert robot.commands == []
         assert deploy.safety.counters["rejected_nonfinite"] >= 10
-    finally:
-        executor.shutdown()
-        deploy.close()
-        deploy.destroy_node()
-        robot.destroy_node()
+
+
+@pytest.mark.parametrize("options", [{"asynchronous": True, "delay_steps": 2}, {"ensemble_decay": 0.01}],
+                         ids=["asynchronous", "temporal-ensembling"])
+def test_asynchronous_and_ensembled_execution_drive_the_robot(ros: None, pusht_export: Path, options: dict) -> None:
+    with deployed(DeployConfig(policy=str(pusht_export), robot="sim_panda", **options)) as (deploy, robot, executor):
+        run(executor, 1.0, robot.publish)
+        assert len(robot.commands) >= 10 and deploy.runner.inferences >= 2
+        q = np.stack([c for _, c in robot.commands])
+        assert np.all(np.isfinite(q)) and np.any(np.abs(q - HOME) > 1e-6)
 
 
 joint_states = st.builds(
