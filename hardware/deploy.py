@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from std_msgs.msg import Bool, Float64MultiArray
 from std_srvs.srv import Trigger
 
 from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
 from robotrl.hardware.robot import RobotConfig
-from robotrl.hardware.robot_node import RobotNode
+from robotrl.hardware.messages import float_array_to_msg
+from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC, RobotNode
 from robotrl.hardware.ros import declare_config, spin_node
 from robotrl.hardware.safety import SafetyState
 
@@ -59,6 +61,9 @@ class DeployConfig:
     """publish nothing until the first ~/reset, which also restarts the noise stream at `seed` (an episode
     runner comparing with the in-process evaluation); False: act as soon as observations arrive"""
     diagnostics_hz: float = 1.0
+    hil: bool = True
+    """human in the loop: publish each executed task action on /robotrl/policy_action, and yield (publish no
+    command) while /robotrl/intervention says the operator drives (robotrl-teleop with policy_topic)"""
 
     def __post_init__(self) -> None:
         if not self.policy:
@@ -83,6 +88,12 @@ class DeployNode(RobotNode):
         self.inference_ms: list[float] = []
         self.ticks = 0
         self.started = not cfg.wait_for_reset
+        self.operator: tuple[bool, float] = (False, -np.inf)  # (drives, when it said so)
+        self.yielded = False
+        if cfg.hil:
+            self.action_pub = self.create_publisher(Float64MultiArray, POLICY_ACTION_TOPIC, 10)
+            self.create_subscription(Bool, INTERVENTION_TOPIC,
+                                     lambda m: setattr(self, "operator", (bool(m.data), time.monotonic())), 10)
         topics = self.robot.topics
         self.create_service(Trigger, "~/estop", self._srv_estop)
         self.create_service(Trigger, "~/reset", self._srv_reset)
@@ -134,15 +145,32 @@ class DeployNode(RobotNode):
         clock = now if self.config.trigger == "timer" else self.ticks / self.robot.control_hz
         if self.config.trigger == "observation" and self.q is not None:
             self.safety.observe(self.q, clock)
+        if self._operator_drives(now):
+            return
         target = None
         obs = self.observation(now)
-        if obs is not None and self.q is not None and self.safety.state is not SafetyState.ESTOPPED:
+        if obs is not None and self.safety.state is not SafetyState.ESTOPPED:
             t0 = time.perf_counter()
             action = self.runner.step(obs)
             self.inference_ms.append(1e3 * (time.perf_counter() - t0))
             if action is not None:
-                target = self.io.joint_targets(self.q, action)
+                target = self.io.joint_targets(self.q, action)  # type: ignore[arg-type]
+                if self.config.hil:
+                    self.action_pub.publish(float_array_to_msg(action))
         self.publish_command(self.safety.step(target, clock))
+
+    def _operator_drives(self, now: float) -> bool:
+        """Human in the loop: while the operator drives (a fresh True on /robotrl/intervention) the policy yields;
+        when they let go it starts a new chunk from the arm where the operator left it."""
+        drives = self.operator[0] and now - self.operator[1] <= self.robot.max_obs_age
+        if drives and not self.yielded:
+            self.get_logger().info("the operator drives: the policy yields")
+        elif self.yielded and not drives:
+            self.runner.reset()
+            self.safety.restart()
+            self.get_logger().info("the operator let go: the policy drives again")
+        self.yielded = drives
+        return drives
 
     def _publish_diagnostics(self) -> None:
         status = self.safety.status()

@@ -29,6 +29,11 @@ from robotrl.hardware.safety import SafetyFilter
 from robotrl.hardware.task_io import TaskIO
 from robotrl.spec import STRING, Spec, SpecMismatchError
 
+#: human-in-the-loop: the policy's task action each step it acts (std_msgs/Float64MultiArray, deploy -> teleop),
+#: and who drives (std_msgs/Bool, True: the operator; teleop -> deploy, every control period)
+POLICY_ACTION_TOPIC = "/robotrl/policy_action"
+INTERVENTION_TOPIC = "/robotrl/intervention"
+
 
 class RobotNode(Node):
     def connect_robot(self, robot: RobotConfig, spec: Spec, obs_keys: Sequence[str], instruction: str = "") -> None:

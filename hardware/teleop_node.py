@@ -56,13 +56,12 @@ from robotrl.datasets.teleop import (
 )
 from robotrl.hardware.messages import MalformedMessage, msg_to_float_array
 from robotrl.hardware.robot import RobotConfig
-from robotrl.hardware.robot_node import RobotNode
+from robotrl.hardware.robot_node import INTERVENTION_TOPIC, RobotNode
 from robotrl.hardware.ros import declare_config, spin_node
 from robotrl.hardware.safety import SafetyState
 from robotrl.hardware.sim_robot_node import STATUS_TOPIC
 from robotrl.spec import STRING, SpecMismatchError
 
-INTERVENTION_TOPIC = "/robotrl/intervention"
 STATUS_KEYS = ("episode", "success", "reward", "terminated", "truncated")
 
 

@@ -25,6 +25,7 @@ from robotrl.envs.tasks.push_t import START_QPOS
 from robotrl.hardware.deploy import DeployConfig, DeployNode
 from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
 from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC
 
 ROBOT = RobotConfig.load("sim_panda")
 HOME = np.asarray(START_QPOS, dtype=np.float64)
@@ -176,3 +177,20 @@ def test_fuzzed_messages_never_crash_it_or_reach_the_wire(nodes: Any, batch: lis
     for _, q in robot.commands:
         assert q.shape == (7,) and np.all(np.isfinite(q))
         assert np.all(q >= ROBOT.lower()) and np.all(q <= ROBOT.upper())
+
+
+def test_the_policy_yields_while_the_operator_drives(nodes: Any) -> None:
+    """Human in the loop: the policy's actions go out on /robotrl/policy_action; while /robotrl/intervention says
+    the operator drives, the deploy node publishes no command, and it drives again when they let go."""
+    deploy, robot, executor = nodes
+    actions: list[np.ndarray] = []
+    robot.create_subscription(Float64MultiArray, POLICY_ACTION_TOPIC, lambda m: actions.append(np.array(m.data)), 10)
+    driving = robot.create_publisher(Bool, INTERVENTION_TOPIC, 10)
+    run(executor, 0.5, robot.publish)
+    assert actions and all(a.shape == (2,) and np.all(np.abs(a) <= 1.0) for a in actions)
+    run(executor, 0.2, lambda: (robot.publish(), driving.publish(Bool(data=True))))
+    n, k = len(robot.commands), len(actions)
+    run(executor, 0.5, lambda: (robot.publish(), driving.publish(Bool(data=True))))
+    assert len(robot.commands) <= n + 1 and len(actions) <= k + 1  # at most one already in flight
+    run(executor, 0.5, lambda: (robot.publish(), driving.publish(Bool(data=False))))
+    assert len(robot.commands) > n + 3 and len(actions) > k + 3
