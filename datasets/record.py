@@ -90,10 +90,14 @@ class DataRecord:
     """PushT: also record the overhead camera (image_top)"""
     image_size: int | None = None
     """camera image size in pixels (square)"""
+    randomization: str | None = None
+    """'task': every episode in the task's sim-to-real domain randomization (dynamics, latency, camera, light),
+    for policies meant to cross the sim-to-real gap; default: nominal"""
 
 
 def run_record(config: DataRecord) -> EpisodeStore:
-    options = {k: v for k in ("episode_steps", "images", "image_size") if (v := getattr(config, k)) is not None}
+    options = {k: v for k in ("episode_steps", "images", "image_size", "randomization")
+               if (v := getattr(config, k)) is not None}
     store = record_expert(config.out, config.task, config.episodes, num_envs=config.num_envs, noise=config.noise,
                           seed=config.seed, **options)
     print(json.dumps({k: v for k, v in store.summary().items() if k != "keys"}))

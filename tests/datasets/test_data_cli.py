@@ -77,3 +77,15 @@ def test_export_import_round_trips_through_both_formats(tmp_path: Path) -> None:
                   "--format", "mcap", "--task", "PushT")
     assert out.returncode == 2 and "spec.task: recording pp.mcap has 'PickPlace', task PushT has 'PushT'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_record_in_domain_randomization_keeps_the_spec(tmp_path: Path) -> None:
+    """Demonstrations for a policy meant to cross the sim-to-real gap: same spec as nominal ones (a policy trained
+    on either runs on the same robots), different dynamics."""
+    nominal, randomized = tmp_path / "n.zarr", tmp_path / "r.zarr"
+    common = ("--task", "PushT", "--episodes", "2", "--num-envs", "2", "--episode-steps", "25")
+    ok("data", "record", *common, "--out", str(nominal))
+    ok("data", "record", *common, "--out", str(randomized), "--randomization", "task")
+    a, b = EpisodeStore.open(nominal), EpisodeStore.open(randomized)
+    a.check_spec(b.spec)
+    assert not np.array_equal(a.load(["state"])["state"], b.load(["state"])["state"])
