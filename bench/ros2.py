@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,7 +48,7 @@ from policies import build  # noqa: E402  (bench/policies.py: the same policy va
 from robotrl.envs import make  # noqa: E402
 from robotrl.envs.tasks.push_t import START_QPOS  # noqa: E402
 from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg  # noqa: E402
-from robotrl.hardware.nodes import NODES  # noqa: E402
+from robotrl.hardware import nodes  # noqa: E402
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig  # noqa: E402
 from robotrl.policies import runtime  # noqa: E402
 from robotrl.policies.export import export  # noqa: E402
@@ -141,14 +140,6 @@ def measure(robot: Robot, rate: float, seconds: float, warmup: float) -> dict[st
             "miss_rate": round(late / n, 5)}
 
 
-def start_deploy(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, log: Path) -> subprocess.Popen:
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN), "PATH": path}
-    cmd = NODES["deploy"].command({"policy": str(policy_dir), "robot": str(robot_file), "trigger": "observation",
-                                   "execute": config.execute, "threads": config.threads, "seed": config.seed})
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
-
-
 def inference_p50(policy_dir: Path, threads: int) -> float:
     rt = runtime.load(policy_dir, threads=threads)
     obs = {k: np.zeros((1, rt.obs_horizon, *rt.spec.observations[k].shape), np.float32) for k in rt.obs_keys}
@@ -182,7 +173,11 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     robot_file = Path(tmp) / f"robot_{rate:g}.yaml"
                     robot_file.write_text(yaml.safe_dump(spec))
                     robot_cfg = RobotConfig.load(robot_file)
-                    proc = start_deploy(out, robot_file, config, Path(tmp) / f"{label}_{rate:g}.log")
+                    logs = Path(tmp) / f"{label}_{rate:g}"
+                    logs.mkdir()
+                    procs = nodes.start({"deploy": {
+                        "policy": str(out), "robot": str(robot_file), "trigger": "observation", "execute": config.execute,
+                        "threads": config.threads, "seed": config.seed}}, logs, DOMAIN)
                     robot = Robot(robot_cfg)
                     try:
                         robot.wait_for_deploy()
@@ -191,8 +186,7 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                                "inference_p50_ms": infer, "load_avg_1m": round(os.getloadavg()[0], 2)}
                     finally:
                         robot.close()
-                        proc.terminate()
-                        proc.wait(timeout=10)
+                        nodes.stop(procs)
                     if label == config.baseline:
                         baseline[rate] = row["p99_ms"]
                     row[f"vs_{config.baseline}_p99"] = round(baseline[rate] / row["p99_ms"], 2) if rate in baseline else None

@@ -5,6 +5,9 @@ the tests start the same executables with the same files (`command`), so CI runs
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +56,33 @@ NODES: dict[str, NodeSpec] = {
     "teleop": NodeSpec("robotrl-teleop", "robotrl_teleop", "teleop.yaml",
                        {"robot": "sim_panda", "task": "PushT", "store": "data/teleop.zarr", "device": "keyboard"}),
 }
+
+
+def start(overrides: Mapping[str, Mapping[str, Any]], log_dir: Path, domain_id: int | None = None
+          ) -> dict[str, subprocess.Popen]:
+    """Start nodes as their launch files do (`NODES[key].command(params)` per key), each in its own process with
+    its output in `log_dir/<key>.log`, optionally on a private DDS domain. The console scripts are looked up next
+    to this interpreter first (a venv need not be activated)."""
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = {**os.environ, "PATH": path, **({"ROS_DOMAIN_ID": str(domain_id)} if domain_id is not None else {})}
+    procs = {}
+    for key, params in overrides.items():
+        with open(Path(log_dir) / f"{key}.log", "w") as log:
+            procs[key] = subprocess.Popen(NODES[key].command(params), stdout=log, stderr=subprocess.STDOUT, env=env)
+    return procs
+
+
+def stop(procs: Mapping[str, subprocess.Popen], timeout: float = 10.0) -> None:
+    """SIGTERM each process (a clean rclpy shutdown), SIGKILL what is still running after `timeout`."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def launch_description(key: str) -> Any:

@@ -116,7 +116,7 @@ def main() -> None:
     finally:
         rclpy.shutdown()
     print(json.dumps({"episodes": len(stats.success), "success_rate": stats.success_rate,
-                      "ci95": stats.success_ci95}))
+                      "ci95": stats.success_ci95()}))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from std_msgs.msg import Float64MultiArray
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
 from robotrl.evaluate import controller_for, seeded_sampling
-from robotrl.hardware.nodes import NODES
+from robotrl.hardware import nodes as nodes_table
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.hardware.ros_eval import evaluate_over_ros
 from robotrl.policies import runtime
@@ -36,25 +36,11 @@ SEED, STEPS, EPISODES = 1_000_003, 60, 3
 
 def start_nodes(tmp_path: Path, overrides: dict[str, dict]) -> dict[str, subprocess.Popen]:
     """The nodes as the launch files start them (parameter file, then overrides), on a private DDS domain."""
-    # the console scripts sit next to this interpreter (the venv's bin/), which need not be on PATH
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN), "PATH": path}
-    procs = {}
-    for key, params in overrides.items():
-        log = open(tmp_path / f"{key}.log", "w")
-        procs[key] = subprocess.Popen(NODES[key].command(params), stdout=log, stderr=subprocess.STDOUT, env=env)
-    return procs
+    return nodes_table.start(overrides, tmp_path, DOMAIN)
 
 
 def stop_nodes(procs: dict[str, subprocess.Popen], tmp_path: Path) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            p.terminate()
-    for p in procs.values():
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    nodes_table.stop(procs)
     for key in procs:
         text = (tmp_path / f"{key}.log").read_text()
         assert "Traceback" not in text, f"{key} crashed:\n{text}"
@@ -149,3 +135,13 @@ def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(push
     finally:
         node.destroy_node()
         stop_nodes({"deploy": procs["deploy"]}, tmp_path)
+
+
+def test_ros_eval_command_line(nodes: dict, policy_and_options: tuple) -> None:
+    """`python -m robotrl.hardware.ros_eval`: the success rate over the running nodes, as a JSON line."""
+    env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN)}
+    out = subprocess.run([sys.executable, "-m", "robotrl.hardware.ros_eval", "--episodes", "2", "--seed", str(SEED)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["episodes"] == 2 and 0.0 <= result["success_rate"] <= 1.0 and len(result["ci95"]) == 2

@@ -1,0 +1,88 @@
+"""The sim-to-real gap, measured on the "real twin": each policy over ROS 2 on the nominal sim robot and on sim
+robots with perturbed dynamics (`perturbation:=task`: one fixed draw of the task's sim-to-real randomization per
+twin -- friction, masses, damping, actuator gains, command latency, camera and light), for policies trained with
+and without domain randomization.
+
+Both nodes run as a robot runs them (their own processes, the launch table, the safety filter with the arm's
+real limits) in lockstep, so an episode takes as long as the policy and the physics need. The baseline is the
+same policy on the nominal sim robot, same episodes, same process: `vs_nominal` is the twin's success over it.
+
+Prints one JSON line per (policy, robot):
+  robot          nominal, or twin<i> (sim robot seed = twin index: which draw of the randomization)
+  success_rate, ci95   over `episodes` episodes from held-out seeds (Wilson 95%); vs_nominal
+
+    .venv/bin/python bench/sim2real.py --policies no_dr=runs/student-onnx dr=runs/student-dr-onnx --episodes 50
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rclpy
+import tyro
+
+from robotrl.evaluate import HELD_OUT_SEED
+from robotrl.hardware import nodes
+from robotrl.hardware.ros_eval import evaluate_over_ros
+
+DOMAIN = 58
+
+
+@dataclass
+class Sim2RealBenchConfig:
+    policies: tuple[str, ...] = ()
+    """label=exported policy directory (`robotrl export`)"""
+    episodes: int = 50
+    twins: int = 3
+    """perturbed robots (independent draws of the randomization), each run for `episodes` episodes"""
+    seed: int = HELD_OUT_SEED
+    robot: str = "sim_panda"
+    threads: int = 1
+
+
+def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchConfig, logs: Path) -> Any:
+    procs = nodes.start({
+        "sim_robot": {"robot": config.robot, "lockstep": True, "seed": twin, "perturbation": perturbation},
+        "deploy": {"robot": config.robot, "policy": str(policy), "trigger": "observation", "seed": config.seed,
+                   "wait_for_reset": True, "threads": config.threads},
+    }, logs, DOMAIN)
+    try:
+        return evaluate_over_ros(config.episodes, config.seed, episode_timeout=600.0)
+    finally:
+        nodes.stop(procs)
+
+
+def main(config: Sim2RealBenchConfig) -> list[dict[str, Any]]:
+    rows = []
+    rclpy.init(domain_id=DOMAIN)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for item in config.policies:
+                label, path = item.split("=", 1)
+                nominal = None
+                for name, perturbation, twin in [("nominal", "none", 0)] + \
+                        [(f"twin{i}", "task", i) for i in range(config.twins)]:
+                    logs = Path(tmp) / f"{label}-{name}"
+                    logs.mkdir()
+                    start = time.perf_counter()
+                    stats = evaluate(Path(path), perturbation, twin, config, logs)
+                    low, high = stats.success_ci95()
+                    nominal = stats.success_rate if nominal is None else nominal
+                    row = {"bench": "sim2real", "policy": label, "robot": name, "episodes": len(stats.success),
+                           "success_rate": stats.success_rate, "ci95": [round(low, 4), round(high, 4)],
+                           "vs_nominal": round(stats.success_rate / nominal, 3) if nominal else None,
+                           "wall_s": round(time.perf_counter() - start, 1)}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    finally:
+        rclpy.shutdown()
+    return rows
+
+
+if __name__ == "__main__":
+    main(tyro.cli(Sim2RealBenchConfig))
