@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from sensor_msgs.msg import JointState
@@ -102,12 +103,18 @@ def test_commands_flow_from_fresh_observations_and_hold_when_stale(nodes: Any) -
 
 def test_estop_stops_everything_until_reset(nodes: Any) -> None:
     deploy, robot, executor = nodes
+    diagnostics: list[DiagnosticStatus] = []
+    robot.create_subscription(DiagnosticArray, ROBOT.topics.diagnostics, lambda m: diagnostics.extend(m.status), 10)
     run(executor, 0.4, robot.publish)
     robot.estop.publish(Bool(data=True))
     run(executor, 0.2, robot.publish)
     n = len(robot.commands)
-    run(executor, 0.5, robot.publish)
+    run(executor, 1.2, robot.publish)
     assert len(robot.commands) == n and deploy.safety.status()["state"] == "estopped"
+    last = diagnostics[-1]  # what an operator's rqt_robot_monitor shows
+    values = {kv.key: kv.value for kv in last.values}
+    assert last.level == DiagnosticStatus.ERROR and last.message.startswith("estopped")
+    assert int(values["blocked_estop"]) > 0 and int(values["estops"]) == 1
     client = robot.create_client(Trigger, "/robotrl_deploy/reset")
     assert client.wait_for_service(timeout_sec=5.0)
     future = client.call_async(Trigger.Request())
