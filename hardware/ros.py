@@ -5,6 +5,7 @@ until Ctrl-C or SIGTERM and shuts rclpy down cleanly."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +30,17 @@ def declare_config(node: Node, cls: type[C]) -> C:
         value = node.declare_parameter(f.name, ros_default).value
         values[f.name] = Path(value) if isinstance(default, Path) else value
     return cls(**values)
+
+
+def json_object(text: str, where: str) -> dict[str, Any]:
+    """A ROS string parameter that holds a JSON object (task or device options), or a ValueError naming it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: expected a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {text!r}")
+    return value
 
 
 def spin_node(make: Callable[[], Node], args: Sequence[str] | None = None,

@@ -34,7 +34,7 @@ from robotrl.hardware.messages import (
     trajectory_to_positions,
 )
 from robotrl.hardware.robot import RobotConfig
-from robotrl.hardware.ros import declare_config, spin_node
+from robotrl.hardware.ros import declare_config, json_object, spin_node
 from robotrl.hardware.sim_robot import SimRobot, SimRobotConfig
 
 STATUS_TOPIC = "/robotrl/sim/status"
@@ -63,12 +63,7 @@ class SimRobotNodeConfig:
     def __post_init__(self) -> None:
         if self.perturbation not in PERTURBATIONS:
             raise ValueError(f"SimRobotNodeConfig.perturbation: expected one of {PERTURBATIONS}, got {self.perturbation!r}")
-        try:
-            options = json.loads(self.task_options)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"SimRobotNodeConfig.task_options: expected a JSON object, got {self.task_options!r} ({e})")
-        if not isinstance(options, dict):
-            raise ValueError(f"SimRobotNodeConfig.task_options: expected a JSON object, got {self.task_options!r}")
+        json_object(self.task_options, "SimRobotNodeConfig.task_options")
 
 
 class SimRobotNode(Node):
@@ -78,7 +73,7 @@ class SimRobotNode(Node):
         from robotrl.envs import make_task
 
         self.robot = RobotConfig.load(cfg.robot)
-        options = json.loads(cfg.task_options)
+        options = json_object(cfg.task_options, "task_options")
         perturbation = make_task(cfg.task, **options).default_randomization() if cfg.perturbation == "task" else None
         self.sim = SimRobot(SimRobotConfig(cfg.task, options, cfg.seed, perturbation, cfg.joint_noise,
                                            cfg.command_latency), self.robot)

@@ -57,7 +57,7 @@ from robotrl.datasets.teleop import (
 from robotrl.hardware.messages import MalformedMessage, msg_to_float_array
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.robot_node import INTERVENTION_TOPIC, RobotNode
-from robotrl.hardware.ros import declare_config, spin_node
+from robotrl.hardware.ros import declare_config, json_object, spin_node
 from robotrl.hardware.safety import SafetyState
 from robotrl.hardware.sim_robot_node import STATUS_TOPIC
 from robotrl.spec import STRING, SpecMismatchError
@@ -99,7 +99,7 @@ class TeleopNodeConfig:
         if self.device not in DEVICES:
             raise ValueError(f"TeleopNodeConfig.device: expected one of {sorted(DEVICES)}, got {self.device!r}")
         for name in ("task_options", "device_options"):
-            _json_object(getattr(self, name), f"TeleopNodeConfig.{name}")
+            json_object(getattr(self, name), f"TeleopNodeConfig.{name}")
         if not self.store:
             raise ValueError("TeleopNodeConfig.store: expected the path of an episode store, got ''")
         for name in ("policy_topic", "reset_service"):
@@ -116,23 +116,13 @@ class TeleopNodeConfig:
 
     def options(self) -> dict[str, Any]:
         """The task's options: `task_options` with `episode_steps` folded in."""
-        options = _json_object(self.task_options, "TeleopNodeConfig.task_options")
+        options = json_object(self.task_options, "TeleopNodeConfig.task_options")
         if self.episode_steps:
             if options.get("episode_steps", self.episode_steps) != self.episode_steps:
                 raise ValueError(f"TeleopNodeConfig: episode_steps is {self.episode_steps} but task_options sets "
                                  f"episode_steps {options['episode_steps']}; set one of them")
             options["episode_steps"] = self.episode_steps
         return options
-
-
-def _json_object(text: str, where: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: expected a JSON object, got {text!r} ({e})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {text!r}")
-    return value
 
 
 def operator_drives(command: TeleopCommand) -> bool:
@@ -169,7 +159,7 @@ class TeleopNode(RobotNode):
                                     "its file); the store's rate must be the rate the steps are taken at")
         self.intervention_mode = bool(cfg.policy_topic)
         if device is None:
-            device = make_device(cfg.device, self.task, **_json_object(cfg.device_options, "device_options"))
+            device = make_device(cfg.device, self.task, **json_object(cfg.device_options, "device_options"))
         if device.human:
             action_axes(spec)  # a task a twist cannot drive fails here, before the store or the device opens
         store_path = Path(cfg.store)
