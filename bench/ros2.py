@@ -112,8 +112,9 @@ class Robot:
         start = time.perf_counter()
         for k in range(n):
             due = start + k * period
-            if due - time.perf_counter() > 3e-4:
-                time.sleep(due - time.perf_counter() - 3e-4)
+            wait = due - time.perf_counter()
+            if wait > 3e-4:
+                time.sleep(wait - 3e-4)
             while time.perf_counter() < due:  # the last 0.3 ms busy: sleep() overshoots by ~0.1 ms
                 pass
             self.js_pub.publish(self.joints)
