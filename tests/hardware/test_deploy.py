@@ -4,6 +4,8 @@ a NaN policy or while e-stopped (until ~/reset), and counts malformed messages w
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -201,3 +203,13 @@ def test_the_policy_yields_while_the_operator_drives(nodes: Any) -> None:
     assert len(robot.commands) <= n + 1 and len(actions) <= k + 1  # at most one already in flight
     run(executor, 0.5, lambda: (robot.publish(), driving.publish(Bool(data=False))))
     assert len(robot.commands) > n + 3 and len(actions) > k + 3
+
+
+def test_the_robot_side_imports_no_torch_nor_training_code() -> None:
+    """DESIGN: robotrl.hardware runs a policy through the runtime only; torch stays off the robot."""
+    code = ("import sys, robotrl.hardware.deploy, robotrl.hardware.sim_robot_node, robotrl.hardware.teleop_node, "
+            "robotrl.policies.runtime; print(sorted(m for m in sys.modules if m.startswith('robotrl.policies')), "
+            "'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["['robotrl.policies',", "'robotrl.policies.runtime']", "False"], out.stdout
