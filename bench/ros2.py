@@ -14,6 +14,7 @@ Prints one JSON line per (policy, rate):
   miss_rate                commands later than one period (or never received) / observations sent
   vs_<baseline>_p99        the baseline's p99 / this p99 at the same rate (> 1: faster)
   inference_p50_ms         the same export's `runtime.act` alone in this process (batch 1), for reference
+  tick_p50_ms, tick_p99_ms the deploy node's own control step (`DeployNode.tick`) in this process, no DDS
 
 Untrained weights (latency does not depend on them) of the state-only PushT policies of bench/policies.py.
 
@@ -70,6 +71,14 @@ class Ros2BenchConfig:
     seed: int = 0
 
 
+def observation_messages(robot: RobotConfig) -> tuple[JointState, Float64MultiArray]:
+    """A real PushT observation: the arm at its start pose and the task state of a reset."""
+    env = make("PushT", num_envs=1, seed=0)
+    state = float_array_to_msg(env.reset(seed=0)[0]["state"][0])
+    env.close()
+    return arrays_to_joint_state(robot.joint_names, np.asarray(START_QPOS, dtype=np.float64)), state
+
+
 class Robot:
     """Publishes observation sets at a fixed rate and times the commands that come back."""
 
@@ -80,10 +89,7 @@ class Robot:
         self.state_pub = self.node.create_publisher(Float64MultiArray, t.task_state, 100)
         self.received: list[float] = []
         self.node.create_subscription(Float64MultiArray, t.command, lambda m: self.received.append(time.perf_counter()), 1000)
-        env = make("PushT", num_envs=1, seed=0)
-        self.state = float_array_to_msg(env.reset(seed=0)[0]["state"][0])
-        env.close()
-        self.joints = arrays_to_joint_state(robot.joint_names, np.asarray(START_QPOS, dtype=np.float64))
+        self.joints, self.state = observation_messages(robot)
         self.executor = SingleThreadedExecutor()
         self.executor.add_node(self.node)
         self.spinning = True
@@ -156,6 +162,33 @@ def inference_p50(policy_dir: Path, threads: int) -> float:
     return round(float(np.percentile(times, 50)) * 1e3, 3)
 
 
+def tick_ms(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, steps: int = 2000) -> tuple[float, float]:
+    """p50 and p99 of the deploy node's own control step (`DeployNode.tick`: executor, task controller, safety
+    filter, publish) in this process, observations set directly: the part of the latency that is not DDS or the
+    executor that delivers the messages."""
+    from robotrl.hardware.deploy import DeployConfig, DeployNode
+
+    node = DeployNode(DeployConfig(policy=str(policy_dir), robot=str(robot_file), trigger="observation",
+                                   execute=config.execute, threads=config.threads, seed=config.seed, hil=False))
+    joints, state_msg = observation_messages(node.robot)
+    state = np.asarray(state_msg.data, dtype=np.float32)
+    q = np.asarray(joints.position, dtype=np.float64)
+    times = []
+    try:
+        for _ in range(steps):
+            now = time.monotonic()
+            node.q, node.q_stamp = q, now
+            node.latest["state"] = (state, now)
+            t = time.perf_counter()
+            node.tick()
+            times.append(time.perf_counter() - t)
+    finally:
+        node.close()
+        node.destroy_node()
+    ms = np.asarray(times[100:]) * 1e3
+    return round(float(np.percentile(ms, 50)), 3), round(float(np.percentile(ms, 99)), 3)
+
+
 def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     # the receiving thread must not wait for the publishing loop's GIL time slice (5 ms by default) to timestamp
@@ -183,12 +216,14 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     procs = nodes.start({"deploy": {
                         "policy": str(out), "robot": str(robot_file), "trigger": "observation", "execute": config.execute,
                         "threads": config.threads, "seed": config.seed}}, logs, DOMAIN)
+                    tick_p50, tick_p99 = tick_ms(out, robot_file, config)  # before any other thread runs here
                     robot = Robot(robot_cfg)
                     try:
                         robot.wait_for_deploy()
                         row = {"bench": "ros2", "policy": label, "registry": policy.name, "rate_hz": rate,
                                "execute": config.execute, **measure(robot, rate, config.seconds, config.warmup),
-                               "inference_p50_ms": infer, "load_avg_1m": round(os.getloadavg()[0], 2)}
+                               "inference_p50_ms": infer, "tick_p50_ms": tick_p50, "tick_p99_ms": tick_p99,
+                               "load_avg_1m": round(os.getloadavg()[0], 2)}
                     finally:
                         robot.close()
                         nodes.stop(procs)
