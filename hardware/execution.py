@@ -88,11 +88,11 @@ class ChunkExecutor:
             self._add(start, future.result()[0])  # an inference error surfaces here, in the control loop
         if self._needs_chunk():
             if self._pool is None:
-                self._add(self.t, self._infer(self.history, text))
+                self._add(self.t, self._infer(self.history, text)[0])
             elif self.pending is None:
                 start = self.t + self.config.delay_steps
                 window = self._rolled(start)
-                self.pending = (start, self._pool.submit(self._infer_batched, window, text))
+                self.pending = (start, self._pool.submit(self._infer, window, text))
         action = self._action()
         self.t += 1
         return action
@@ -116,9 +116,6 @@ class ChunkExecutor:
         return self.t + lead >= start + min(self.config.execute, len(chunk))
 
     def _infer(self, history: dict[str, np.ndarray], text: dict[str, Any]) -> np.ndarray:
-        return self._infer_batched(history, text)[0]
-
-    def _infer_batched(self, history: dict[str, np.ndarray], text: dict[str, Any]) -> np.ndarray:
         window: dict[str, Any] = {k: v[None] for k, v in history.items()}
         window.update({k: np.asarray([v], dtype=object) if isinstance(v, str) else v for k, v in text.items()})
         self.inferences += 1
