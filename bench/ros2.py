@@ -68,6 +68,8 @@ class Ros2BenchConfig:
     execute: int = 8
     threads: int = 1
     """onnxruntime threads of the deploy node"""
+    asynchronous: bool = False
+    """the deploy node's asynchronous inference (a worker thread; the command never waits for the policy)"""
     seed: int = 0
 
 
@@ -215,7 +217,7 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     logs.mkdir()
                     procs = nodes.start({"deploy": {
                         "policy": str(out), "robot": str(robot_file), "trigger": "observation", "execute": config.execute,
-                        "threads": config.threads, "seed": config.seed}}, logs, DOMAIN)
+                        "threads": config.threads, "seed": config.seed, "asynchronous": config.asynchronous}}, logs, DOMAIN)
                     tick_p50, tick_p99 = tick_ms(out, robot_file, config)  # before any other thread runs here
                     robot = Robot(robot_cfg)
                     try:

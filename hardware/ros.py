@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import rclpy
-from rclpy.executors import ExternalShutdownException
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
 
 C = TypeVar("C")
@@ -46,14 +46,17 @@ def json_object(text: str, where: str) -> dict[str, Any]:
 def spin_node(make: Callable[[], Node], args: Sequence[str] | None = None,
               finished: Callable[[Any], bool] | None = None) -> int:
     """rclpy.init, build the node, spin until Ctrl-C / SIGTERM (or until `finished(node)`), close and destroy it
-    and shut down; 0 on a clean stop."""
+    and shut down; 0 on a clean stop. One executor for the node's lifetime: `rclpy.spin_once(node)` would add and
+    remove the node (rebuilding its wait set) on every wake-up, a cost paid on the control path."""
     rclpy.init(args=list(args) if args is not None else sys.argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    executor = SingleThreadedExecutor()
     node = None
     try:
         node = make()
+        executor.add_node(node)
         while rclpy.ok() and not (finished is not None and finished(node)):
-            rclpy.spin_once(node, timeout_sec=0.1)
+            executor.spin_once(timeout_sec=0.1)
     except (KeyboardInterrupt, ExternalShutdownException):
         pass
     finally:
@@ -62,6 +65,7 @@ def spin_node(make: Callable[[], Node], args: Sequence[str] | None = None,
             if close is not None:
                 close()
             node.destroy_node()
+        executor.shutdown()
         if rclpy.ok():
             rclpy.shutdown()
     return 0

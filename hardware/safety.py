@@ -181,7 +181,7 @@ def _tool_point(robot: RobotConfig) -> Any:
     """q (dof,) -> tool point (3,) in the base frame, or None when the robot has no workspace to check."""
     if robot.workspace is None or robot.kinematics == "none":
         return None
-    from robotrl.envs.tasks.arm import forward_kinematics  # the task suite's Panda kinematics (numpy)
+    from robotrl.envs.tasks.arm import ee_position  # the task suite's Panda kinematics
 
     offset = robot.workspace.tool_offset
-    return lambda q: forward_kinematics(np, np.asarray(q, dtype=np.float64)[None], offset)[0][0]
+    return lambda q: np.asarray(ee_position(q, offset))

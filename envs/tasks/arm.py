@@ -7,6 +7,7 @@ needs no MuJoCo call: the parity between the backends then only depends on the p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +117,23 @@ def forward_kinematics(xp: Any, q: Any, tool_offset: float) -> tuple[Any, Any, A
     jac_pos = _cross(xp, zs, ee[:, None, :] - os_)
     jac = xp.concatenate([xp.swapaxes(jac_pos, 1, 2), xp.swapaxes(zs, 1, 2)], axis=1)
     return ee, xp.stack([x, y, z], axis=-1), jac
+
+
+def ee_position(q: Any, tool_offset: float) -> tuple[float, float, float]:
+    """Position of the `ee` site for one configuration `q` (7,), the recurrence of `forward_kinematics` in plain
+    floats: a robot's safety filter checks it every control period, where a batched numpy call of one costs
+    ~0.1 ms of array overhead and this ~10 us."""
+    x, y, z = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)
+    pos = (0.0, 0.0, 0.0)
+    for i, (_, p, alpha, _) in enumerate(PANDA_LINKS):
+        pos = tuple(pos[k] + p[0] * x[k] + p[1] * y[k] + p[2] * z[k] for k in range(3))
+        if alpha != 0.0:
+            ca, sa = math.cos(alpha), math.sin(alpha)
+            y, z = tuple(ca * y[k] + sa * z[k] for k in range(3)), tuple(-sa * y[k] + ca * z[k] for k in range(3))
+        c, s = math.cos(float(q[i])), math.sin(float(q[i]))
+        x, y = tuple(c * x[k] + s * y[k] for k in range(3)), tuple(-s * x[k] + c * y[k] for k in range(3))
+    d = FLANGE_Z + tool_offset
+    return pos[0] + d * z[0], pos[1] + d * z[1], pos[2] + d * z[2]
 
 
 def down_rotation(xp: Any, yaw: Any) -> Any:

@@ -19,6 +19,8 @@ def test_fk_matches_mujoco_site(env):
     ee, _, _ = arm.forward_kinematics(np, frame.qpos[:, :7], 0.10)
     # sensordata is computed before the last substep's integration: compare on the reset state, which is exact
     np.testing.assert_allclose(ee, env.task.sensor(frame, "ee_pos"), atol=1e-9)
+    # the one-configuration version the robot's safety filter uses agrees with it
+    np.testing.assert_allclose([arm.ee_position(q, 0.10) for q in frame.qpos[:, :7]], ee, atol=1e-12)
 
 
 def test_ik_moves_tool_in_commanded_direction(env):
