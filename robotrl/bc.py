@@ -56,6 +56,9 @@ class BCConfig:
     state_mask_fields: tuple[str, ...] = ()
     """named state fields hidden from the policy (PickPlace VLA: target target_rel, so that only the instruction
     says which cube to take; PushT from images: block_pose block_vel pose_error tool_in_block coverage)"""
+    success_only: bool = False
+    """train on the episodes in which the task succeeded (filtered BC: demonstrations recorded under heavy noise or
+    domain randomization fail often, and cloning the failures teaches them)"""
     eval_every: int = 0
     """evaluate every N steps (0: only at the end)"""
     eval_episodes: int = 20
@@ -99,6 +102,14 @@ def make_policy(config: BCConfig, store: EpisodeStore) -> Policy:
     return cls(store.spec, cls.config_cls(**{k: v for k, v in options.items() if k in fields}), store.stats())
 
 
+def successful_episodes(store: EpisodeStore) -> list[int]:
+    chosen = [i for i, meta in enumerate(store.episodes) if meta.get("success")]
+    if not chosen:
+        raise ValueError(f"BCConfig.success_only: expected a store with successful episodes, got none of "
+                         f"{len(store.episodes)} in {store.path}")
+    return chosen
+
+
 def evaluate(policy: Policy, config: BCConfig) -> Any:
     from robotrl.evaluate import evaluate_policy
 
@@ -115,7 +126,8 @@ def train(config: BCConfig) -> BCResult:
         (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
 
     # data
-    sampler = SequenceSampler.from_store(store, SequenceConfig(config.obs_horizon, config.action_horizon, config.obs_keys))
+    sampler = SequenceSampler.from_store(store, SequenceConfig(config.obs_horizon, config.action_horizon, config.obs_keys),
+                                         episodes=successful_episodes(store) if config.success_only else None)
     rng = np.random.default_rng(config.seed)
     torch.manual_seed(config.seed)
 

@@ -84,6 +84,22 @@ def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path) -> None:
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
 
 
+def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
+    from robotrl.bc import successful_episodes
+    from robotrl.datasets import EpisodeStore
+
+    failed = tmp_path / "failed.zarr"  # two-step episodes: the expert cannot reach the goal
+    record_expert(failed, "Reach", episodes=4, num_envs=4, noise=0.0, progress=False, episode_steps=2).close()
+    with pytest.raises(ValueError, match=r"BCConfig.success_only: expected a store with successful episodes, got none of 4"):
+        train(small(failed, tmp_path / "none", steps=5, success_only=True))
+    mixed = tmp_path / "mixed.zarr"  # eight-step episodes of a noisy expert: some reach the goal, some do not
+    store = record_expert(mixed, "Reach", episodes=8, num_envs=4, noise=0.5, progress=False, episode_steps=8)
+    store.close()
+    chosen = successful_episodes(EpisodeStore.open(mixed))
+    assert chosen == [i for i, e in enumerate(store.episodes) if e["success"]] and 0 < len(chosen) < 8, chosen
+    assert train(small(mixed, tmp_path / "filtered", steps=5, success_only=True)).checkpoint.exists()
+
+
 def test_diffusion_trains_and_round_trips(reach_demos: Path, tmp_path: Path) -> None:
     result = train(small(reach_demos, tmp_path / "diff", policy="diffusion", steps=30))
     policy = load(result.checkpoint)
