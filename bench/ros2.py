@@ -7,7 +7,8 @@ plays the robot: at the rate it publishes a joint state and the PushT task state
 deploy node (`trigger:=observation`: one command per observation set, as soon as it has them) sends back.
 Chunks are executed as deployed (receding horizon, `execute` actions per inference), so one step in `execute`
 runs the policy and the others only the executor, task controller and safety filter: p99 is the inference
-step's latency whenever 1 / execute > 1%.
+step's latency whenever 1 / execute > 1% -- unless `--asynchronous`, where the policy runs in the node's worker
+thread and no command waits for it (how a robot should run it).
 
 Prints one JSON line per (policy, rate):
   p50_ms, p99_ms, max_ms   publish of the task state -> receipt of the command, wall clock, this process
@@ -20,11 +21,13 @@ Untrained weights (latency does not depend on them) of the state-only PushT poli
 
     .venv/bin/python bench/ros2.py
     .venv/bin/python bench/ros2.py --policies flow10 consistency --rates 200 --seconds 20
+    .venv/bin/python bench/ros2.py --asynchronous
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -69,7 +72,8 @@ class Ros2BenchConfig:
     threads: int = 1
     """onnxruntime threads of the deploy node"""
     asynchronous: bool = False
-    """the deploy node's asynchronous inference (a worker thread; the command never waits for the policy)"""
+    """the deploy node's asynchronous inference (a worker thread; the command never waits for the policy), each
+    chunk requested the periods one inference takes (its p50, rounded up) plus one before it is due"""
     seed: int = 0
 
 
@@ -164,20 +168,24 @@ def inference_p50(policy_dir: Path, threads: int) -> float:
     return round(float(np.percentile(times, 50)) * 1e3, 3)
 
 
-def tick_ms(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, steps: int = 2000) -> tuple[float, float]:
+def tick_ms(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, execution: dict[str, Any],
+            rate: float, seconds: float = 3.0) -> tuple[float, float]:
     """p50 and p99 of the deploy node's own control step (`DeployNode.tick`: executor, task controller, safety
-    filter, publish) in this process, observations set directly: the part of the latency that is not DDS or the
-    executor that delivers the messages."""
+    filter, publish) in this process, observations set directly, one step per period of `rate` (an asynchronous
+    inference gets the time it has on the robot): the part of the latency that is not DDS or the executor that
+    delivers the messages."""
     from robotrl.hardware.deploy import DeployConfig, DeployNode
 
     node = DeployNode(DeployConfig(policy=str(policy_dir), robot=str(robot_file), trigger="observation",
-                                   execute=config.execute, threads=config.threads, seed=config.seed, hil=False))
+                                   threads=config.threads, seed=config.seed, hil=False, **execution))
     joints, state_msg = observation_messages(node.robot)
     state = np.asarray(state_msg.data, dtype=np.float32)
     q = np.asarray(joints.position, dtype=np.float64)
     times = []
+    start = time.perf_counter()
     try:
-        for _ in range(steps):
+        for k in range(int(rate * seconds)):
+            time.sleep(max(0.0, start + k / rate - time.perf_counter()))
             now = time.monotonic()
             node.q, node.q_stamp = q, now
             node.latest["state"] = (state, now)
@@ -187,7 +195,7 @@ def tick_ms(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, steps: 
     finally:
         node.close()
         node.destroy_node()
-    ms = np.asarray(times[100:]) * 1e3
+    ms = np.asarray(times[len(times) // 10:]) * 1e3  # after a warm-up
     return round(float(np.percentile(ms, 50)), 3), round(float(np.percentile(ms, 99)), 3)
 
 
@@ -215,15 +223,17 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     robot_cfg = RobotConfig.load(robot_file)
                     logs = Path(tmp) / f"{label}_{rate:g}"
                     logs.mkdir()
-                    procs = nodes.start({"deploy": {
-                        "policy": str(out), "robot": str(robot_file), "trigger": "observation", "execute": config.execute,
-                        "threads": config.threads, "seed": config.seed, "asynchronous": config.asynchronous}}, logs, DOMAIN)
-                    tick_p50, tick_p99 = tick_ms(out, robot_file, config)  # before any other thread runs here
+                    execution = {"execute": config.execute, "asynchronous": config.asynchronous,
+                                 "delay_steps": math.ceil(infer * rate / 1e3) + 1}
+                    procs = nodes.start({"deploy": {"policy": str(out), "robot": str(robot_file), "trigger": "observation",
+                                                    "threads": config.threads, "seed": config.seed, **execution}}, logs, DOMAIN)
+                    tick_p50, tick_p99 = tick_ms(out, robot_file, config, execution, rate)  # before any other thread runs here
                     robot = Robot(robot_cfg)
                     try:
                         robot.wait_for_deploy()
                         row = {"bench": "ros2", "policy": label, "registry": policy.name, "rate_hz": rate,
-                               "execute": config.execute, **measure(robot, rate, config.seconds, config.warmup),
+                               "execute": config.execute, "asynchronous": config.asynchronous,
+                               "delay_steps": execution["delay_steps"] if config.asynchronous else None, **measure(robot, rate, config.seconds, config.warmup),
                                "inference_p50_ms": infer, "tick_p50_ms": tick_p50, "tick_p99_ms": tick_p99,
                                "load_avg_1m": round(os.getloadavg()[0], 2)}
                     finally:
