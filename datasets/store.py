@@ -368,6 +368,26 @@ class EpisodeStore:
         self.episodes, self._stats = commit["episodes"], stats
         return record["index"]
 
+    def truncate(self, num_episodes: int) -> None:
+        """Keep the first `num_episodes` episodes and drop the rest: a resumed run (off-policy replay) drops what
+        it recorded after its last checkpoint, and records it again. The commit goes first, so a kill in between
+        leaves rows past the commit, which the next append-mode open trims."""
+        self._require_writer()
+        if not 0 <= num_episodes <= self.num_episodes:
+            raise ValueError(f"truncate: expected 0..{self.num_episodes} episodes to keep, got {num_episodes}")
+        if num_episodes == self.num_episodes:
+            return
+        end = int(self.episode_ends[num_episodes - 1]) if num_episodes else 0
+        stats: dict[str, Any] = {}
+        for start in range(0, end, 1 << 16):  # the running statistics cannot be subtracted from: recount
+            stop = min(end, start + (1 << 16))
+            stats = update_stats(stats, {k: self._read(k, start, stop) for k in _stat_keys(self.arrays_spec)})
+        commit = {"episode_ends": self.episode_ends[:num_episodes].tolist(), "episodes": self.episodes[:num_episodes],
+                  "stats": stats}
+        zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(commit)
+        self.refresh()
+        self._trim_uncommitted()
+
     def writer(self, source: str = "scripted", robot: str = "sim", **meta: Any) -> "EpisodeWriter":
         self._require_writer()
         return EpisodeWriter(self, source=source, robot=robot, **meta)
@@ -393,6 +413,11 @@ class EpisodeWriter:
 
     def __len__(self) -> int:
         return len(self._steps["action"])
+
+    def unfinished(self) -> dict[str, np.ndarray]:
+        """The steps added since the last finalize, one array per per-step key (a run's train state keeps them)."""
+        return {k: np.stack([np.asarray(v) for v in vals]) if vals else np.zeros((0, *a.shape), a.dtype)
+                for (k, vals), a in zip(self._steps.items(), self.store.arrays_spec.values())}
 
     def add(
         self,

@@ -142,6 +142,14 @@ class CpuVectorEnv(RobotVectorEnv):
             dst[:] = src
         self._mocap = self.task.mocap(np, self._goal)
 
+    def get_rng_state(self) -> dict[str, Any]:
+        """The state of the stream that draws reset states: with `get_state`, what an RL run's checkpoint needs
+        to continue exactly mid-episode (without domain randomization, whose per-env draws it does not hold)."""
+        return self._rng.bit_generator.state
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        self._rng.bit_generator.state = state
+
     # --- internals ----------------------------------------------------------------------------------
     def _reset_envs(self, idx: np.ndarray) -> None:
         task, k = self.task, len(idx)

@@ -22,3 +22,26 @@ def pusht_demos(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
     """Four real PushT episodes of the noisy scripted expert (40 steps each), recorded once per test process."""
     return record_expert(tmp_path_factory.mktemp("demos") / "pusht.zarr", "PushT", episodes=4, num_envs=4,
                          episode_steps=40, progress=False)
+
+
+def _kill_after_first_train_state(args: list[str], state: Path, timeout: float = 120.0) -> int:
+    """Start a training command, SIGKILL it as soon as it has written its first train state, and return the
+    step that state holds (what a resume test continues from)."""
+    import signal
+    import subprocess
+    import time
+
+    import torch
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + timeout
+    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return int(torch.load(state, weights_only=True)["step"])
+
+
+@pytest.fixture
+def kill_after_first_train_state():
+    return _kill_after_first_train_state

@@ -100,6 +100,26 @@ def test_round_trip_metadata_and_stats(tmp_path: Path) -> None:
     assert validate(reader) == []
 
 
+def test_truncate_drops_the_newest_episodes_and_recounts_the_stats(tmp_path: Path) -> None:
+    """What a resumed off-policy run does with the episodes it recorded after its last checkpoint."""
+    store = EpisodeStore.create(tmp_path / "d.zarr", SPEC)
+    for k in range(4):
+        store.append_episode(episode_data(k), {"k": k, "instruction": f"task {k}"})
+    with pytest.raises(ValueError, match=r"truncate: expected 0..4 episodes to keep, got 5"):
+        store.truncate(5)
+    store.truncate(2)
+    assert store.num_episodes == 2 and store.array("state").shape[0] == store.num_steps == episode_length(0) + episode_length(1)
+    kept = np.concatenate([episode_data(k)["state"] for k in range(2)]).astype(np.float64)
+    np.testing.assert_allclose(store.stats()["state"]["mean"], kept.mean(0), rtol=1e-9)
+    np.testing.assert_array_equal(store.stats()["state"]["max"], kept.max(0))
+    store.append_episode(episode_data(9), {"k": 9, "instruction": "task 9"})  # appending goes on after the cut
+    store.close()
+    reader = EpisodeStore.open(tmp_path / "d.zarr")
+    assert [e["k"] for e in reader.episodes] == [0, 1, 9] and validate(reader) == []
+    for i in range(3):
+        check_episode(reader, i)
+
+
 def test_writer_checks_every_step(tmp_path: Path) -> None:
     store = EpisodeStore.create(tmp_path / "d.zarr", SPEC)
     w = store.writer()

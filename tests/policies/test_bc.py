@@ -4,12 +4,8 @@ refuses bad checkpoints and mismatched specs."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,21 +57,14 @@ def test_flow_bc_beats_a_random_policy_on_reach(reach_demos: Path, tmp_path: Pat
     assert abs(exported.success_rate - result.success_rate) <= 0.15, (exported.success_rate, result.success_rate)
 
 
-def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path) -> None:
+def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_after_first_train_state) -> None:
     """`robotrl train bc` is SIGKILLed after its first checkpoint; `--resume` must end with the very weights of
     a run that was never stopped (same batches, noise, schedule and EMA)."""
     cfg = small(reach_demos, tmp_path / "killed", steps=60, checkpoint_every=10)
     args = [str(ROBOTRL), "train", "bc", "--store", str(reach_demos), "--steps", "60", "--batch-size", "32",
             "--channels", "32", "64", "--warmup", "10", "--ema", "0.99", "--action-horizon", "8", "--lr", "3e-4",
             "--eval-episodes", "0", "--run-dir", str(cfg.run_dir), "--checkpoint-every", "10", "--no-progress"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    state = tmp_path / "killed" / "train_state.pt"
-    deadline = time.monotonic() + 120
-    while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    step = torch.load(state, weights_only=True)["step"]
+    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 10 <= step < 60, step
     resumed = train(replace(cfg, resume=True))
     straight = train(replace(cfg, run_dir=tmp_path / "straight"))

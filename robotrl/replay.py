@@ -1,0 +1,180 @@
+"""Replay for off-policy RL, kept on the dataset store: every transition a run collects is on disk, in the same
+episode format as demonstrations, and a killed run rebuilds its buffer exactly from the store.
+
+Layout. The online buffer holds one row per env, one column per vector step: env i's step t is (obs, action,
+reward, terminated, truncated) at [i, t], and its successor observation is [i, t + 1]. Because every env steps
+at every vector step, env i's episodes laid end to end on disk *are* row i, so the buffer is rebuilt from the
+store (episodes tagged with their env) plus the few steps of each env's unfinished episode (kept in the train
+state). Sampling is uniform over transitions with a known successor:
+
+- a step that ended its episode by termination needs none (no bootstrap);
+- a step cut by the time limit would need the final observation, which auto-reset replaces with the next
+  episode's first one: it is skipped, in memory as on reload, so the run learns from exactly what is on disk;
+- the newest column has no successor yet.
+
+Demonstrations (RLPD) are the same transitions over a store's episodes (`DemoTransitions`), sampled alongside.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from robotrl.datasets import EpisodeStore
+from robotrl.spec import Spec
+
+STEP_KEYS = ("action", "reward", "terminated", "truncated")
+
+
+def flatten_obs(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
+    """The observation keys an actor-critic sees, flattened and concatenated per env: (N, D) float32."""
+    return np.concatenate([np.asarray(obs[k], np.float32).reshape(len(np.asarray(obs[k])), -1) for k in keys], axis=1)
+
+
+def batch_tensors(obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
+                  next_obs: np.ndarray) -> dict[str, torch.Tensor]:
+    return {"obs": torch.from_numpy(obs), "action": torch.from_numpy(action.astype(np.float32)),
+            "reward": torch.from_numpy(reward.astype(np.float32)), "done": torch.from_numpy(done.astype(np.float32)),
+            "next_obs": torch.from_numpy(next_obs)}
+
+
+def _sample_valid(valid_count: int, draw: Any, is_valid: Any, batch: int) -> np.ndarray:
+    """Uniform over valid indices by rejection (invalid ones are one step in an episode's length)."""
+    if valid_count == 0:
+        raise RuntimeError("replay: no transition to sample yet")
+    out = np.empty(0, dtype=np.int64)
+    while len(out) < batch:
+        k = draw(batch)
+        out = np.concatenate([out, k[is_valid(k)]])
+    return out[:batch]
+
+
+class ReplayBuffer:
+    """Online transitions of `num_envs` envs, kept in memory for sampling and written to an episode store."""
+
+    def __init__(self, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int,
+                 store: EpisodeStore | None = None) -> None:
+        self.obs_keys, self.num_envs, self.capacity = tuple(obs_keys), num_envs, capacity_steps
+        dim = sum(int(np.prod(spec.observations[k].shape)) for k in self.obs_keys)
+        n, t = num_envs, capacity_steps
+        self.obs = np.zeros((n, t, dim), np.float32)
+        self.action = np.zeros((n, t, *spec.action.shape), np.float32)
+        self.reward = np.zeros((n, t), np.float32)
+        self.terminated = np.zeros((n, t), bool)
+        self.truncated = np.zeros((n, t), bool)
+        self.steps = 0  # columns filled
+        self.store = store
+        self.writers = [store.writer(source="policy", env=i) for i in range(num_envs)] if store is not None else []
+
+    def __len__(self) -> int:
+        return self.steps * self.num_envs
+
+    def add(self, obs: Mapping[str, Any], action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
+            truncated: np.ndarray, success: np.ndarray) -> None:
+        """One vector step: `obs` is what `action` was chosen from (before any auto-reset of this step)."""
+        if self.steps >= self.capacity:
+            raise RuntimeError(f"replay: capacity of {self.capacity} steps per env reached")
+        t = self.steps
+        self.obs[:, t] = flatten_obs(obs, self.obs_keys)
+        self.action[:, t] = action
+        self.reward[:, t], self.terminated[:, t], self.truncated[:, t] = reward, terminated, truncated
+        self.steps += 1
+        for i, w in enumerate(self.writers):
+            w.add({k: np.asarray(obs[k][i]) for k in w.store.spec.observations}, np.asarray(action[i]),
+                  float(reward[i]), bool(terminated[i]), bool(truncated[i]), bool(success[i]))
+            if terminated[i] or truncated[i]:
+                w.finalize()
+
+    def _valid(self, flat: np.ndarray) -> np.ndarray:
+        i, t = flat % self.num_envs, flat // self.num_envs
+        return (t < self.steps - 1) & ~(self.truncated[i, t] & ~self.terminated[i, t])
+
+    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        """`batch` transitions uniformly from those with a known successor."""
+        k = _sample_valid(max(self.steps - 1, 0) * self.num_envs, lambda b: rng.integers(0, len(self), b), self._valid, batch)
+        i, t = k % self.num_envs, k // self.num_envs
+        return batch_tensors(self.obs[i, t], self.action[i, t], self.reward[i, t], self.terminated[i, t],
+                             self.obs[i, t + 1])
+
+    # --- resume -------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """What the train state keeps besides the store: the step count, how many episodes the store had, and
+        each env's unfinished episode (tensors: no pickle)."""
+        assert self.store is not None, "replay: a buffer without a store cannot be resumed"
+        return {"steps": self.steps, "episodes": self.store.num_episodes,
+                "unfinished": [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in w.unfinished().items()
+                                if k in self._resume_keys} for w in self.writers]}
+
+    @property
+    def _resume_keys(self) -> tuple[str, ...]:
+        assert self.store is not None
+        return (*self.store.spec.observations, *STEP_KEYS, "success")
+
+    @classmethod
+    def restore(cls, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int, store: EpisodeStore,
+                state: Mapping[str, Any]) -> "ReplayBuffer":
+        """The buffer of a killed run, from its store and `state()`: episodes the store got after that state was
+        saved are dropped (the resumed run records them again), env i's episodes in order fill row i, and the
+        unfinished steps go back into row i and into env i's writer."""
+        steps, unfinished = int(state["steps"]), state["unfinished"]
+        if len(unfinished) != num_envs:
+            raise ValueError(f"replay restore: expected {num_envs} envs' unfinished episodes, got {len(unfinished)}")
+        store.truncate(int(state["episodes"]))
+        buf = cls(spec, obs_keys, num_envs, capacity_steps, store)
+        cols = [0] * num_envs
+        for index, meta in enumerate(store.episodes):
+            i = int(meta["env"])
+            buf._fill(i, cols[i], store.episode(index, [*obs_keys, *STEP_KEYS]).data)
+            cols[i] += int(meta["length"])
+        for i, tail in enumerate(unfinished):
+            tail = {k: v.numpy() for k, v in tail.items()}
+            buf._fill(i, cols[i], tail)
+            if cols[i] + len(tail["action"]) != steps:
+                raise ValueError(f"replay restore: env {i} has {cols[i]} stored + {len(tail['action'])} unfinished "
+                                 f"steps, expected {steps} (is {store.path} this run's store?)")
+            for s in range(len(tail["action"])):
+                buf.writers[i].add({k: tail[k][s] for k in store.spec.observations}, tail["action"][s],
+                                   float(tail["reward"][s]), bool(tail["terminated"][s]), bool(tail["truncated"][s]),
+                                   bool(tail["success"][s]))
+        buf.steps = steps
+        return buf
+
+    def _fill(self, i: int, col: int, data: Mapping[str, np.ndarray]) -> None:
+        n = len(data["action"])
+        if n == 0:
+            return
+        self.obs[i, col:col + n] = flatten_obs({k: data[k] for k in self.obs_keys}, self.obs_keys)
+        self.action[i, col:col + n] = data["action"]
+        self.reward[i, col:col + n] = data["reward"]
+        self.terminated[i, col:col + n] = data["terminated"]
+        self.truncated[i, col:col + n] = data["truncated"]
+
+
+class DemoTransitions:
+    """Transitions of a store's episodes (demonstrations), sampled alongside the online buffer (RLPD)."""
+
+    def __init__(self, path: Path | str, spec: Spec, obs_keys: Sequence[str]) -> None:
+        store = EpisodeStore.open(path)
+        store.check_spec(spec, "the task's spec")
+        data = store.load([*obs_keys, *STEP_KEYS])
+        self.obs = flatten_obs({k: data[k] for k in obs_keys}, obs_keys)
+        self.action = data["action"].astype(np.float32)
+        self.reward = data["reward"].astype(np.float32)
+        self.terminated = data["terminated"].astype(bool)
+        last = np.zeros(len(self.action), bool)
+        last[np.asarray(store.episode_ends) - 1] = True
+        self.valid = ~last | self.terminated  # an episode's last step has a successor only if it terminated
+        self.episodes = store.num_episodes
+        store.close()
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+        k = _sample_valid(int(self.valid.sum()), lambda b: rng.integers(0, len(self), b), lambda k: self.valid[k], batch)
+        nxt = np.minimum(k + 1, len(self) - 1)
+        return batch_tensors(self.obs[k], self.action[k], self.reward[k], self.terminated[k], self.obs[nxt])

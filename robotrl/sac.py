@@ -1,0 +1,331 @@
+"""Soft actor-critic with the RLPD recipe (Ball et al. 2023): sample-efficient off-policy RL for manipulation.
+
+    robotrl train sac --task Reach --total-steps 20000
+    robotrl train sac --task PushT --demos data/pusht.zarr --critics 10 --utd 10     # RLPD
+    result = robotrl.sac.train(SacConfig(task="Reach"))                               # the same dataclass
+
+RLPD on top of SAC: symmetric sampling (half of every batch from demonstrations, half from online data, when
+`demos` is given), an ensemble of LayerNorm critics whose TD target is the minimum over a random subset of them
+(REDQ), and a high update-to-data ratio (`utd` gradient updates per collected transition). `critic_loss=hl_gauss`
+swaps the MSE regression for a classification critic (HL-Gauss).
+
+Reads top to bottom: envs, buffers, networks -> (resume) -> the loop: act (uniform at random before
+`learning_starts`), step the vector env, add to replay (on disk as episodes, `robotrl.replay`), update critics,
+actor and temperature, log, evaluate, checkpoint. A killed run resumes exactly (`--resume`): networks, optimizers,
+RNGs, the envs mid-episode and the replay rebuilt from its store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from robotrl.datasets import EpisodeStore
+from robotrl.envs import make
+from robotrl.envs.rollouts import run_episodes
+from robotrl.evaluate import HELD_OUT_SEED
+from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
+from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs
+from robotrl.training import (
+    RunLog, TrainingDiverged, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+)
+
+
+@dataclass
+class SacConfig:
+    """Train a tanh-Gaussian actor and a critic ensemble online on a task's vector env (SAC / RLPD)."""
+
+    task: str = "Reach"
+    action_mode: str = "ee_delta"
+    reward_type: Literal["dense", "sparse"] = "dense"
+    obs_keys: tuple[str, ...] = ("state",)
+    """numeric, non-image observation keys, flattened in this order"""
+    num_envs: int = 1
+    total_steps: int = 20_000
+    """environment steps (transitions, all envs together)"""
+    demos: Path | None = None
+    """RLPD: a store of demonstrations of the same task and reward (e.g. `robotrl data record`), sampled as
+    `demo_ratio` of every batch"""
+    demo_ratio: float = 0.5
+    learning_starts: int = 1_000
+    """transitions collected with uniform random actions before the first update (RLPD with demos: fewer)"""
+    utd: int = 1
+    """gradient updates per collected transition (RLPD: 10-20)"""
+    batch_size: int = 256
+    critics: int = 2
+    """critic ensemble size (RLPD: 10)"""
+    critic_subset: int = 2
+    """critics whose minimum is the TD target, drawn at random each update (REDQ)"""
+    critic_loss: Literal["mse", "hl_gauss"] = "mse"
+    hl_bins: int = 101
+    v_min: float = -10.0
+    """HL-Gauss value range (returns are clamped into it)"""
+    v_max: float = 60.0
+    hidden: tuple[int, ...] = (256, 256)
+    gamma: float = 0.95
+    tau: float = 0.005
+    lr: float = 3e-4
+    init_temperature: float = 0.1
+    target_entropy: float | None = None
+    """default: -action_dim / 2 (RLPD)"""
+    eval_every: int = 0
+    """evaluate every N transitions (0: only at the end)"""
+    eval_episodes: int = 50
+    eval_envs: int = 25
+    checkpoint_every: int = 5_000
+    """transitions between train states (the store holds every finished episode regardless)"""
+    log_every: int = 1_000
+    run_dir: Path | None = None
+    """default: runs/sac-<task>-<time>; holds replay.zarr, train_state.pt, actor.pt, metrics and TensorBoard"""
+    resume: bool = False
+    seed: int = 0
+    threads: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("num_envs", "total_steps", "utd", "batch_size", "critics", "critic_subset", "checkpoint_every",
+                     "log_every", "eval_envs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SacConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        if self.critic_subset > self.critics:
+            raise ValueError(f"SacConfig.critic_subset: expected <= critics ({self.critics}), got {self.critic_subset}")
+        if not 0.0 < self.demo_ratio < 1.0:
+            raise ValueError(f"SacConfig.demo_ratio: expected a fraction in (0, 1), got {self.demo_ratio}")
+        if not (0.0 < self.gamma < 1.0 and 0.0 < self.tau <= 1.0):
+            raise ValueError(f"SacConfig.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, {self.tau}")
+        if self.resume and self.run_dir is None:
+            raise ValueError("SacConfig.resume: needs run_dir (the run to continue)")
+
+
+@dataclass
+class SacResult:
+    actor: Path
+    steps: int
+    train_seconds: float
+    success_rate: float | None
+    success_ci95: tuple[float, float] | None
+    run_dir: Path
+
+
+class Agent(torch.nn.Module):
+    """Actor, critic ensemble, its target copy and the entropy temperature: everything the update changes."""
+
+    def __init__(self, obs_dim: int, action_dim: int, low: torch.Tensor, high: torch.Tensor, config: SacConfig) -> None:
+        super().__init__()
+        self.hl = HLGauss(config.v_min, config.v_max, config.hl_bins) if config.critic_loss == "hl_gauss" else None
+        outputs = config.hl_bins if self.hl is not None else 1
+        self.actor = TanhGaussianActor(obs_dim, action_dim, config.hidden, low, high)
+        self.critic = CriticEnsemble(obs_dim, action_dim, config.critics, config.hidden, outputs)
+        self.target = CriticEnsemble(obs_dim, action_dim, config.critics, config.hidden, outputs)
+        self.target.load_state_dict(self.critic.state_dict())
+        self.target.requires_grad_(False)
+        self.log_alpha = torch.nn.Parameter(torch.tensor(math.log(config.init_temperature)))
+
+    def q(self, net: CriticEnsemble, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """(E, B) Q-values of every member."""
+        out = net(obs, action)
+        return self.hl.value(out) if self.hl is not None else out.squeeze(-1)
+
+
+def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: SacConfig,
+           target_entropy: float, where: str) -> dict[str, float]:
+    """One RLPD update: critics on the TD target (min over a random subset of target critics, entropy bonus),
+    then the actor on the ensemble's mean Q, then the temperature; target critics by Polyak averaging."""
+    alpha = agent.log_alpha.exp().detach()
+    with torch.no_grad():
+        next_action, next_logp = agent.actor(batch["next_obs"])
+        subset = torch.randperm(config.critics)[: config.critic_subset]
+        next_q = agent.q(agent.target, batch["next_obs"], next_action)[subset].min(0).values
+        target = batch["reward"] + config.gamma * (1 - batch["done"]) * (next_q - alpha * next_logp)
+    out = agent.critic(batch["obs"], batch["action"])
+    if agent.hl is not None:
+        critic_loss = agent.hl.loss(out, target.expand(config.critics, -1)).mean(1).sum()
+    else:
+        critic_loss = F.mse_loss(out.squeeze(-1), target.expand(config.critics, -1), reduction="none").mean(1).sum()
+    _step(opt["critic"], critic_loss, f"{where}: critic")
+
+    action, logp = agent.actor(batch["obs"])
+    q = agent.q(agent.critic, batch["obs"], action).mean(0)
+    actor_loss = (alpha * logp - q).mean()
+    _step(opt["actor"], actor_loss, f"{where}: actor")
+
+    alpha_loss = -(agent.log_alpha * (logp.detach() + target_entropy)).mean()
+    _step(opt["alpha"], alpha_loss, f"{where}: temperature")
+    with torch.no_grad():
+        for p, tp in zip(agent.critic.parameters(), agent.target.parameters()):
+            tp.lerp_(p, config.tau)
+    return {"loss/critic": critic_loss.item(), "loss/actor": actor_loss.item(), "alpha": alpha.item(),
+            "q/mean": q.mean().item(), "entropy": -logp.mean().item()}
+
+
+def _step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str) -> None:
+    """A NaN/inf loss stops the run before any weight changes; the last train state on disk stays good."""
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise TrainingDiverged(f"{where} loss is {value}; the last good train state is kept (resume with a lower lr)")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
+def evaluate(agent: Agent, config: SacConfig) -> Any:
+    """Success of the deterministic actor (the squashed mean) over held-out seeded episodes."""
+    env = make(config.task, num_envs=config.eval_envs, seed=HELD_OUT_SEED, action_mode=config.action_mode,
+               reward_type=config.reward_type)
+    try:
+        with torch.no_grad():
+            return run_episodes(env, lambda obs: agent.actor(torch.from_numpy(flatten_obs(obs, config.obs_keys)),
+                                                             deterministic=True)[0].numpy(),
+                                config.eval_episodes, seed=HELD_OUT_SEED)
+    finally:
+        env.close()
+
+
+def train(config: SacConfig) -> SacResult:
+    torch.set_num_threads(config.threads)
+    run_dir = Path(config.run_dir or f"runs/sac-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_path = run_dir / "train_state.pt"
+    if config.resume and not state_path.exists():
+        raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
+    if not config.resume:
+        if (run_dir / "replay.zarr").exists():
+            raise FileExistsError(f"SacConfig.run_dir: {run_dir} already holds a run (replay.zarr); resume it "
+                                  "with --resume or choose another run_dir")
+        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+    rng = np.random.default_rng(config.seed)
+    torch.manual_seed(config.seed)
+
+    # envs and buffers
+    env = make(config.task, num_envs=config.num_envs, seed=config.seed, action_mode=config.action_mode,
+               reward_type=config.reward_type)
+    spec, n = env.task_spec, config.num_envs
+    bad = [k for k in config.obs_keys if k not in spec.observations or spec.observations[k].is_image
+           or spec.observations[k].dtype == "string"]
+    if bad:
+        raise ValueError(f"SacConfig.obs_keys: {bad} are not numeric state observations of {config.task}; expected "
+                         f"some of {[k for k, v in spec.observations.items() if not v.is_image and v.dtype != 'string']}")
+    demos = DemoTransitions(config.demos, spec, config.obs_keys) if config.demos is not None else None
+    capacity = math.ceil(config.total_steps / n) + 1
+    obs_dim = int(flatten_obs({k: np.zeros((1, *spec.observations[k].shape)) for k in config.obs_keys},
+                              config.obs_keys).shape[1])
+    low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (spec.action.low_array(), spec.action.high_array()))
+    action_dim = int(np.prod(spec.action.shape))
+    target_entropy = config.target_entropy if config.target_entropy is not None else -action_dim / 2
+
+    # networks
+    agent = Agent(obs_dim, action_dim, low, high, config)
+    opt = {"actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr),
+           "critic": torch.optim.Adam(agent.critic.parameters(), lr=config.lr),
+           "alpha": torch.optim.Adam([agent.log_alpha], lr=config.lr)}
+
+    # start or resume
+    if config.resume:
+        state = load_train_state(state_path)
+        agent.load_state_dict(state["agent"])
+        for k, o in opt.items():
+            o.load_state_dict(state["opt"][k])
+        set_rng_state(state["rng"], rng)
+        env.set_state({k: v.numpy() for k, v in state["env"].items()})
+        env.set_rng_state(state["env_rng"])
+        obs = {k: v.numpy() for k, v in state["obs"].items()}
+        store = EpisodeStore.open(run_dir / "replay.zarr", mode="a")
+        replay = ReplayBuffer.restore(spec, config.obs_keys, n, capacity, store, state["replay"])
+        start, episodes = int(state["step"]), state["episodes"]
+        ret, succ = state["running"]["ret"].numpy().copy(), state["running"]["succ"].numpy().copy()  # episodes in progress
+    else:
+        obs, _ = env.reset(seed=config.seed)
+        store = EpisodeStore.create(run_dir / "replay.zarr", spec)
+        replay = ReplayBuffer(spec, config.obs_keys, n, capacity, store)
+        start, episodes = 0, {"returns": [], "success": []}
+        ret, succ = np.zeros(n), np.zeros(n, bool)
+
+    def checkpoint(step: int) -> None:
+        save_train_state(state_path, step=step, agent=agent.state_dict(),
+                         opt={k: o.state_dict() for k, o in opt.items()}, rng=rng_state(rng),
+                         env={k: torch.from_numpy(np.asarray(v)) for k, v in env.get_state().items()},
+                         env_rng=env.get_rng_state(), obs={k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()},
+                         replay=replay.state(), episodes=episodes,
+                         running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
+        torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
+
+    log = RunLog(run_dir)
+    vector_steps = math.ceil(config.total_steps / n)
+    bar = tqdm(total=vector_steps * n, initial=start * n, desc=f"sac {config.task}", unit="step",
+               disable=not config.progress, dynamic_ncols=True)
+    began = time.perf_counter()
+    stats: dict[str, float] = {}
+    try:
+        for it in range(start, vector_steps):
+            done_steps = it * n
+            if done_steps < config.learning_starts:
+                action = rng.uniform(spec.action.low_array(), spec.action.high_array(), (n, action_dim)).astype(np.float32)
+            else:
+                with torch.no_grad():
+                    action = agent.actor(torch.from_numpy(flatten_obs(obs, config.obs_keys)))[0].numpy()
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            replay.add(obs, action, reward, terminated, truncated, info["success"])
+            ret += reward
+            succ |= info["success"]
+            for i in np.nonzero(terminated | truncated)[0]:
+                episodes["returns"].append(float(ret[i]))
+                episodes["success"].append(bool(succ[i]))
+                ret[i], succ[i] = 0.0, False
+            obs = next_obs
+            now = (it + 1) * n
+            if now >= config.learning_starts and replay.steps >= 2:
+                for _ in range(config.utd * n):
+                    stats = update(agent, opt, sample(replay, demos, config, rng), config, target_entropy,
+                                   f"sac step {now} (last train state: {state_path})")
+            bar.update(n)
+            if now // config.log_every != done_steps // config.log_every:
+                recent = episodes["success"][-20:]
+                log.log(now, **stats, **({"train/success_rate": float(np.mean(recent)),
+                                          "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
+                bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
+            if config.eval_every and now // config.eval_every != done_steps // config.eval_every and it + 1 < vector_steps:
+                log.log(now, **{"eval/success_rate": evaluate(agent, config).success_rate})
+            if now // config.checkpoint_every != done_steps // config.checkpoint_every or it + 1 == vector_steps:
+                checkpoint(it + 1)
+    finally:
+        bar.close()
+        env.close()
+        store.close()
+    seconds = time.perf_counter() - began
+    success, ci = None, None
+    if config.eval_episodes > 0:
+        stats_eval = evaluate(agent, config)
+        success, ci = stats_eval.success_rate, stats_eval.success_ci95()
+        log.log(vector_steps * n, **{"eval/success_rate": success})
+    log.close()
+    result = SacResult(run_dir / "actor.pt", vector_steps * n, seconds, success, ci, run_dir)
+    (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
+    return result
+
+
+def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfig,
+           rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    """A batch: online transitions only, or RLPD's symmetric mix of demonstrations and online data."""
+    if demos is None:
+        return replay.sample(config.batch_size, rng)
+    k = int(round(config.batch_size * config.demo_ratio))
+    a, b = demos.sample(k, rng), replay.sample(config.batch_size - k, rng)
+    return {key: torch.cat([a[key], b[key]]) for key in a}
+
+
+def run_train_sac(config: SacConfig) -> SacResult:
+    result = train(config)
+    ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
+    success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
+        if result.success_rate is not None else ""
+    print(f"sac {config.task}: {success}{result.steps} env steps in {result.train_seconds:.0f} s; actor {result.actor}")
+    return result

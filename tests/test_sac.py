@@ -1,0 +1,114 @@
+"""SAC / RLPD on real MuJoCo envs: learns Reach from demonstrations within a CI budget, keeps every transition on
+the store, resumes exactly after a SIGKILL, stops on a NaN loss keeping the last good train state."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robotrl import SpecMismatchError
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.record import record_expert
+from robotrl.sac import SacConfig, evaluate, train, Agent
+from robotrl.training import TrainingDiverged
+
+ROBOTRL = Path(sys.executable).parent / "robotrl"
+
+
+@pytest.fixture(scope="module")
+def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
+    record_expert(path, "Reach", episodes=20, num_envs=10, progress=False).close()  # the task's demo noise
+    return path
+
+
+def small(run_dir: Path, **overrides: object) -> SacConfig:
+    base = SacConfig(task="Reach", num_envs=2, total_steps=400, learning_starts=100, hidden=(64, 64), lr=1e-3,
+                     eval_episodes=1, eval_envs=1, checkpoint_every=200, log_every=100, run_dir=run_dir, progress=False)
+    return replace(base, **overrides)
+
+
+def test_rlpd_learns_reach_from_demos(reach_demos: Path, tmp_path: Path) -> None:
+    """From an untrained actor (0-10% on Reach) to >= 40% in 2,000 env steps with 20 noisy demonstrations."""
+    cfg = SacConfig(task="Reach", total_steps=2000, learning_starts=200, demos=reach_demos, eval_episodes=40,
+                    eval_envs=20, run_dir=tmp_path / "rlpd", progress=False)
+    torch.manual_seed(0)
+    obs_dim, action_dim = 23, 3
+    start = evaluate(Agent(obs_dim, action_dim, -torch.ones(3), torch.ones(3), cfg), cfg).success_rate
+    result = train(cfg)
+    assert result.success_rate is not None
+    assert result.success_rate >= 0.4 and result.success_rate >= start + 0.3, (start, result.success_rate)
+    # every finished episode of the run is on disk, tagged with its env
+    store = EpisodeStore.open(tmp_path / "rlpd" / "replay.zarr")
+    assert store.num_episodes == 2000 // 60 and store.num_steps == 60 * (2000 // 60)  # the unfinished one is not
+    assert {e["source"] for e in store.episodes} == {"policy"} and {e["env"] for e in store.episodes} == {0}
+
+
+def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state) -> None:
+    """`robotrl train sac` is SIGKILLed after its first train state; `--resume` ends with the weights and the
+    replay store of a run that was never stopped (envs mid-episode, RNGs, replay rebuilt from the store)."""
+    cfg = small(tmp_path / "killed", checkpoint_every=100)
+    args = [str(ROBOTRL), "train", "sac", "--task", "Reach", "--num-envs", "2", "--total-steps", "400",
+            "--learning-starts", "100", "--hidden", "64", "64", "--lr", "1e-3", "--eval-episodes", "1", "--eval-envs",
+            "1", "--checkpoint-every", "100", "--log-every", "100", "--run-dir", str(cfg.run_dir), "--no-progress"]
+    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    assert 50 <= step < 200, step
+    resumed = train(replace(cfg, resume=True))
+    straight = train(replace(cfg, run_dir=tmp_path / "straight"))
+    a = torch.load(straight.actor, weights_only=True)
+    b = torch.load(resumed.actor, weights_only=True)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    s1, s2 = EpisodeStore.open(tmp_path / "straight" / "replay.zarr"), EpisodeStore.open(tmp_path / "killed" / "replay.zarr")
+    assert s1.num_episodes == s2.num_episodes > 0
+    for key in ("state", "action", "reward"):
+        np.testing.assert_array_equal(s1.load([key])[key], s2.load([key])[key])
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path) -> None:
+    cfg = small(tmp_path / "nan", lr=1e6, checkpoint_every=50)  # an absurd learning rate blows the weights up
+    with pytest.raises(TrainingDiverged, match=r"sac step \d+ \(last train state: .*train_state.pt\): \w+ loss is nan"):
+        train(cfg)
+    state = torch.load(tmp_path / "nan" / "train_state.pt", weights_only=True)
+    assert state["step"] * 2 <= 100  # taken before the first update
+    assert all(torch.isfinite(v).all() for v in state["agent"].values())
+
+
+def test_bad_configs_and_demos_are_refused(reach_demos: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"SacConfig.critic_subset: expected <= critics \(2\), got 3"):
+        small(tmp_path, critic_subset=3)
+    with pytest.raises(ValueError, match=r"SacConfig.obs_keys: \['nope'\] are not numeric state observations of Reach"):
+        train(small(tmp_path / "keys", obs_keys=("nope",)))
+    pusht = tmp_path / "pusht.zarr"
+    record_expert(pusht, "PushT", episodes=1, num_envs=1, progress=False, episode_steps=5).close()
+    with pytest.raises(SpecMismatchError, match="spec.task"):
+        train(small(tmp_path / "mismatch", demos=pusht))
+    train(small(tmp_path / "once", total_steps=20, learning_starts=10))
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train(small(tmp_path / "once", total_steps=20, learning_starts=10))
+
+
+def test_hl_gauss_critic_represents_its_targets(tmp_path: Path) -> None:
+    from robotrl.policies.gaussian import HLGauss
+
+    hl = HLGauss(-10.0, 60.0, bins=101)  # bins 0.7 wide, sigma 0.525
+    inside, outside = torch.tensor([-3.3, 0.0, 12.5, 40.0]), torch.tensor([-20.0, 80.0])
+    torch.testing.assert_close(hl.target_probs(inside).sum(-1), torch.ones(4))
+    # the histogram's mean is the target inside the range; outside, within a sigma of the edge it was clamped to
+    torch.testing.assert_close(hl.value(hl.target_probs(inside).log()), inside, atol=0.02, rtol=0)
+    torch.testing.assert_close(hl.value(hl.target_probs(outside).log()), torch.tensor([-10.0, 60.0]), atol=hl.sigma, rtol=0)
+    # cross-entropy against the histogram drives free logits to represent the target
+    logits = torch.randn(4, 101, requires_grad=True)
+    opt = torch.optim.Adam([logits], lr=0.2)
+    for _ in range(2000):
+        opt.zero_grad()
+        hl.loss(logits, inside).mean().backward()
+        opt.step()
+    torch.testing.assert_close(hl.value(logits.detach()), inside, atol=0.1, rtol=0)
+    result = train(small(tmp_path / "hl", critic_loss="hl_gauss"))  # and the run trains with it end to end
+    assert all(torch.isfinite(v).all() for v in torch.load(result.actor, weights_only=True).values())
