@@ -262,7 +262,7 @@ def train(config: SacConfig) -> SacResult:
     vector_steps = math.ceil(config.total_steps / n)
     bar = tqdm(total=vector_steps * n, initial=start * n, desc=f"sac {config.task}", unit="step",
                disable=not config.progress, dynamic_ncols=True)
-    began = time.perf_counter()
+    began, eval_seconds = time.perf_counter(), 0.0
     stats: dict[str, float] = {}
     try:
         for it in range(start, vector_steps):
@@ -293,19 +293,23 @@ def train(config: SacConfig) -> SacResult:
                                           "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
             if config.eval_every and now // config.eval_every != done_steps // config.eval_every and it + 1 < vector_steps:
-                log.log(now, **{"eval/success_rate": evaluate(agent, config).success_rate})
+                t0 = time.perf_counter()
+                trained_s = t0 - began - eval_seconds
+                success_now = evaluate(agent, config).success_rate
+                eval_seconds += time.perf_counter() - t0
+                log.log(now, **{"eval/success_rate": success_now, "time/train_seconds": trained_s})
             if now // config.checkpoint_every != done_steps // config.checkpoint_every or it + 1 == vector_steps:
                 checkpoint(it + 1)
     finally:
         bar.close()
         env.close()
         store.close()
-    seconds = time.perf_counter() - began
+    seconds = time.perf_counter() - began - eval_seconds  # training alone
     success, ci = None, None
     if config.eval_episodes > 0:
         stats_eval = evaluate(agent, config)
         success, ci = stats_eval.success_rate, stats_eval.success_ci95()
-        log.log(vector_steps * n, **{"eval/success_rate": success})
+        log.log(vector_steps * n, **{"eval/success_rate": success, "time/train_seconds": seconds})
     log.close()
     result = SacResult(run_dir / "actor.pt", vector_steps * n, seconds, success, ci, run_dir)
     (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
