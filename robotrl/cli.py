@@ -136,9 +136,11 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
     def train() -> Commands:
         from robotrl.bc import BCConfig, run_train_bc
 
+        from robotrl.iql import IqlConfig, run_train_iql
         from robotrl.sac import SacConfig, run_train_sac
 
-        return {"sb3": (Sb3Config, run_sb3), "bc": (BCConfig, run_train_bc), "sac": (SacConfig, run_train_sac)}
+        return {"sb3": (Sb3Config, run_sb3), "bc": (BCConfig, run_train_bc), "sac": (SacConfig, run_train_sac),
+                "iql": (IqlConfig, run_train_iql)}
 
     def data() -> Commands:
         from robotrl.datasets import ops, record
@@ -150,7 +152,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
 
     return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
             "data": ("Episode stores: inspect, validate, merge, split, record demos, convert.", data),
-            "train": ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), SAC / RLPD, and Stable-Baselines3.", train)}
+            "train": ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), SAC / RLPD, IQL, and Stable-Baselines3.", train)}
 
 
 def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any], Any]]]]]:

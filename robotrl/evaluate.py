@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +40,20 @@ class EvalConfig:
     videos: int = 0
     """also write this many single-env episode videos next to the checkpoint (eval_<i>.mp4)"""
     video_dir: Path | None = None
+
+
+def evaluate_state_actor(actor: Callable[[np.ndarray], np.ndarray], task: str, obs_keys: Sequence[str], episodes: int,
+                         num_envs: int, **options: Any) -> Any:
+    """Held-out success of an actor-critic's actor: flattened state observations (N, D) -> actions (N, A)."""
+    from robotrl.envs import make
+    from robotrl.envs.rollouts import run_episodes
+    from robotrl.replay import flatten_obs
+
+    env = make(task, num_envs=min(num_envs, episodes), seed=HELD_OUT_SEED, **options)
+    try:
+        return run_episodes(env, lambda obs: actor(flatten_obs(obs, obs_keys)), episodes, seed=HELD_OUT_SEED)
+    finally:
+        env.close()
 
 
 def spec_for(spec: Spec, keys: tuple[str, ...]) -> Spec:

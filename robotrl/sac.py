@@ -31,12 +31,11 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
-from robotrl.envs.rollouts import run_episodes
-from robotrl.evaluate import HELD_OUT_SEED
+from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
 from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs
 from robotrl.training import (
-    RunLog, TrainingDiverged, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+    RunLog, gradient_step, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
 )
 
 
@@ -151,15 +150,15 @@ def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str,
         critic_loss = agent.hl.loss(out, target.expand(config.critics, -1)).mean(1).sum()
     else:
         critic_loss = F.mse_loss(out.squeeze(-1), target.expand(config.critics, -1), reduction="none").mean(1).sum()
-    _step(opt["critic"], critic_loss, f"{where}: critic")
+    gradient_step(opt["critic"], critic_loss, f"{where}: critic")
 
     action, logp = agent.actor(batch["obs"])
     q = agent.q(agent.critic, batch["obs"], action).mean(0)
     actor_loss = (alpha * logp - q).mean()
-    _step(opt["actor"], actor_loss, f"{where}: actor")
+    gradient_step(opt["actor"], actor_loss, f"{where}: actor")
 
     alpha_loss = -(agent.log_alpha * (logp.detach() + target_entropy)).mean()
-    _step(opt["alpha"], alpha_loss, f"{where}: temperature")
+    gradient_step(opt["alpha"], alpha_loss, f"{where}: temperature")
     with torch.no_grad():
         for p, tp in zip(agent.critic.parameters(), agent.target.parameters()):
             tp.lerp_(p, config.tau)
@@ -167,27 +166,18 @@ def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str,
             "q/mean": q.mean().item(), "entropy": -logp.mean().item()}
 
 
-def _step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str) -> None:
-    """A NaN/inf loss stops the run before any weight changes; the last train state on disk stays good."""
-    value = float(loss.detach())
-    if not math.isfinite(value):
-        raise TrainingDiverged(f"{where} loss is {value}; the last good train state is kept (resume with a lower lr)")
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-
-
 def evaluate(agent: Agent, config: SacConfig) -> Any:
     """Success of the deterministic actor (the squashed mean) over held-out seeded episodes."""
-    env = make(config.task, num_envs=config.eval_envs, seed=HELD_OUT_SEED, action_mode=config.action_mode,
-               reward_type=config.reward_type)
-    try:
-        with torch.no_grad():
-            return run_episodes(env, lambda obs: agent.actor(torch.from_numpy(flatten_obs(obs, config.obs_keys)),
-                                                             deterministic=True)[0].numpy(),
-                                config.eval_episodes, seed=HELD_OUT_SEED)
-    finally:
-        env.close()
+    return evaluate_state_actor(actor_fn(agent.actor), config.task, config.obs_keys, config.eval_episodes,
+                                config.eval_envs, action_mode=config.action_mode, reward_type=config.reward_type)
+
+
+def actor_fn(actor: TanhGaussianActor) -> Any:
+    """The deterministic action of a tanh-Gaussian actor for a batch of flattened observations (numpy in and out)."""
+    @torch.no_grad()
+    def act(obs: np.ndarray) -> np.ndarray:
+        return actor(torch.from_numpy(obs), deterministic=True)[0].numpy()
+    return act
 
 
 def train(config: SacConfig) -> SacResult:

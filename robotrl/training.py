@@ -35,6 +35,17 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.
     return value, grad_norm
 
 
+def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: str) -> None:
+    """One unclipped step of an actor-critic loss; a NaN/inf loss raises `TrainingDiverged` (naming `where`)
+    before any weight changes, so the last train state on disk stays good."""
+    value = loss.item()
+    if not math.isfinite(value):
+        raise TrainingDiverged(f"{where} loss is {value}; the last good train state is kept (resume with a lower lr)")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+
+
 class EMA:
     """Exponential moving average of a module's weights, with diffusion policy's warm-up (the decay grows with
     the step count, so early averages do not drag in random initial weights)."""
