@@ -55,8 +55,13 @@ class SacConfig:
     """RLPD: a store of demonstrations of the same task and reward (e.g. `robotrl data record`), sampled as
     `demo_ratio` of every batch"""
     demo_ratio: float = 0.5
+    init: Path | None = None
+    """WSRL: start from an offline-pretrained run (`robotrl train iql` or `sac` run directory: its actor and
+    critics); the warm-up transitions then come from that actor, not from random actions, and without `demos`
+    the offline data is not kept"""
     learning_starts: int = 1_000
-    """transitions collected with uniform random actions before the first update (RLPD with demos: fewer)"""
+    """transitions collected before the first update: uniform random actions (or the `init` actor: WSRL's
+    warm-up)"""
     utd: int = 1
     """gradient updates per collected transition (RLPD: 10-20)"""
     batch_size: int = 256
@@ -214,6 +219,8 @@ def train(config: SacConfig) -> SacResult:
 
     # networks
     agent = Agent(obs_dim, action_dim, low, high, config)
+    if config.init is not None and not config.resume:
+        load_pretrained(agent, Path(config.init))
     opt = {"actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr),
            "critic": torch.optim.Adam(agent.critic.parameters(), lr=config.lr),
            "alpha": torch.optim.Adam([agent.log_alpha], lr=config.lr)}
@@ -257,7 +264,7 @@ def train(config: SacConfig) -> SacResult:
     try:
         for it in range(start, vector_steps):
             done_steps = it * n
-            if done_steps < config.learning_starts:
+            if done_steps < config.learning_starts and config.init is None:
                 action = rng.uniform(spec.action.low_array(), spec.action.high_array(), (n, action_dim)).astype(np.float32)
             else:
                 with torch.no_grad():
@@ -304,6 +311,24 @@ def train(config: SacConfig) -> SacResult:
     result = SacResult(run_dir / "actor.pt", vector_steps * n, seconds, success, ci, run_dir)
     (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
     return result
+
+
+def load_pretrained(agent: Agent, run_dir: Path) -> None:
+    """Actor, critics and target critics from an offline run's train state (IQL or SAC: the same modules)."""
+    path = run_dir / "train_state.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"SacConfig.init: expected a run directory with train_state.pt, got {run_dir}")
+    weights = load_train_state(path)["agent"]
+    own = agent.state_dict()
+    for key, value in own.items():
+        if not key.startswith(("actor.", "critic.", "target.")):
+            continue
+        if key not in weights or weights[key].shape != value.shape:
+            got = tuple(weights[key].shape) if key in weights else "nothing"
+            raise ValueError(f"SacConfig.init: {path} {key}: expected shape {tuple(value.shape)}, got {got} (same "
+                             "hidden sizes, critic count and critic loss as the offline run?)")
+        own[key] = weights[key]
+    agent.load_state_dict(own)
 
 
 def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfig,

@@ -112,3 +112,19 @@ def test_hl_gauss_critic_represents_its_targets(tmp_path: Path) -> None:
     torch.testing.assert_close(hl.value(logits.detach()), inside, atol=0.1, rtol=0)
     result = train(small(tmp_path / "hl", critic_loss="hl_gauss"))  # and the run trains with it end to end
     assert all(torch.isfinite(v).all() for v in torch.load(result.actor, weights_only=True).values())
+
+
+def test_wsrl_fine_tunes_an_offline_iql_agent_online(reach_demos: Path, tmp_path: Path) -> None:
+    """WSRL: IQL learns offline from 20 noisy demonstrations; SAC starts from its actor and critics, warms up with
+    its rollouts and fine-tunes on online data only, ending well above where the offline agent started (measured: 2.5% -> 72.5%)."""
+    from robotrl.iql import IqlConfig, train as train_iql
+
+    offline = train_iql(IqlConfig(store=reach_demos, steps=1500, eval_episodes=40, eval_envs=20,
+                                  run_dir=tmp_path / "iql", progress=False))
+    assert offline.success_rate is not None
+    online = train(SacConfig(task="Reach", total_steps=1500, learning_starts=300, init=tmp_path / "iql", lr=1e-3,
+                             eval_episodes=40, eval_envs=20, run_dir=tmp_path / "wsrl", progress=False))
+    assert online.success_rate is not None
+    assert online.success_rate >= 0.5 and online.success_rate >= offline.success_rate + 0.4, (offline, online)
+    with pytest.raises(ValueError, match=r"SacConfig.init: .*train_state.pt actor.trunk.0.weight: expected shape \(64, 23\)"):
+        train(small(tmp_path / "mismatch", init=tmp_path / "iql"))
