@@ -139,8 +139,11 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
         from robotrl.iql import IqlConfig, run_train_iql
         from robotrl.sac import SacConfig, run_train_sac
 
-        return {"sb3": (Sb3Config, run_sb3), "bc": (BCConfig, run_train_bc), "sac": (SacConfig, run_train_sac),
-                "iql": (IqlConfig, run_train_iql)}
+        from robotrl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
+
+        return {"bc": (BCConfig, run_train_bc), "sac": (SacConfig, run_train_sac), "iql": (IqlConfig, run_train_iql),
+                "sb3": (Sb3Config, run_sb3), "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3),
+                "sb3:TD3": (Sb3Td3Config, run_sb3)}
 
     def data() -> Commands:
         from robotrl.datasets import ops, record
@@ -199,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     commands = groups[args[0]][1]()
     config = tyro.extras.subcommand_cli_from_dict({k: cls for k, (cls, _) in commands.items()},
                                                   prog=f"robotrl {args[0]}", args=args[1:])
-    name, run = next((name, fn) for name, (cls, fn) in commands.items() if isinstance(config, cls))
+    name, run = next((name, fn) for name, (cls, fn) in commands.items() if type(config) is cls)
     _run(run, config, f"robotrl {args[0]} {name}")
 
 

@@ -1,4 +1,4 @@
-"""Stable-Baselines3 on a robotrl task: train SAC or PPO, then measure the success rate on the CPU backend.
+"""Stable-Baselines3 on a robotrl task: train SAC, PPO or TD3, then measure the success rate on the CPU backend.
 
 This is the smallest end-to-end check that the task suite is learnable with an off-the-shelf library and no
 changes to it: SB3 sees the registered gymnasium env (`robotrl/<Task>-v0`) with the chosen observation keys
@@ -22,7 +22,8 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-ALGOS = ("sac", "ppo")
+ALGOS = ("sac", "ppo", "td3")
+OFF_POLICY = ("sac", "td3")
 
 
 @dataclass
@@ -31,8 +32,8 @@ class Sb3Config:
 
     task: str = "Reach"
     """task name (see `robotrl envs list`)"""
-    algo: Literal["sac", "ppo"] = "sac"
-    """SAC (sample-efficient, the default) or PPO"""
+    algo: Literal["sac", "ppo", "td3"] = "sac"
+    """SAC (sample-efficient, the default), PPO or TD3"""
     action_mode: str = "ee_delta"
     """the task's action mode"""
     reward_type: Literal["dense", "sparse"] = "dense"
@@ -87,6 +88,28 @@ class Sb3Result:
         return _jsonable(dataclasses.asdict(self))
 
 
+@dataclass
+class Sb3SacConfig(Sb3Config):
+    """Stable-Baselines3's SAC on a robotrl task: the baseline of our SAC / RLPD."""
+
+    algo: Literal["sac", "ppo", "td3"] = "sac"
+
+
+@dataclass
+class Sb3PpoConfig(Sb3Config):
+    """Stable-Baselines3's PPO on a robotrl task."""
+
+    algo: Literal["sac", "ppo", "td3"] = "ppo"
+    n_envs: int = 8
+
+
+@dataclass
+class Sb3Td3Config(Sb3Config):
+    """Stable-Baselines3's TD3 on a robotrl task."""
+
+    algo: Literal["sac", "ppo", "td3"] = "td3"
+
+
 def make_sb3_env(config: Sb3Config, seed: int | None = None) -> gym.Env:
     """The registered single env, restricted to `obs_keys` and flattened to a Box (what SB3's MlpPolicy takes)."""
     import robotrl.envs  # noqa: F401  (registers the ids)
@@ -131,7 +154,7 @@ def evaluate(model: Any, config: Sb3Config, keys: tuple[str, ...]) -> Any:
 def train(config: Sb3Config) -> Sb3Result:
     """Train, save `model.zip`, evaluate, write `result.json`; metrics go to TensorBoard and `metrics.jsonl`."""
     import torch
-    from stable_baselines3 import PPO, SAC
+    from stable_baselines3 import PPO, SAC, TD3
     from stable_baselines3.common.callbacks import CallbackList, CheckpointCallback
     from stable_baselines3.common.logger import JSONOutputFormat, Logger, TensorBoardOutputFormat
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
@@ -144,10 +167,10 @@ def train(config: Sb3Config) -> Sb3Result:
     venv = VecMonitor(DummyVecEnv([lambda i=i: make_sb3_env(config, config.seed + i) for i in range(config.n_envs)]),
                       info_keywords=("success",))
     keys = tuple(venv.envs[0].env.observation_space.spaces)  # FlattenObservation(FilterObservation): its key order
-    algo_cls = SAC if config.algo == "sac" else PPO
+    algo_cls = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
     if config.resume is not None:
         model = algo_cls.load(config.resume, env=venv, device="cpu")
-        if config.algo == "sac" and replay_buffer_path(Path(config.resume)).exists():
+        if config.algo in OFF_POLICY and replay_buffer_path(Path(config.resume)).exists():
             model.load_replay_buffer(replay_buffer_path(Path(config.resume)))
     else:
         model = algo_cls("MlpPolicy", venv, seed=config.seed, device="cpu", verbose=0, **_algo_kwargs(config))
@@ -156,10 +179,10 @@ def train(config: Sb3Config) -> Sb3Result:
     callbacks: list[Any] = [progress_bar(config.total_timesteps, config.progress)]
     if config.checkpoint_every > 0:
         callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.n_envs, 1), str(run_dir / "checkpoints"),
-                                            name_prefix="model", save_replay_buffer=config.algo == "sac"))
+                                            name_prefix="model", save_replay_buffer=config.algo in OFF_POLICY))
     start = time.perf_counter()
     model.learn(config.total_timesteps, callback=CallbackList(callbacks), reset_num_timesteps=config.resume is None,
-                log_interval=10 if config.algo == "sac" else 1)
+                log_interval=10 if config.algo in OFF_POLICY else 1)
     seconds = time.perf_counter() - start
     model_path = run_dir / "model.zip"
     model.save(model_path)
@@ -181,7 +204,7 @@ def train(config: Sb3Config) -> Sb3Result:
 def _algo_kwargs(config: Sb3Config) -> dict[str, Any]:
     common = {"learning_rate": config.learning_rate, "batch_size": config.batch_size, "gamma": config.gamma,
               "policy_kwargs": {"net_arch": list(config.net_arch)}}
-    if config.algo == "sac":
+    if config.algo in OFF_POLICY:
         return {**common, "learning_starts": config.learning_starts, "buffer_size": max(config.total_timesteps, 1)}
     return {**common, "n_steps": max(2048 // config.n_envs, 8)}
 

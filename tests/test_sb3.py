@@ -87,3 +87,17 @@ def test_default_config_learns_reach(tmp_path):
     """The README's main job: the default SAC config reaches a clearly non-trivial success rate on Reach."""
     result = train(Sb3Config(run_dir=tmp_path, progress=False))
     assert result.success_rate >= 0.8, result
+
+
+def test_cli_sb3_subcommands_pick_their_algorithm(tmp_path, capsys):
+    """`robotrl train sb3:TD3|SAC|PPO` run Stable-Baselines3's algorithm of that name through the same config."""
+    from robotrl.cli import main
+
+    main(["train", "sb3:TD3", "--total-timesteps", "300", "--learning-starts", "100", "--net-arch", "32", "32",
+          "--batch-size", "32", "--eval-episodes", "2", "--eval-envs", "2", "--checkpoint-every", "0",
+          "--run-dir", str(tmp_path / "td3"), "--no-progress"])
+    assert "Reach TD3: success rate" in capsys.readouterr().out
+    assert json.loads((tmp_path / "td3" / "config.json").read_text())["algo"] == "td3"
+    from stable_baselines3 import TD3
+
+    assert TD3.load(tmp_path / "td3" / "model.zip").num_timesteps == 300
