@@ -137,12 +137,13 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
         from robotrl.bc import BCConfig, run_train_bc
 
         from robotrl.iql import IqlConfig, run_train_iql
+        from robotrl.ppo import PpoConfig, run_train_ppo
         from robotrl.sac import SacConfig, run_train_sac
 
         from robotrl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
 
         return {"bc": (BCConfig, run_train_bc), "sac": (SacConfig, run_train_sac), "iql": (IqlConfig, run_train_iql),
-                "sb3": (Sb3Config, run_sb3), "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3),
+                "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3), "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3),
                 "sb3:TD3": (Sb3Td3Config, run_sb3)}
 
     def data() -> Commands:
@@ -155,7 +156,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
 
     return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
             "data": ("Episode stores: inspect, validate, merge, split, record demos, convert.", data),
-            "train": ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), SAC / RLPD, IQL, and Stable-Baselines3.", train)}
+            "train": ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), SAC / RLPD / WSRL, IQL, PPO, and Stable-Baselines3.", train)}
 
 
 def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any], Any]]]]]:
