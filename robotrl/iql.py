@@ -32,11 +32,11 @@ from robotrl.policies.gaussian import CriticEnsemble, TanhGaussianActor
 from robotrl.policies.nets import mlp
 from robotrl.replay import DemoTransitions
 from robotrl.sac import actor_fn
-from robotrl.training import RunLog, gradient_step, jsonable, load_train_state, rng_state, save_train_state, set_rng_state
+from robotrl.training import RLResult, RunLog, RunOptions, gradient_step, jsonable, load_train_state, rng_state, save_train_state, set_rng_state
 
 
 @dataclass
-class IqlConfig:
+class IqlConfig(RunOptions):
     """Learn an actor and critics from a store of episodes (demonstrations, earlier runs), offline."""
 
     store: Path = Path("data/reach.zarr")
@@ -54,38 +54,16 @@ class IqlConfig:
     hidden: tuple[int, ...] = (256, 256)
     reward_type: Literal["dense", "sparse"] = "dense"
     """the reward the store was recorded with (evaluation uses it too)"""
-    eval_every: int = 0
-    eval_episodes: int = 50
-    eval_envs: int = 25
-    checkpoint_every: int = 5_000
-    log_every: int = 500
-    run_dir: Path | None = None
-    """default: runs/iql-<task>-<time>"""
-    resume: bool = False
-    seed: int = 0
-    threads: int = 1
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "critics", "checkpoint_every", "log_every", "eval_envs"):
+        super().__post_init__()
+        for name in ("steps", "batch_size", "critics"):
             if getattr(self, name) < 1:
                 raise ValueError(f"IqlConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if not 0.5 <= self.expectile < 1.0:
             raise ValueError(f"IqlConfig.expectile: expected a value in [0.5, 1), got {self.expectile}")
         if self.beta < 0:
             raise ValueError(f"IqlConfig.beta: expected >= 0, got {self.beta}")
-        if self.resume and self.run_dir is None:
-            raise ValueError("IqlConfig.resume: needs run_dir (the run to continue)")
-
-
-@dataclass
-class IqlResult:
-    actor: Path
-    steps: int
-    train_seconds: float
-    success_rate: float | None
-    success_ci95: tuple[float, float] | None
-    run_dir: Path
 
 
 class IqlAgent(torch.nn.Module):
@@ -131,7 +109,7 @@ def update(agent: IqlAgent, opt: dict[str, torch.optim.Optimizer], batch: dict[s
             "q/mean": q.mean().item(), "adv/weight_mean": weight.mean().item()}
 
 
-def train(config: IqlConfig) -> IqlResult:
+def train(config: IqlConfig) -> RLResult:
     torch.set_num_threads(config.threads)
     with EpisodeStore.open(config.store) as store:
         spec = store.spec
@@ -192,15 +170,10 @@ def train(config: IqlConfig) -> IqlResult:
         success, ci = stats_eval.success_rate, stats_eval.success_ci95()  # type: ignore[attr-defined]
         log.log(config.steps, **{"eval/success_rate": success})
     log.close()
-    result = IqlResult(run_dir / "actor.pt", config.steps, seconds, success, ci, run_dir)
-    (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
-    return result
+    return RLResult(run_dir / "actor.pt", config.steps, seconds, success, ci, run_dir).save()
 
 
-def run_train_iql(config: IqlConfig) -> IqlResult:
+def run_train_iql(config: IqlConfig) -> RLResult:
     result = train(config)
-    ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
-    success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
-        if result.success_rate is not None else ""
-    print(f"iql: {success}{result.steps} steps in {result.train_seconds:.0f} s; actor {result.actor}")
+    print(result.summary("iql", config.eval_episodes, "updates"))
     return result

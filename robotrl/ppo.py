@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,18 +33,14 @@ from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.nets import mlp
 from robotrl.replay import flatten_obs
 from robotrl.training import (
-    RunLog, TrainingDiverged, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+    RLResult, RunLog, RunOptions, TaskOptions, TrainingDiverged, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
 )
 
 
 @dataclass
-class PpoConfig:
+class PpoConfig(RunOptions, TaskOptions):
     """Train a Gaussian policy and a value function with PPO on a task's parallel vector env."""
 
-    task: str = "Reach"
-    action_mode: str = "ee_delta"
-    reward_type: Literal["dense", "sparse"] = "dense"
-    obs_keys: tuple[str, ...] = ("state",)
     num_envs: int = 32
     total_steps: int = 300_000
     """environment steps, all envs together"""
@@ -66,20 +62,10 @@ class PpoConfig:
     normalize_advantages: bool = True
     hidden: tuple[int, ...] = (256, 256)
     init_log_std: float = -0.5
-    eval_every: int = 0
-    """evaluate every N env steps (0: only at the end)"""
-    eval_episodes: int = 50
-    eval_envs: int = 25
-    checkpoint_every: int = 50_000
-    run_dir: Path | None = None
-    """default: runs/ppo-<task>-<time>"""
-    resume: bool = False
-    seed: int = 0
-    threads: int = 1
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_envs", "total_steps", "rollout_steps", "epochs", "minibatches", "eval_envs", "checkpoint_every"):
+        super().__post_init__()
+        for name in ("num_envs", "total_steps", "rollout_steps", "epochs", "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PpoConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if (self.num_envs * self.rollout_steps) % self.minibatches:
@@ -88,19 +74,6 @@ class PpoConfig:
         if not (0.0 < self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0 and self.clip > 0):
             raise ValueError(f"PpoConfig.gamma / gae_lambda / clip: expected (0, 1], [0, 1], > 0, got "
                              f"{self.gamma}, {self.gae_lambda}, {self.clip}")
-        if self.resume and self.run_dir is None:
-            raise ValueError("PpoConfig.resume: needs run_dir (the run to continue)")
-
-
-@dataclass
-class PpoResult:
-    agent: Path
-    steps: int
-    train_seconds: float
-    steps_per_second: float
-    success_rate: float | None
-    success_ci95: tuple[float, float] | None
-    run_dir: Path
 
 
 class RunningNorm(nn.Module):
@@ -193,7 +166,7 @@ def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_valu
     return adv
 
 
-def train(config: PpoConfig) -> PpoResult:
+def train(config: PpoConfig) -> RLResult:
     torch.set_num_threads(config.threads)
     run_dir = Path(config.run_dir or f"runs/ppo-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -326,17 +299,11 @@ def train(config: PpoConfig) -> PpoResult:
         success, ci = stats_eval.success_rate, stats_eval.success_ci95()
         log.log(steps, **{"eval/success_rate": success, "time/train_seconds": seconds})
     log.close()
-    result = PpoResult(run_dir / "agent.pt", steps, seconds, (steps - start * n * horizon) / max(seconds, 1e-9),
-                       success, ci, run_dir)
-    (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
-    return result
+    return RLResult(run_dir / "agent.pt", steps, seconds, success, ci, run_dir,
+                    steps_per_second=(steps - start * n * horizon) / max(seconds, 1e-9)).save()
 
 
-def run_train_ppo(config: PpoConfig) -> PpoResult:
+def run_train_ppo(config: PpoConfig) -> RLResult:
     result = train(config)
-    ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
-    success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
-        if result.success_rate is not None else ""
-    print(f"ppo {config.task}: {success}{result.steps} env steps in {result.train_seconds:.0f} s "
-          f"({result.steps_per_second:,.0f} steps/s); agent {result.agent}")
+    print(result.summary(f"ppo {config.task}", config.eval_episodes, "env steps"))
     return result

@@ -35,19 +35,14 @@ from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
 from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs
 from robotrl.training import (
-    RunLog, gradient_step, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+    RLResult, RunLog, RunOptions, TaskOptions, gradient_step, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
 )
 
 
 @dataclass
-class SacConfig:
+class SacConfig(RunOptions, TaskOptions):
     """Train a tanh-Gaussian actor and a critic ensemble online on a task's vector env (SAC / RLPD)."""
 
-    task: str = "Reach"
-    action_mode: str = "ee_delta"
-    reward_type: Literal["dense", "sparse"] = "dense"
-    obs_keys: tuple[str, ...] = ("state",)
-    """numeric, non-image observation keys, flattened in this order"""
     num_envs: int = 1
     total_steps: int = 20_000
     """environment steps (transitions, all envs together)"""
@@ -81,23 +76,10 @@ class SacConfig:
     init_temperature: float = 0.1
     target_entropy: float | None = None
     """default: -action_dim / 2 (RLPD)"""
-    eval_every: int = 0
-    """evaluate every N transitions (0: only at the end)"""
-    eval_episodes: int = 50
-    eval_envs: int = 25
-    checkpoint_every: int = 5_000
-    """transitions between train states (the store holds every finished episode regardless)"""
-    log_every: int = 1_000
-    run_dir: Path | None = None
-    """default: runs/sac-<task>-<time>; holds replay.zarr, train_state.pt, actor.pt, metrics and TensorBoard"""
-    resume: bool = False
-    seed: int = 0
-    threads: int = 1
-    progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_envs", "total_steps", "utd", "batch_size", "critics", "critic_subset", "checkpoint_every",
-                     "log_every", "eval_envs"):
+        super().__post_init__()
+        for name in ("num_envs", "total_steps", "utd", "batch_size", "critics", "critic_subset"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SacConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if self.critic_subset > self.critics:
@@ -106,18 +88,6 @@ class SacConfig:
             raise ValueError(f"SacConfig.demo_ratio: expected a fraction in (0, 1), got {self.demo_ratio}")
         if not (0.0 < self.gamma < 1.0 and 0.0 < self.tau <= 1.0):
             raise ValueError(f"SacConfig.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, {self.tau}")
-        if self.resume and self.run_dir is None:
-            raise ValueError("SacConfig.resume: needs run_dir (the run to continue)")
-
-
-@dataclass
-class SacResult:
-    actor: Path
-    steps: int
-    train_seconds: float
-    success_rate: float | None
-    success_ci95: tuple[float, float] | None
-    run_dir: Path
 
 
 class Agent(torch.nn.Module):
@@ -185,7 +155,7 @@ def actor_fn(actor: TanhGaussianActor) -> Any:
     return act
 
 
-def train(config: SacConfig) -> SacResult:
+def train(config: SacConfig) -> RLResult:
     torch.set_num_threads(config.threads)
     run_dir = Path(config.run_dir or f"runs/sac-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -308,9 +278,7 @@ def train(config: SacConfig) -> SacResult:
         success, ci = stats_eval.success_rate, stats_eval.success_ci95()
         log.log(vector_steps * n, **{"eval/success_rate": success, "time/train_seconds": seconds})
     log.close()
-    result = SacResult(run_dir / "actor.pt", vector_steps * n, seconds, success, ci, run_dir)
-    (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
-    return result
+    return RLResult(run_dir / "actor.pt", vector_steps * n, seconds, success, ci, run_dir).save()
 
 
 def load_pretrained(agent: Agent, run_dir: Path) -> None:
@@ -341,10 +309,7 @@ def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfi
     return {key: torch.cat([a[key], b[key]]) for key in a}
 
 
-def run_train_sac(config: SacConfig) -> SacResult:
+def run_train_sac(config: SacConfig) -> RLResult:
     result = train(config)
-    ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
-    success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
-        if result.success_rate is not None else ""
-    print(f"sac {config.task}: {success}{result.steps} env steps in {result.train_seconds:.0f} s; actor {result.actor}")
+    print(result.summary(f"sac {config.task}", config.eval_episodes, "env steps"))
     return result

@@ -7,9 +7,9 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -111,6 +111,75 @@ class RunLog:
     def close(self) -> None:
         self.file.close()
         self.tb.close()
+
+
+@dataclass
+class TaskOptions:
+    """The task an online RL run acts in (its config's first fields)."""
+
+    task: str = "Reach"
+    action_mode: str = "ee_delta"
+    reward_type: Literal["dense", "sparse"] = "dense"
+    obs_keys: tuple[str, ...] = ("state",)
+    """numeric, non-image observation keys, flattened in this order"""
+
+
+@dataclass
+class RunOptions:
+    """Evaluation, logging, train states and the run directory: what every RL run's config shares."""
+
+    eval_every: int = 0
+    """evaluate every N steps (0: only at the end)"""
+    eval_episodes: int = 50
+    """held-out episodes of the final evaluation (0: none)"""
+    eval_envs: int = 25
+    checkpoint_every: int = 5_000
+    """steps between train states"""
+    log_every: int = 1_000
+    run_dir: Path | None = None
+    """default: runs/<algorithm>-<task>-<time>"""
+    resume: bool = False
+    """continue the run in run_dir exactly from its last train state"""
+    seed: int = 0
+    threads: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for field in ("eval_envs", "checkpoint_every", "log_every"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
+        for field in ("eval_every", "eval_episodes"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
+        if self.resume and self.run_dir is None:
+            raise ValueError(f"{name}.resume: needs run_dir (the run to continue)")
+
+
+@dataclass
+class RLResult:
+    """What an actor-critic run (SAC, IQL, PPO) ends with; also its run directory's result.json."""
+
+    weights: Path
+    """the actor's (PPO: the agent's) state dict"""
+    steps: int
+    train_seconds: float
+    """training alone, evaluation excluded"""
+    success_rate: float | None
+    success_ci95: tuple[float, float] | None
+    run_dir: Path
+    steps_per_second: float | None = None
+
+    def save(self) -> "RLResult":
+        (self.run_dir / "result.json").write_text(json.dumps(jsonable(self), indent=2))
+        return self
+
+    def summary(self, name: str, episodes: int, unit: str = "env steps") -> str:
+        ci = f" (95% CI {self.success_ci95[0]:.1%}-{self.success_ci95[1]:.1%})" if self.success_ci95 else ""
+        success = f"success {self.success_rate:.1%}{ci} over {episodes} held-out episodes; " \
+            if self.success_rate is not None else ""
+        rate = f" ({self.steps_per_second:,.0f} steps/s)" if self.steps_per_second else ""
+        return f"{name}: {success}{self.steps} {unit} in {self.train_seconds:.0f} s{rate}; weights {self.weights}"
 
 
 def rng_state(rng: np.random.Generator) -> dict[str, Any]:

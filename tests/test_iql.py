@@ -42,7 +42,7 @@ def test_resume_continues_exactly(reach_demos: Path, tmp_path: Path) -> None:
     straight = train(cfg)
     train(replace(cfg, run_dir=tmp_path / "b", steps=30))  # a run that stopped at its step-30 train state ...
     resumed = train(replace(cfg, run_dir=tmp_path / "b", resume=True))  # ... and went on to 60
-    a, b = torch.load(straight.actor, weights_only=True), torch.load(resumed.actor, weights_only=True)
+    a, b = torch.load(straight.weights, weights_only=True), torch.load(resumed.weights, weights_only=True)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 

@@ -37,7 +37,7 @@ def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state
     assert 1 <= step < 6, step
     resumed = train(replace(cfg, resume=True))
     straight = train(replace(cfg, run_dir=tmp_path / "straight"))
-    a, b = torch.load(straight.agent, weights_only=True), torch.load(resumed.agent, weights_only=True)
+    a, b = torch.load(straight.weights, weights_only=True), torch.load(resumed.weights, weights_only=True)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 

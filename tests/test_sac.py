@@ -60,8 +60,8 @@ def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state
     assert 50 <= step < 200, step
     resumed = train(replace(cfg, resume=True))
     straight = train(replace(cfg, run_dir=tmp_path / "straight"))
-    a = torch.load(straight.actor, weights_only=True)
-    b = torch.load(resumed.actor, weights_only=True)
+    a = torch.load(straight.weights, weights_only=True)
+    b = torch.load(resumed.weights, weights_only=True)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
     s1, s2 = EpisodeStore.open(tmp_path / "straight" / "replay.zarr"), EpisodeStore.open(tmp_path / "killed" / "replay.zarr")
@@ -111,7 +111,7 @@ def test_hl_gauss_critic_represents_its_targets(tmp_path: Path) -> None:
         opt.step()
     torch.testing.assert_close(hl.value(logits.detach()), inside, atol=0.1, rtol=0)
     result = train(small(tmp_path / "hl", critic_loss="hl_gauss"))  # and the run trains with it end to end
-    assert all(torch.isfinite(v).all() for v in torch.load(result.actor, weights_only=True).values())
+    assert all(torch.isfinite(v).all() for v in torch.load(result.weights, weights_only=True).values())
 
 
 def test_wsrl_fine_tunes_an_offline_iql_agent_online(reach_demos: Path, tmp_path: Path) -> None:
