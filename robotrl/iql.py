@@ -15,7 +15,6 @@ exactly.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,9 @@ from robotrl.policies.gaussian import CriticEnsemble, TanhGaussianActor
 from robotrl.policies.nets import mlp
 from robotrl.replay import DemoTransitions
 from robotrl.sac import actor_fn
-from robotrl.training import RLResult, RunLog, RunOptions, gradient_step, jsonable, load_train_state, rng_state, save_train_state, set_rng_state
+from robotrl.training import (
+    RLResult, RunLog, RunOptions, gradient_step, load_run_state, save_run_state, start_run,
+)
 
 
 @dataclass
@@ -110,16 +111,9 @@ def update(agent: IqlAgent, opt: dict[str, torch.optim.Optimizer], batch: dict[s
 
 
 def train(config: IqlConfig) -> RLResult:
-    torch.set_num_threads(config.threads)
     with EpisodeStore.open(config.store) as store:
         spec = store.spec
-    run_dir = Path(config.run_dir or f"runs/iql-{spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_path = run_dir / "train_state.pt"
-    if not config.resume:
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
-    rng = np.random.default_rng(config.seed)
-    torch.manual_seed(config.seed)
+    run_dir, state_path, rng = start_run(config, "iql", spec.task)
 
     # data
     data = DemoTransitions(config.store, spec, config.obs_keys)
@@ -132,14 +126,7 @@ def train(config: IqlConfig) -> RLResult:
            "actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr)}
     start = 0
     if config.resume:
-        if not state_path.exists():
-            raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
-        state = load_train_state(state_path)
-        agent.load_state_dict(state["agent"])
-        for k, o in opt.items():
-            o.load_state_dict(state["opt"][k])
-        set_rng_state(state["rng"], rng)
-        start = int(state["step"])
+        start = int(load_run_state(state_path, agent, opt, rng)["step"])
 
     def evaluate() -> object:
         return evaluate_state_actor(actor_fn(agent.actor), spec.task, config.obs_keys, config.eval_episodes,
@@ -159,8 +146,7 @@ def train(config: IqlConfig) -> RLResult:
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
             log.log(done, **{"eval/success_rate": evaluate().success_rate})  # type: ignore[attr-defined]
         if done % config.checkpoint_every == 0 or done == config.steps:
-            save_train_state(state_path, step=done, agent=agent.state_dict(),
-                             opt={k: o.state_dict() for k, o in opt.items()}, rng=rng_state(rng))
+            save_run_state(state_path, done, agent, opt, rng)
             torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
     bar.close()
     seconds = time.perf_counter() - began

@@ -16,11 +16,9 @@ failures. A killed run resumes exactly from its last iteration (`--resume`).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,7 +31,7 @@ from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.nets import mlp
 from robotrl.replay import flatten_obs
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TaskOptions, TrainingDiverged, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+    RLResult, RunLog, RunOptions, TaskOptions, TrainingDiverged, load_run_state, save_run_state, start_run,
 )
 
 
@@ -167,14 +165,7 @@ def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_valu
 
 
 def train(config: PpoConfig) -> RLResult:
-    torch.set_num_threads(config.threads)
-    run_dir = Path(config.run_dir or f"runs/ppo-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_path = run_dir / "train_state.pt"
-    if not config.resume:
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
-    rng = np.random.default_rng(config.seed)
-    torch.manual_seed(config.seed)
+    run_dir, state_path, rng = start_run(config, "ppo", config.task)
 
     # envs
     n, horizon = config.num_envs, config.rollout_steps
@@ -190,14 +181,7 @@ def train(config: PpoConfig) -> RLResult:
     iterations = math.ceil(config.total_steps / (n * horizon))
     start = 0
     if config.resume:
-        if not state_path.exists():
-            raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
-        state = load_train_state(state_path)
-        agent.load_state_dict(state["agent"])
-        optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"], rng)
-        env.set_state({k: v.numpy() for k, v in state["env"].items()})
-        env.set_rng_state(state["env_rng"])
+        state = load_run_state(state_path, agent, {"adam": optimizer}, rng, env)
         obs = state["obs"].numpy()
         start, episodes = int(state["step"]), state["episodes"]  # iterations done
         ret, succ = state["running"]["ret"].numpy().copy(), state["running"]["succ"].numpy().copy()
@@ -283,10 +267,9 @@ def train(config: PpoConfig) -> RLResult:
                 eval_seconds += time.perf_counter() - t0
                 log.log(now, **{"eval/success_rate": success_now, "time/train_seconds": trained_s})
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
-                save_train_state(state_path, step=it + 1, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
-                                 rng=rng_state(rng), env={k: torch.from_numpy(np.asarray(v)) for k, v in env.get_state().items()},
-                                 env_rng=env.get_rng_state(), obs=torch.from_numpy(obs), episodes=episodes,
-                                 running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
+                save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, obs=torch.from_numpy(obs),
+                               episodes=episodes,
+                               running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
                 torch.save(agent.state_dict(), run_dir / "agent.pt")
     finally:
         bar.close()

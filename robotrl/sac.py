@@ -17,7 +17,6 @@ RNGs, the envs mid-episode and the replay rebuilt from its store.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -35,7 +34,8 @@ from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
 from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TaskOptions, gradient_step, jsonable, load_train_state, rng_state, save_train_state, set_rng_state,
+    RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, save_run_state,
+    start_run,
 )
 
 
@@ -156,19 +156,11 @@ def actor_fn(actor: TanhGaussianActor) -> Any:
 
 
 def train(config: SacConfig) -> RLResult:
-    torch.set_num_threads(config.threads)
-    run_dir = Path(config.run_dir or f"runs/sac-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_path = run_dir / "train_state.pt"
-    if config.resume and not state_path.exists():
-        raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
-    if not config.resume:
-        if (run_dir / "replay.zarr").exists():
-            raise FileExistsError(f"SacConfig.run_dir: {run_dir} already holds a run (replay.zarr); resume it "
-                                  "with --resume or choose another run_dir")
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
-    rng = np.random.default_rng(config.seed)
-    torch.manual_seed(config.seed)
+    fresh = not config.resume
+    if fresh and config.run_dir is not None and (Path(config.run_dir) / "replay.zarr").exists():
+        raise FileExistsError(f"SacConfig.run_dir: {config.run_dir} already holds a run (replay.zarr); resume it "
+                              "with --resume or choose another run_dir")
+    run_dir, state_path, rng = start_run(config, "sac", config.task)
 
     # envs and buffers
     env = make(config.task, num_envs=config.num_envs, seed=config.seed, action_mode=config.action_mode,
@@ -197,13 +189,7 @@ def train(config: SacConfig) -> RLResult:
 
     # start or resume
     if config.resume:
-        state = load_train_state(state_path)
-        agent.load_state_dict(state["agent"])
-        for k, o in opt.items():
-            o.load_state_dict(state["opt"][k])
-        set_rng_state(state["rng"], rng)
-        env.set_state({k: v.numpy() for k, v in state["env"].items()})
-        env.set_rng_state(state["env_rng"])
+        state = load_run_state(state_path, agent, opt, rng, env)
         obs = {k: v.numpy() for k, v in state["obs"].items()}
         store = EpisodeStore.open(run_dir / "replay.zarr", mode="a")
         replay = ReplayBuffer.restore(spec, config.obs_keys, n, capacity, store, state["replay"])
@@ -217,12 +203,9 @@ def train(config: SacConfig) -> RLResult:
         ret, succ = np.zeros(n), np.zeros(n, bool)
 
     def checkpoint(step: int) -> None:
-        save_train_state(state_path, step=step, agent=agent.state_dict(),
-                         opt={k: o.state_dict() for k, o in opt.items()}, rng=rng_state(rng),
-                         env={k: torch.from_numpy(np.asarray(v)) for k, v in env.get_state().items()},
-                         env_rng=env.get_rng_state(), obs={k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()},
-                         replay=replay.state(), episodes=episodes,
-                         running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
+        save_run_state(state_path, step, agent, opt, rng, env, replay=replay.state(), episodes=episodes,
+                       obs={k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()},
+                       running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
         torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
 
     log = RunLog(run_dir)

@@ -156,6 +156,21 @@ class RunOptions:
             raise ValueError(f"{name}.resume: needs run_dir (the run to continue)")
 
 
+def start_run(config: RunOptions, algorithm: str, task: str) -> tuple[Path, Path, np.random.Generator]:
+    """Threads, seeds, the run directory (its config.json on a fresh start; its train state must exist to resume):
+    (run_dir, train state path, the run's numpy generator)."""
+    torch.set_num_threads(config.threads)
+    run_dir = Path(config.run_dir or f"runs/{algorithm}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state_path = run_dir / "train_state.pt"
+    if config.resume and not state_path.exists():
+        raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
+    if not config.resume:
+        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+    torch.manual_seed(config.seed)
+    return run_dir, state_path, np.random.default_rng(config.seed)
+
+
 @dataclass
 class RLResult:
     """What an actor-critic run (SAC, IQL, PPO) ends with; also its run directory's result.json."""
@@ -202,3 +217,29 @@ def save_train_state(path: Path, **state: Any) -> None:
 
 def load_train_state(path: Path) -> dict[str, Any]:
     return torch.load(path, weights_only=True)  # tensors and plain containers only: nothing is unpickled
+
+
+def save_run_state(path: Path, step: int, agent: nn.Module, optimizers: dict[str, torch.optim.Optimizer],
+                   rng: np.random.Generator, env: Any = None, **extra: Any) -> None:
+    """An RL run's train state: weights, optimizers, RNGs and, for an online run, the vector env mid-episode
+    (physics, step counters and the stream that draws reset states), so that a resume continues exactly."""
+    state = {"step": step, "agent": agent.state_dict(), "opt": {k: o.state_dict() for k, o in optimizers.items()},
+             "rng": rng_state(rng), **extra}
+    if env is not None:
+        state["env"] = {k: torch.from_numpy(np.asarray(v)) for k, v in env.get_state().items()}
+        state["env_rng"] = env.get_rng_state()
+    save_train_state(path, **state)
+
+
+def load_run_state(path: Path, agent: nn.Module, optimizers: dict[str, torch.optim.Optimizer],
+                   rng: np.random.Generator, env: Any = None) -> dict[str, Any]:
+    """Restore what `save_run_state` saved into the live objects; returns the state for the run's own extras."""
+    state = load_train_state(path)
+    agent.load_state_dict(state["agent"])
+    for k, o in optimizers.items():
+        o.load_state_dict(state["opt"][k])
+    set_rng_state(state["rng"], rng)
+    if env is not None:
+        env.set_state({k: v.numpy() for k, v in state["env"].items()})
+        env.set_rng_state(state["env_rng"])
+    return state
