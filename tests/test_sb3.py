@@ -72,7 +72,7 @@ def test_flatten_batch_matches_what_sb3_sees():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="algo: expected one of \\('sac', 'ppo'\\), got 'dqn'"):
+    with pytest.raises(ValueError, match="algo: expected one of \\('sac', 'ppo', 'td3'\\), got 'dqn'"):
         Sb3Config(algo="dqn")
     with pytest.raises(ValueError, match="total_timesteps: expected a positive integer, got 0"):
         Sb3Config(total_timesteps=0)
