@@ -63,6 +63,11 @@ def run_ours(config: SacBenchConfig, demos: Path | None, run_dir: Path) -> list[
                         learning_starts=1000, hidden=(256, 256), eval_every=config.eval_every,
                         eval_episodes=config.eval_episodes, eval_envs=25, checkpoint_every=config.total_steps,
                         log_every=config.eval_every, run_dir=run_dir, seed=config.seed, progress=False, **rlpd))
+    return eval_curve(run_dir)
+
+
+def eval_curve(run_dir: Path) -> list[tuple[int, float, float]]:
+    """(env steps, held-out success, training seconds) of every evaluation a run logged in metrics.jsonl."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["eval/success_rate"], r["time/train_seconds"]) for r in rows if "eval/success_rate" in r]
 
