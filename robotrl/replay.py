@@ -5,7 +5,9 @@ Layout. The online buffer holds one row per env, one column per vector step: env
 reward, terminated, truncated) at [i, t], and its successor observation is [i, t + 1]. Because every env steps
 at every vector step, env i's episodes laid end to end on disk *are* row i, so the buffer is rebuilt from the
 store (episodes tagged with their env) plus the few steps of each env's unfinished episode (kept in the train
-state). Sampling is uniform over transitions with a known successor:
+state). Envs of asynchronous rollout workers step at their own rates (`add(..., rows=...)`): each row then
+fills on its own, and row i is still env i's steps in order. Sampling is uniform over transitions with a known
+successor:
 
 - a step that ended its episode by termination needs none (no bootstrap);
 - a step cut by the time limit would need the final observation, which auto-reset replaces with the next
@@ -57,7 +59,8 @@ class ReplayBuffer:
     """Online transitions of `num_envs` envs, kept in memory for sampling and written to an episode store."""
 
     def __init__(self, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int,
-                 store: EpisodeStore | None = None) -> None:
+                 store: EpisodeStore | None = None, row_meta: Sequence[Mapping[str, Any]] | None = None) -> None:
+        """`row_meta`: each env's episode metadata on the store (default `{"env": i}`; "env" is the row)."""
         self.obs_keys, self.num_envs, self.capacity = tuple(obs_keys), num_envs, capacity_steps
         dim = sum(int(np.prod(spec.observations[k].shape)) for k in self.obs_keys)
         n, t = num_envs, capacity_steps
@@ -66,48 +69,71 @@ class ReplayBuffer:
         self.reward = np.zeros((n, t), np.float32)
         self.terminated = np.zeros((n, t), bool)
         self.truncated = np.zeros((n, t), bool)
-        self.steps = 0  # columns filled
+        self.filled = np.zeros(n, np.int64)  # steps held per row
         self.store = store
-        self.writers = [store.writer(source="policy", env=i) for i in range(num_envs)] if store is not None else []
+        meta = list(row_meta) if row_meta is not None else [{"env": i} for i in range(n)]
+        if len(meta) != n:
+            raise ValueError(f"replay: expected episode metadata for {n} envs, got {len(meta)}")
+        self.writers = [store.writer(source="policy", **m) for m in meta] if store is not None else []
+        self.tags: list[dict[str, list[Any]]] = [{} for _ in range(n)]  # per-step tags of each unfinished episode
+
+    @property
+    def steps(self) -> int:
+        """Columns filled in every row (all of them when the envs step together)."""
+        return int(self.filled.min())
 
     def __len__(self) -> int:
-        return self.steps * self.num_envs
+        return int(self.filled.sum())
 
     def add(self, obs: Mapping[str, Any], action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-            truncated: np.ndarray, success: np.ndarray) -> None:
-        """One vector step: `obs` is what `action` was chosen from (before any auto-reset of this step)."""
-        if self.steps >= self.capacity:
+            truncated: np.ndarray, success: np.ndarray, rows: np.ndarray | None = None,
+            tags: Mapping[str, np.ndarray] | None = None) -> None:
+        """One vector step of the envs in `rows` (default: all; the arrays hold those envs in that order): `obs`
+        is what `action` was chosen from (before any auto-reset of this step). `tags` are per-env values kept
+        per step in each episode's metadata on the store (e.g. the policy version that chose the action)."""
+        rows = np.arange(self.num_envs) if rows is None else np.asarray(rows, np.int64)
+        t = self.filled[rows]
+        if (t >= self.capacity).any():
             raise RuntimeError(f"replay: capacity of {self.capacity} steps per env reached")
-        t = self.steps
-        self.obs[:, t] = flatten_obs(obs, self.obs_keys)
-        self.action[:, t] = action
-        self.reward[:, t], self.terminated[:, t], self.truncated[:, t] = reward, terminated, truncated
-        self.steps += 1
-        for i, w in enumerate(self.writers):
-            w.add({k: np.asarray(obs[k][i]) for k in w.store.spec.observations}, np.asarray(action[i]),
-                  float(reward[i]), bool(terminated[i]), bool(truncated[i]), bool(success[i]))
-            if terminated[i] or truncated[i]:
-                w.finalize()
+        self.obs[rows, t] = flatten_obs(obs, self.obs_keys)
+        self.action[rows, t] = action
+        self.reward[rows, t], self.terminated[rows, t], self.truncated[rows, t] = reward, terminated, truncated
+        self.filled[rows] += 1
+        for j, i in enumerate(rows.tolist()):
+            for key, values in (tags or {}).items():
+                self.tags[i].setdefault(key, []).append(np.asarray(values[j]).item())
+            done = bool(terminated[j] or truncated[j])
+            if self.writers:
+                w = self.writers[i]
+                w.add({k: np.asarray(obs[k][j]) for k in w.store.spec.observations}, np.asarray(action[j]),
+                      float(reward[j]), bool(terminated[j]), bool(truncated[j]), bool(success[j]))
+                if done:
+                    w.finalize(**self.tags[i])
+            if done:
+                self.tags[i] = {}
 
     def _valid(self, flat: np.ndarray) -> np.ndarray:
         i, t = flat % self.num_envs, flat // self.num_envs
-        return (t < self.steps - 1) & ~(self.truncated[i, t] & ~self.terminated[i, t])
+        return (t < self.filled[i] - 1) & ~(self.truncated[i, t] & ~self.terminated[i, t])
 
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """`batch` transitions uniformly from those with a known successor."""
-        k = _sample_valid(max(self.steps - 1, 0) * self.num_envs, lambda b: rng.integers(0, len(self), b), self._valid, batch)
+        rows_full = self.num_envs * int(self.filled.max())  # candidates (i, t) of the longest row; the rest rejected
+        k = _sample_valid(int(np.maximum(self.filled - 1, 0).sum()), lambda b: rng.integers(0, rows_full, b),
+                          self._valid, batch)
         i, t = k % self.num_envs, k // self.num_envs
         return batch_tensors(self.obs[i, t], self.action[i, t], self.reward[i, t], self.terminated[i, t],
                              self.obs[i, t + 1])
 
     # --- resume -------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """What the train state keeps besides the store: the step count, how many episodes the store had, and
-        each env's unfinished episode (tensors: no pickle)."""
+        """What the train state keeps besides the store: the step counts, how many episodes the store had, and
+        each env's unfinished episode with its tags (tensors: no pickle)."""
         assert self.store is not None, "replay: a buffer without a store cannot be resumed"
-        return {"steps": self.steps, "episodes": self.store.num_episodes,
+        return {"steps": self.steps, "filled": torch.from_numpy(self.filled.copy()), "episodes": self.store.num_episodes,
                 "unfinished": [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in w.unfinished().items()
-                                if k in self._resume_keys} for w in self.writers]}
+                                if k in self._resume_keys} for w in self.writers],
+                "tags": [{k: torch.tensor(v) for k, v in t.items()} for t in self.tags]}
 
     @property
     def _resume_keys(self) -> tuple[str, ...]:
@@ -116,15 +142,17 @@ class ReplayBuffer:
 
     @classmethod
     def restore(cls, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int, store: EpisodeStore,
-                state: Mapping[str, Any]) -> "ReplayBuffer":
+                state: Mapping[str, Any], row_meta: Sequence[Mapping[str, Any]] | None = None) -> "ReplayBuffer":
         """The buffer of a killed run, from its store and `state()`: episodes the store got after that state was
         saved are dropped (the resumed run records them again), env i's episodes in order fill row i, and the
         unfinished steps go back into row i and into env i's writer."""
-        steps, unfinished = int(state["steps"]), state["unfinished"]
+        unfinished = state["unfinished"]
         if len(unfinished) != num_envs:
             raise ValueError(f"replay restore: expected {num_envs} envs' unfinished episodes, got {len(unfinished)}")
+        filled = state["filled"].numpy() if "filled" in state else np.full(num_envs, int(state["steps"]))
         store.truncate(int(state["episodes"]))
-        buf = cls(spec, obs_keys, num_envs, capacity_steps, store)
+        buf = cls(spec, obs_keys, num_envs, capacity_steps, store, row_meta)
+        buf.tags = [{k: v.tolist() for k, v in t.items()} for t in state.get("tags", buf.tags)]
         cols = [0] * num_envs
         for index, meta in enumerate(store.episodes):
             i = int(meta["env"])
@@ -133,14 +161,14 @@ class ReplayBuffer:
         for i, tail in enumerate(unfinished):
             tail = {k: v.numpy() for k, v in tail.items()}
             buf._fill(i, cols[i], tail)
-            if cols[i] + len(tail["action"]) != steps:
+            if cols[i] + len(tail["action"]) != filled[i]:
                 raise ValueError(f"replay restore: env {i} has {cols[i]} stored + {len(tail['action'])} unfinished "
-                                 f"steps, expected {steps} (is {store.path} this run's store?)")
+                                 f"steps, expected {filled[i]} (is {store.path} this run's store?)")
             for s in range(len(tail["action"])):
                 buf.writers[i].add({k: tail[k][s] for k in store.spec.observations}, tail["action"][s],
                                    float(tail["reward"][s]), bool(tail["terminated"][s]), bool(tail["truncated"][s]),
                                    bool(tail["success"][s]))
-        buf.steps = steps
+        buf.filled[:] = filled
         return buf
 
     def _fill(self, i: int, col: int, data: Mapping[str, np.ndarray]) -> None:
