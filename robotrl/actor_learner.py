@@ -7,10 +7,11 @@ policy staleness (as AReaL decouples rollout from training), in this process or 
 
 A worker owns a CPU vector env and a copy of the actor; a call steps its envs `rollout_steps` times with the
 newest weights it was sent and returns the transitions. The learner adds them to the replay (one row per env of
-every worker, kept on the episode store with each episode tagged by worker and env and each step by the policy
-version that acted), runs sac.py's RLPD `update` `utd` times per transition received, and publishes the actor's
-weights as the next version. Two transports run the same loop: `local` (workers are objects in this process; Ray
-is never imported) and `ray` (one Ray actor process per worker, weights through the object store).
+every worker, kept on the episode store with each episode tagged by worker and env, and each step by the policy
+version that acted, 0 being the initial weights and the random warm-up), runs sac.py's RLPD `update` `utd` times
+per transition received, and publishes the actor's weights as the next version. Two transports run the same
+loop: `local` (workers are objects in this process; Ray is never imported) and `ray` (one Ray actor process per
+worker, weights through the object store; the learner stays in the driver process, next to its accelerator).
 
 Bounded staleness. The learner publishes version V+1 only once every worker still acting holds a version of at
 least V+1-`max_staleness` (it first waits for those that would fall further behind), and every call gets the
@@ -212,8 +213,11 @@ class RayWorkers:
     A worker process that dies surfaces as `WorkerDied` from the call waiting on it."""
 
     def __init__(self, config: ActorLearnerConfig, where: str) -> None:
-        import ray
-
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("ActorLearnerConfig.transport: 'ray' needs Ray, expected it installed (pip install "
+                             "'robotrl[distributed]'), got no module named ray") from None
         self.ray, self.where = ray, where
         self.owns_cluster = not ray.is_initialized()
         if self.owns_cluster:
@@ -273,7 +277,7 @@ def train(config: ActorLearnerConfig) -> RLResult:
         raise FileExistsError(f"ActorLearnerConfig.run_dir: {config.run_dir} already holds a run (replay.zarr); "
                               "resume it with --resume or choose another run_dir")
     run_dir, state_path, rng = start_run(config, "sac-distributed", config.task)
-    where = f"the last train state is {state_path}: continue the run with --resume"
+    where = f"continue from the last train state in {state_path} with --resume"
 
     # the learner: networks, replay rows (worker w's env j is row w * num_envs + j), demonstrations
     spec = make_task(config.task, action_mode=config.action_mode).spec()

@@ -23,6 +23,8 @@ import torch
 from robotrl.actor_learner import ActorLearnerConfig, WorkerDied, train
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
+from robotrl.envs import make
+from robotrl.replay import ReplayBuffer
 from robotrl.sac import Agent, evaluate
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
@@ -101,7 +103,7 @@ def test_asynchronous_workers_stay_within_the_staleness_bound_and_learn(ray_clus
     """max_staleness=2 on Ray: every stored transition's policy version is at most 2 behind the learner's newest
     when it reached the learner (an upper bound on its staleness when acted), some are behind (the workers do
     run ahead of the learner), and RLPD still takes Reach from the untrained actor (0-10%) to >= 40% in 2,000 env
-    steps with 20 noisy demonstrations, as the one-process run does (measured: 67.5%)."""
+    steps with 20 noisy demonstrations, as the one-process run does (measured: 67.5-87.5%)."""
     cfg = ActorLearnerConfig(task="Reach", workers=2, max_staleness=2, transport="ray", total_steps=2000,
                              learning_starts=200, demos=reach_demos, eval_episodes=40, eval_envs=20,
                              run_dir=tmp_path / "async", progress=False)
@@ -162,6 +164,50 @@ def test_killed_asynchronous_run_resumes_exactly(tmp_path: Path, kill_after_firs
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
     staleness = np.concatenate([e["staleness"] for e in EpisodeStore.open(tmp_path / "killed" / "replay.zarr").episodes])
     assert set(staleness) == {0, 1}  # asynchronous: workers acted one version behind, never two
+
+
+def test_replay_rows_fill_at_their_own_rates_with_tags_and_rebuild_exactly(tmp_path: Path) -> None:
+    """The learner's replay: two envs stepped at different rates (as asynchronous workers deliver) each fill their
+    own row, samples are true (obs, next obs) pairs of one env, per-step tags reach each episode's metadata, and
+    the buffer is rebuilt exactly from its store and state, unfinished steps and tags included."""
+    envs = [make("Reach", num_envs=1, seed=i, episode_steps=5) for i in range(2)]
+    store = EpisodeStore.create(tmp_path / "replay.zarr", envs[0].task_spec)
+    meta = [{"env": i, "worker": i, "worker_env": 0} for i in range(2)]
+    buffer = ReplayBuffer(envs[0].task_spec, ("state",), 2, 40, store, meta)
+    obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
+    rng, successor = np.random.default_rng(0), {}
+
+    def step(i: int, version: int) -> None:
+        action = rng.uniform(-1, 1, (1, 3)).astype(np.float32)
+        nxt, reward, term, trunc, info = envs[i].step(action)
+        buffer.add(obs[i], action, reward, term, trunc, info["success"], rows=[i], tags={"policy_version": [version]})
+        if not trunc[0]:
+            successor[obs[i]["state"][0].astype(np.float32).tobytes()] = nxt["state"][0].astype(np.float32)
+        obs[i] = nxt
+
+    for it in range(13):  # env 0 steps every time, env 1 every other time
+        for i in (0, 1) if it % 2 == 0 else (0,):
+            step(i, it)
+    assert buffer.filled.tolist() == [13, 7] and len(buffer) == 20 and buffer.steps == 7
+    batch = buffer.sample(500, rng)
+    for o, n in zip(batch["obs"].numpy(), batch["next_obs"].numpy()):
+        np.testing.assert_array_equal(n, successor[o.tobytes()])
+    assert [(e["env"], e["policy_version"]) for e in store.episodes] == [(0, [0, 1, 2, 3, 4]), (1, [0, 2, 4, 6, 8]),
+                                                                         (0, [5, 6, 7, 8, 9])]
+    state = buffer.state()
+    snapshot = {k: getattr(buffer, k).copy() for k in ("obs", "action", "reward", "terminated", "truncated")}
+    for it in range(13, 20):
+        step(0, it)  # goes on past the state, then dies
+    store.close()
+    store = EpisodeStore.open(tmp_path / "replay.zarr", mode="a")
+    rebuilt = ReplayBuffer.restore(envs[0].task_spec, ("state",), 2, 40, store, state, meta)
+    assert rebuilt.filled.tolist() == [13, 7] and store.num_episodes == 3
+    for k, want in snapshot.items():
+        np.testing.assert_array_equal(getattr(rebuilt, k)[0, :13], want[0, :13], err_msg=k)
+        np.testing.assert_array_equal(getattr(rebuilt, k)[1, :7], want[1, :7], err_msg=k)
+    assert rebuilt.tags == [{"policy_version": [10, 11, 12]}, {"policy_version": [10, 12]}]
+    assert [len(w) for w in rebuilt.writers] == [3, 2] and rebuilt.writers[1].meta["worker"] == 1
+    store.close()
 
 
 def test_bad_configs_name_the_field(tmp_path: Path) -> None:
