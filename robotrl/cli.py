@@ -136,6 +136,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
     def train() -> Commands:
         from robotrl.bc import BCConfig, run_train_bc
 
+        from robotrl.calql import CalqlConfig, run_train_calql
         from robotrl.iql import IqlConfig, run_train_iql
         from robotrl.ppo import PpoConfig, run_train_ppo
         from robotrl.sac import SacConfig, run_train_sac
@@ -146,7 +147,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
         return {"bc": (BCConfig, run_train_bc), "sac": (SacConfig, run_train_sac),
                 "sac-distributed": (ActorLearnerConfig, run_train_sac_distributed), "iql": (IqlConfig, run_train_iql),
                 "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3), "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3),
-                "sb3:TD3": (Sb3Td3Config, run_sb3)}
+                "sb3:TD3": (Sb3Td3Config, run_sb3), "calql": (CalqlConfig, run_train_calql)}
 
     def data() -> Commands:
         from robotrl.datasets import ops, record

@@ -175,17 +175,32 @@ class ReplayBuffer:
         n = len(data["action"])
         if n == 0:
             return
-        self.obs[i, col:col + n] = flatten_obs({k: data[k] for k in self.obs_keys}, self.obs_keys)
+        self.obs[i, col:col + n] = flatten_obs({k: data[k] for k in self.vector_keys}, self.vector_keys, n)
+        for k, frames in self.images.items():
+            frames[i, col:col + n] = data[k]
         self.action[i, col:col + n] = data["action"]
         self.reward[i, col:col + n] = data["reward"]
         self.terminated[i, col:col + n] = data["terminated"]
         self.truncated[i, col:col + n] = data["truncated"]
 
 
-class DemoTransitions:
-    """Transitions of a store's episodes (demonstrations), sampled alongside the online buffer (RLPD)."""
+def returns_to_go(reward: np.ndarray, last: np.ndarray, gamma: float) -> np.ndarray:
+    """Monte-Carlo discounted return from every step to the end of its episode (`last` marks episode ends), with
+    nothing bootstrapped past an end: the episode's true return where it terminated, and where the time limit
+    cut it the return over its remaining steps (truncated, as Cal-QL's reference code does)."""
+    out = np.empty(len(reward), np.float64)
+    g = 0.0
+    for t in range(len(reward) - 1, -1, -1):
+        g = float(reward[t]) + (0.0 if last[t] else gamma * g)
+        out[t] = g
+    return out.astype(np.float32)
 
-    def __init__(self, path: Path | str, spec: Spec, obs_keys: Sequence[str]) -> None:
+
+class DemoTransitions:
+    """Transitions of a store's episodes (demonstrations), sampled alongside the online buffer (RLPD). With
+    `mc_gamma`, every transition also carries its Monte-Carlo return-to-go (`batch["mc_return"]`, Cal-QL)."""
+
+    def __init__(self, path: Path | str, spec: Spec, obs_keys: Sequence[str], mc_gamma: float | None = None) -> None:
         store = EpisodeStore.open(path)
         store.check_spec(spec, "the task's spec")
         data = store.load([*obs_keys, *STEP_KEYS])
@@ -196,6 +211,7 @@ class DemoTransitions:
         last = np.zeros(len(self.action), bool)
         last[np.asarray(store.episode_ends) - 1] = True
         self.valid = ~last | self.terminated  # an episode's last step has a successor only if it terminated
+        self.mc_return = returns_to_go(self.reward, last, mc_gamma) if mc_gamma is not None else None
         self.episodes = store.num_episodes
         store.close()
 
@@ -205,4 +221,7 @@ class DemoTransitions:
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         k = _sample_valid(int(self.valid.sum()), lambda b: rng.integers(0, len(self), b), lambda k: self.valid[k], batch)
         nxt = np.minimum(k + 1, len(self) - 1)
-        return batch_tensors(self.obs[k], self.action[k], self.reward[k], self.terminated[k], self.obs[nxt])
+        out = batch_tensors(self.obs[k], self.action[k], self.reward[k], self.terminated[k], self.obs[nxt])
+        if self.mc_return is not None:
+            out["mc_return"] = torch.from_numpy(self.mc_return[k])
+        return out
