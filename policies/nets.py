@@ -172,6 +172,20 @@ class ImageEncoder(nn.Module):
         return self.head(self.pool(self.trunk(x * 2.0 - 1.0)))
 
 
+def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """DrQ's augmentation for RL from pixels: every image (N, H, W, C) moved by its own random offset of up to
+    `pad` pixels, edges replicated. Per sample, unlike `ImageEncoder`'s one crop per batch: an actor-critic's
+    TD targets average over many shifts of the same frame, which is what regularizes the critic."""
+    if pad <= 0:
+        return images
+    n, h, w, _ = images.shape
+    padded = F.pad(images.permute(0, 3, 1, 2), (pad, pad, pad, pad), mode="replicate").permute(0, 2, 3, 1)
+    dy, dx = torch.randint(0, 2 * pad + 1, (2, n, 1), device=images.device)
+    rows = dy + torch.arange(h, device=images.device)  # (N, H)
+    cols = dx + torch.arange(w, device=images.device)  # (N, W)
+    return padded[torch.arange(n, device=images.device)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
 class ObsEncoder(nn.Module):
     """Normalized observations (B, To, ...) per key -> one conditioning vector (B, cond_dim): vectors are
     concatenated as they are, each camera has its own `ImageEncoder`, all To frames are flattened together."""

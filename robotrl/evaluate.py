@@ -42,18 +42,25 @@ class EvalConfig:
     video_dir: Path | None = None
 
 
-def evaluate_state_actor(actor: Callable[[np.ndarray], np.ndarray], task: str, obs_keys: Sequence[str], episodes: int,
-                         num_envs: int, **options: Any) -> Any:
-    """Held-out success of an actor-critic's actor: flattened state observations (N, D) -> actions (N, A)."""
+def evaluate_actor(actor: Callable[[dict[str, Any]], np.ndarray], task: str, episodes: int, num_envs: int,
+                   **options: Any) -> Any:
+    """Held-out success of an actor over the env's batched observations (a dict, images included) -> actions."""
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes
-    from robotrl.replay import flatten_obs
 
     env = make(task, num_envs=min(num_envs, episodes), seed=HELD_OUT_SEED, **options)
     try:
-        return run_episodes(env, lambda obs: actor(flatten_obs(obs, obs_keys)), episodes, seed=HELD_OUT_SEED)
+        return run_episodes(env, actor, episodes, seed=HELD_OUT_SEED)
     finally:
         env.close()
+
+
+def evaluate_state_actor(actor: Callable[[np.ndarray], np.ndarray], task: str, obs_keys: Sequence[str], episodes: int,
+                         num_envs: int, **options: Any) -> Any:
+    """Held-out success of an actor-critic's actor: flattened state observations (N, D) -> actions (N, A)."""
+    from robotrl.replay import flatten_obs
+
+    return evaluate_actor(lambda obs: actor(flatten_obs(obs, obs_keys)), task, episodes, num_envs, **options)
 
 
 def spec_for(spec: Spec, keys: tuple[str, ...]) -> Spec:

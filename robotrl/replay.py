@@ -32,16 +32,38 @@ from robotrl.spec import Spec
 STEP_KEYS = ("action", "reward", "terminated", "truncated")
 
 
-def flatten_obs(obs: Mapping[str, Any], keys: Sequence[str]) -> np.ndarray:
-    """The observation keys an actor-critic sees, flattened and concatenated per env: (N, D) float32."""
+def flatten_obs(obs: Mapping[str, Any], keys: Sequence[str], n: int | None = None) -> np.ndarray:
+    """The numeric observation keys an actor-critic sees, flattened and concatenated per env: (N, D) float32
+    (D = 0 without keys: then `n` gives N)."""
+    if not keys:
+        return np.zeros((n if n is not None else len(next(iter(obs.values()))), 0), np.float32)
     return np.concatenate([np.asarray(obs[k], np.float32).reshape(len(np.asarray(obs[k])), -1) for k in keys], axis=1)
 
 
-def batch_tensors(obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
-                  next_obs: np.ndarray) -> dict[str, torch.Tensor]:
-    return {"obs": torch.from_numpy(obs), "action": torch.from_numpy(action.astype(np.float32)),
-            "reward": torch.from_numpy(reward.astype(np.float32)), "done": torch.from_numpy(done.astype(np.float32)),
-            "next_obs": torch.from_numpy(next_obs)}
+def split_obs_keys(spec: Spec, keys: Sequence[str], where: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(numeric keys, image keys) of the observations an actor-critic reads; anything else is an error naming
+    `where` (the config field)."""
+    numeric = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "string"]
+    images = [k for k, v in spec.observations.items() if v.is_image]
+    bad = [k for k in keys if k not in numeric and k not in images]
+    if bad or not keys:
+        raise ValueError(f"{where}: {bad or list(keys)} are not numeric or image observations of {spec.task}; "
+                         f"expected some of {numeric + images}")
+    return tuple(k for k in keys if k in numeric), tuple(k for k in keys if k in images)
+
+
+def batch_tensors(obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray, next_obs: np.ndarray,
+                  images: Mapping[str, np.ndarray] | None = None,
+                  next_images: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+    """A batch of transitions as tensors; image observations stay uint8 (`images`, `next_images`: key -> (B, H,
+    W, 3)) until the learner's encoder."""
+    out: dict[str, Any] = {"obs": torch.from_numpy(obs), "action": torch.from_numpy(action.astype(np.float32)),
+                           "reward": torch.from_numpy(reward.astype(np.float32)),
+                           "done": torch.from_numpy(done.astype(np.float32)), "next_obs": torch.from_numpy(next_obs)}
+    if images:
+        out["images"] = {k: torch.from_numpy(v) for k, v in images.items()}
+        out["next_images"] = {k: torch.from_numpy(v) for k, v in (next_images or {}).items()}
+    return out
 
 
 def _sample_valid(valid_count: int, draw: Any, is_valid: Any, batch: int) -> np.ndarray:
@@ -60,11 +82,14 @@ class ReplayBuffer:
 
     def __init__(self, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int,
                  store: EpisodeStore | None = None, row_meta: Sequence[Mapping[str, Any]] | None = None) -> None:
-        """`row_meta`: each env's episode metadata on the store (default `{"env": i}`; "env" is the row)."""
+        """`row_meta`: each env's episode metadata on the store (default `{"env": i}`; "env" is the row). Image
+        keys among `obs_keys` are kept as uint8 frames beside the flattened numeric ones."""
         self.obs_keys, self.num_envs, self.capacity = tuple(obs_keys), num_envs, capacity_steps
-        dim = sum(int(np.prod(spec.observations[k].shape)) for k in self.obs_keys)
+        self.vector_keys, self.image_keys = split_obs_keys(spec, obs_keys, "replay obs_keys")
+        dim = sum(int(np.prod(spec.observations[k].shape)) for k in self.vector_keys)
         n, t = num_envs, capacity_steps
         self.obs = np.zeros((n, t, dim), np.float32)
+        self.images = {k: np.zeros((n, t, *spec.observations[k].shape), np.uint8) for k in self.image_keys}
         self.action = np.zeros((n, t, *spec.action.shape), np.float32)
         self.reward = np.zeros((n, t), np.float32)
         self.terminated = np.zeros((n, t), bool)
@@ -95,7 +120,9 @@ class ReplayBuffer:
         t = self.filled[rows]
         if (t >= self.capacity).any():
             raise RuntimeError(f"replay: capacity of {self.capacity} steps per env reached")
-        self.obs[rows, t] = flatten_obs(obs, self.obs_keys)
+        self.obs[rows, t] = flatten_obs(obs, self.vector_keys, len(rows))
+        for k, frames in self.images.items():
+            frames[rows, t] = obs[k]
         self.action[rows, t] = action
         self.reward[rows, t], self.terminated[rows, t], self.truncated[rows, t] = reward, terminated, truncated
         self.filled[rows] += 1
@@ -123,7 +150,8 @@ class ReplayBuffer:
                           self._valid, batch)
         i, t = k % self.num_envs, k // self.num_envs
         return batch_tensors(self.obs[i, t], self.action[i, t], self.reward[i, t], self.terminated[i, t],
-                             self.obs[i, t + 1])
+                             self.obs[i, t + 1], {k: v[i, t] for k, v in self.images.items()},
+                             {k: v[i, t + 1] for k, v in self.images.items()})
 
     # --- resume -------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -204,7 +232,9 @@ class DemoTransitions:
         store = EpisodeStore.open(path)
         store.check_spec(spec, "the task's spec")
         data = store.load([*obs_keys, *STEP_KEYS])
-        self.obs = flatten_obs({k: data[k] for k in obs_keys}, obs_keys)
+        vector_keys, image_keys = split_obs_keys(spec, obs_keys, "demos obs_keys")
+        self.obs = flatten_obs({k: data[k] for k in vector_keys}, vector_keys, len(data["action"]))
+        self.images = {k: np.asarray(data[k], np.uint8) for k in image_keys}
         self.action = data["action"].astype(np.float32)
         self.reward = data["reward"].astype(np.float32)
         self.terminated = data["terminated"].astype(bool)
@@ -221,7 +251,8 @@ class DemoTransitions:
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         k = _sample_valid(int(self.valid.sum()), lambda b: rng.integers(0, len(self), b), lambda k: self.valid[k], batch)
         nxt = np.minimum(k + 1, len(self) - 1)
-        out = batch_tensors(self.obs[k], self.action[k], self.reward[k], self.terminated[k], self.obs[nxt])
+        out = batch_tensors(self.obs[k], self.action[k], self.reward[k], self.terminated[k], self.obs[nxt],
+                            {key: v[k] for key, v in self.images.items()}, {key: v[nxt] for key, v in self.images.items()})
         if self.mc_return is not None:
             out["mc_return"] = torch.from_numpy(self.mc_return[k])
         return out

@@ -7,7 +7,9 @@
 RLPD on top of SAC: symmetric sampling (half of every batch from demonstrations, half from online data, when
 `demos` is given), an ensemble of LayerNorm critics whose TD target is the minimum over a random subset of them
 (REDQ), and a high update-to-data ratio (`utd` gradient updates per collected transition). `critic_loss=hl_gauss`
-swaps the MSE regression for a classification critic (HL-Gauss).
+swaps the MSE regression for a classification critic (HL-Gauss). Image observations (`--obs-keys state
+image_top`) go through the policy library's image encoder, trained by the critic's loss only and fed to the actor
+detached, with DrQ's per-sample random shifts on every batch (as SERL trains from pixels).
 
 Reads top to bottom: envs, buffers, networks -> (resume) -> the loop: act (uniform at random before
 `learning_starts`), step the vector env, add to replay (on disk as episodes, `robotrl.replay`), update critics,
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,9 +32,11 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
-from robotrl.evaluate import evaluate_state_actor
+from robotrl.evaluate import evaluate_actor
 from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
-from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs
+from robotrl.policies.nets import ImageEncoder, random_shift
+from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
+from robotrl.spec import Spec
 from robotrl.training import (
     RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, save_run_state,
     start_run,
@@ -76,6 +80,16 @@ class SacConfig(RunOptions, TaskOptions):
     init_temperature: float = 0.1
     target_entropy: float | None = None
     """default: -action_dim / 2 (RLPD)"""
+    episode_steps: int | None = None
+    """override the task's episode length"""
+    image_size: int | None = None
+    """camera image size in pixels when `obs_keys` has image keys (default: the task's)"""
+    encoder_widths: tuple[int, ...] = (32, 64, 128)
+    """the image encoder's ResNet stage widths (policy library's `ImageEncoder`)"""
+    encoder_dim: int = 64
+    """features per camera"""
+    augment_pad: int = 4
+    """DrQ random shift of up to this many pixels, per sample (0: none)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,15 +105,21 @@ class SacConfig(RunOptions, TaskOptions):
 
 
 class Agent(torch.nn.Module):
-    """Actor, critic ensemble, its target copy and the entropy temperature: everything the update changes."""
+    """Actor, critic ensemble, its target copy, the entropy temperature and, with cameras, one image encoder per
+    camera: everything the update changes. The actor and critics see [numeric observations, image features]."""
 
-    def __init__(self, obs_dim: int, action_dim: int, low: torch.Tensor, high: torch.Tensor, config: SacConfig) -> None:
+    def __init__(self, obs_dim: int, action_dim: int, low: torch.Tensor, high: torch.Tensor, config: SacConfig,
+                 image_sizes: dict[str, int] | None = None) -> None:
         super().__init__()
         self.hl = HLGauss(config.v_min, config.v_max, config.hl_bins) if config.critic_loss == "hl_gauss" else None
         outputs = config.hl_bins if self.hl is not None else 1
-        self.actor = TanhGaussianActor(obs_dim, action_dim, config.hidden, low, high)
-        self.critic = CriticEnsemble(obs_dim, action_dim, config.critics, config.hidden, outputs)
-        self.target = CriticEnsemble(obs_dim, action_dim, config.critics, config.hidden, outputs)
+        self.encoder = torch.nn.ModuleDict({k: ImageEncoder(size, config.encoder_dim, config.encoder_widths, crop=1.0)
+                                            for k, size in (image_sizes or {}).items()})
+        self.augment_pad = config.augment_pad
+        feature_dim = obs_dim + config.encoder_dim * len(self.encoder)
+        self.actor = TanhGaussianActor(feature_dim, action_dim, config.hidden, low, high)
+        self.critic = CriticEnsemble(feature_dim, action_dim, config.critics, config.hidden, outputs)
+        self.target = CriticEnsemble(feature_dim, action_dim, config.critics, config.hidden, outputs)
         self.target.load_state_dict(self.critic.state_dict())
         self.target.requires_grad_(False)
         self.log_alpha = torch.nn.Parameter(torch.tensor(math.log(config.init_temperature)))
@@ -109,26 +129,54 @@ class Agent(torch.nn.Module):
         out = net(obs, action)
         return self.hl.value(out) if self.hl is not None else out.squeeze(-1)
 
+    def features(self, obs: torch.Tensor, images: dict[str, torch.Tensor] | None, augment: bool) -> torch.Tensor:
+        """Numeric observations (B, D) and uint8 frames (B, H, W, 3) per camera -> what the actor and critics
+        read; without cameras, `obs` itself."""
+        if not len(self.encoder):
+            return obs
+        parts = [obs]
+        for key, encoder in self.encoder.items():
+            x = images[key].float() / 255.0  # type: ignore[index]
+            parts.append(encoder(random_shift(x, self.augment_pad) if augment else x))
+        return torch.cat(parts, dim=-1)
+
+    def optimizers(self, lr: float) -> dict[str, torch.optim.Optimizer]:
+        """Adam for the actor, the critics (with the image encoders: DrQ trains them by the critic's loss alone)
+        and the temperature."""
+        return {"actor": torch.optim.Adam(self.actor.parameters(), lr=lr),
+                "critic": torch.optim.Adam([*self.critic.parameters(), *self.encoder.parameters()], lr=lr),
+                "alpha": torch.optim.Adam([self.log_alpha], lr=lr)}
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, Any], vector_keys: tuple[str, ...], deterministic: bool = False) -> np.ndarray:
+        """Actions (N, A) for a batch of env observations (numpy in and out): rollouts and evaluation."""
+        vec = torch.from_numpy(flatten_obs(obs, vector_keys, len(next(iter(obs.values())))))
+        images = {k: torch.from_numpy(np.asarray(obs[k])) for k in self.encoder}
+        return self.actor(self.features(vec, images, augment=False), deterministic=deterministic)[0].numpy()
+
 
 def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: SacConfig,
            target_entropy: float, where: str) -> dict[str, float]:
     """One RLPD update: critics on the TD target (min over a random subset of target critics, entropy bonus),
     then the actor on the ensemble's mean Q, then the temperature; target critics by Polyak averaging."""
     alpha = agent.log_alpha.exp().detach()
+    obs = agent.features(batch["obs"], batch.get("images"), augment=True)  # the critic's loss trains the encoders
     with torch.no_grad():
-        next_action, next_logp = agent.actor(batch["next_obs"])
+        next_obs = agent.features(batch["next_obs"], batch.get("next_images"), augment=True)
+        next_action, next_logp = agent.actor(next_obs)
         subset = torch.randperm(config.critics)[: config.critic_subset]
-        next_q = agent.q(agent.target, batch["next_obs"], next_action)[subset].min(0).values
+        next_q = agent.q(agent.target, next_obs, next_action)[subset].min(0).values
         target = batch["reward"] + config.gamma * (1 - batch["done"]) * (next_q - alpha * next_logp)
-    out = agent.critic(batch["obs"], batch["action"])
+    out = agent.critic(obs, batch["action"])
     if agent.hl is not None:
         critic_loss = agent.hl.loss(out, target.expand(config.critics, -1)).mean(1).sum()
     else:
         critic_loss = F.mse_loss(out.squeeze(-1), target.expand(config.critics, -1), reduction="none").mean(1).sum()
     gradient_step(opt["critic"], critic_loss, f"{where}: critic")
 
-    action, logp = agent.actor(batch["obs"])
-    q = agent.q(agent.critic, batch["obs"], action).mean(0)
+    obs = obs.detach()
+    action, logp = agent.actor(obs)
+    q = agent.q(agent.critic, obs, action).mean(0)
     actor_loss = (alpha * logp - q).mean()
     gradient_step(opt["actor"], actor_loss, f"{where}: actor")
 
@@ -143,8 +191,35 @@ def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str,
 
 def evaluate(agent: Agent, config: SacConfig) -> Any:
     """Success of the deterministic actor (the squashed mean) over held-out seeded episodes."""
-    return evaluate_state_actor(actor_fn(agent.actor), config.task, config.obs_keys, config.eval_episodes,
-                                config.eval_envs, action_mode=config.action_mode, reward_type=config.reward_type)
+    vector_keys = tuple(k for k in config.obs_keys if k not in agent.encoder)
+    return evaluate_actor(lambda obs: agent.act(obs, vector_keys, deterministic=True), config.task,
+                          config.eval_episodes, config.eval_envs, **env_options(config))
+
+
+def env_options(config: SacConfig) -> dict[str, Any]:
+    """The vector env's options: the action mode and reward, and the cameras only when an image key is read."""
+    options: dict[str, Any] = {"action_mode": config.action_mode, "reward_type": config.reward_type}
+    if config.episode_steps is not None:
+        options["episode_steps"] = config.episode_steps
+    if any(k.startswith("image_") for k in config.obs_keys):
+        from robotrl.envs import make_task
+
+        if "images" in {f.name for f in fields(make_task(config.task).config)}:
+            options["images"] = True  # tasks whose cameras are optional (PushT)
+        if config.image_size is not None:
+            options["image_size"] = config.image_size
+    else:
+        options["render_images"] = False
+    return options
+
+
+def build_agent(spec: Spec, config: SacConfig, where: str) -> tuple[Agent, tuple[str, ...]]:
+    """The agent a task's spec calls for, after checking the observation keys: (agent, numeric keys)."""
+    vector_keys, image_keys = split_obs_keys(spec, config.obs_keys, f"{where}.obs_keys")
+    obs_dim = sum(int(np.prod(spec.observations[k].shape)) for k in vector_keys)
+    low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (spec.action.low_array(), spec.action.high_array()))
+    sizes = {k: int(spec.observations[k].shape[0]) for k in image_keys}
+    return Agent(obs_dim, int(np.prod(spec.action.shape)), low, high, config, sizes), vector_keys
 
 
 def actor_fn(actor: TanhGaussianActor) -> Any:
@@ -163,29 +238,18 @@ def train(config: SacConfig) -> RLResult:
     run_dir, state_path, rng = start_run(config, "sac", config.task)
 
     # envs and buffers
-    env = make(config.task, num_envs=config.num_envs, seed=config.seed, action_mode=config.action_mode,
-               reward_type=config.reward_type)
+    env = make(config.task, num_envs=config.num_envs, seed=config.seed, **env_options(config))
     spec, n = env.task_spec, config.num_envs
-    bad = [k for k in config.obs_keys if k not in spec.observations or spec.observations[k].is_image
-           or spec.observations[k].dtype == "string"]
-    if bad:
-        raise ValueError(f"SacConfig.obs_keys: {bad} are not numeric state observations of {config.task}; expected "
-                         f"some of {[k for k, v in spec.observations.items() if not v.is_image and v.dtype != 'string']}")
-    demos = DemoTransitions(config.demos, spec, config.obs_keys) if config.demos is not None else None
     capacity = math.ceil(config.total_steps / n) + 1
-    obs_dim = int(flatten_obs({k: np.zeros((1, *spec.observations[k].shape)) for k in config.obs_keys},
-                              config.obs_keys).shape[1])
-    low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (spec.action.low_array(), spec.action.high_array()))
     action_dim = int(np.prod(spec.action.shape))
     target_entropy = config.target_entropy if config.target_entropy is not None else -action_dim / 2
 
     # networks
-    agent = Agent(obs_dim, action_dim, low, high, config)
+    agent, vector_keys = build_agent(spec, config, "SacConfig")
+    demos = DemoTransitions(config.demos, spec, config.obs_keys) if config.demos is not None else None
     if config.init is not None and not config.resume:
         load_pretrained(agent, Path(config.init))
-    opt = {"actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr),
-           "critic": torch.optim.Adam(agent.critic.parameters(), lr=config.lr),
-           "alpha": torch.optim.Adam([agent.log_alpha], lr=config.lr)}
+    opt = agent.optimizers(config.lr)
 
     # start or resume
     if config.resume:
@@ -220,8 +284,7 @@ def train(config: SacConfig) -> RLResult:
             if done_steps < config.learning_starts and config.init is None:
                 action = rng.uniform(spec.action.low_array(), spec.action.high_array(), (n, action_dim)).astype(np.float32)
             else:
-                with torch.no_grad():
-                    action = agent.actor(torch.from_numpy(flatten_obs(obs, config.obs_keys)))[0].numpy()
+                action = agent.act(obs, vector_keys)
             next_obs, reward, terminated, truncated, info = env.step(action)
             replay.add(obs, action, reward, terminated, truncated, info["success"])
             ret += reward
@@ -289,7 +352,8 @@ def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfi
         return replay.sample(config.batch_size, rng)
     k = int(round(config.batch_size * config.demo_ratio))
     a, b = demos.sample(k, rng), replay.sample(config.batch_size - k, rng)
-    return {key: torch.cat([a[key], b[key]]) for key in a}
+    return {key: {c: torch.cat([a[key][c], b[key][c]]) for c in a[key]} if isinstance(a[key], dict)
+            else torch.cat([a[key], b[key]]) for key in b}
 
 
 def run_train_sac(config: SacConfig) -> RLResult:

@@ -82,7 +82,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path) -> N
 def test_bad_configs_and_demos_are_refused(reach_demos: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"SacConfig.critic_subset: expected <= critics \(2\), got 3"):
         small(tmp_path, critic_subset=3)
-    with pytest.raises(ValueError, match=r"SacConfig.obs_keys: \['nope'\] are not numeric state observations of Reach"):
+    with pytest.raises(ValueError, match=r"SacConfig.obs_keys: \['nope'\] are not numeric or image observations of Reach"):
         train(small(tmp_path / "keys", obs_keys=("nope",)))
     pusht = tmp_path / "pusht.zarr"
     record_expert(pusht, "PushT", episodes=1, num_envs=1, progress=False, episode_steps=5).close()
