@@ -46,7 +46,7 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make, make_task
 from robotrl.policies.gaussian import TanhGaussianActor
-from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs
+from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
 from robotrl.sac import Agent, SacConfig, evaluate, load_pretrained, sample, update
 from robotrl.spec import Spec
 from robotrl.training import RLResult, RunLog, load_run_state, save_run_state, start_run
@@ -94,11 +94,7 @@ class WorkerDied(RuntimeError):
 
 def actor_dims(spec: Spec, config: ActorLearnerConfig) -> tuple[int, int, torch.Tensor, torch.Tensor]:
     """(obs_dim, action_dim, low, high) of the actor a task's spec calls for, after checking the obs keys."""
-    numeric = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "string"]
-    bad = [k for k in config.obs_keys if k not in numeric]
-    if bad:
-        raise ValueError(f"ActorLearnerConfig.obs_keys: {bad} are not numeric state observations of {config.task}; "
-                         f"expected some of {numeric}")
+    split_obs_keys(spec, config.obs_keys, "ActorLearnerConfig.obs_keys", images=False)  # pixels: `train sac`
     obs_dim = sum(int(np.prod(spec.observations[k].shape)) for k in config.obs_keys)
     low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (spec.action.low_array(), spec.action.high_array()))
     return obs_dim, int(np.prod(spec.action.shape)), low, high
@@ -286,8 +282,7 @@ def train(config: ActorLearnerConfig) -> RLResult:
     agent = Agent(obs_dim, action_dim, low, high, config)
     if config.init is not None and not config.resume:
         load_pretrained(agent, Path(config.init))
-    opt = {name: torch.optim.Adam(params, lr=config.lr) for name, params in
-           (("actor", agent.actor.parameters()), ("critic", agent.critic.parameters()), ("alpha", [agent.log_alpha]))}
+    opt = agent.optimizers(config.lr)
     demos = DemoTransitions(config.demos, spec, config.obs_keys) if config.demos is not None else None
     per_worker, chunk = config.num_envs, config.rollout_steps
     n = config.workers * per_worker

@@ -40,16 +40,18 @@ def flatten_obs(obs: Mapping[str, Any], keys: Sequence[str], n: int | None = Non
     return np.concatenate([np.asarray(obs[k], np.float32).reshape(len(np.asarray(obs[k])), -1) for k in keys], axis=1)
 
 
-def split_obs_keys(spec: Spec, keys: Sequence[str], where: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(numeric keys, image keys) of the observations an actor-critic reads; anything else is an error naming
-    `where` (the config field)."""
+def split_obs_keys(spec: Spec, keys: Sequence[str], where: str,
+                   images: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(numeric keys, image keys) of the observations an actor-critic reads; anything else (and image keys
+    where `images` is False) is an error naming `where` (the config field)."""
     numeric = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "string"]
-    images = [k for k, v in spec.observations.items() if v.is_image]
-    bad = [k for k in keys if k not in numeric and k not in images]
+    allowed = numeric + ([k for k, v in spec.observations.items() if v.is_image] if images else [])
+    bad = [k for k in keys if k not in allowed]
     if bad or not keys:
-        raise ValueError(f"{where}: {bad or list(keys)} are not numeric or image observations of {spec.task}; "
-                         f"expected some of {numeric + images}")
-    return tuple(k for k in keys if k in numeric), tuple(k for k in keys if k in images)
+        kind = "numeric or image" if images else "numeric state"
+        raise ValueError(f"{where}: {bad or list(keys)} are not {kind} observations of {spec.task}; expected some of "
+                         f"{allowed}")
+    return tuple(k for k in keys if k in numeric), tuple(k for k in keys if k not in numeric)
 
 
 def batch_tensors(obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray, next_obs: np.ndarray,
