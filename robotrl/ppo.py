@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -39,6 +39,9 @@ from robotrl.training import (
 class PpoConfig(RunOptions, TaskOptions):
     """Train a Gaussian policy and a value function with PPO on a task's parallel vector env."""
 
+    backend: Literal["cpu", "mjx"] = "cpu"
+    """cpu: torch on the threaded CPU backend; mjx: the JAX learner of robotrl/ppo_mjx.py, rollout and update on the
+    accelerator (thousands of envs)"""
     num_envs: int = 32
     total_steps: int = 300_000
     """environment steps, all envs together"""
@@ -63,6 +66,8 @@ class PpoConfig(RunOptions, TaskOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.backend not in ("cpu", "mjx"):
+            raise ValueError(f"PpoConfig.backend: expected 'cpu' or 'mjx', got {self.backend!r}")
         for name in ("num_envs", "total_steps", "rollout_steps", "epochs", "minibatches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PpoConfig.{name}: expected >= 1, got {getattr(self, name)}")
@@ -165,6 +170,10 @@ def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_valu
 
 
 def train(config: PpoConfig) -> RLResult:
+    if config.backend == "mjx":
+        from robotrl.ppo_mjx import train as train_mjx
+
+        return train_mjx(config)
     run_dir, state_path, rng = start_run(config, "ppo", config.task)
 
     # envs
