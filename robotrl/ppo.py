@@ -40,8 +40,7 @@ class PpoConfig(RunOptions, TaskOptions):
     """Train a Gaussian policy and a value function with PPO on a task's parallel vector env."""
 
     backend: Literal["cpu", "mjx"] = "cpu"
-    """cpu: torch on the threaded CPU backend; mjx: the JAX learner of robotrl/ppo_mjx.py, rollout and update on the
-    accelerator (thousands of envs)"""
+    """cpu: torch on the CPU backend's threads; mjx: robotrl/ppo_mjx.py, rollout and update on the accelerator"""
     num_envs: int = 32
     total_steps: int = 300_000
     """environment steps, all envs together"""

@@ -228,7 +228,9 @@ def gae(reward: jax.Array, value_: jax.Array, done: jax.Array, last_value: jax.A
         lam: float) -> jax.Array:
     """GAE(lambda) over a (T, N) rollout, as robotrl.ppo.gae: `done` cuts the recursion at episode ends."""
 
-    def back(carry: tuple[jax.Array, jax.Array], t: tuple[jax.Array, ...]) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
+    Carry = tuple[jax.Array, jax.Array]  # (running advantage, value of the next step)
+
+    def back(carry: Carry, t: tuple[jax.Array, ...]) -> tuple[Carry, jax.Array]:
         running, next_value = carry
         r, v, d = t
         keep = 1.0 - d

@@ -135,8 +135,8 @@ def test_jax_policy_and_loss_agree_with_the_torch_agent() -> None:
     np.testing.assert_allclose(np.asarray(ppo_mjx.act(params, norm, jnp.asarray(obs), True)), agent.act(obs),
                                rtol=1e-5, atol=1e-5)
     x = ppo_mjx.features(norm, jnp.asarray(obs), True)
-    np.testing.assert_allclose(np.asarray(ppo_mjx.value(params, x)), agent.value(torch.from_numpy(obs)).detach().numpy(),
-                               rtol=1e-5, atol=1e-5)
+    torch_value = agent.value(torch.from_numpy(obs)).detach().numpy()
+    np.testing.assert_allclose(np.asarray(ppo_mjx.value(params, x)), torch_value, rtol=1e-5, atol=1e-5)
 
     # the minibatch loss and its gradient, on the same batch
     g = torch.Generator().manual_seed(2)
@@ -150,9 +150,10 @@ def test_jax_policy_and_loss_agree_with_the_torch_agent() -> None:
     assert float(jloss) == pytest.approx(loss.item(), rel=1e-5)
     for k, v in stats.items():
         assert float(jstats[k]) == pytest.approx(v, rel=1e-4, abs=1e-6), k
-    np.testing.assert_allclose(np.asarray(grads["actor"][0][0]).T, agent.actor[0].weight.grad.numpy(), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(grads["critic"][-1][1]), agent.critic[-1].bias.grad.numpy(), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(grads["log_std"]), agent.log_std.grad.numpy(), rtol=1e-4, atol=1e-6)
+    pairs = ((grads["actor"][0][0].T, agent.actor[0].weight), (grads["critic"][-1][1], agent.critic[-1].bias),
+             (grads["log_std"], agent.log_std))
+    for ours, theirs in pairs:
+        np.testing.assert_allclose(np.asarray(ours), theirs.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
 def test_normalizer_agrees_with_running_norm() -> None:
@@ -165,6 +166,7 @@ def test_normalizer_agrees_with_running_norm() -> None:
         np.testing.assert_allclose(np.asarray(getattr(ours, k)), getattr(agent.norm, k).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore:ppo \\(mjx\\) on the CPU")
 def test_bad_configs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"PpoConfig.backend: expected 'cpu' or 'mjx', got 'gpu'"):
         PpoConfig(backend="gpu")  # type: ignore[arg-type]
