@@ -75,7 +75,8 @@ class CalqlConfig(RunOptions):
             if getattr(self, name) < 1:
                 raise ValueError(f"CalqlConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if self.critic_subset > self.critics:
-            raise ValueError(f"CalqlConfig.critic_subset: expected <= critics ({self.critics}), got {self.critic_subset}")
+            raise ValueError(f"CalqlConfig.critic_subset: expected <= critics ({self.critics}), "
+                             f"got {self.critic_subset}")
         if not self.cql_alpha >= 0:
             raise ValueError(f"CalqlConfig.cql_alpha: expected >= 0, got {self.cql_alpha}")
         for name in ("lr", "init_temperature"):
