@@ -7,8 +7,10 @@ Two benchmarks, in one process, one JSON line each (plus one "curve" line per ev
   num_envs, unroll length (`--rollout-steps`), batch (one unroll of every env per update: Brax's
   batch_size x num_minibatches = num_envs), epochs (num_updates_per_batch), minibatches, the same MLP sizes
   and tanh activations for policy and value, a Normal policy with a state-independent log-std, observation
-  normalization, advantage normalization, time-limit bootstrap, the same loss coefficients, no reward scaling
-  and a constant learning rate (Brax has no linear annealing).
+  normalization, advantage normalization, the same loss coefficients, no reward scaling and a constant learning
+  rate (Brax has no linear annealing). Time limits differ in kind: ours bootstraps a cut from its final
+  observation's value; Brax's `bootstrap_on_timeout` needs an env that sets info["time_out"] (ant does not), so
+  Brax masks truncated steps out of GAE (its default), which the bench leaves as it is.
 
 Definitions. steps/s: env steps per second of training between evaluations (Brax's `training/sps`; ours timed
 the same way, one host sync per iteration as `robotrl train ppo --backend mjx` does), median over the
@@ -135,7 +137,7 @@ def run_brax(env: Any, config: PpoConfig, evals: int, episode_length: int, eval_
         entropy_cost=config.entropy_coef, discounting=config.gamma, gae_lambda=config.gae_lambda,
         clipping_epsilon=config.clip, clipping_epsilon_value=config.value_clip, max_grad_norm=config.max_grad_norm,
         normalize_observations=config.normalize_obs, normalize_advantage=config.normalize_advantages,
-        vf_loss_coefficient=config.value_coef, bootstrap_on_timeout=True, reward_scaling=1.0,
+        vf_loss_coefficient=config.value_coef, reward_scaling=1.0,
         network_factory=factory, seed=config.seed, num_evals=evals + 1, num_eval_envs=eval_envs,
         deterministic_eval=True, progress_fn=progress)
     return curve
