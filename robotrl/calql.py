@@ -23,55 +23,36 @@ checkpoint. `--resume` continues exactly.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from robotrl.datasets import EpisodeStore
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.replay import DemoTransitions
-from robotrl.sac import Agent, SacConfig, actor_fn
-from robotrl.training import (
-    RLResult, RunLog, RunOptions, gradient_step, load_run_state, save_run_state, start_run,
-)
+from robotrl.offline import OfflineOptions, offline_evaluate, offline_loop, offline_start
+from robotrl.sac import Agent, SacConfig, actor_fn, actor_step
+from robotrl.training import RLResult, gradient_step, load_run_state, polyak
 
 
 @dataclass
-class CalqlConfig(RunOptions):
+class CalqlConfig(OfflineOptions):
     """Learn an actor and critics from a store of episodes offline with calibrated conservative Q-learning."""
 
-    store: Path = Path("data/reach.zarr")
-    obs_keys: tuple[str, ...] = ("state",)
-    steps: int = 20_000
-    batch_size: int = 256
     cql_alpha: float = 5.0
     """weight of the conservative regularizer (the paper: 5 on AntMaze, 1 on Adroit and Kitchen)"""
     cql_actions: int = 10
     """actions sampled per state from each of: uniform, the policy at s, the policy at s'"""
     calibrate: bool = True
     """bound the policy actions' Q below by the data's Monte-Carlo return (Cal-QL); off: plain CQL"""
-    gamma: float = 0.95
-    tau: float = 0.005
-    lr: float = 3e-4
-    critics: int = 2
     critic_subset: int = 2
     """target critics whose minimum is the TD target, drawn at random each update (REDQ; all of 2 is CQL's)"""
-    hidden: tuple[int, ...] = (256, 256)
     init_temperature: float = 0.1
     target_entropy: float | None = None
     """default: -action_dim"""
-    reward_type: Literal["dense", "sparse"] = "dense"
-    """the reward the store was recorded with (evaluation uses it too)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("steps", "batch_size", "cql_actions", "critics", "critic_subset"):
+        for name in ("cql_actions", "critic_subset"):
             if getattr(self, name) < 1:
                 raise ValueError(f"CalqlConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if self.critic_subset > self.critics:
@@ -79,13 +60,8 @@ class CalqlConfig(RunOptions):
                              f"got {self.critic_subset}")
         if not self.cql_alpha >= 0:
             raise ValueError(f"CalqlConfig.cql_alpha: expected >= 0, got {self.cql_alpha}")
-        for name in ("lr", "init_temperature"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"CalqlConfig.{name}: expected > 0, got {getattr(self, name)}")
-        if not 0.0 < self.gamma < 1.0:
-            raise ValueError(f"CalqlConfig.gamma: expected a value in (0, 1), got {self.gamma}")
-        if not 0.0 < self.tau <= 1.0:
-            raise ValueError(f"CalqlConfig.tau: expected a value in (0, 1], got {self.tau}")
+        if not self.init_temperature > 0:
+            raise ValueError(f"CalqlConfig.init_temperature: expected > 0, got {self.init_temperature}")
 
 
 def make_agent(obs_dim: int, action_dim: int, low: torch.Tensor, high: torch.Tensor, config: CalqlConfig) -> Agent:
@@ -140,78 +116,29 @@ def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str,
     penalty, stats = conservative_penalty(agent, batch, q_data, config)
     gradient_step(opt["critic"], td_loss + config.cql_alpha * penalty, f"{where}: critic")
 
-    action, logp = agent.actor(batch["obs"])
-    q = agent.q(agent.critic, batch["obs"], action).mean(0)
-    actor_loss = (alpha * logp - q).mean()
-    gradient_step(opt["actor"], actor_loss, f"{where}: actor")
-    alpha_loss = -(agent.log_alpha * (logp.detach() + target_entropy)).mean()
-    gradient_step(opt["alpha"], alpha_loss, f"{where}: temperature")
-    with torch.no_grad():
-        for p, tp in zip(agent.critic.parameters(), agent.target.parameters()):
-            tp.lerp_(p, config.tau)
-    return {"loss/td": td_loss.item(), "loss/cql": penalty.item(), "loss/actor": actor_loss.item(),
-            "alpha": alpha.item(), "entropy": -logp.mean().item(), "q/data": q_data.mean().item(),
-            "q/mc_return": batch["mc_return"].mean().item(), **stats}
+    stats.update(actor_step(agent, opt, batch["obs"], alpha, target_entropy, where))
+    polyak(agent.critic, agent.target, config.tau)
+    return {"loss/td": td_loss.item(), "loss/cql": penalty.item(), "alpha": alpha.item(),
+            "q/data": q_data.mean().item(), "q/mc_return": batch["mc_return"].mean().item(), **stats}
 
 
 def train(config: CalqlConfig) -> RLResult:
-    with EpisodeStore.open(config.store) as store:
-        spec = store.spec
-    numeric = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "string"]
-    if not set(config.obs_keys) <= set(numeric):
-        raise ValueError(f"CalqlConfig.obs_keys: expected some of {numeric} (the numeric observations of "
-                         f"{config.store}), got {list(config.obs_keys)}")
-    run_dir, state_path, rng = start_run(config, "calql", spec.task)
-
-    # data: transitions with their Monte-Carlo returns-to-go
-    data = DemoTransitions(config.store, spec, config.obs_keys, mc_gamma=config.gamma)
+    # data: the store's transitions with their Monte-Carlo returns-to-go
+    spec, data, run_dir, state_path, rng = offline_start(config, "calql", mc_gamma=config.gamma)
     low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (spec.action.low_array(), spec.action.high_array()))
     action_dim = int(np.prod(spec.action.shape))
     target_entropy = config.target_entropy if config.target_entropy is not None else -float(action_dim)
 
     # networks
     agent = make_agent(data.obs.shape[1], action_dim, low, high, config)
-    opt = {"critic": torch.optim.Adam(agent.critic.parameters(), lr=config.lr),
-           "actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr),
-           "alpha": torch.optim.Adam([agent.log_alpha], lr=config.lr)}
-    start = 0
-    if config.resume:
-        start = int(load_run_state(state_path, agent, opt, rng)["step"])
+    opt = agent.optimizers(config.lr)
+    start = int(load_run_state(state_path, agent, opt, rng)["step"]) if config.resume else 0
 
-    def evaluate() -> object:
-        return evaluate_state_actor(actor_fn(agent.actor), spec.task, config.obs_keys, config.eval_episodes,
-                                    config.eval_envs, action_mode=spec.action_mode, reward_type=config.reward_type,
-                                    episode_steps=spec.episode_steps)
-
-    log = RunLog(run_dir)
-    bar = tqdm(total=config.steps, initial=start, desc="calql", unit="step", disable=not config.progress,
-               dynamic_ncols=True)
-    began, eval_seconds = time.perf_counter(), 0.0
-    try:
-        for step in range(start, config.steps):
-            stats = update(agent, opt, data.sample(config.batch_size, rng), config, target_entropy,
-                           f"calql step {step} (last train state: {state_path})")
-            done = step + 1
-            bar.update(1)
-            if done % config.log_every == 0:
-                log.log(done, **stats)
-            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-                t0 = time.perf_counter()
-                log.log(done, **{"eval/success_rate": evaluate().success_rate})  # type: ignore[attr-defined]
-                eval_seconds += time.perf_counter() - t0
-            if done % config.checkpoint_every == 0 or done == config.steps:
-                save_run_state(state_path, done, agent, opt, rng)
-                torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
-    finally:
-        bar.close()
-    seconds = time.perf_counter() - began - eval_seconds  # training alone
-    success, ci = None, None
-    if config.eval_episodes > 0:
-        stats_eval = evaluate()
-        success, ci = stats_eval.success_rate, stats_eval.success_ci95()  # type: ignore[attr-defined]
-        log.log(config.steps, **{"eval/success_rate": success})
-    log.close()
-    return RLResult(run_dir / "actor.pt", config.steps, seconds, success, ci, run_dir).save()
+    # the loop: critics on TD + the calibrated regularizer, actor and temperature as in SAC
+    return offline_loop(config, "calql", agent, opt, rng, run_dir, state_path,
+                        sample=lambda g: data.sample(config.batch_size, g),
+                        update=lambda batch, where: update(agent, opt, batch, config, target_entropy, where),
+                        evaluate=lambda: offline_evaluate(actor_fn(agent.actor), spec, config), start=start)
 
 
 def run_train_calql(config: CalqlConfig) -> RLResult:

@@ -15,52 +15,30 @@ exactly.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
-from robotrl.datasets import EpisodeStore
-from robotrl.evaluate import evaluate_state_actor
+from robotrl.offline import OfflineOptions, offline_evaluate, offline_loop, offline_start
 from robotrl.policies.gaussian import CriticEnsemble, TanhGaussianActor
 from robotrl.policies.nets import mlp
-from robotrl.replay import DemoTransitions
 from robotrl.sac import actor_fn
-from robotrl.training import (
-    RLResult, RunLog, RunOptions, gradient_step, load_run_state, save_run_state, start_run,
-)
+from robotrl.training import RLResult, gradient_step, load_run_state, polyak
 
 
 @dataclass
-class IqlConfig(RunOptions):
+class IqlConfig(OfflineOptions):
     """Learn an actor and critics from a store of episodes (demonstrations, earlier runs), offline."""
 
-    store: Path = Path("data/reach.zarr")
-    obs_keys: tuple[str, ...] = ("state",)
-    steps: int = 20_000
-    batch_size: int = 256
     expectile: float = 0.7
     beta: float = 3.0
     """AWR inverse temperature: 0 is behaviour cloning, larger trusts the advantage more"""
     max_weight: float = 100.0
-    gamma: float = 0.95
-    tau: float = 0.005
-    lr: float = 3e-4
-    critics: int = 2
-    hidden: tuple[int, ...] = (256, 256)
-    reward_type: Literal["dense", "sparse"] = "dense"
-    """the reward the store was recorded with (evaluation uses it too)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("steps", "batch_size", "critics"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"IqlConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if not 0.5 <= self.expectile < 1.0:
             raise ValueError(f"IqlConfig.expectile: expected a value in [0.5, 1), got {self.expectile}")
         if self.beta < 0:
@@ -103,20 +81,13 @@ def update(agent: IqlAgent, opt: dict[str, torch.optim.Optimizer], batch: dict[s
         weight = torch.exp(config.beta * (q_data - v.detach())).clamp(max=config.max_weight)
     actor_loss = -(weight * agent.actor.log_prob(batch["obs"], batch["action"])).mean()
     gradient_step(opt["actor"], actor_loss, f"{where}: actor")
-    with torch.no_grad():
-        for p, tp in zip(agent.critic.parameters(), agent.target.parameters()):
-            tp.lerp_(p, config.tau)
+    polyak(agent.critic, agent.target, config.tau)
     return {"loss/value": value_loss.item(), "loss/critic": critic_loss.item(), "loss/actor": actor_loss.item(),
             "q/mean": q.mean().item(), "adv/weight_mean": weight.mean().item()}
 
 
 def train(config: IqlConfig) -> RLResult:
-    with EpisodeStore.open(config.store) as store:
-        spec = store.spec
-    run_dir, state_path, rng = start_run(config, "iql", spec.task)
-
-    # data
-    data = DemoTransitions(config.store, spec, config.obs_keys)
+    spec, data, run_dir, state_path, rng = offline_start(config, "iql")
     low, high = (torch.as_tensor(x, dtype=torch.float32) for x in (spec.action.low_array(), spec.action.high_array()))
 
     # networks
@@ -124,39 +95,13 @@ def train(config: IqlConfig) -> RLResult:
     opt = {"value": torch.optim.Adam(agent.value.parameters(), lr=config.lr),
            "critic": torch.optim.Adam(agent.critic.parameters(), lr=config.lr),
            "actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr)}
-    start = 0
-    if config.resume:
-        start = int(load_run_state(state_path, agent, opt, rng)["step"])
+    start = int(load_run_state(state_path, agent, opt, rng)["step"]) if config.resume else 0
 
-    def evaluate() -> object:
-        return evaluate_state_actor(actor_fn(agent.actor), spec.task, config.obs_keys, config.eval_episodes,
-                                    config.eval_envs, action_mode=spec.action_mode, reward_type=config.reward_type,
-                                    episode_steps=spec.episode_steps)
-
-    log = RunLog(run_dir)
-    bar = tqdm(total=config.steps, initial=start, desc="iql", unit="step", disable=not config.progress, dynamic_ncols=True)
-    began = time.perf_counter()
-    for step in range(start, config.steps):
-        stats = update(agent, opt, data.sample(config.batch_size, rng), config,
-                       f"iql step {step} (last train state: {state_path})")
-        done = step + 1
-        bar.update(1)
-        if done % config.log_every == 0:
-            log.log(done, **stats)
-        if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-            log.log(done, **{"eval/success_rate": evaluate().success_rate})  # type: ignore[attr-defined]
-        if done % config.checkpoint_every == 0 or done == config.steps:
-            save_run_state(state_path, done, agent, opt, rng)
-            torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
-    bar.close()
-    seconds = time.perf_counter() - began
-    success, ci = None, None
-    if config.eval_episodes > 0:
-        stats_eval = evaluate()
-        success, ci = stats_eval.success_rate, stats_eval.success_ci95()  # type: ignore[attr-defined]
-        log.log(config.steps, **{"eval/success_rate": success})
-    log.close()
-    return RLResult(run_dir / "actor.pt", config.steps, seconds, success, ci, run_dir).save()
+    # the loop: V, Q, actor updates on the store's transitions
+    return offline_loop(config, "iql", agent, opt, rng, run_dir, state_path,
+                        sample=lambda g: data.sample(config.batch_size, g),
+                        update=lambda batch, where: update(agent, opt, batch, config, where),
+                        evaluate=lambda: offline_evaluate(actor_fn(agent.actor), spec, config), start=start)
 
 
 def run_train_iql(config: IqlConfig) -> RLResult:

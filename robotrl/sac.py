@@ -38,8 +38,8 @@ from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
 from robotrl.spec import Spec
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, save_run_state,
-    start_run,
+    RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
+    save_run_state, start_run,
 )
 
 
@@ -174,19 +174,22 @@ def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str,
         critic_loss = F.mse_loss(out.squeeze(-1), target.expand(config.critics, -1), reduction="none").mean(1).sum()
     gradient_step(opt["critic"], critic_loss, f"{where}: critic")
 
-    obs = obs.detach()
+    stats = actor_step(agent, opt, obs.detach(), alpha, target_entropy, where)
+    polyak(agent.critic, agent.target, config.tau)
+    return {"loss/critic": critic_loss.item(), "alpha": alpha.item(), **stats}
+
+
+def actor_step(agent: Agent, opt: dict[str, torch.optim.Optimizer], obs: torch.Tensor, alpha: torch.Tensor,
+               target_entropy: float, where: str) -> dict[str, float]:
+    """SAC's actor update (the critics' mean Q less the entropy cost, reparameterized) and its temperature update
+    (towards the target entropy)."""
     action, logp = agent.actor(obs)
     q = agent.q(agent.critic, obs, action).mean(0)
     actor_loss = (alpha * logp - q).mean()
     gradient_step(opt["actor"], actor_loss, f"{where}: actor")
-
     alpha_loss = -(agent.log_alpha * (logp.detach() + target_entropy)).mean()
     gradient_step(opt["alpha"], alpha_loss, f"{where}: temperature")
-    with torch.no_grad():
-        for p, tp in zip(agent.critic.parameters(), agent.target.parameters()):
-            tp.lerp_(p, config.tau)
-    return {"loss/critic": critic_loss.item(), "loss/actor": actor_loss.item(), "alpha": alpha.item(),
-            "q/mean": q.mean().item(), "entropy": -logp.mean().item()}
+    return {"loss/actor": actor_loss.item(), "q/mean": q.mean().item(), "entropy": -logp.mean().item()}
 
 
 def evaluate(agent: Agent, config: SacConfig) -> Any:

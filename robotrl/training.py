@@ -243,3 +243,11 @@ def load_run_state(path: Path, agent: nn.Module, optimizers: dict[str, torch.opt
         env.set_state({k: v.numpy() for k, v in state["env"].items()})
         env.set_rng_state(state["env_rng"])
     return state
+
+
+def polyak(net: nn.Module, target: nn.Module, tau: float) -> None:
+    """target <- (1 - tau) target + tau net, parameter by parameter."""
+    with torch.no_grad():
+        for p, tp in zip(net.parameters(), target.parameters()):
+            tp.lerp_(p, tau)
+

@@ -174,7 +174,7 @@ def test_bad_configs_are_refused(reach_demos: Path, tmp_path: Path) -> None:
             small(reach_demos, tmp_path, **overrides)
     with pytest.raises(ValueError, match=r"CalqlConfig.resume: needs run_dir"):
         CalqlConfig(store=reach_demos, resume=True)
-    with pytest.raises(ValueError, match=r"CalqlConfig.obs_keys: expected some of \['state'\] .*got \['nope'\]"):
+    with pytest.raises(ValueError, match=r"CalqlConfig.obs_keys: \['nope'\] are not numeric state observations of Reach; expected some of \['state'\]"):
         train(small(reach_demos, tmp_path / "keys", obs_keys=("nope",)))
 
 
