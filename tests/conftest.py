@@ -45,3 +45,48 @@ def _kill_after_first_train_state(args: list[str], state: Path, timeout: float =
 @pytest.fixture
 def kill_after_first_train_state():
     return _kill_after_first_train_state
+
+
+@pytest.fixture(scope="session")
+def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 Reach episodes of the scripted expert at the task's demo noise (RLPD, WSRL, the actor/learner)."""
+    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
+    record_expert(path, "Reach", episodes=20, num_envs=10, progress=False).close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def offline_reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 Reach episodes of the expert at noise 0.3: enough coverage for the offline learners (IQL, Cal-QL)."""
+    path = tmp_path_factory.mktemp("demos") / "reach_offline.zarr"
+    record_expert(path, "Reach", episodes=40, num_envs=10, noise=0.3, progress=False).close()
+    return path
+
+
+def _agent_weights(path: Path) -> dict:
+    import torch
+
+    weights = torch.load(path, weights_only=True)
+    return weights["agent"] if "agent" in weights else weights
+
+
+def _assert_same_run(a: Path, b: Path, weights: str = "train_state.pt", store_keys: tuple[str, ...] = ()) -> None:
+    """Two run directories ended identically: every tensor of their agents (`weights`: a train state or a state
+    dict) bit for bit, and for `store_keys` the same steps on their replay stores."""
+    import numpy as np
+    import torch
+
+    wa, wb = _agent_weights(a / weights), _agent_weights(b / weights)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)
+    if store_keys:
+        s1, s2 = EpisodeStore.open(a / "replay.zarr"), EpisodeStore.open(b / "replay.zarr")
+        assert s1.num_episodes == s2.num_episodes > 0
+        for key in store_keys:
+            np.testing.assert_array_equal(s1.load([key])[key], s2.load([key])[key])
+
+
+@pytest.fixture
+def assert_same_run():
+    return _assert_same_run

@@ -22,7 +22,6 @@ import torch
 
 from robotrl.actor_learner import ActorLearnerConfig, WorkerDied, train
 from robotrl.datasets import EpisodeStore
-from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.replay import ReplayBuffer
 from robotrl.sac import Agent, evaluate
@@ -38,13 +37,6 @@ def ray_cluster() -> Any:
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="warning")
     yield ray
     ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
-    record_expert(path, "Reach", episodes=20, num_envs=10, progress=False).close()
-    return path
 
 
 def small(run_dir: Path, **overrides: Any) -> ActorLearnerConfig:

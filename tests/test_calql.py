@@ -15,7 +15,6 @@ import torch
 
 from robotrl.calql import CalqlConfig, make_agent, train
 from robotrl.datasets import EpisodeStore
-from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.evaluate import evaluate_state_actor
 from robotrl.replay import DemoTransitions
@@ -23,13 +22,6 @@ from robotrl.sac import Agent, SacConfig, actor_fn, load_pretrained, train as tr
 from robotrl.training import RLResult, TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
-
-
-@pytest.fixture(scope="module")
-def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
-    record_expert(path, "Reach", episodes=40, num_envs=10, noise=0.3, progress=False).close()
-    return path
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> CalqlConfig:
@@ -40,8 +32,8 @@ def small(store: Path, run_dir: Path, **overrides: object) -> CalqlConfig:
 
 
 @pytest.fixture(scope="module")
-def calql_run(reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> RLResult:
-    return train(small(reach_demos, tmp_path_factory.mktemp("calql") / "run"))
+def calql_run(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> RLResult:
+    return train(small(offline_reach_demos, tmp_path_factory.mktemp("calql") / "run"))
 
 
 def trained_agent(run: RLResult, config: CalqlConfig) -> Agent:
@@ -54,7 +46,7 @@ def direct_returns(rewards: list[float], gamma: float) -> list[float]:
     return [sum(gamma ** (k - t) * rewards[k] for k in range(t, len(rewards))) for t in range(len(rewards))]
 
 
-def test_mc_returns_end_with_each_episode(reach_demos: Path, tmp_path: Path) -> None:
+def test_mc_returns_end_with_each_episode(offline_reach_demos: Path, tmp_path: Path) -> None:
     """A hand-built store: an episode that terminated, one cut by the time limit, one kept unfinished; each
     step's return-to-go sums its own episode's discounted rewards and nothing past its end."""
     env = make("Reach", num_envs=1)
@@ -86,8 +78,8 @@ def test_mc_returns_end_with_each_episode(reach_demos: Path, tmp_path: Path) -> 
     assert plain.mc_return is None and "mc_return" not in plain.sample(4, np.random.default_rng(0))
 
     # a real store: 40 Reach episodes of 60 steps, every one cut by the time limit
-    real = DemoTransitions(reach_demos, spec, ("state",), mc_gamma=0.95)
-    with EpisodeStore.open(reach_demos) as demos:
+    real = DemoTransitions(offline_reach_demos, spec, ("state",), mc_gamma=0.95)
+    with EpisodeStore.open(offline_reach_demos) as demos:
         for index in (0, 17, 39):
             episode = demos.episode(index, ["reward", "truncated"]).data
             start = int(demos.episode_starts[index])
@@ -96,11 +88,11 @@ def test_mc_returns_end_with_each_episode(reach_demos: Path, tmp_path: Path) -> 
             np.testing.assert_allclose(got, direct_returns(episode["reward"].tolist(), 0.95), rtol=1e-5)
 
 
-def test_calql_learns_reach_offline(calql_run: RLResult, reach_demos: Path, tmp_path: Path) -> None:
+def test_calql_learns_reach_offline(calql_run: RLResult, offline_reach_demos: Path, tmp_path: Path) -> None:
     """From an untrained actor (a few % on Reach) to >= 50% after 2,000 offline updates on 40 noisy demonstrations
     (measured: 2.5% -> 87.5%)."""
     torch.manual_seed(0)
-    untrained = make_agent(23, 3, -torch.ones(3), torch.ones(3), small(reach_demos, tmp_path))
+    untrained = make_agent(23, 3, -torch.ones(3), torch.ones(3), small(offline_reach_demos, tmp_path))
     start = evaluate_state_actor(actor_fn(untrained.actor), "Reach", ("state",), 40, 20).success_rate
     assert calql_run.success_rate is not None
     assert calql_run.success_rate >= 0.5 and calql_run.success_rate >= start + 0.4, (start, calql_run.success_rate)
@@ -117,14 +109,14 @@ def below_mc(agent: Agent, data: DemoTransitions) -> dict[str, float]:
             "data_gap": (q_data - mc).mean().item()}
 
 
-def test_calibration_keeps_q_above_the_mc_returns_that_cql_falls_under(calql_run: RLResult, reach_demos: Path,
+def test_calibration_keeps_q_above_the_mc_returns_that_cql_falls_under(calql_run: RLResult, offline_reach_demos: Path,
                                                                        tmp_path: Path) -> None:
     """The same code, data, seed and budget with the calibration off (plain CQL): CQL's Q on the data's and the
     policy's actions sinks below the data's Monte-Carlo returns on most transitions; Cal-QL's stays above them
     on most (measured: CQL 78% of transitions below on the data's actions, mean Q - MC -3.4; Cal-QL 3.5%, +4.4)."""
-    cql_config = small(reach_demos, tmp_path / "cql", calibrate=False, eval_episodes=0)
+    cql_config = small(offline_reach_demos, tmp_path / "cql", calibrate=False, eval_episodes=0)
     cql_run = train(cql_config)
-    data = DemoTransitions(reach_demos, EpisodeStore.open(reach_demos).spec, ("state",), mc_gamma=cql_config.gamma)
+    data = DemoTransitions(offline_reach_demos, EpisodeStore.open(offline_reach_demos).spec, ("state",), mc_gamma=cql_config.gamma)
     cql = below_mc(trained_agent(cql_run, cql_config), data)
     calql = below_mc(trained_agent(calql_run, cql_config), data)
     assert cql["data_below"] >= 0.6 and cql["policy_below"] >= 0.6, cql
@@ -132,27 +124,23 @@ def test_calibration_keeps_q_above_the_mc_returns_that_cql_falls_under(calql_run
     assert calql["data_gap"] >= cql["data_gap"] + 3.0, (calql, cql)
 
 
-def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_after_first_train_state) -> None:
+def test_killed_run_resumes_exactly(offline_reach_demos: Path, tmp_path: Path, kill_after_first_train_state, assert_same_run) -> None:
     """`robotrl train calql` is SIGKILLed after its first train state; `--resume` ends with the weights (actor,
     critics, targets, temperature) of a run that was never stopped."""
-    cfg = small(reach_demos, tmp_path / "killed", steps=200, checkpoint_every=50, batch_size=32, cql_actions=2,
+    cfg = small(offline_reach_demos, tmp_path / "killed", steps=200, checkpoint_every=50, batch_size=32, cql_actions=2,
                 hidden=(32, 32), eval_episodes=0, log_every=50)
-    args = [str(ROBOTRL), "train", "calql", "--store", str(reach_demos), "--steps", "200", "--checkpoint-every", "50",
+    args = [str(ROBOTRL), "train", "calql", "--store", str(offline_reach_demos), "--steps", "200", "--checkpoint-every", "50",
             "--batch-size", "32", "--cql-actions", "2", "--hidden", "32", "32", "--lr", "1e-3", "--eval-episodes", "0",
             "--log-every", "50", "--run-dir", str(cfg.run_dir), "--no-progress"]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 50 <= step < 200, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
-    a = torch.load(tmp_path / "straight" / "train_state.pt", weights_only=True)["agent"]
-    b = torch.load(tmp_path / "killed" / "train_state.pt", weights_only=True)["agent"]
-    assert a.keys() == b.keys()
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    assert_same_run(tmp_path / "straight", tmp_path / "killed")
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_train_state(reach_demos: Path, tmp_path: Path) -> None:
-    cfg = small(reach_demos, tmp_path / "nan", lr=1e6, steps=200, checkpoint_every=1, batch_size=32, hidden=(32, 32),
+def test_nan_loss_stops_and_keeps_the_last_good_train_state(offline_reach_demos: Path, tmp_path: Path) -> None:
+    cfg = small(offline_reach_demos, tmp_path / "nan", lr=1e6, steps=200, checkpoint_every=1, batch_size=32, hidden=(32, 32),
                 eval_episodes=0)  # an absurd learning rate blows the weights up
     message = r"calql step (\d+) \(last train state: .*train_state.pt\): \w+ loss is (nan|inf)"
     with pytest.raises(TrainingDiverged, match=message) as error:
@@ -163,7 +151,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_train_state(reach_demos: Path, t
     assert all(torch.isfinite(v).all() for v in state["agent"].values())
 
 
-def test_bad_configs_are_refused(reach_demos: Path, tmp_path: Path) -> None:
+def test_bad_configs_are_refused(offline_reach_demos: Path, tmp_path: Path) -> None:
     for overrides, message in (({"critic_subset": 3}, r"CalqlConfig.critic_subset: expected <= critics \(2\), got 3"),
                                ({"cql_actions": 0}, r"CalqlConfig.cql_actions: expected >= 1, got 0"),
                                ({"cql_alpha": -1.0}, r"CalqlConfig.cql_alpha: expected >= 0, got -1.0"),
@@ -171,17 +159,17 @@ def test_bad_configs_are_refused(reach_demos: Path, tmp_path: Path) -> None:
                                ({"tau": 0.0}, r"CalqlConfig.tau: expected a value in \(0, 1\], got 0.0"),
                                ({"lr": 0.0}, r"CalqlConfig.lr: expected > 0, got 0.0")):
         with pytest.raises(ValueError, match=message):
-            small(reach_demos, tmp_path, **overrides)
+            small(offline_reach_demos, tmp_path, **overrides)
     with pytest.raises(ValueError, match=r"CalqlConfig.resume: needs run_dir"):
-        CalqlConfig(store=reach_demos, resume=True)
+        CalqlConfig(store=offline_reach_demos, resume=True)
     with pytest.raises(ValueError, match=r"CalqlConfig.obs_keys: \['nope'\] are not numeric state observations of Reach; expected some of \['state'\]"):
-        train(small(reach_demos, tmp_path / "keys", obs_keys=("nope",)))
+        train(small(offline_reach_demos, tmp_path / "keys", obs_keys=("nope",)))
 
 
-def test_wsrl_fine_tunes_a_calql_agent_online(reach_demos: Path, tmp_path: Path) -> None:
+def test_wsrl_fine_tunes_a_calql_agent_online(offline_reach_demos: Path, tmp_path: Path) -> None:
     """WSRL from Cal-QL: `sac --init` loads its actor, critics and target critics as they are, warms up with its
     rollouts and fine-tunes on online data only, ending well above the offline agent (measured: 7.5% -> 97.5%)."""
-    offline = train(small(reach_demos, tmp_path / "calql", steps=600))
+    offline = train(small(offline_reach_demos, tmp_path / "calql", steps=600))
     assert offline.success_rate is not None
     online_config = SacConfig(task="Reach", total_steps=3000, learning_starts=300, init=tmp_path / "calql",
                               hidden=(128, 128), lr=1e-3, eval_episodes=40, eval_envs=20, run_dir=tmp_path / "wsrl",

@@ -10,41 +10,31 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.datasets.record import record_expert
 from robotrl.iql import IqlAgent, IqlConfig, expectile_loss, train
 from robotrl.evaluate import evaluate_state_actor
 from robotrl.sac import actor_fn
-
-
-@pytest.fixture(scope="module")
-def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
-    record_expert(path, "Reach", episodes=40, num_envs=10, noise=0.3, progress=False).close()
-    return path
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> IqlConfig:
     return replace(IqlConfig(store=store, steps=2000, eval_episodes=40, run_dir=run_dir, progress=False), **overrides)
 
 
-def test_iql_learns_reach_offline(reach_demos: Path, tmp_path: Path) -> None:
+def test_iql_learns_reach_offline(offline_reach_demos: Path, tmp_path: Path) -> None:
     """From an untrained actor (a few % on Reach) to >= 60% after 2,000 offline updates on 40 demonstrations."""
     torch.manual_seed(0)
-    start_agent = IqlAgent(23, 3, -torch.ones(3), torch.ones(3), small(reach_demos, tmp_path))
+    start_agent = IqlAgent(23, 3, -torch.ones(3), torch.ones(3), small(offline_reach_demos, tmp_path))
     start = evaluate_state_actor(actor_fn(start_agent.actor), "Reach", ("state",), 40, 20).success_rate
-    result = train(small(reach_demos, tmp_path / "run"))
+    result = train(small(offline_reach_demos, tmp_path / "run"))
     assert result.success_rate is not None
     assert result.success_rate >= 0.6 and result.success_rate >= start + 0.5, (start, result.success_rate)
 
 
-def test_resume_continues_exactly(reach_demos: Path, tmp_path: Path) -> None:
-    cfg = small(reach_demos, tmp_path / "a", steps=60, checkpoint_every=30, eval_episodes=0, hidden=(64, 64))
+def test_resume_continues_exactly(offline_reach_demos: Path, tmp_path: Path, assert_same_run) -> None:
+    cfg = small(offline_reach_demos, tmp_path / "a", steps=60, checkpoint_every=30, eval_episodes=0, hidden=(64, 64))
     straight = train(cfg)
     train(replace(cfg, run_dir=tmp_path / "b", steps=30))  # a run that stopped at its step-30 train state ...
     resumed = train(replace(cfg, run_dir=tmp_path / "b", resume=True))  # ... and went on to 60
-    a, b = torch.load(straight.weights, weights_only=True), torch.load(resumed.weights, weights_only=True)
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+    assert_same_run(straight.run_dir, resumed.run_dir)
 
 
 def test_expectile_leans_towards_the_larger_values() -> None:

@@ -7,7 +7,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,13 +17,6 @@ from robotrl.sac import SacConfig, evaluate, train, Agent
 from robotrl.training import TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
-
-
-@pytest.fixture(scope="module")
-def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
-    record_expert(path, "Reach", episodes=20, num_envs=10, progress=False).close()  # the task's demo noise
-    return path
 
 
 def small(run_dir: Path, **overrides: object) -> SacConfig:
@@ -49,7 +41,7 @@ def test_rlpd_learns_reach_from_demos(reach_demos: Path, tmp_path: Path) -> None
     assert {e["source"] for e in store.episodes} == {"policy"} and {e["env"] for e in store.episodes} == {0}
 
 
-def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state) -> None:
+def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state, assert_same_run) -> None:
     """`robotrl train sac` is SIGKILLed after its first train state; `--resume` ends with the weights and the
     replay store of a run that was never stopped (envs mid-episode, RNGs, replay rebuilt from the store)."""
     cfg = small(tmp_path / "killed", checkpoint_every=100)
@@ -58,16 +50,9 @@ def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state
             "1", "--checkpoint-every", "100", "--log-every", "100", "--run-dir", str(cfg.run_dir), "--no-progress"]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 50 <= step < 200, step
-    resumed = train(replace(cfg, resume=True))
-    straight = train(replace(cfg, run_dir=tmp_path / "straight"))
-    a = torch.load(straight.weights, weights_only=True)
-    b = torch.load(resumed.weights, weights_only=True)
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
-    s1, s2 = EpisodeStore.open(tmp_path / "straight" / "replay.zarr"), EpisodeStore.open(tmp_path / "killed" / "replay.zarr")
-    assert s1.num_episodes == s2.num_episodes > 0
-    for key in ("state", "action", "reward"):
-        np.testing.assert_array_equal(s1.load([key])[key], s2.load([key])[key])
+    train(replace(cfg, resume=True))
+    train(replace(cfg, run_dir=tmp_path / "straight"))
+    assert_same_run(tmp_path / "straight", tmp_path / "killed", store_keys=("state", "action", "reward"))
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path) -> None:
