@@ -51,6 +51,19 @@ class SacBenchConfig:
     seed: int = 0
 
 
+def curve_row(bench: str, task: str, run: str, target: float, total_steps: int, curve: list[tuple[int, float, float]],
+              began: float, baseline: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """One run's JSON line: its curve summary and, against the `baseline` run's row, the ratios `vs_<name>_steps`
+    and `vs_<name>_seconds` (> 1: it reached the target in fewer steps / less time)."""
+    row = {"bench": bench, "task": task, "run": run, "target": target, "total_steps": total_steps,
+           **curve_summary(curve, target), "wall_s": round(time.perf_counter() - began, 1)}
+    if baseline is not None:
+        for key, ratio in (("steps_to_target", f"vs_{name}_steps"), ("seconds_to_target", f"vs_{name}_seconds")):
+            a, b = baseline[key], row[key]
+            row[ratio] = round(a / b, 2) if a is not None and b else None
+    return row
+
+
 def curve_summary(curve: list[tuple[int, float, float]], target: float) -> dict[str, Any]:
     hit = next(((s, t) for s, success, t in curve if success >= target), None)
     return {"steps_to_target": hit[0] if hit else None, "seconds_to_target": round(hit[1], 1) if hit else None,
@@ -126,15 +139,9 @@ def main(config: SacBenchConfig) -> list[dict[str, Any]]:
                 curve = run_ours(config, demos if run == "rlpd" else None, Path(tmp) / run)
             else:
                 raise ValueError(f"bench: unknown run {run!r}; expected sb3:SAC, sac or rlpd")
-            row = {"bench": "sac", "task": config.task, "run": run, "target": config.target,
-                   "total_steps": config.total_steps, **curve_summary(curve, config.target),
-                   "wall_s": round(time.perf_counter() - began, 1)}
+            row = curve_row("sac", config.task, run, config.target, config.total_steps, curve, began, baseline, "sb3")
             if run == "sb3:SAC":
                 baseline = row
-            elif baseline is not None:
-                for key, out in (("steps_to_target", "vs_sb3_steps"), ("seconds_to_target", "vs_sb3_seconds")):
-                    a, b = baseline[key], row[key]
-                    row[out] = round(a / b, 2) if a is not None and b else None
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

@@ -30,7 +30,7 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sac import curve_summary, eval_curve  # noqa: E402  (bench/sac.py, the SAC-vs-SB3 bench)
+from sac import curve_row, eval_curve  # noqa: E402  (bench/sac.py, the SAC-vs-SB3 bench)
 
 from robotrl.datasets.record import record_expert  # noqa: E402
 from robotrl.sac import SacConfig, train as train_sac  # noqa: E402
@@ -73,7 +73,7 @@ def offline_pretrain(config: WsrlBenchConfig, demos: Path, run_dir: Path) -> tup
 
         result = train_iql(IqlConfig(**common))  # type: ignore[arg-type]
     else:
-        from robotrl.calql import CalqlConfig, train as train_calql  # type: ignore[import-not-found]
+        from robotrl.calql import CalqlConfig, train as train_calql
 
         result = train_calql(CalqlConfig(**common))
     assert result.success_rate is not None
@@ -114,15 +114,10 @@ def main(config: WsrlBenchConfig) -> list[dict[str, Any]]:
             curve = online(config, run, demos, offline_dir, out / run)
             if run == "wsrl":
                 curve = [(0, offline_success, 0.0), *curve]
-            row = {"bench": "wsrl", "task": config.task, "run": run, "target": config.target,
-                   "total_steps": config.total_steps, **curve_summary(curve, config.target),
-                   "wall_s": round(time.perf_counter() - began, 1)}
+            row = curve_row("wsrl", config.task, run, config.target, config.total_steps, curve, began, baseline,
+                            "scratch")
             if run == "scratch":
                 baseline = row
-            elif baseline is not None:
-                for key, ratio in (("steps_to_target", "vs_scratch_steps"), ("seconds_to_target", "vs_scratch_seconds")):
-                    a, b = baseline[key], row[key]
-                    row[ratio] = round(a / b, 2) if a is not None and b else None
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

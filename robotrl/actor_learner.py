@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,7 +48,7 @@ from robotrl.policies.gaussian import TanhGaussianActor
 from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
 from robotrl.sac import Agent, SacConfig, evaluate, load_pretrained, sample, update
 from robotrl.spec import Spec
-from robotrl.training import RLResult, RunLog, load_run_state, save_run_state, start_run
+from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
 
 WORKER_START_TIMEOUT_S = 300.0
 """how long Ray may take to place and start every worker before the run gives up (not a hang)"""
@@ -334,7 +333,7 @@ def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: dict[st
     log = RunLog(run_dir)
     bar = tqdm(total=config.total_steps, initial=collected, desc=f"sac-distributed {config.task}", unit="step",
                disable=not config.progress, dynamic_ncols=True)
-    began, eval_seconds = time.perf_counter(), 0.0
+    clock = TrainClock()
     stats: dict[str, float] = {}
     weights = transport.publish(actor_weights(agent))
     launched, idle, acting = collected, list(range(config.workers)), {}  # acting: worker -> its weights' version
@@ -383,13 +382,8 @@ def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: dict[st
                             "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-", version=version)
                 staleness = []
-            if config.eval_every and collected // config.eval_every != before // config.eval_every \
-                    and collected < config.total_steps:
-                t0 = time.perf_counter()
-                trained_s = t0 - began - eval_seconds
-                success_now = evaluate(agent, config).success_rate
-                eval_seconds += time.perf_counter() - t0
-                log.log(collected, **{"eval/success_rate": success_now, "time/train_seconds": trained_s})
+            clock.evaluate_every(config, log, lambda: evaluate(agent, config), collected, before,
+                                 last=collected >= config.total_steps)
             barrier |= collected // config.checkpoint_every != before // config.checkpoint_every
             if barrier and not acting:  # every call is back: the workers' states match the learner's
                 checkpoint()
@@ -398,15 +392,9 @@ def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: dict[st
             checkpoint()
     finally:
         bar.close()
-    seconds = time.perf_counter() - began - eval_seconds
-    success, ci = None, None
-    if config.eval_episodes > 0:
-        final = evaluate(agent, config)
-        success, ci = final.success_rate, final.success_ci95()
-        log.log(collected, **{"eval/success_rate": success, "time/train_seconds": seconds})
-    log.close()
-    return RLResult(run_dir / "actor.pt", collected, seconds, success, ci, run_dir,
-                    steps_per_second=collected / seconds if seconds > 0 else None).save()
+    seconds = clock.trained()
+    return finish_run(config, log, lambda: evaluate(agent, config), run_dir / "actor.pt", collected, seconds, run_dir,
+                      steps_per_second=collected / seconds if seconds > 0 else None)
 
 
 def actor_weights(agent: Agent) -> dict[str, torch.Tensor]:

@@ -4,7 +4,6 @@ evaluation and train states."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +17,7 @@ from robotrl.datasets import EpisodeStore
 from robotrl.evaluate import evaluate_state_actor
 from robotrl.replay import DemoTransitions, split_obs_keys
 from robotrl.spec import Spec
-from robotrl.training import RLResult, RunLog, RunOptions, save_run_state, start_run
+from robotrl.training import RLResult, RunLog, RunOptions, TrainClock, finish_run, save_run_state, start_run
 
 
 @dataclass
@@ -81,7 +80,7 @@ def offline_loop(config: OfflineOptions, name: str, agent: nn.Module, opt: dict[
     log = RunLog(run_dir)
     bar = tqdm(total=config.steps, initial=start, desc=name, unit="step", disable=not config.progress,
                dynamic_ncols=True)
-    began, eval_seconds = time.perf_counter(), 0.0
+    clock = TrainClock()
     try:
         for step in range(start, config.steps):
             stats = update(sample(rng), f"{name} step {step} (last train state: {state_path})")
@@ -89,20 +88,11 @@ def offline_loop(config: OfflineOptions, name: str, agent: nn.Module, opt: dict[
             bar.update(1)
             if done % config.log_every == 0:
                 log.log(done, **stats)
-            if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-                t0 = time.perf_counter()
-                log.log(done, **{"eval/success_rate": evaluate().success_rate})
-                eval_seconds += time.perf_counter() - t0
+            clock.evaluate_every(config, log, evaluate, done, step, last=done == config.steps)
             if done % config.checkpoint_every == 0 or done == config.steps:
                 save_run_state(state_path, done, agent, opt, rng)
                 torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
     finally:
         bar.close()
-    seconds = time.perf_counter() - began - eval_seconds  # training alone
-    success, ci = None, None
-    if config.eval_episodes > 0:
-        stats_eval = evaluate()
-        success, ci = stats_eval.success_rate, stats_eval.success_ci95()
-        log.log(config.steps, **{"eval/success_rate": success})
-    log.close()
-    return RLResult(run_dir / "actor.pt", config.steps, seconds, success, ci, run_dir).save()
+    seconds = clock.trained()
+    return finish_run(config, log, evaluate, run_dir / "actor.pt", config.steps, seconds, run_dir)

@@ -17,7 +17,6 @@ failures. A killed run resumes exactly from its last iteration (`--resume`).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +30,7 @@ from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.nets import mlp
 from robotrl.replay import flatten_obs
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TaskOptions, TrainingDiverged, load_run_state, save_run_state, start_run,
+    RLResult, RunLog, RunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_run, load_run_state, save_run_state, start_run,
 )
 
 
@@ -207,7 +206,7 @@ def train(config: PpoConfig) -> RLResult:
                disable=not config.progress, dynamic_ncols=True)
     buf = {k: torch.zeros((horizon, n, *shape)) for k, shape in
            (("obs", (obs_dim,)), ("action", (action_dim,)), ("logp", ()), ("reward", ()), ("done", ()), ("value", ()))}
-    began, eval_seconds = time.perf_counter(), 0.0
+    clock = TrainClock()
     try:
         for it in range(start, iterations):
             if config.anneal_lr:
@@ -264,16 +263,12 @@ def train(config: PpoConfig) -> RLResult:
             now, before = (it + 1) * n * horizon, it * n * horizon
             bar.update(n * horizon)
             recent = episodes["success"][-100:]
-            trained_s = time.perf_counter() - began - eval_seconds
+            trained_s = clock.trained()
             log.log(now, **stats, **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9)},
                     **({"train/success_rate": float(np.mean(recent)),
                         "train/return": float(np.mean(episodes["returns"][-100:]))} if recent else {}))
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
-            if config.eval_every and now // config.eval_every != before // config.eval_every and it + 1 < iterations:
-                t0 = time.perf_counter()
-                success_now = evaluate().success_rate
-                eval_seconds += time.perf_counter() - t0
-                log.log(now, **{"eval/success_rate": success_now, "time/train_seconds": trained_s})
+            clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, obs=torch.from_numpy(obs),
                                episodes=episodes,
@@ -282,16 +277,10 @@ def train(config: PpoConfig) -> RLResult:
     finally:
         bar.close()
         env.close()
-    seconds = time.perf_counter() - began - eval_seconds
+    seconds = clock.trained()
     steps = iterations * n * horizon
-    success, ci = None, None
-    if config.eval_episodes > 0:
-        stats_eval = evaluate()
-        success, ci = stats_eval.success_rate, stats_eval.success_ci95()
-        log.log(steps, **{"eval/success_rate": success, "time/train_seconds": seconds})
-    log.close()
-    return RLResult(run_dir / "agent.pt", steps, seconds, success, ci, run_dir,
-                    steps_per_second=(steps - start * n * horizon) / max(seconds, 1e-9)).save()
+    return finish_run(config, log, evaluate, run_dir / "agent.pt", steps, seconds, run_dir,
+                      steps_per_second=(steps - start * n * horizon) / max(seconds, 1e-9))
 
 
 def run_train_ppo(config: PpoConfig) -> RLResult:

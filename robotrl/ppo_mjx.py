@@ -42,7 +42,7 @@ from tqdm import tqdm
 from robotrl.evaluate import evaluate_state_actor
 from robotrl.ppo import PpoAgent, PpoConfig
 from robotrl.training import (
-    RLResult, RunLog, TrainingDiverged, load_train_state, save_train_state, start_run,
+    RLResult, RunLog, TrainClock, TrainingDiverged, finish_run, load_train_state, save_train_state, start_run,
 )
 
 NORM_CLIP = 10.0  # RunningNorm's clip of normalized observations
@@ -457,7 +457,7 @@ def train(config: PpoConfig) -> RLResult:
     log = RunLog(run_dir)
     bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"ppo (mjx) {config.task}",
                unit="step", disable=not config.progress, dynamic_ncols=True)
-    began, eval_seconds, first_call_s = time.perf_counter(), 0.0, 0.0
+    clock, first_call_s = TrainClock(), 0.0
     try:
         for it in range(start, iterations):
             lr = config.lr * (1 - it / iterations) if config.anneal_lr else config.lr
@@ -475,7 +475,7 @@ def train(config: PpoConfig) -> RLResult:
             # log, evaluate, checkpoint
             now, before = (it + 1) * n * horizon, it * n * horizon
             bar.update(n * horizon)
-            trained_s = time.perf_counter() - began - eval_seconds
+            trained_s = clock.trained()
             episodes = int(m.pop("episodes"))
             ret, succ = float(m.pop("return_sum")), float(m.pop("successes"))
             log.log(now, **{k: float(v) for k, v in m.items()}, **{"time/train_seconds": trained_s,
@@ -484,23 +484,13 @@ def train(config: PpoConfig) -> RLResult:
                         "train/episodes": episodes} if episodes else {}))
             if episodes:
                 bar.set_postfix(ret=f"{ret / episodes:.2f}", success=f"{succ / episodes:.2f}")
-            if config.eval_every and now // config.eval_every != before // config.eval_every and it + 1 < iterations:
-                t0 = time.perf_counter()
-                success_now = evaluate().success_rate
-                eval_seconds += time.perf_counter() - t0
-                log.log(now, **{"eval/success_rate": success_now, "time/train_seconds": trained_s})
+            clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_train_state(state_path, step=it + 1, state=state_tensors(state))
                 torch.save(agent_from_jax(state.params, state.norm), run_dir / "agent.pt")
     finally:
         bar.close()
-    seconds = time.perf_counter() - began - eval_seconds
+    seconds = clock.trained()
     steps = iterations * n * horizon
-    success, ci = None, None
-    if config.eval_episodes > 0:
-        stats_eval = evaluate()
-        success, ci = stats_eval.success_rate, stats_eval.success_ci95()
-        log.log(steps, **{"eval/success_rate": success, "time/train_seconds": seconds})
-    log.close()
     timed = (steps - (start + 1) * n * horizon) / max(seconds - first_call_s, 1e-9) if iterations - start > 1 else None
-    return RLResult(run_dir / "agent.pt", steps, seconds, success, ci, run_dir, steps_per_second=timed).save()
+    return finish_run(config, log, evaluate, run_dir / "agent.pt", steps, seconds, run_dir, steps_per_second=timed)

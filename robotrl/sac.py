@@ -20,7 +20,6 @@ RNGs, the envs mid-episode and the replay rebuilt from its store.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +38,7 @@ from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs
 from robotrl.spec import Spec
 from robotrl.training import (
     RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
-    save_run_state, start_run,
+    TrainClock, finish_run, save_run_state, start_run,
 )
 
 
@@ -279,7 +278,7 @@ def train(config: SacConfig) -> RLResult:
     vector_steps = math.ceil(config.total_steps / n)
     bar = tqdm(total=vector_steps * n, initial=start * n, desc=f"sac {config.task}", unit="step",
                disable=not config.progress, dynamic_ncols=True)
-    began, eval_seconds = time.perf_counter(), 0.0
+    clock = TrainClock()
     stats: dict[str, float] = {}
     try:
         for it in range(start, vector_steps):
@@ -308,26 +307,16 @@ def train(config: SacConfig) -> RLResult:
                 log.log(now, **stats, **({"train/success_rate": float(np.mean(recent)),
                                           "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
-            if config.eval_every and now // config.eval_every != done_steps // config.eval_every and it + 1 < vector_steps:
-                t0 = time.perf_counter()
-                trained_s = t0 - began - eval_seconds
-                success_now = evaluate(agent, config).success_rate
-                eval_seconds += time.perf_counter() - t0
-                log.log(now, **{"eval/success_rate": success_now, "time/train_seconds": trained_s})
+            clock.evaluate_every(config, log, lambda: evaluate(agent, config), now, done_steps, last=it + 1 == vector_steps)
             if now // config.checkpoint_every != done_steps // config.checkpoint_every or it + 1 == vector_steps:
                 checkpoint(it + 1)
     finally:
         bar.close()
         env.close()
         store.close()
-    seconds = time.perf_counter() - began - eval_seconds  # training alone
-    success, ci = None, None
-    if config.eval_episodes > 0:
-        stats_eval = evaluate(agent, config)
-        success, ci = stats_eval.success_rate, stats_eval.success_ci95()
-        log.log(vector_steps * n, **{"eval/success_rate": success, "time/train_seconds": seconds})
-    log.close()
-    return RLResult(run_dir / "actor.pt", vector_steps * n, seconds, success, ci, run_dir).save()
+    seconds = clock.trained()
+    return finish_run(config, log, lambda: evaluate(agent, config), run_dir / "actor.pt", vector_steps * n, seconds,
+                      run_dir)
 
 
 def load_pretrained(agent: Agent, run_dir: Path) -> None:

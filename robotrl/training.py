@@ -197,6 +197,40 @@ class RLResult:
         return f"{name}: {success}{self.steps} {unit} in {self.train_seconds:.0f} s{rate}; weights {self.weights}"
 
 
+class TrainClock:
+    """A run's training wall-clock with its held-out evaluations kept out of it, and those periodic evaluations."""
+
+    def __init__(self) -> None:
+        self.began, self.eval_seconds = time.perf_counter(), 0.0
+
+    def trained(self) -> float:
+        """Seconds of training so far, evaluation excluded."""
+        return time.perf_counter() - self.began - self.eval_seconds
+
+    def evaluate_every(self, config: RunOptions, log: RunLog, evaluate: Any, now: int, before: int, last: bool) -> None:
+        """Evaluate and log when the step count went past a multiple of `eval_every` between `before` and `now`
+        (not on the `last` step: the final evaluation follows)."""
+        if not config.eval_every or last or now // config.eval_every == before // config.eval_every:
+            return
+        t0 = time.perf_counter()
+        trained = t0 - self.began - self.eval_seconds
+        log.log(now, **{"eval/success_rate": evaluate().success_rate, "time/train_seconds": trained})
+        self.eval_seconds += time.perf_counter() - t0
+
+
+def finish_run(config: RunOptions, log: RunLog, evaluate: Any, weights: Path, steps: int, seconds: float,
+               run_dir: Path, steps_per_second: float | None = None) -> RLResult:
+    """An RL run's end: the final held-out evaluation (if `eval_episodes`), logged at `steps` with the training
+    seconds, the log closed, and the result saved in the run directory."""
+    success, ci = None, None
+    if config.eval_episodes > 0:
+        final = evaluate()
+        success, ci = final.success_rate, final.success_ci95()
+        log.log(steps, **{"eval/success_rate": success, "time/train_seconds": seconds})
+    log.close()
+    return RLResult(weights, steps, seconds, success, ci, run_dir, steps_per_second).save()
+
+
 def rng_state(rng: np.random.Generator) -> dict[str, Any]:
     """The torch and numpy-generator states a run draws from (plain ints and a tensor: no pickle needed)."""
     return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
