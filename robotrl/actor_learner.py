@@ -46,7 +46,7 @@ from robotrl.datasets import EpisodeStore
 from robotrl.envs import make, make_task
 from robotrl.policies.gaussian import TanhGaussianActor
 from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
-from robotrl.sac import Agent, SacConfig, evaluate, load_pretrained, sample, update
+from robotrl.sac import Agent, SacConfig, env_options, evaluate, load_pretrained, sample, task_options, update
 from robotrl.spec import Spec
 from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
 
@@ -113,8 +113,7 @@ class RolloutWorker:
         self.config, self.index = config, index
         seeds = np.random.SeedSequence(config.seed).spawn(config.workers)[index]
         env_seed, torch_seed = (int(x) for x in seeds.generate_state(2))
-        self.env = make(config.task, num_envs=config.num_envs, seed=env_seed, action_mode=config.action_mode,
-                        reward_type=config.reward_type)
+        self.env = make(config.task, num_envs=config.num_envs, seed=env_seed, **env_options(config))
         self.spec: Spec = self.env.task_spec
         self.obs, _ = self.env.reset(seed=env_seed)
         self.rng = np.random.default_rng(seeds)
@@ -275,7 +274,7 @@ def train(config: ActorLearnerConfig) -> RLResult:
     where = f"continue from the last train state in {state_path} with --resume"
 
     # the learner: networks, replay rows (worker w's env j is row w * num_envs + j), demonstrations
-    spec = make_task(config.task, action_mode=config.action_mode).spec()
+    spec = make_task(config.task, **task_options(config)).spec()
     obs_dim, action_dim, low, high = actor_dims(spec, config)
     target_entropy = config.target_entropy if config.target_entropy is not None else -action_dim / 2
     agent = Agent(obs_dim, action_dim, low, high, config)

@@ -198,9 +198,9 @@ def evaluate(agent: Agent, config: SacConfig) -> Any:
                           config.eval_episodes, config.eval_envs, **env_options(config))
 
 
-def env_options(config: SacConfig) -> dict[str, Any]:
-    """The vector env's options: the action mode and reward, and the cameras only when an image key is read."""
-    options: dict[str, Any] = {"action_mode": config.action_mode, "reward_type": config.reward_type}
+def task_options(config: SacConfig) -> dict[str, Any]:
+    """The task's options: the action mode, the episode length, and the cameras when an image key is read."""
+    options: dict[str, Any] = {"action_mode": config.action_mode}
     if config.episode_steps is not None:
         options["episode_steps"] = config.episode_steps
     if any(k.startswith("image_") for k in config.obs_keys):
@@ -210,9 +210,13 @@ def env_options(config: SacConfig) -> dict[str, Any]:
             options["images"] = True  # tasks whose cameras are optional (PushT)
         if config.image_size is not None:
             options["image_size"] = config.image_size
-    else:
-        options["render_images"] = False
     return options
+
+
+def env_options(config: SacConfig) -> dict[str, Any]:
+    """The vector env's options: the task's, the reward, and rendering only when an image key is read."""
+    images = any(k.startswith("image_") for k in config.obs_keys)
+    return {**task_options(config), "reward_type": config.reward_type, "render_images": images}
 
 
 def build_agent(spec: Spec, config: SacConfig, where: str) -> tuple[Agent, tuple[str, ...]]:
