@@ -16,12 +16,14 @@ Prints one JSON line per (policy, rate):
   vs_<baseline>_p99        the baseline's p99 / this p99 at the same rate (> 1: faster)
   inference_p50_ms         the same export's `runtime.act` alone in this process (batch 1), for reference
   tick_p50_ms, tick_p99_ms the deploy node's own control step (`DeployNode.tick`) in this process, no DDS
+  vs_default_scheduler_p99 with `--realtime-priorities 0 50`: the default scheduler's p99 / this one's
 
 Untrained weights (latency does not depend on them) of the state-only PushT policies of bench/policies.py.
 
     .venv/bin/python bench/ros2.py
     .venv/bin/python bench/ros2.py --policies flow10 consistency --rates 200 --seconds 20
     .venv/bin/python bench/ros2.py --asynchronous
+    .venv/bin/python bench/ros2.py --policies consistency_narrow --rates 200 --realtime-priorities 0 50
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from policies import build  # noqa: E402  (bench/policies.py: the same policy va
 from robotrl.envs import make  # noqa: E402
 from robotrl.envs.tasks.push_t import START_QPOS  # noqa: E402
 from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg  # noqa: E402
+from robotrl.hardware.realtime import set_fifo  # noqa: E402
 from robotrl.hardware import nodes  # noqa: E402
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig  # noqa: E402
 from robotrl.policies import runtime  # noqa: E402
@@ -75,6 +78,9 @@ class Ros2BenchConfig:
     """the deploy node's asynchronous inference (a worker thread; the command never waits for the policy), each
     chunk requested the periods one inference takes (its p50, rounded up) plus one before it is due"""
     seed: int = 0
+    realtime_priorities: tuple[int, ...] = (0,)
+    """run every (policy, rate) under each: 0 is the default scheduler; > 0 is SCHED_FIFO at that priority for the
+    deploy node (`realtime_priority:=`) and for this process's robot side, as a robot's driver runs"""
 
 
 def observation_messages(robot: RobotConfig) -> tuple[JointState, Float64MultiArray]:
@@ -205,7 +211,7 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
     sys.setswitchinterval(1e-5)
     labels = [config.baseline, *[p for p in config.policies if p != config.baseline]]
     rows: list[dict[str, Any]] = []
-    baseline: dict[float, float] = {}
+    baseline: dict[tuple[float, int], float] = {}
     rclpy.init(domain_id=DOMAIN)
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -215,33 +221,44 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     raise ValueError(f"bench: unknown policy {label!r}")
                 out = export(policy, Path(tmp) / label, "onnx")
                 infer = inference_p50(out, config.threads)
-                for rate in config.rates:
+                for rate, priority in ((r, q) for r in config.rates for q in config.realtime_priorities):
                     spec = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
                     spec["control_hz"] = float(rate)
                     robot_file = Path(tmp) / f"robot_{rate:g}.yaml"
                     robot_file.write_text(yaml.safe_dump(spec))
                     robot_cfg = RobotConfig.load(robot_file)
-                    logs = Path(tmp) / f"{label}_{rate:g}"
+                    logs = Path(tmp) / f"{label}_{rate:g}_rt{priority}"
                     logs.mkdir()
                     execution = {"execute": config.execute, "asynchronous": config.asynchronous,
                                  "delay_steps": math.ceil(infer * rate / 1e3) + 1}
                     procs = nodes.start({"deploy": {"policy": str(out), "robot": str(robot_file), "trigger": "observation",
-                                                    "threads": config.threads, "seed": config.seed, **execution}}, logs, DOMAIN)
+                                                    "threads": config.threads, "seed": config.seed,
+                                                    "realtime_priority": priority, **execution}}, logs, DOMAIN)
                     tick_p50, tick_p99 = tick_ms(out, robot_file, config, execution, rate)  # before any other thread runs here
                     robot = Robot(robot_cfg)
                     try:
                         robot.wait_for_deploy()
+                        refused = set_fifo(priority)  # the robot side too, as its driver would run
+                        if refused:
+                            raise RuntimeError(f"bench: {refused[0]}")
                         row = {"bench": "ros2", "policy": label, "registry": policy.name, "rate_hz": rate,
                                "execute": config.execute, "asynchronous": config.asynchronous,
                                "delay_steps": execution["delay_steps"] if config.asynchronous else None, **measure(robot, rate, config.seconds, config.warmup),
                                "inference_p50_ms": infer, "tick_p50_ms": tick_p50, "tick_p99_ms": tick_p99,
                                "load_avg_1m": round(os.getloadavg()[0], 2)}
                     finally:
+                        set_fifo(0)
                         robot.close()
                         nodes.stop(procs)
+                    row["realtime_priority"] = priority
                     if label == config.baseline:
-                        baseline[rate] = row["p99_ms"]
-                    row[f"vs_{config.baseline}_p99"] = round(baseline[rate] / row["p99_ms"], 2) if rate in baseline else None
+                        baseline[(rate, priority)] = row["p99_ms"]
+                    row[f"vs_{config.baseline}_p99"] = round(baseline[(rate, priority)] / row["p99_ms"], 2) \
+                        if (rate, priority) in baseline else None
+                    if priority:
+                        default = next((r for r in rows if r["policy"] == label and r["rate_hz"] == rate
+                                        and r["realtime_priority"] == 0), None)
+                        row["vs_default_scheduler_p99"] = round(default["p99_ms"] / row["p99_ms"], 2) if default else None
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:

@@ -28,6 +28,7 @@ from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.messages import float_array_to_msg
 from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC, RobotNode
+from robotrl.hardware.realtime import make_realtime
 from robotrl.hardware.ros import declare_config, spin_node
 from robotrl.hardware.safety import SafetyState
 
@@ -64,12 +65,18 @@ class DeployConfig:
     hil: bool = True
     """human in the loop: publish each executed task action on /robotrl/policy_action, and yield (publish no
     command) while /robotrl/intervention says the operator drives (robotrl-teleop with policy_topic)"""
+    realtime_priority: int = 0
+    """SCHED_FIFO priority (1-99) of the node's threads, with its memory locked (`hardware/realtime.py`; 50 is
+    ros2_control's default); 0: the default scheduler. Needs an rtprio limit or CAP_SYS_NICE, else it warns"""
 
     def __post_init__(self) -> None:
         if not self.policy:
             raise ValueError("DeployConfig.policy: expected an exported policy directory, got ''")
         if self.trigger not in TRIGGERS:
             raise ValueError(f"DeployConfig.trigger: expected one of {TRIGGERS}, got {self.trigger!r}")
+        if not 0 <= self.realtime_priority <= 99:
+            raise ValueError(f"DeployConfig.realtime_priority: expected 0 (off) or a SCHED_FIFO priority in 1..99, "
+                             f"got {self.realtime_priority}")
 
 
 class DeployNode(RobotNode):
@@ -103,6 +110,8 @@ class DeployNode(RobotNode):
         self.create_timer(1.0 / cfg.diagnostics_hz, self._publish_diagnostics)
         self.get_logger().info(f"deploying {self.policy!r} on {self.robot.name} ({self.robot.command_type} on "
                                f"{topics.command}, {self.robot.control_hz:g} Hz, trigger {cfg.trigger})")
+        for problem in make_realtime(cfg.realtime_priority):  # last: the node's threads all exist now
+            self.get_logger().warning(problem)
 
     # --- inputs -------------------------------------------------------------------------------------
     def on_joint_state(self, q: np.ndarray, stamp: float) -> None:

@@ -1,0 +1,63 @@
+"""Real-time scheduling of the deploy node (`realtime_priority:=`): every thread of its process under SCHED_FIFO,
+DDS's own threads included, so that load on the machine no longer sets the latency tail (bench/ros2.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from robotrl.hardware import nodes
+from robotrl.hardware.deploy import DeployConfig
+from robotrl.hardware.realtime import make_realtime, process_threads, scheduler_of, set_fifo, thread_ids
+
+DOMAIN = 44
+
+
+def test_fifo_reaches_every_thread_and_reverts() -> None:
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        refused = set_fifo(10)
+        if refused:  # an unprivileged process: a clear message, and the process runs on unchanged
+            assert "refused" in refused[0]
+            assert {scheduler_of(t) for t in thread_ids()} == {"other"}
+        else:
+            assert len(thread_ids()) >= 2 and {scheduler_of(t) for t in thread_ids()} == {"fifo 10"}
+    finally:
+        set_fifo(0)
+        stop.set()
+        worker.join()
+    assert {scheduler_of(t) for t in thread_ids()} == {"other"}
+    assert make_realtime(0) == []  # off: nothing is touched
+    with pytest.raises(ValueError, match=r"realtime_priority: expected 0 \(off\) or a SCHED_FIFO priority in 1..99, got 100"):
+        set_fifo(100)
+    with pytest.raises(ValueError, match=r"DeployConfig.realtime_priority: expected 0 \(off\) or a SCHED_FIFO priority"):
+        DeployConfig(policy="p", realtime_priority=-1)
+
+
+def test_deploy_node_started_realtime_runs_every_thread_fifo(pusht_export: Path, tmp_path: Path) -> None:
+    """Started as the launch file starts it, with `realtime_priority:=20`: once up, all of its threads (executor,
+    DDS receive and event threads, onnxruntime) run under SCHED_FIFO 20."""
+    procs = nodes.start({"deploy": {"policy": str(pusht_export), "realtime_priority": 20}}, tmp_path, DOMAIN)
+    try:
+        log = tmp_path / "deploy.log"
+        end = time.monotonic() + 60
+        while "deploying" not in (log.read_text() if log.exists() else "") and time.monotonic() < end:
+            assert procs["deploy"].poll() is None, log.read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)  # make_realtime runs right after the "deploying" line
+        text = log.read_text()
+        assert "deploying" in text, text
+        pid = procs["deploy"].pid
+        kinds = {scheduler_of(t) for t in process_threads(pid)}
+        if "refused" in text:  # no privilege here: the node said so and runs on the default scheduler
+            assert kinds == {"other"}
+        else:
+            assert len(process_threads(pid)) > 3 and kinds == {"fifo 20"}, kinds
+        assert procs["deploy"].poll() is None
+    finally:
+        nodes.stop(procs)
