@@ -143,8 +143,9 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
         from robotrl.actor_learner import ActorLearnerConfig, run_train_sac_distributed
 
         from robotrl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
+        from robotrl.online import OnlineConfig, run_train_online
 
-        return {"bc": (BCConfig, run_train_bc), "sac": (SacConfig, run_train_sac),
+        return {"bc": (BCConfig, run_train_bc), "online": (OnlineConfig, run_train_online), "sac": (SacConfig, run_train_sac),
                 "sac-distributed": (ActorLearnerConfig, run_train_sac_distributed), "iql": (IqlConfig, run_train_iql),
                 "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3), "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3),
                 "sb3:TD3": (Sb3Td3Config, run_sb3), "calql": (CalqlConfig, run_train_calql)}

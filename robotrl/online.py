@@ -1,0 +1,545 @@
+"""Online RL fine-tuning of a flow policy in the parallel vector env: PPO over stochastic denoising chains.
+
+    robotrl train online --policy runs/bc-flow/policy --method flow_noise --num-envs 32 --total-steps 300000
+    result = robotrl.online.train(OnlineConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
+
+The decision is an action chunk. The policy draws it by a stochastic K-step Euler chain x_0 ~ N(0, I), x_{k+1} ~
+N(mean_k, std_k^2 I) from t = 0 (noise) to t = 1 (the chunk), the env executes `execute` actions of it (the
+rewards summed with the per-step discount: a semi-MDP), then the next chunk is drawn from the next observation
+window, as the ChunkController does at evaluation. Every transition of the chain is Gaussian, so the chain's
+log-likelihood is exact: the sum of the K transitions' log-densities. The rollout keeps the whole chain, so the
+PPO ratio is recomputed from it under the new weights. Three ways to make the chain stochastic (`--method`):
+
+  denoising_mdp  RL-100 / DPPO: mean_k = x_k + v dt, a fixed exploration std (optionally scheduled along the chain)
+  flow_sde       pi_RL's Flow-SDE: the ODE turned into the SDE with the same marginals. For x_t = (1 - t) x0 + t x1,
+                 E[x0 | x_t] = x_t - t v, so the score is -(x_t - t v) / (1 - t), and dx = (v + g^2/2 score) dt + g dW
+                 keeps every marginal of the ODE for any g. g(t)^2 = a^2 (1 - t) / t (Flow-GRPO's schedule in this
+                 time direction; t clamped at dt on the first step), so the drift is v - a^2 (x - t v) / (2 t).
+  flow_noise     pi_RL's Flow-Noise: mean_k = x_k + v dt and std_k from a small learned noise network
+                 (observation window, x_k, t_k) -> per-element std in [noise_min, noise_max], trained by the PPO loss.
+
+The PPO unit (`--ratio`): `chain` clips one ratio per decision from the chain's summed log-likelihood (pi_RL's
+one-layer MDP); `step` gives every transition of a chain its own clipped ratio and its decision's advantage (the
+denoising MDP of DPPO, pi_RL's two-layer MDP). Log-ratios are averaged over the chunk's elements (DPPO), so that
+the clip range means the same for any chunk size. On Reach, `step` with the same clip drifted and lost success
+where `chain` gained it. A value network on the decision's normalized
+observation window, GAE over decisions (gamma^k for a k-step decision), a time-limit cut bootstrapped from the
+value of the final window, a clipped value loss, an optional velocity regularizer towards the starting policy.
+
+The fine-tuned policy is saved as an ordinary checkpoint (`run_dir/policy`: the same FlowPolicy, its sampler set to
+the chain's K Euler steps, deterministic at evaluation and deployment), so `robotrl eval`, `robotrl distill
+--teacher` and `robotrl export` take it unchanged. Any FlowPolicy whose `encoder` and `velocity` give the
+conditioning and the velocity runs through the same code (the VLA's action expert is one). A killed run resumes
+exactly from its last iteration (`--resume`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from robotrl.evaluate import evaluate_policy, make_eval_env
+from robotrl.policies import load
+from robotrl.policies.flow import FlowPolicy
+from robotrl.policies.nets import SinusoidalEmbedding, mlp
+from robotrl.spec import STRING
+from robotrl.training import (
+    RLResult,
+    RunLog,
+    RunOptions,
+    TrainClock,
+    finish_run,
+    load_run_state,
+    optimizer_step,
+    save_run_state,
+    start_run,
+)
+
+METHODS = ("denoising_mdp", "flow_sde", "flow_noise")
+
+
+@dataclass
+class OnlineConfig(RunOptions):
+    """Fine-tune a flow policy checkpoint with PPO over its stochastic denoising chain in the parallel vector env."""
+
+    policy: Path = Path("runs/bc-flow/policy")
+    """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise"] = "flow_noise"
+    num_envs: int = 32
+    total_steps: int = 300_000
+    """environment steps, all envs together"""
+    rollout_steps: int = 120
+    """env steps per env between updates (a multiple of `execute` keeps every decision whole)"""
+    execute: int = 8
+    """actions executed from each chunk before the next decision (and at evaluation)"""
+    denoise_steps: int | None = None
+    """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
+    noise_std: float = 0.1
+    """denoising_mdp: std of each transition (normalized action units); flow_noise: the noise net's initial std"""
+    noise_std_end: float | None = None
+    """denoising_mdp: the std of the last transition, linear from noise_std along the chain (default: constant)"""
+    noise_min: float = 0.02
+    """flow_noise: lower bound of the learned std"""
+    noise_max: float = 0.3
+    """flow_noise: upper bound of the learned std"""
+    sde_noise: float = 0.5
+    """flow_sde: a in g(t)^2 = a^2 (1 - t) / t"""
+    ratio: Literal["chain", "step"] = "chain"
+    """PPO's unit: a decision, its ratio from the whole chain's log-likelihood (chain), or each chain transition
+    with a ratio of its own (step: DPPO's denoising MDP; the chain's ratio then moves up to K times further per
+    update, so it wants a smaller clip or lr)"""
+    gamma: float = 0.95
+    """discount per env step"""
+    gae_lambda: float = 0.9
+    clip: float = 0.1
+    value_clip: float | None = None
+    """clip the value update around the rollout's values (None: plain regression)"""
+    value_coef: float = 0.5
+    epochs: int = 4
+    minibatch_size: int = 64
+    """decisions per minibatch (a decision costs K velocity evaluations)"""
+    lr: float = 3e-5
+    """the flow policy's learning rate"""
+    critic_lr: float = 1e-3
+    noise_lr: float = 3e-4
+    """flow_noise: the noise network's learning rate"""
+    max_grad_norm: float = 1.0
+    critic_warmup: int = 3
+    """iterations that train only the value network (its first estimates are random)"""
+    bc_coef: float = 0.0
+    """weight of ||v - v_start||^2, the velocity's distance to the starting policy's at the chain's points"""
+    value_hidden: tuple[int, ...] = (256, 256)
+    noise_hidden: tuple[int, ...] = (128, 128)
+    reward_type: Literal["dense", "sparse"] = "dense"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.policy = Path(self.policy)
+        name = type(self).__name__
+        if self.method not in METHODS:
+            raise ValueError(f"{name}.method: expected one of {METHODS}, got {self.method!r}")
+        if self.ratio not in ("step", "chain"):
+            raise ValueError(f"{name}.ratio: expected 'chain' or 'step', got {self.ratio!r}")
+        for field in ("num_envs", "total_steps", "rollout_steps", "execute", "epochs", "minibatch_size"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
+        if self.denoise_steps is not None and self.denoise_steps < 1:
+            raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
+        for field in ("noise_std", "sde_noise", "lr", "critic_lr", "noise_lr", "clip", "max_grad_norm"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
+        if self.noise_std_end is not None and not self.noise_std_end > 0:
+            raise ValueError(f"{name}.noise_std_end: expected > 0, got {self.noise_std_end}")
+        if not 0 < self.noise_min < self.noise_max:
+            raise ValueError(f"{name}.noise_min / noise_max: expected 0 < noise_min < noise_max, got "
+                             f"{self.noise_min}, {self.noise_max}")
+        if self.method == "flow_noise" and not self.noise_min < self.noise_std < self.noise_max:
+            raise ValueError(f"{name}.noise_std: expected the initial std inside (noise_min, noise_max) = "
+                             f"({self.noise_min}, {self.noise_max}) for flow_noise, got {self.noise_std}")
+        if not (0.0 < self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
+            raise ValueError(f"{name}.gamma / gae_lambda: expected (0, 1] and [0, 1], got {self.gamma}, "
+                             f"{self.gae_lambda}")
+        for field in ("critic_warmup", "bc_coef", "value_coef"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the stochastic chain
+# ---------------------------------------------------------------------------------------------------
+def flow_sde_step(x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, dt: float,
+                  a: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Euler-Maruyama step of the marginal-preserving SDE of a rectified flow: (mean, std) of x_{t+dt} given x_t
+    and the velocity v there; t (B,) in [0, 1 - dt]."""
+    t = t.reshape(-1, *([1] * (x.dim() - 1)))
+    tc = t.clamp(min=dt)  # g^2 = a^2 (1 - t) / t is infinite at the noise end: its first step uses t = dt
+    mean = x + (v - a * a * (x - t * v) / (2 * tc)) * dt
+    std = a * ((1 - t) / tc * dt).sqrt()
+    return mean, std.expand_as(x)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, std^2) summed over every dimension but the first."""
+    z = (x - mean) / std
+    return (-0.5 * z.square() - std.log() - 0.5 * math.log(2 * math.pi)).flatten(1).sum(1)
+
+
+class NoiseNet(nn.Module):
+    """Flow-Noise: (observation features, x_k, t_k) -> the std of every chunk element for the next transition,
+    squashed into [low, high] and starting at `init` everywhere."""
+
+    def __init__(self, feature_dim: int, chunk_shape: tuple[int, int], hidden: tuple[int, ...], low: float,
+                 high: float, init: float) -> None:
+        super().__init__()
+        self.chunk_shape, self.low, self.high = chunk_shape, low, high
+        self.time = SinusoidalEmbedding(16, scale=10.0)
+        size = chunk_shape[0] * chunk_shape[1]
+        self.net = mlp([feature_dim + size + 16, *hidden, size], act=nn.Tanh)
+        with torch.no_grad():
+            self.net[-1].weight.mul_(0.01)
+            self.net[-1].bias.fill_(math.log((init - low) / (high - init)))  # sigmoid^-1 of init's place in [low, high]
+
+    def forward(self, features: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        h = self.net(torch.cat([features, x.flatten(1), self.time(t)], dim=-1))
+        return (self.low + (self.high - self.low) * torch.sigmoid(h)).reshape(-1, *self.chunk_shape)
+
+
+class FlowAgent(nn.Module):
+    """The flow policy being fine-tuned, its value network and (Flow-Noise) its noise network: one module, so that
+    the train state holds them together."""
+
+    def __init__(self, policy: FlowPolicy, config: OnlineConfig, steps: int) -> None:
+        super().__init__()
+        self.policy, self.method, self.steps = policy, config.method, steps
+        self.sde_noise = config.sde_noise
+        end = config.noise_std if config.noise_std_end is None else config.noise_std_end
+        self.register_buffer("schedule", torch.linspace(config.noise_std, end, steps), persistent=False)
+        window = policy.obs_horizon
+        feature_dim = sum(window * policy.spec.observations[k].size for k in policy.vector_keys)
+        self.value_net = mlp([feature_dim, *config.value_hidden, 1], act=nn.Tanh)
+        self.chunk_shape = (policy.horizon, policy.action_dim)
+        self.noise_net = NoiseNet(feature_dim, self.chunk_shape, config.noise_hidden, config.noise_min,
+                                  config.noise_max, config.noise_std) if config.method == "flow_noise" else None
+
+    def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The value (and noise) network's input: the policy's normalized vector observations, window flattened."""
+        return torch.cat([obs[k].flatten(1) for k in self.policy.vector_keys], dim=-1)
+
+    def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.value_net(self.features(obs)).squeeze(-1)
+
+    def transition(self, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
+                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of x_{k+1} given x_k, the velocity v at (x_k, t_k) and the step indices k (B,)."""
+        dt = 1.0 / self.steps
+        t = k.to(x.dtype) / self.steps
+        if self.method == "flow_sde":
+            return flow_sde_step(x, v, t, dt, self.sde_noise)
+        mean = x + v * dt
+        if self.method == "flow_noise":
+            assert self.noise_net is not None
+            return mean, self.noise_net(features, x, t)
+        return mean, self.schedule[k].reshape(-1, 1, 1).expand_as(x)
+
+    @torch.no_grad()
+    def sample_chain(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A stochastic chain for normalized observation windows: (x_0 .. x_K (B, K+1, H', A), the log-density of
+        each transition (B, K))."""
+        cond, features = self.policy.encoder(obs), self.features(obs)
+        x = self.policy.noise(cond.shape[0], cond.device)
+        chain, logp = [x], []
+        for k in range(self.steps):
+            ks = torch.full((x.shape[0],), k, device=x.device)
+            v = self.policy.velocity(x, ks.to(x.dtype) / self.steps, cond)
+            mean, std = self.transition(x, v, ks, features)
+            x = mean + std * torch.randn_like(mean)
+            chain.append(x)
+            logp.append(gaussian_log_prob(x, mean, std))
+        return torch.stack(chain, 1), torch.stack(logp, 1)
+
+    def chain_log_prob(self, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                       reference: FlowPolicy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-density of each stored transition under the current weights (B, K), all K at once, and the mean
+        squared distance of the velocities there to `reference`'s (0 without one)."""
+        b, k = chain.shape[0], self.steps
+        x = chain[:, :-1].reshape(b * k, *chain.shape[2:])
+        ks = torch.arange(k, device=chain.device).repeat(b)
+        cond = self.policy.encoder(obs).repeat_interleave(k, 0)
+        v = self.policy.velocity(x, ks.to(x.dtype) / self.steps, cond)
+        mean, std = self.transition(x, v, ks, self.features(obs).repeat_interleave(k, 0))
+        logp = gaussian_log_prob(chain[:, 1:].reshape(b * k, *chain.shape[2:]), mean, std).reshape(b, k)
+        gap = torch.zeros((), device=chain.device)
+        if reference is not None:
+            with torch.no_grad():
+                cond_ref = reference.encoder(obs).repeat_interleave(k, 0)
+                v_ref = reference.velocity(x, ks.to(x.dtype) / self.steps, cond_ref)
+            gap = (v - v_ref).square().mean()
+        return logp, gap
+
+    def chunk(self, chain: torch.Tensor) -> np.ndarray:
+        """The env's action chunk (B, H, A) from the chain's end: unnormalized and clipped to the action bounds,
+        as `Policy.act` does."""
+        policy = self.policy
+        chunk = policy.normalizer.unnormalize("action", chain[:, -1, : policy.action_horizon])
+        low = torch.as_tensor(policy.spec.action.low_array(), dtype=chunk.dtype)
+        high = torch.as_tensor(policy.spec.action.high_array(), dtype=chunk.dtype)
+        return torch.clamp(chunk, low, high).numpy()
+
+
+def load_flow_policy(path: Path, steps: int | None) -> FlowPolicy:
+    """The starting checkpoint, refused unless it is a flow policy; its sampler set to the chain's Euler steps."""
+    policy = load(path)
+    if not isinstance(policy, FlowPolicy):  # a bad value of the config's field, as the CLI reports them
+        raise ValueError(  # noqa: TRY004
+            f"OnlineConfig.policy: expected a flow policy checkpoint (robotrl train bc --policy flow), got a "
+            f"{policy.name!r} policy at {path}")
+    if not policy.vector_keys:
+        raise ValueError(f"OnlineConfig.policy: expected a policy with vector observations for the value network, "
+                         f"got only {list(policy.obs_keys)} at {path}")
+    policy.config.steps, policy.config.solver = steps or policy.config.steps, "euler"
+    return policy
+
+
+# ---------------------------------------------------------------------------------------------------
+# observation windows and the semi-MDP rollout
+# ---------------------------------------------------------------------------------------------------
+def shifted(frames: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """A window (B, To, ...) moved on by one frame x (B, ...)."""
+    return np.concatenate([frames[:, 1:], x[:, None]], axis=1)
+
+
+class Windows:
+    """Per-env windows of the last `horizon` observations, a new episode's first frame repeated (as the
+    ChunkController and the training windows pad an episode's start), and the current value of each text
+    observation (a VLA's instruction)."""
+
+    def __init__(self, keys: tuple[str, ...], horizon: int, text_keys: tuple[str, ...] = ()) -> None:
+        self.keys, self.horizon, self.text_keys = keys, horizon, text_keys
+        self.frames: dict[str, np.ndarray] = {}
+
+    def start(self, obs: dict[str, Any]) -> None:
+        self.frames = {k: np.repeat(np.asarray(obs[k])[:, None], self.horizon, axis=1) for k in self.keys}
+        self.frames.update({k: np.asarray(obs[k], dtype=object).copy() for k in self.text_keys})
+
+    def advance(self, obs: dict[str, Any], new_episode: np.ndarray) -> None:
+        for k in self.keys:
+            x = np.asarray(obs[k])
+            self.frames[k] = shifted(self.frames[k], x)
+            self.frames[k][new_episode] = x[new_episode, None]
+        self.frames.update({k: np.asarray(obs[k], dtype=object).copy() for k in self.text_keys})
+
+    def final(self, obs: dict[str, Any], idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The windows of envs `idx` moved on to their episode's final observations `obs` (all envs)."""
+        out = {k: shifted(self.frames[k][idx], np.asarray(obs[k])[idx]) for k in self.keys}
+        return {**out, **{k: np.asarray(obs[k], dtype=object)[idx] for k in self.text_keys}}
+
+    def state(self) -> dict[str, Any]:
+        return {k: torch.from_numpy(v.copy()) if k in self.keys else [str(x) for x in v]
+                for k, v in self.frames.items()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.frames = {k: v.numpy().copy() if k in self.keys else np.asarray(v, dtype=object) for k, v in state.items()}
+
+
+class Tally:
+    """Return and success of every env's running episode, and of the episodes that ended (train metrics)."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.ret, self.succ = np.zeros(num_envs), np.zeros(num_envs, bool)
+        self.returns: list[float] = []
+        self.success: list[bool] = []
+
+    def step(self, reward: np.ndarray, success: np.ndarray, ended: np.ndarray) -> None:
+        self.ret += reward
+        self.succ |= success
+        for i in np.nonzero(ended)[0]:
+            self.returns.append(float(self.ret[i]))
+            self.success.append(bool(self.succ[i]))
+            self.ret[i], self.succ[i] = 0.0, False
+
+    def state(self) -> dict[str, Any]:
+        return {"ret": torch.from_numpy(self.ret.copy()), "succ": torch.from_numpy(self.succ.copy()),
+                "returns": list(self.returns), "success": list(self.success)}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.ret, self.succ = state["ret"].numpy().copy(), state["succ"].numpy().copy()
+        self.returns, self.success = list(state["returns"]), list(state["success"])
+
+
+def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: int, gamma: float,
+            tally: Tally) -> dict[str, Any]:
+    """`steps` env steps in every env. A decision starts when an env's chunk is used up or its episode begins, and
+    every env starts afresh at the first step (a decision never spans two rollouts). Per decision, in the order
+    they were taken: the normalized window, the chain and its transitions' log-densities, the value, the env, the
+    discounted reward of its k steps (a time-limit cut bootstrapped from the final window's value), gamma^k,
+    whether its episode ended; and the value of every env's window after the last step."""
+    policy, n = agent.policy, env.num_envs
+    chunk = np.zeros((n, policy.action_horizon, policy.action_dim), np.float32)
+    cursor, current, disc = np.full(n, execute), np.zeros(n, np.int64), np.ones(n)
+    taken: dict[str, list[Any]] = {"obs": [], "chain": [], "logp": [], "value": [], "env": []}
+    reward, discount, done = np.zeros(n * steps), np.ones(n * steps), np.zeros(n * steps)
+    count = 0
+    for _ in range(steps):
+        idx = np.nonzero(cursor >= execute)[0]
+        if len(idx):
+            obs = policy.normalize_obs({k: v[idx] for k, v in windows.frames.items()})
+            chain, logp = agent.sample_chain(obs)
+            with torch.no_grad():
+                value = agent.value(obs)
+            for key, x in zip(taken, (obs, chain, logp, value, idx)):
+                taken[key].append(x)
+            chunk[idx] = agent.chunk(chain)
+            current[idx] = np.arange(count, count + len(idx))
+            count += len(idx)
+            cursor[idx], disc[idx] = 0, 1.0
+        next_obs, raw_reward, terminated, truncated, info = env.step(chunk[np.arange(n), cursor])
+        cursor += 1
+        reward[current] += disc * raw_reward
+        disc *= gamma
+        discount[current] = disc
+        ended = terminated | truncated
+        cut = np.nonzero(truncated & ~terminated)[0]
+        if len(cut):
+            final = policy.normalize_obs(windows.final(info["final_obs"], cut))
+            with torch.no_grad():
+                reward[current[cut]] += disc[cut] * agent.value(final).numpy()
+        done[current[ended]] = 1.0
+        windows.advance(next_obs, ended)
+        cursor[ended] = execute
+        tally.step(raw_reward, info["success"], ended)
+    with torch.no_grad():
+        last_value = agent.value(policy.normalize_obs(windows.frames)).numpy()
+    return {"obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
+            "chain": torch.cat(taken["chain"]), "logp": torch.cat(taken["logp"]), "value": torch.cat(taken["value"]),
+            "env": np.concatenate(taken["env"]), "reward": reward[:count], "discount": discount[:count],
+            "done": done[:count], "last_value": last_value}
+
+
+def semi_mdp_gae(reward: np.ndarray, discount: np.ndarray, done: np.ndarray, value: np.ndarray, env: np.ndarray,
+                 last_value: np.ndarray, lam: float) -> np.ndarray:
+    """GAE(lambda) over decisions in the order they were taken (several envs interleaved): a decision of k env
+    steps discounts its successor by gamma^k (`discount`); `done` cuts at episode ends (a time-limit cut has its
+    bootstrap in `reward` already); an env's last decision bootstraps from `last_value[env]`."""
+    adv = np.zeros_like(reward)
+    next_value, running = last_value.astype(np.float64), np.zeros(len(last_value))
+    for d in reversed(range(len(reward))):
+        i, keep = env[d], 1.0 - done[d]
+        delta = reward[d] + discount[d] * keep * next_value[i] - value[d]
+        running[i] = delta + discount[d] * lam * keep * running[i]
+        adv[d], next_value[i] = running[i], value[d]
+    return adv
+
+
+def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, actor: bool,
+             reference: FlowPolicy | None) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped surrogate over chain transitions or whole chains + value regression (+ the velocity regularizer);
+    the value loss alone while the critic warms up."""
+    v = agent.value(batch["obs"])
+    value_loss = (v - batch["ret"]).square()
+    if config.value_clip is not None:
+        clipped = batch["value"] + (v - batch["value"]).clamp(-config.value_clip, config.value_clip)
+        value_loss = torch.max(value_loss, (clipped - batch["ret"]).square())
+    value_loss = 0.5 * value_loss.mean()
+    stats = {"loss/value": value_loss.item()}
+    if not actor:
+        return config.value_coef * value_loss, stats
+    logp, gap = agent.chain_log_prob(batch["obs"], batch["chain"], reference if config.bc_coef > 0 else None)
+    logratio = (logp - batch["logp"]) / math.prod(agent.chunk_shape)  # per element (DPPO), (B, K)
+    if config.ratio == "chain":
+        logratio = logratio.sum(1, keepdim=True)
+    ratio = logratio.exp()
+    adv = batch["adv"]
+    adv = ((adv - adv.mean()) / (adv.std() + 1e-8))[:, None]
+    policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
+    loss = policy_loss + config.value_coef * value_loss + config.bc_coef * gap
+    with torch.no_grad():
+        stats.update({"loss/policy": policy_loss.item(), "loss/bc": gap.item(),
+                      "approx_kl": ((ratio - 1) - logratio).mean().item(),
+                      "clip_frac": ((ratio - 1).abs() > config.clip).float().mean().item()})
+    return loss, stats
+
+
+# ---------------------------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------------------------
+def train(config: OnlineConfig) -> RLResult:
+    policy = load_flow_policy(config.policy, config.denoise_steps)
+    run_dir, state_path, rng = start_run(config, f"online-{config.method}", policy.spec.task)
+    reference = None
+    if config.bc_coef > 0:
+        reference = load_flow_policy(config.policy, config.denoise_steps).requires_grad_(False)
+
+    # envs: the policy's task, configured as its data was, on training seeds
+    n, horizon, execute = config.num_envs, config.rollout_steps, min(config.execute, policy.action_horizon)
+    env = make_eval_env(policy.spec, tuple(policy.obs_keys), n, config.seed, reward_type=config.reward_type)
+
+    # agent and optimizer (a learning rate per network)
+    agent = FlowAgent(policy, config, policy.config.steps)
+    groups = [{"params": policy.parameters(), "lr": config.lr},
+              {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
+    if agent.noise_net is not None:
+        groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
+    optimizer = torch.optim.Adam(groups, eps=1e-5)
+    constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    iterations = math.ceil(config.total_steps / (n * horizon))
+    text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
+    windows, tally = Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(n)
+    start = 0
+    if config.resume:
+        state = load_run_state(state_path, agent, {"adam": optimizer}, rng, env)
+        windows.load(state["windows"])
+        tally.load(state["tally"])
+        start = int(state["step"])  # iterations done
+    else:
+        windows.start(env.reset(seed=config.seed)[0])
+
+    def evaluate() -> Any:
+        return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=execute)
+
+    log = RunLog(run_dir)
+    bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"online {config.method}", unit="step",
+               disable=not config.progress, dynamic_ncols=True)
+    clock = TrainClock()
+    try:
+        for it in range(start, iterations):
+            data = rollout(agent, env, windows, horizon, execute, config.gamma, tally)
+            value = data["value"].numpy()
+            adv = semi_mdp_gae(data["reward"], data["discount"], data["done"], value, data["env"], data["last_value"],
+                               config.gae_lambda)
+            data.update(adv=torch.from_numpy(adv).float(), ret=torch.from_numpy(adv + value).float())
+
+            # update: the value network alone while it warms up
+            actor, count = it >= config.critic_warmup, len(adv)
+            sums: dict[str, list[float]] = {}
+            for _ in range(config.epochs):
+                order = torch.from_numpy(rng.permutation(count))
+                for lo in range(0, count, config.minibatch_size):
+                    mb = order[lo:lo + config.minibatch_size]
+                    batch = {k: data[k][mb] for k in ("chain", "logp", "value", "adv", "ret")}
+                    batch["obs"] = {k: x[mb] for k, x in data["obs"].items()}
+                    loss, stats = ppo_loss(agent, batch, config, actor, reference)
+                    _, stats["grad_norm"] = optimizer_step(loss, agent, optimizer, constant,
+                                                           f"online iteration {it} (last train state: {state_path})",
+                                                           config.max_grad_norm)
+                    for key, x in stats.items():
+                        sums.setdefault(key, []).append(x)
+
+            # log, evaluate, checkpoint
+            now, before = (it + 1) * n * horizon, it * n * horizon
+            bar.update(n * horizon)
+            recent = tally.success[-100:]
+            trained_s = clock.trained()
+            if now // config.log_every != before // config.log_every or it + 1 == iterations:
+                log.log(now, **{k: float(np.mean(x)) for k, x in sums.items()},
+                        **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9),
+                           "rollout/decisions": count, "rollout/chain_logp": float(data["logp"].sum(1).mean())},
+                        **({"train/success_rate": float(np.mean(recent)),
+                            "train/return": float(np.mean(tally.returns[-100:]))} if recent else {}))
+            bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
+            clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
+            if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
+                save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, tally=tally.state(),
+                               windows=windows.state())
+                policy.save(run_dir / "policy")
+    finally:
+        bar.close()
+        env.close()
+    if start >= iterations:  # resumed a finished run
+        policy.save(run_dir / "policy")
+    seconds = clock.trained()
+    steps = iterations * n * horizon
+    return finish_run(config, log, evaluate, run_dir / "policy", steps, seconds, run_dir,
+                      steps_per_second=(steps - start * n * horizon) / max(seconds, 1e-9))
+
+
+def run_train_online(config: OnlineConfig) -> RLResult:
+    result = train(config)
+    print(result.summary(f"online {config.method}", config.eval_episodes, "env steps"))
+    return result
