@@ -22,15 +22,16 @@ The PPO unit (`--ratio`): `chain` clips one ratio per decision from the chain's 
 one-layer MDP); `step` gives every transition of a chain its own clipped ratio and its decision's advantage (the
 denoising MDP of DPPO, pi_RL's two-layer MDP). Log-ratios are averaged over the chunk's elements (DPPO), so that
 the clip range means the same for any chunk size. On Reach, `step` with the same clip drifted and lost success
-where `chain` gained it. A value network on the decision's normalized
-observation window, GAE over decisions (gamma^k for a k-step decision), a time-limit cut bootstrapped from the
-value of the final window, a clipped value loss, an optional velocity regularizer towards the starting policy.
+where `chain` gained it. Besides: a value network on the decision's normalized observation window, GAE over
+decisions (gamma^k for a k-step decision), a time-limit cut bootstrapped from the value of the final window, a
+value loss (optionally clipped), a value-only warm-up, and an optional velocity regularizer towards the start.
 
 The fine-tuned policy is saved as an ordinary checkpoint (`run_dir/policy`: the same FlowPolicy, its sampler set to
 the chain's K Euler steps, deterministic at evaluation and deployment), so `robotrl eval`, `robotrl distill
---teacher` and `robotrl export` take it unchanged. Any FlowPolicy whose `encoder` and `velocity` give the
-conditioning and the velocity runs through the same code (the VLA's action expert is one). A killed run resumes
-exactly from its last iteration (`--resume`).
+--teacher` and `robotrl export` take it unchanged. The loop needs of a policy only FlowPolicy's `encoder`
+(conditioning) and `velocity`, so the VLA (a FlowPolicy whose velocity net is its action expert) runs through it
+as it is, its instruction carried with the observation windows; the value and noise networks read the policy's
+normalized vector observations. A killed run resumes exactly from its last iteration (`--resume`).
 """
 
 from __future__ import annotations
