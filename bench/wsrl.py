@@ -44,6 +44,8 @@ class WsrlBenchConfig:
     demo_episodes: int = 20
     offline: Literal["iql", "calql"] = "iql"
     offline_steps: int = 3_000
+    cql_alpha: float = 5.0
+    """Cal-QL's regularizer weight (`--offline calql`)"""
     total_steps: int = 6_000
     """online env steps of every run"""
     warmup: int = 1_000
@@ -75,7 +77,7 @@ def offline_pretrain(config: WsrlBenchConfig, demos: Path, run_dir: Path) -> tup
     else:
         from robotrl.calql import CalqlConfig, train as train_calql
 
-        result = train_calql(CalqlConfig(**common))
+        result = train_calql(CalqlConfig(**common, cql_alpha=config.cql_alpha))
     assert result.success_rate is not None
     return result.success_rate, result.train_seconds
 
