@@ -67,6 +67,8 @@ class FlowRLBenchConfig:
 def bc_checkpoint(config: FlowRLBenchConfig, out: Path) -> Path:
     if config.policy is not None:
         return config.policy
+    if (out / "bc" / "policy").exists():  # an earlier bench's, in the same out_dir
+        return out / "bc" / "policy"
     demos = out / "demos.zarr"
     if not demos.exists():
         record_expert(demos, "Reach", episodes=config.demo_episodes, num_envs=8, noise=0.3, progress=False).close()

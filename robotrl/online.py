@@ -1,6 +1,6 @@
 """Online RL fine-tuning of a flow policy in the parallel vector env: PPO over stochastic denoising chains.
 
-    robotrl train online --policy runs/bc-flow/policy --method flow_noise --num-envs 32 --total-steps 300000
+    robotrl train online --policy runs/bc-flow/policy --method flow_sde --num-envs 32 --total-steps 300000
     result = robotrl.online.train(OnlineConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
 
 The decision is an action chunk. The policy draws it by a stochastic K-step Euler chain x_0 ~ N(0, I), x_{k+1} ~
@@ -52,15 +52,8 @@ from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
 from robotrl.spec import STRING
 from robotrl.training import (
-    RLResult,
-    RunLog,
-    RunOptions,
-    TrainClock,
-    finish_run,
-    load_run_state,
-    optimizer_step,
-    save_run_state,
-    start_run,
+    RLResult, RunLog, RunOptions, TrainClock, TrainingDiverged, finish_run, load_run_state, optimizer_step,
+    save_run_state, start_run,
 )
 
 METHODS = ("denoising_mdp", "flow_sde", "flow_noise")
@@ -72,7 +65,8 @@ class OnlineConfig(RunOptions):
 
     policy: Path = Path("runs/bc-flow/policy")
     """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
-    method: Literal["denoising_mdp", "flow_sde", "flow_noise"] = "flow_noise"
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise"] = "flow_sde"
+    """how the chain is made stochastic (module docstring); flow_sde gained most on Reach in bench/flow_rl.py"""
     num_envs: int = 32
     total_steps: int = 300_000
     """environment steps, all envs together"""
@@ -82,13 +76,14 @@ class OnlineConfig(RunOptions):
     """actions executed from each chunk before the next decision (and at evaluation)"""
     denoise_steps: int | None = None
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
-    noise_std: float = 0.1
-    """denoising_mdp: std of each transition (normalized action units); flow_noise: the noise net's initial std"""
+    noise_std: float | None = None
+    """denoising_mdp: std of each transition (normalized action units; default 0.1); flow_noise: the noise net's
+    initial std (default 0.2: from 0.1 it gained 12 points on Reach in 86,400 steps, from 0.2 34)"""
     noise_std_end: float | None = None
     """denoising_mdp: the std of the last transition, linear from noise_std along the chain (default: constant)"""
     noise_min: float = 0.02
     """flow_noise: lower bound of the learned std"""
-    noise_max: float = 0.3
+    noise_max: float = 0.5
     """flow_noise: upper bound of the learned std"""
     sde_noise: float = 0.5
     """flow_sde: a in g(t)^2 = a^2 (1 - t) / t"""
@@ -133,23 +128,32 @@ class OnlineConfig(RunOptions):
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         if self.denoise_steps is not None and self.denoise_steps < 1:
             raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
-        for field in ("noise_std", "sde_noise", "lr", "critic_lr", "noise_lr", "clip", "max_grad_norm"):
+        for field in ("sde_noise", "lr", "critic_lr", "noise_lr", "clip", "max_grad_norm"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
+        if self.noise_std is not None and not self.noise_std > 0:
+            raise ValueError(f"{name}.noise_std: expected > 0, got {self.noise_std}")
         if self.noise_std_end is not None and not self.noise_std_end > 0:
             raise ValueError(f"{name}.noise_std_end: expected > 0, got {self.noise_std_end}")
         if not 0 < self.noise_min < self.noise_max:
             raise ValueError(f"{name}.noise_min / noise_max: expected 0 < noise_min < noise_max, got "
                              f"{self.noise_min}, {self.noise_max}")
-        if self.method == "flow_noise" and not self.noise_min < self.noise_std < self.noise_max:
+        if self.method == "flow_noise" and not self.noise_min < self.initial_std() < self.noise_max:
             raise ValueError(f"{name}.noise_std: expected the initial std inside (noise_min, noise_max) = "
-                             f"({self.noise_min}, {self.noise_max}) for flow_noise, got {self.noise_std}")
+                             f"({self.noise_min}, {self.noise_max}) for flow_noise, got {self.initial_std()}")
         if not (0.0 < self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ValueError(f"{name}.gamma / gae_lambda: expected (0, 1] and [0, 1], got {self.gamma}, "
                              f"{self.gae_lambda}")
         for field in ("critic_warmup", "bc_coef", "value_coef"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
+
+    def initial_std(self) -> float:
+        """`noise_std`, or the method's default (left unresolved in the config, so that `replace(method=...)`
+        moves it along)."""
+        if self.noise_std is not None:
+            return self.noise_std
+        return 0.2 if self.method == "flow_noise" else 0.1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -200,14 +204,15 @@ class FlowAgent(nn.Module):
         super().__init__()
         self.policy, self.method, self.steps = policy, config.method, steps
         self.sde_noise = config.sde_noise
-        end = config.noise_std if config.noise_std_end is None else config.noise_std_end
-        self.register_buffer("schedule", torch.linspace(config.noise_std, end, steps), persistent=False)
+        std = config.initial_std()
+        end = std if config.noise_std_end is None else config.noise_std_end
+        self.register_buffer("schedule", torch.linspace(std, end, steps), persistent=False)
         window = policy.obs_horizon
         feature_dim = sum(window * policy.spec.observations[k].size for k in policy.vector_keys)
         self.value_net = mlp([feature_dim, *config.value_hidden, 1], act=nn.Tanh)
         self.chunk_shape = (policy.horizon, policy.action_dim)
         self.noise_net = NoiseNet(feature_dim, self.chunk_shape, config.noise_hidden, config.noise_min,
-                                  config.noise_max, config.noise_std) if config.method == "flow_noise" else None
+                                  config.noise_max, std) if config.method == "flow_noise" else None
 
     def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The value (and noise) network's input: the policy's normalized vector observations, window flattened."""
@@ -437,7 +442,7 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
         logratio = logratio.sum(1, keepdim=True)
     ratio = logratio.exp()
     adv = batch["adv"]
-    adv = ((adv - adv.mean()) / (adv.std() + 1e-8))[:, None]
+    adv = ((adv - adv.mean()) / (adv.std(correction=0) + 1e-8))[:, None]  # a minibatch may hold one decision
     policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
     loss = policy_loss + config.value_coef * value_loss + config.bc_coef * gap
     with torch.no_grad():
@@ -452,6 +457,9 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
 # ---------------------------------------------------------------------------------------------------
 def train(config: OnlineConfig) -> RLResult:
     policy = load_flow_policy(config.policy, config.denoise_steps)
+    if not config.resume and config.run_dir is not None and (Path(config.run_dir) / "train_state.pt").exists():
+        raise FileExistsError(f"OnlineConfig.run_dir: {config.run_dir} already holds a run (train_state.pt); resume "
+                              "it (--resume) or pick another run_dir")
     run_dir, state_path, rng = start_run(config, f"online-{config.method}", policy.spec.task)
     reference = None
     if config.bc_coef > 0:
@@ -511,6 +519,10 @@ def train(config: OnlineConfig) -> RLResult:
                                                            config.max_grad_norm)
                     for key, x in stats.items():
                         sums.setdefault(key, []).append(x)
+            if not all(torch.isfinite(p).all() for p in agent.parameters()):  # a finite loss, an infinite step
+                raise TrainingDiverged(f"online iteration {it} (last train state: {state_path}): weights are not "
+                                       "finite after the update; the last good train state is kept (resume with a "
+                                       "lower lr)")
 
             # log, evaluate, checkpoint
             now, before = (it + 1) * n * horizon, it * n * horizon

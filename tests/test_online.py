@@ -96,6 +96,18 @@ def test_flow_sde_fine_tuning_raises_held_out_success(bc_flow: Path, tmp_path: P
     assert any((result.run_dir / "tb").iterdir())
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["denoising_mdp", "flow_noise"])
+def test_the_other_methods_raise_held_out_success_on_a_longer_budget(bc_flow: Path, tmp_path: Path,
+                                                                     method: str) -> None:
+    """86,400 env steps (~2.5 min each here): measured 51% -> 82% (denoising_mdp) and 51% -> 85% (flow_noise) on
+    the same 100 held-out episodes; asserted >= +15 points. (At the default suite's 28,800 steps both are still
+    around their start: bench/flow_rl.py.)"""
+    before = evaluate_policy(load_flow_policy(bc_flow, 5), 100, 25, execute=4).success_rate
+    result = train(small(bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100))
+    assert result.success_rate is not None and result.success_rate >= before + 0.15, (before, result.success_rate)
+
+
 @pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise"])
 def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path, method: str) -> None:
     torch.manual_seed(0)
@@ -248,7 +260,8 @@ def test_the_vla_plugs_into_the_same_loop(tmp_path: Path) -> None:
     moved = [name for name, x in tuned.state_dict().items() if not torch.equal(x, start.state_dict()[name])]
     assert any(name.startswith("net.") for name in moved), moved
     state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)
-    assert len(state["windows"]["instruction"]) == 2 and all(isinstance(t, str) for t in state["windows"]["instruction"])
+    instructions = state["windows"]["instruction"]
+    assert len(instructions) == 2 and all(isinstance(t, str) and t for t in instructions), instructions
 
 
 def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) -> None:
@@ -259,17 +272,21 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
             ({"num_envs": 0}, r"OnlineConfig.num_envs: expected >= 1, got 0"),
             ({"denoise_steps": 0}, r"OnlineConfig.denoise_steps: expected >= 1, got 0"),
             ({"clip": 0.0}, r"OnlineConfig.clip: expected > 0, got 0.0"),
-            ({"noise_min": 0.5},
-             r"OnlineConfig.noise_min / noise_max: expected 0 < noise_min < noise_max, got 0.5, 0.3"),
-            ({"method": "flow_noise", "noise_std": 0.5},
-             (r"OnlineConfig.noise_std: expected the initial std inside \(noise_min, noise_max\) = \(0.02, 0.3\) "
-              r"for flow_noise, got 0.5")),
+            ({"noise_min": 0.6},
+             r"OnlineConfig.noise_min / noise_max: expected 0 < noise_min < noise_max, got 0.6, 0.5"),
+            ({"method": "flow_noise", "noise_std": 0.6},
+             (r"OnlineConfig.noise_std: expected the initial std inside \(noise_min, noise_max\) = \(0.02, 0.5\) "
+              r"for flow_noise, got 0.6")),
             ({"gamma": 0.0}, r"OnlineConfig.gamma / gae_lambda: expected \(0, 1\] and \[0, 1\], got 0.0, 0.9"),
             ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1")):
         with pytest.raises(ValueError, match=message):
             small(bc_flow, tmp_path, **overrides)
     with pytest.raises(ValueError, match=r"OnlineConfig.resume: needs run_dir"):
         OnlineConfig(policy=bc_flow, resume=True)
+    once = small(bc_flow, tmp_path / "once", num_envs=2, rollout_steps=4, total_steps=8)
+    train(once)
+    with pytest.raises(FileExistsError, match=r"OnlineConfig.run_dir: .*once already holds a run \(train_state.pt\)"):
+        train(once)
     # a checkpoint of another policy type, and a directory that is no checkpoint at all
     flow = load(bc_flow)
     diffusion = DiffusionPolicy(flow.spec, DiffusionConfig(channels=(32, 64), action_horizon=8), flow.stats)
