@@ -274,9 +274,9 @@ class FlowAgent(nn.Module):
         as `Policy.act` does."""
         policy = self.policy
         chunk = policy.normalizer.unnormalize("action", chain[:, -1, : policy.action_horizon])
-        low = torch.as_tensor(policy.spec.action.low_array(), dtype=chunk.dtype)
-        high = torch.as_tensor(policy.spec.action.high_array(), dtype=chunk.dtype)
-        return torch.clamp(chunk, low, high).numpy()
+        low = torch.as_tensor(policy.spec.action.low_array(), dtype=chunk.dtype, device=chunk.device)
+        high = torch.as_tensor(policy.spec.action.high_array(), dtype=chunk.dtype, device=chunk.device)
+        return torch.clamp(chunk, low, high).cpu().numpy()
 
 
 def load_flow_policy(path: Path, steps: int | None) -> FlowPolicy:

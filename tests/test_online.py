@@ -145,6 +145,11 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
         assert noise_grads and all(g.abs().sum() > 0 for g in noise_grads)
     else:
         assert agent.noise_net is None and not noise_grads
+    # the velocity regularizer: zero against the starting policy itself, positive once the policy has moved
+    reference = load_flow_policy(bc_flow, 5).requires_grad_(False)
+    assert agent.chain_log_prob(obs, chain, reference)[1].item() == 0.0
+    torch.optim.SGD(agent.policy.parameters(), lr=0.1).step()
+    assert agent.chain_log_prob(obs, chain, reference)[1].item() > 0.0
 
 
 def gaussian_velocity(mean: float, std: float):
