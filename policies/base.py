@@ -242,19 +242,26 @@ class Policy(nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write the checkpoint directory (weights first, the manifest with their hash last)."""
-        from safetensors.torch import save_file
+        return save_weights(path, self.state_dict(), self.manifest(), {"format": FORMAT, "policy": self.name})
 
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        tmp = path / (WEIGHTS + ".partial")
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "policy": self.name})
-        tmp.replace(path / WEIGHTS)
-        manifest = {**self.manifest(), "weights_sha256": sha256(path / WEIGHTS)}
-        tmp = path / (MANIFEST + ".partial")
-        tmp.write_text(json.dumps(manifest, indent=2))
-        tmp.replace(path / MANIFEST)
-        return path
+
+def save_weights(path: str | Path, state: Mapping[str, torch.Tensor], manifest: Mapping[str, Any],
+                 metadata: Mapping[str, str]) -> Path:
+    """A checkpoint directory: `state` as model.safetensors first, then `manifest` with the weights' hash, each
+    replaced atomically, so a directory whose manifest names a hash always holds those whole weights."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+    tmp = path / (WEIGHTS + ".partial")
+    save_file(tensors, str(tmp), metadata=dict(metadata))
+    tmp.replace(path / WEIGHTS)
+    manifest = {**manifest, "weights_sha256": sha256(path / WEIGHTS)}
+    tmp = path / (MANIFEST + ".partial")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(path / MANIFEST)
+    return path
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
@@ -274,32 +281,20 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Policy:
     """The policy saved at `path` (weights verified against the manifest's hash; nothing is unpickled).
     With `spec`, the policy's spec must equal it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     register_all()
     path = Path(path)
     manifest = read_manifest(path)
     cls = POLICIES.get(manifest["policy"])
     if cls is None:
         raise CheckpointError(f"{path / MANIFEST}: policy: expected one of {sorted(POLICIES)}, got {manifest['policy']!r}")
-    weights = path / WEIGHTS
-    if not weights.exists():
-        raise CheckpointError(f"{path}: {WEIGHTS} missing")
-    digest = sha256(weights)
-    if digest != manifest["weights_sha256"]:
-        raise CheckpointError(f"{weights}: sha256 {digest[:12]}... does not match the manifest's "
-                              f"{manifest['weights_sha256'][:12]}... (weights from another checkpoint, or damaged)")
     saved_spec = Spec.from_dict(manifest["spec"])
     if spec is not None:
         saved_spec.check(spec, this=f"checkpoint {path.name}", that="expected spec")
     config = config_from_dict(cls.config_cls, manifest["config"], str(path / MANIFEST))
     stats = {k: {n: np.asarray(v) for n, v in s.items()} for k, s in manifest.get("stats", {}).items()}
     policy = cls(saved_spec, config, stats or None)
-    try:
-        state = load_file(str(weights), device=device)
-    except SafetensorError as e:
-        raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from e
+    state = load_weights(path, manifest, device)
+    weights = path / WEIGHTS
     try:
         missing, unexpected = policy.load_state_dict(state, strict=False)
     except RuntimeError as e:  # a tensor of another shape
@@ -309,3 +304,21 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
         raise CheckpointError(f"{weights}: weights do not fit {cls.__name__} with the manifest's config: missing "
                               f"{missing[:5]}, unexpected {unexpected[:5]}")
     return policy.to(device).eval()
+
+
+def load_weights(path: str | Path, manifest: Mapping[str, Any], device: str = "cpu") -> dict[str, torch.Tensor]:
+    """model.safetensors of the checkpoint at `path`, verified against the manifest's hash (nothing unpickled)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    weights = Path(path) / WEIGHTS
+    if not weights.exists():
+        raise CheckpointError(f"{path}: {WEIGHTS} missing")
+    digest = sha256(weights)
+    if digest != manifest["weights_sha256"]:
+        raise CheckpointError(f"{weights}: sha256 {digest[:12]}... does not match the manifest's "
+                              f"{manifest['weights_sha256'][:12]}... (weights from another checkpoint, or damaged)")
+    try:
+        return load_file(str(weights), device=device)
+    except SafetensorError as e:
+        raise CheckpointError(f"{weights}: not a readable safetensors file ({e})") from e
