@@ -62,28 +62,37 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
     return (weight * diff.square()).mean()
 
 
-def update(agent: IqlAgent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: IqlConfig,
-           where: str) -> dict[str, float]:
+def critic_update(agent: torch.nn.Module, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor],
+                  expectile: float, discount: float | torch.Tensor,
+                  where: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """IQL's V and Q steps on `agent.value`, `agent.critic`, `agent.target`: V an expectile of the target critics'
+    min Q at the data's actions, Q regressed on r + discount (1 - done) V(s'). `discount` is gamma, or per transition
+    gamma^k for k-step transitions (action chunks). Returns (that min Q, V before its step, stats)."""
     with torch.no_grad():
         q_data = agent.target(batch["obs"], batch["action"]).squeeze(-1).min(0).values
     v = agent.value(batch["obs"]).squeeze(-1)
-    value_loss = expectile_loss(q_data - v, config.expectile)
+    value_loss = expectile_loss(q_data - v, expectile)
     gradient_step(opt["value"], value_loss, f"{where}: value")
 
     with torch.no_grad():
         next_v = agent.value(batch["next_obs"]).squeeze(-1)
-        target = batch["reward"] + config.gamma * (1 - batch["done"]) * next_v
+        target = batch["reward"] + discount * (1 - batch["done"]) * next_v
     q = agent.critic(batch["obs"], batch["action"]).squeeze(-1)
     critic_loss = F.mse_loss(q, target.expand_as(q), reduction="none").mean(1).sum()
     gradient_step(opt["critic"], critic_loss, f"{where}: critic")
+    return q_data, v.detach(), {"loss/value": value_loss.item(), "loss/critic": critic_loss.item(),
+                                "q/mean": q.mean().item()}
 
+
+def update(agent: IqlAgent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: IqlConfig,
+           where: str) -> dict[str, float]:
+    q_data, v, stats = critic_update(agent, opt, batch, config.expectile, config.gamma, where)
     with torch.no_grad():
-        weight = torch.exp(config.beta * (q_data - v.detach())).clamp(max=config.max_weight)
+        weight = torch.exp(config.beta * (q_data - v)).clamp(max=config.max_weight)
     actor_loss = -(weight * agent.actor.log_prob(batch["obs"], batch["action"])).mean()
     gradient_step(opt["actor"], actor_loss, f"{where}: actor")
     polyak(agent.critic, agent.target, config.tau)
-    return {"loss/value": value_loss.item(), "loss/critic": critic_loss.item(), "loss/actor": actor_loss.item(),
-            "q/mean": q.mean().item(), "adv/weight_mean": weight.mean().item()}
+    return {**stats, "loss/actor": actor_loss.item(), "adv/weight_mean": weight.mean().item()}
 
 
 def train(config: IqlConfig) -> RLResult:

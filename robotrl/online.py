@@ -279,15 +279,16 @@ class FlowAgent(nn.Module):
         return torch.clamp(chunk, low, high).cpu().numpy()
 
 
-def load_flow_policy(path: Path, steps: int | None) -> FlowPolicy:
-    """The starting checkpoint, refused unless it is a flow policy; its sampler set to the chain's Euler steps."""
+def load_flow_policy(path: Path, steps: int | None, field: str = "OnlineConfig.policy") -> FlowPolicy:
+    """The starting checkpoint, refused unless it is a flow policy; its sampler set to the chain's Euler steps.
+    `field` names the config field in errors."""
     policy = load(path)
     if not isinstance(policy, FlowPolicy):  # a bad value of the config's field, as the CLI reports them
         raise ValueError(  # noqa: TRY004
-            f"OnlineConfig.policy: expected a flow policy checkpoint (robotrl train bc --policy flow), got a "
+            f"{field}: expected a flow policy checkpoint (robotrl train bc --policy flow), got a "
             f"{policy.name!r} policy at {path}")
     if not policy.vector_keys:
-        raise ValueError(f"OnlineConfig.policy: expected a policy with vector observations for the value network, "
+        raise ValueError(f"{field}: expected a policy with vector observations for the value network, "
                          f"got only {list(policy.obs_keys)} at {path}")
     policy.config.steps, policy.config.solver = steps or policy.config.steps, "euler"
     return policy

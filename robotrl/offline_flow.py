@@ -1,0 +1,454 @@
+"""RL-100's iterative offline stage for a flow policy: clipped PPO over its denoising chain, scored by an IQL critic
+fitted to the data, each update gated by offline policy evaluation; then roll out, add the data, repeat.
+
+    robotrl train offline --policy runs/bc-flow/policy --store data/reach.zarr --iterations 5
+    result = robotrl.offline_flow.train(OfflineFlowConfig(policy=Path(...), store=Path(...)))   # the same dataclass
+
+The store is copied to `run_dir/store.zarr` (the input is never written) and every iteration reads it whole:
+
+1. Critic. Decisions are the chunked policy's: a window of To observations and the `execute` actions that followed
+   it. Q(window, executed chunk) and V(window) are IQL's (`robotrl.iql.critic_update`): V an upper expectile of Q
+   over the data's chunks, Q regressed on the discounted reward of the executed steps + gamma^k V(next window),
+   cut at termination. A decision that reaches a time-limit cut has no stored successor window and is left out.
+2. Policy. `policy_updates` times: chains drawn from the current policy for `windows` dataset windows with
+   online.py's stochastic chain (`FlowAgent`, `--method`), the executed part of each chain's chunk scored with
+   A = min Q - V, and `epochs` clipped PPO passes on the chains' exact log-likelihood ratios (online.py's
+   `ppo_loss`, advantages normalized per minibatch). The update is kept only if the OPE estimate (AM-Q: mean min Q
+   of the deterministic ODE chunk over windows of held-out episodes, the same start noise for both policies) of
+   the new policy is >= the old one's - `ope_tolerance`; otherwise policy and optimizer roll back. The held-out
+   episodes (`ope_fraction` of the store) never feed policy updates, so a policy that games the critic at the
+   windows it trains on is caught.
+3. Data. The accepted policy (deterministic, as deployed) runs `rollout_episodes` episodes in the CPU vector env;
+   they are appended to the run's store (source "policy", tagged with the iteration).
+4. Held-out success (`evaluate_policy`) is logged per iteration; step 0 is the starting policy.
+
+The result is an ordinary FlowPolicy checkpoint (`run_dir/policy`, sampler = the chain's K Euler steps), so eval,
+`train online`, distill and export take it unchanged. A train state is written after every iteration; `--resume`
+drops the store's episodes of an unfinished iteration and continues exactly. Metric steps count policy updates.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.record import record_policy
+from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.evaluate import controller_for, evaluate_policy, make_eval_env
+from robotrl.iql import critic_update
+from robotrl.online import METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
+from robotrl.policies.flow import FlowPolicy
+from robotrl.policies.gaussian import CriticEnsemble
+from robotrl.policies.nets import mlp
+from robotrl.training import (
+    RLResult, RunLog, RunOptions, TrainingDiverged, finish_run, load_run_state, optimizer_step, polyak,
+    save_run_state, start_run,
+)
+
+
+#: critic_update's stats -> this run's metric names
+CRITIC_STATS = {"loss/value": "critic/value_loss", "loss/critic": "critic/q_loss", "q/mean": "critic/q_mean"}
+
+
+@dataclass
+class OfflineFlowConfig(RunOptions):
+    """Improve a flow policy checkpoint offline (RL-100): an IQL critic from a store, clipped PPO over the denoising
+    chain, an OPE gate on every update, and rounds of rollouts added to the data. Evaluates every iteration;
+    a train state is written after every iteration (`checkpoint_every`, `log_every`, `eval_every` are unused)."""
+
+    policy: Path = Path("runs/bc-flow/policy")
+    """the flow policy checkpoint to start from (`robotrl train bc --policy flow` or `train online` output)"""
+    store: Path = Path("data/reach.zarr")
+    """episodes with rewards (demonstrations of the task); copied to run_dir/store.zarr, which grows"""
+    iterations: int = 5
+    """rounds of critic fit -> gated policy updates -> rollouts added to the store -> evaluation"""
+    critic_steps: int = 2_000
+    """critic gradient steps per iteration (the critic carries over between iterations)"""
+    policy_updates: int = 10
+    """gated policy updates per iteration"""
+    windows: int = 64
+    """dataset observation windows per policy update"""
+    samples: int = 4
+    """chains sampled per window"""
+    advantage: Literal["group", "value"] = "group"
+    """A = min Q of a chain's chunk - V(window) (value, IQL's), or - the mean min Q of the window's `samples` chains
+    (group: the baseline of the very state, free of V's error, which otherwise dominates the normalized advantage)"""
+    epochs: int = 4
+    """PPO passes over an update's chains"""
+    minibatch_size: int = 64
+    rollout_episodes: int = 50
+    """episodes of the accepted policy added to the store per iteration"""
+    rollout_envs: int = 10
+    execute: int = 8
+    """actions executed from each chunk: the decision the critic scores, and at rollouts and evaluation"""
+    denoise_steps: int | None = None
+    """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise"] = "flow_sde"
+    """how the chain is made stochastic (robotrl/online.py)"""
+    noise_std: float | None = None
+    """denoising_mdp: each transition's std; flow_noise: the noise net's initial std (online.py's defaults)"""
+    sde_noise: float = 0.5
+    """flow_sde: a in g(t)^2 = a^2 (1 - t) / t"""
+    ratio: Literal["chain", "step"] = "chain"
+    """PPO's unit: a whole chain per decision, or each chain transition (online.py)"""
+    clip: float = 0.1
+    lr: float = 3e-5
+    """the flow policy's learning rate"""
+    noise_lr: float = 3e-4
+    """flow_noise: the noise network's learning rate"""
+    bc_coef: float = 0.0
+    """weight of ||v - v_start||^2, the velocity's distance to the starting policy's at the chain's points"""
+    max_grad_norm: float = 1.0
+    gamma: float = 0.95
+    """discount per env step (a decision of k steps discounts by gamma^k)"""
+    expectile: float = 0.7
+    critic_lr: float = 3e-4
+    critic_batch: int = 256
+    critics: int = 2
+    critic_hidden: tuple[int, ...] = (256, 256)
+    tau: float = 0.005
+    ope_fraction: float = 0.2
+    """share of the store's episodes held out for the OPE gate (never used for policy updates)"""
+    ope_windows: int = 512
+    """held-out windows the OPE estimate averages over (at most)"""
+    ope_tolerance: float = 0.0
+    """accept an update when OPE(new) >= OPE(old) - ope_tolerance (in Q units)"""
+    reward_type: Literal["dense", "sparse"] = "dense"
+    """the reward the store was recorded with (rollouts record it too)"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.policy, self.store = Path(self.policy), Path(self.store)
+        name = type(self).__name__
+        if self.method not in METHODS:
+            raise ValueError(f"{name}.method: expected one of {METHODS}, got {self.method!r}")
+        if self.ratio not in ("chain", "step"):
+            raise ValueError(f"{name}.ratio: expected 'chain' or 'step', got {self.ratio!r}")
+        if self.reward_type not in ("dense", "sparse"):
+            raise ValueError(f"{name}.reward_type: expected 'dense' or 'sparse', got {self.reward_type!r}")
+        if self.advantage not in ("group", "value"):
+            raise ValueError(f"{name}.advantage: expected 'group' or 'value', got {self.advantage!r}")
+        if self.advantage == "group" and self.samples < 2:
+            raise ValueError(f"{name}.samples: expected >= 2 for advantage 'group', got {self.samples}")
+        for field in ("iterations", "critic_steps", "policy_updates", "windows", "samples", "epochs", "minibatch_size",
+                      "rollout_episodes", "rollout_envs", "execute", "critic_batch", "critics", "ope_windows"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
+        if self.denoise_steps is not None and self.denoise_steps < 1:
+            raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
+        for field in ("clip", "lr", "noise_lr", "max_grad_norm", "sde_noise", "critic_lr"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
+        if self.noise_std is not None and not self.noise_std > 0:
+            raise ValueError(f"{name}.noise_std: expected > 0, got {self.noise_std}")
+        for field in ("bc_coef", "ope_tolerance"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
+        if not 0.0 < self.gamma < 1.0:
+            raise ValueError(f"{name}.gamma: expected a value in (0, 1), got {self.gamma}")
+        if not 0.5 <= self.expectile < 1.0:
+            raise ValueError(f"{name}.expectile: expected a value in [0.5, 1), got {self.expectile}")
+        if not 0.0 < self.tau <= 1.0:
+            raise ValueError(f"{name}.tau: expected a value in (0, 1], got {self.tau}")
+        if not 0.0 < self.ope_fraction < 1.0:
+            raise ValueError(f"{name}.ope_fraction: expected a value in (0, 1), got {self.ope_fraction}")
+
+    def chain_config(self) -> OnlineConfig:
+        """online.py's config for the chain (FlowAgent) and the clipped loss (ppo_loss): its value loss off."""
+        return OnlineConfig(policy=self.policy, method=self.method, noise_std=self.noise_std, sde_noise=self.sde_noise,
+                            ratio=self.ratio, clip=self.clip, lr=self.lr, noise_lr=self.noise_lr,
+                            bc_coef=self.bc_coef, max_grad_norm=self.max_grad_norm, value_coef=0.0,
+                            execute=self.execute, eval_episodes=0, progress=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# decisions of the store and the critic
+# ---------------------------------------------------------------------------------------------------
+@dataclass
+class Decisions:
+    """Every decision of the store with a known successor: normalized observation windows, the normalized executed
+    chunk flattened, the discounted reward of its k steps, gamma^k (0 where it terminated), the successor window,
+    and whether its episode is held out for the OPE gate."""
+
+    obs: dict[str, torch.Tensor]
+    next_obs: dict[str, torch.Tensor]
+    action: torch.Tensor
+    reward: torch.Tensor
+    discount: torch.Tensor
+    held_out: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+
+def held_out_episodes(count: int, fraction: float, seed: int, where: str) -> np.ndarray:
+    """Which of `count` episodes the OPE gate holds out: a seeded draw that keeps every episode's lot as the
+    store grows (a Generator's uniforms are prefix-stable), with at least one episode on either side."""
+    held = np.random.default_rng(seed).random(count) < fraction
+    if count < 2:
+        raise ValueError(f"{where}: expected a store with at least 2 episodes (one held out for OPE), got {count}")
+    if held.all() or not held.any():
+        held[:] = False
+        held[-1] = True
+    return held
+
+
+def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, fraction: float, seed: int,
+                   where: str) -> Decisions:
+    """The store's decisions at every step of every episode (module docstring, step 1)."""
+    with EpisodeStore.open(path) as store:
+        store.check_spec(policy.spec, "the policy's spec")
+        sampler = SequenceSampler.from_store(store, SequenceConfig(policy.obs_horizon, execute, tuple(policy.obs_keys),
+                                                                   extra_keys=("reward", "terminated")))
+        held = held_out_episodes(store.num_episodes, fraction, seed, where)
+    index = np.arange(len(sampler))
+    w = sampler.get(index)
+    real = ~w["action_is_pad"]  # (N, execute): the steps the decision takes before its episode ends
+    steps = real.sum(1)
+    last = sampler.ep_end - 1
+    rows = np.minimum(sampler.anchor[:, None] + np.arange(execute), last[:, None])
+    reward = (np.asarray(sampler.data["reward"])[rows] * real * gamma ** np.arange(execute)).sum(1)
+    ends = sampler.anchor + steps - 1 == last
+    terminal = ends & np.asarray(sampler.data["terminated"])[last].astype(bool)
+    keep = ~ends | terminal  # a time-limit cut has no stored successor window
+    succ = np.where(ends, index, index + steps)[keep]
+    obs = policy.normalize_obs(w["obs"])
+    next_obs = {k: v[torch.from_numpy(succ)] for k, v in obs.items()}
+    action = policy.normalizer.normalize("action", torch.as_tensor(w["action"]).float()).flatten(1)
+    keep_t = torch.from_numpy(keep)
+    return Decisions({k: v[keep_t] for k, v in obs.items()}, next_obs, action[keep_t],
+                     torch.from_numpy(reward[keep]).float(),
+                     torch.from_numpy(np.where(terminal, 0.0, gamma ** steps.astype(np.float64))[keep]).float(),
+                     held[w["episode"]][keep])
+
+
+class ChunkCritic(nn.Module):
+    """IQL's critics at the decision level: an ensemble Q(window, executed chunk), its Polyak target, and V(window),
+    over the policy's normalized vector observations (the attribute names `robotrl.iql.critic_update` reads)."""
+
+    def __init__(self, feature_dim: int, chunk_dim: int, config: OfflineFlowConfig) -> None:
+        super().__init__()
+        self.critic = CriticEnsemble(feature_dim, chunk_dim, config.critics, config.critic_hidden)
+        self.target = CriticEnsemble(feature_dim, chunk_dim, config.critics, config.critic_hidden)
+        self.target.load_state_dict(self.critic.state_dict())
+        self.target.requires_grad_(False)
+        self.value = mlp([feature_dim, *config.critic_hidden, 1], act=nn.ReLU, layer_norm=True)
+
+    @torch.no_grad()
+    def q(self, features: torch.Tensor, chunk: torch.Tensor) -> torch.Tensor:
+        return self.critic(features, chunk).squeeze(-1).min(0).values
+
+
+def executed(policy: FlowPolicy, x: torch.Tensor, execute: int) -> torch.Tensor:
+    """The critic's action input for normalized chunks x (B, >= H, A): what the env would run (unnormalized,
+    clipped to the bounds, as `Policy.act` does), normalized again, its first `execute` actions flattened."""
+    chunk = policy.normalizer.unnormalize("action", x[:, :execute])
+    low = torch.as_tensor(policy.spec.action.low_array(), dtype=chunk.dtype)
+    high = torch.as_tensor(policy.spec.action.high_array(), dtype=chunk.dtype)
+    return policy.normalizer.normalize("action", torch.clamp(chunk, low, high)).flatten(1)
+
+
+@torch.no_grad()
+def amq(agent: FlowAgent, critic: ChunkCritic, obs: dict[str, torch.Tensor], execute: int, seed: int) -> float:
+    """AM-Q: mean min Q of the policy's deterministic ODE chunk over windows `obs`, from start noise seeded by
+    `seed` (the same for every policy compared, so the estimates differ by the policies alone)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        x = agent.policy.sample(obs)
+    return float(critic.q(agent.features(obs), executed(agent.policy, x, execute)).mean())
+
+
+def improve(agent: FlowAgent, critic: ChunkCritic, optimizer: torch.optim.Optimizer, obs: dict[str, torch.Tensor],
+            config: OfflineFlowConfig, chain_config: OnlineConfig, reference: FlowPolicy | None,
+            rng: np.random.Generator, where: str) -> dict[str, float]:
+    """One policy update (module docstring, step 2) on windows drawn from `obs`: `samples` chains of the current
+    policy per window, the advantage of their executed chunks (`config.advantage`), `epochs` clipped PPO passes."""
+    pick = torch.from_numpy(rng.integers(0, len(next(iter(obs.values()))), config.windows))
+    pick = pick.repeat_interleave(config.samples)
+    batch_obs = {k: v[pick] for k, v in obs.items()}
+    chain, logp = agent.sample_chain(batch_obs)
+    with torch.no_grad():
+        features = agent.features(batch_obs)
+        q = critic.q(features, executed(agent.policy, chain[:, -1], config.execute))
+        if config.advantage == "group":
+            adv = q - q.reshape(config.windows, config.samples).mean(1).repeat_interleave(config.samples)
+        else:
+            adv = q - critic.value(features).squeeze(-1)
+    zeros = torch.zeros(len(adv))
+    sums: dict[str, list[float]] = {}
+    for _ in range(config.epochs):
+        order = torch.from_numpy(rng.permutation(len(adv)))
+        for lo in range(0, len(adv), config.minibatch_size):
+            mb = order[lo:lo + config.minibatch_size]
+            batch = {"obs": {k: v[mb] for k, v in batch_obs.items()}, "chain": chain[mb], "logp": logp[mb],
+                     "adv": adv[mb], "value": zeros[mb], "ret": zeros[mb]}
+            loss, stats = ppo_loss(agent, batch, chain_config, True, reference)
+            _, stats["grad_norm"] = optimizer_step(loss, agent, optimizer, _NoSchedule(), where, config.max_grad_norm)
+            for key, x in stats.items():
+                sums.setdefault(key, []).append(x)
+    sums.pop("loss/value", None)
+    return {**{k: float(np.mean(x)) for k, x in sums.items()}, "adv/mean": float(adv.mean()),
+            "adv/std": float(adv.std())}
+
+
+class _NoSchedule:
+    """A constant learning rate for `optimizer_step`."""
+
+    def step(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------
+# training
+# ---------------------------------------------------------------------------------------------------
+def train(config: OfflineFlowConfig) -> RLResult:
+    name = type(config).__name__
+    policy = load_flow_policy(config.policy, config.denoise_steps, f"{name}.policy")
+    if not config.store.exists():
+        raise FileNotFoundError(f"{name}.store: {config.store} does not exist (record demos: robotrl data record)")
+    if not config.resume and config.run_dir is not None and (Path(config.run_dir) / "train_state.pt").exists():
+        raise FileExistsError(f"{name}.run_dir: {config.run_dir} already holds a run (train_state.pt); resume it "
+                              "(--resume) or pick another run_dir")
+    run_dir, state_path, rng = start_run(config, f"offline-{config.method}", policy.spec.task)
+    store_path = run_dir / "store.zarr"
+    if not config.resume:
+        with EpisodeStore.open(config.store) as source:
+            source.check_spec(policy.spec, f"{name}.policy's spec")
+        shutil.rmtree(store_path, ignore_errors=True)
+        shutil.copytree(config.store, store_path)
+    execute = min(config.execute, policy.action_horizon)
+    chain_config = config.chain_config()
+    reference = load_flow_policy(config.policy, config.denoise_steps, f"{name}.policy").requires_grad_(False) \
+        if config.bc_coef > 0 else None
+
+    # the chain (online.py's FlowAgent; its value net is unused), the critic, their optimizers
+    agent = FlowAgent(policy, chain_config, policy.config.steps)
+    feature_dim = sum(policy.obs_horizon * policy.spec.observations[k].size for k in policy.vector_keys)
+    critic = ChunkCritic(feature_dim, execute * policy.action_dim, config)
+    modules = nn.ModuleDict({"agent": agent, "critic": critic})
+    groups = [{"params": policy.parameters(), "lr": config.lr}]
+    if agent.noise_net is not None:
+        groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
+    opt = {"policy": torch.optim.Adam(groups, eps=1e-5),
+           "value": torch.optim.Adam(critic.value.parameters(), lr=config.critic_lr),
+           "critic": torch.optim.Adam(critic.critic.parameters(), lr=config.critic_lr)}
+    start = 0
+    if config.resume:
+        state = load_run_state(state_path, modules, opt, rng)
+        start = int(state["step"])  # iterations done
+        with EpisodeStore.open(store_path, mode="a") as store:
+            store.truncate(int(state["episodes"]))  # rollouts of the iteration that was cut short
+
+    timing = {"eval": 0.0}
+    cached: dict[str, Any] = {}
+
+    def evaluate() -> Any:
+        if "stats" not in cached:
+            t0 = time.perf_counter()
+            cached["stats"] = evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=execute)
+            timing["eval"] += time.perf_counter() - t0
+        return cached["stats"]
+
+    log = RunLog(run_dir)
+    updates = config.policy_updates
+    bar = tqdm(total=config.iterations, initial=start, desc=f"offline {config.method}", unit="iteration",
+               disable=not config.progress, dynamic_ncols=True)
+    began = time.perf_counter()
+    if start == 0 and config.eval_episodes > 0:
+        log.log(0, **{"eval/success_rate": evaluate().success_rate})
+    try:
+        for it in range(start, config.iterations):
+            where = f"offline iteration {it} (last train state: {state_path})"
+            data = read_decisions(store_path, policy, execute, config.gamma, config.ope_fraction, config.seed,
+                                  f"{name}.store")
+            # 1. the critic on every decision of the store
+            features, next_features = agent.features(data.obs), agent.features(data.next_obs)
+            stats: dict[str, list[float]] = {}
+            for _ in range(config.critic_steps):
+                k = torch.from_numpy(rng.integers(0, len(data), config.critic_batch))
+                batch = {"obs": features[k], "action": data.action[k], "reward": data.reward[k],
+                         "done": torch.zeros(len(k)), "next_obs": next_features[k]}
+                _, _, s = critic_update(critic, opt, batch, config.expectile, data.discount[k], f"{where}: critic")
+                polyak(critic.critic, critic.target, config.tau)
+                for key, x in s.items():
+                    stats.setdefault(CRITIC_STATS[key], []).append(x)
+            log.log(it * updates, **{k: float(np.mean(x[-100:])) for k, x in stats.items()},
+                    **{"data/decisions": len(data), "data/held_out": float(data.held_out.sum())})
+
+            # 2. gated policy updates: windows of the training episodes; OPE on the held-out ones
+            train_obs = {k: v[torch.from_numpy(~data.held_out)] for k, v in data.obs.items()}
+            held = np.nonzero(data.held_out)[0]
+            held = held[np.linspace(0, len(held) - 1, min(len(held), config.ope_windows)).astype(int)]
+            ope_obs = {k: v[torch.from_numpy(held)] for k, v in data.obs.items()}
+            ope_seed = config.seed + it
+            old = amq(agent, critic, ope_obs, execute, ope_seed)
+            if not math.isfinite(old):
+                raise TrainingDiverged(f"{where}: the OPE estimate of the current policy is {old}; the last good "
+                                       "train state is kept (resume with a lower critic_lr)")
+            accepted = 0
+            for u in range(updates):
+                kept = copy.deepcopy(agent.state_dict()), copy.deepcopy(opt["policy"].state_dict())
+                s = improve(agent, critic, opt["policy"], train_obs, config, chain_config, reference, rng,
+                            f"{where}, policy update {u}")
+                new = amq(agent, critic, ope_obs, execute, ope_seed)
+                ok = math.isfinite(new) and new >= old - config.ope_tolerance
+                log.log(it * updates + u + 1, **s, **{"ope/old": old, "ope/new": new, "ope/accepted": float(ok)})
+                if ok:
+                    accepted, old = accepted + 1, new
+                else:  # roll back: the weights and Adam's moments of before the update
+                    agent.load_state_dict(kept[0])
+                    opt["policy"].load_state_dict(kept[1])
+
+            # 3. rollouts of the accepted policy into the store
+            with EpisodeStore.open(store_path, mode="a") as store:
+                before = store.num_episodes
+                env = make_eval_env(policy.spec, tuple(policy.obs_keys), config.rollout_envs,
+                                    config.seed + 10_000 * (it + 1), reward_type=config.reward_type)
+                controller = controller_for(policy, execute)
+                controller.reset(env.num_envs)
+                try:
+                    added = record_policy(env, controller, store, config.rollout_episodes, source="policy",
+                                          on_episode_end=controller.reset_env, seed=config.seed + 10_000 * (it + 1),
+                                          progress=False, iteration=it)
+                finally:
+                    env.close()
+                rollout_success = float(np.mean([bool(store.episodes[i].get("success")) for i in added]))
+                episodes = store.num_episodes
+            cached.clear()
+
+            # 4. held-out success, train state, checkpoint
+            done = (it + 1) * updates
+            trained = time.perf_counter() - began - timing["eval"]
+            row = {"iteration/accepted": accepted, "rollout/success_rate": rollout_success,
+                   "data/episodes": episodes, "data/added": episodes - before, "time/train_seconds": trained}
+            if config.eval_episodes > 0:
+                row["eval/success_rate"] = evaluate().success_rate
+            log.log(done, **row)
+            bar.update(1)
+            bar.set_postfix(accepted=f"{accepted}/{updates}", success=f"{row.get('eval/success_rate', float('nan')):.2f}")
+            save_run_state(state_path, it + 1, modules, opt, rng, episodes=episodes)
+            policy.save(run_dir / "policy")
+    finally:
+        bar.close()
+    if start >= config.iterations or not (run_dir / "policy").exists():  # resumed a finished run
+        policy.save(run_dir / "policy")
+    seconds = time.perf_counter() - began - timing["eval"]
+    steps = config.iterations * updates
+    return finish_run(config, log, evaluate, run_dir / "policy", steps, seconds, run_dir)
+
+
+def run_train_offline(config: OfflineFlowConfig) -> RLResult:
+    result = train(config)
+    print(result.summary(f"offline {config.method}", config.eval_episodes, "policy updates"))
+    return result

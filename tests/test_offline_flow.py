@@ -1,0 +1,184 @@
+"""RL-100's iterative offline stage for flow policies (robotrl/offline_flow.py), from a BC flow checkpoint trained on
+real Reach demos: the stage runs end to end into an ordinary flow checkpoint and a grown store, the store's decisions
+are the chunked policy's, the OPE gate rolls a bad update back, a stopped run resumes exactly, a NaN stops with the
+last good train state, bad configs are refused naming the field, and (slow) held-out success rises."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from robotrl.datasets import EpisodeStore
+from robotrl.policies import load
+from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
+
+from robotrl.bc import BCConfig
+from robotrl.bc import train as train_bc
+from robotrl.evaluate import evaluate_policy
+from robotrl.offline_flow import OfflineFlowConfig, read_decisions, train
+from robotrl.online import load_flow_policy
+from robotrl.training import TrainingDiverged
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def bc_flow(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A half-trained flow policy (400 BC steps, (32, 64) U-Net, chunks of 8) on 40 Reach demos at noise 0.3: about
+    50% on held-out episodes, room to move either way."""
+    torch.set_num_threads(1)
+    result = train_bc(BCConfig(store=offline_reach_demos, steps=400, batch_size=32, channels=(32, 64), warmup=10,
+                               ema=0.99, action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400,
+                               threads=1, run_dir=tmp_path_factory.mktemp("bc") / "run", progress=False))
+    return result.checkpoint
+
+
+def tiny(policy: Path, store: Path, run_dir: Path, **overrides: object) -> OfflineFlowConfig:
+    """CI-sized: chunks of 4 executed, a 5-step chain, 100 critic steps and 2 gated updates of 16 windows x 4 chains
+    per iteration, 4 rollout episodes."""
+    base = OfflineFlowConfig(policy=policy, store=store, run_dir=run_dir, iterations=1, critic_steps=100,
+                             policy_updates=2, windows=16, samples=4, minibatch_size=32, epochs=2, rollout_episodes=4,
+                             rollout_envs=4, execute=4, denoise_steps=5, eval_episodes=4, eval_envs=4, progress=False)
+    return replace(base, **overrides)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_stage_runs_end_to_end_into_a_flow_checkpoint_and_a_grown_store(bc_flow: Path, offline_reach_demos: Path,
+                                                                         tmp_path: Path) -> None:
+    result = train(tiny(bc_flow, offline_reach_demos, tmp_path / "run"))
+    tuned = load(result.weights)  # an ordinary FlowPolicy checkpoint: eval, online, distill, export take it
+    assert tuned.name == "flow" and tuned.config.steps == 5 and tuned.config.solver == "euler"
+    assert evaluate_policy(tuned, 4, 4, execute=4).success_rate == result.success_rate
+    with EpisodeStore.open(offline_reach_demos) as demos, EpisodeStore.open(tmp_path / "run" / "store.zarr") as grown:
+        assert demos.num_episodes == 40  # the input store is never written
+        added = grown.episodes[40:]
+        assert len(added) >= 4 and all(m["source"] == "policy" and m["iteration"] == 0 for m in added)
+        np.testing.assert_array_equal(grown.episode(0).data["action"], demos.episode(0).data["action"])
+    rows = metrics(tmp_path / "run")
+    assert rows[0]["step"] == 0 and "eval/success_rate" in rows[0]  # the starting policy, so the change shows
+    gate = [r for r in rows if "ope/accepted" in r]
+    assert len(gate) == 2 and all(np.isfinite(r["ope/new"]) for r in gate)
+    # an accepted update is one the OPE estimate did not find worse, and the next update starts from its estimate
+    for a, b in itertools.pairwise(gate):
+        assert b["ope/old"] == (a["ope/new"] if a["ope/accepted"] else a["ope/old"])
+    assert all(r["ope/new"] >= r["ope/old"] for r in gate if r["ope/accepted"])
+    iteration = next(r for r in rows if "iteration/accepted" in r)
+    assert iteration["data/added"] >= 4 and iteration["step"] == 2
+    assert (tmp_path / "run" / "result.json").exists() and any((tmp_path / "run" / "tb").iterdir())
+
+
+def test_decisions_are_the_chunked_policys(bc_flow: Path, offline_reach_demos: Path) -> None:
+    """Reach never terminates, so every 60-step episode has 60 - 4 decisions of 4 executed steps with a stored
+    successor window (the last 4 reach the time-limit cut); each one's reward is the discounted sum of its steps and
+    its successor the window 4 steps on."""
+    policy = load_flow_policy(bc_flow, 5)
+    gamma = 0.9
+    data = read_decisions(offline_reach_demos, policy, 4, gamma, 0.2, 0, "store")
+    assert len(data) == 40 * 56
+    assert 0 < data.held_out.sum() < len(data) and data.held_out.sum() % 56 == 0
+    with EpisodeStore.open(offline_reach_demos) as store:
+        ep = store.episode(1).data
+    t, d = 10, 56 + 10  # episode 1, step 10
+    np.testing.assert_allclose(float(data.reward[d]), sum(gamma ** j * ep["reward"][t + j] for j in range(4)),
+                               rtol=1e-5)
+    assert float(data.discount[d]) == pytest.approx(gamma ** 4)
+    window = policy.normalize_obs({"state": ep["state"][None, t + 3:t + 5]})["state"][0]
+    torch.testing.assert_close(data.next_obs["state"][d], window)
+    action = policy.normalizer.normalize("action", torch.as_tensor(ep["action"][t:t + 4]).float()).flatten()
+    torch.testing.assert_close(data.action[d], action)
+
+
+def test_ope_gate_rejects_a_bad_update_and_keeps_the_old_weights(bc_flow: Path, offline_reach_demos: Path,
+                                                                  tmp_path: Path) -> None:
+    """An absurd learning rate (1.0) wrecks the policy in one update; the OPE estimate falls and every update is
+    rolled back, so the run ends with the starting weights exactly."""
+    result = train(tiny(bc_flow, offline_reach_demos, tmp_path / "run", lr=1.0, eval_episodes=0))
+    gate = [r for r in metrics(tmp_path / "run") if "ope/accepted" in r]
+    assert len(gate) == 2 and all(r["ope/accepted"] == 0.0 and not r["ope/new"] >= r["ope/old"] for r in gate), gate
+    start, tuned = load(bc_flow).state_dict(), load(result.weights).state_dict()
+    for name, x in start.items():
+        torch.testing.assert_close(tuned[name], x, rtol=0, atol=0, msg=name)
+
+
+def test_stopped_run_resumes_exactly(bc_flow: Path, offline_reach_demos: Path, tmp_path: Path,
+                                     assert_same_run) -> None:
+    """A run stopped after its first iteration's train state, with episodes a killed second iteration had already
+    rolled out left on its store, resumes (dropping them) to the very weights, Adam states and store of a run that
+    was never stopped."""
+    cfg = tiny(bc_flow, offline_reach_demos, tmp_path / "stopped", iterations=2, eval_episodes=0)
+    train(replace(cfg, iterations=1))
+    with EpisodeStore.open(tmp_path / "stopped" / "store.zarr", mode="a") as store:
+        store.append_episode(store.episode(0).data, {"source": "policy"})  # what a killed iteration left behind
+    train(replace(cfg, resume=True))
+    train(replace(cfg, run_dir=tmp_path / "straight"))
+    assert_same_run(tmp_path / "straight", tmp_path / "stopped")
+    a, b = (torch.load(p / "train_state.pt", weights_only=True) for p in (tmp_path / "straight", tmp_path / "stopped"))
+    assert a["step"] == b["step"] == 2 and a["episodes"] == b["episodes"]
+    assert json.dumps(a["opt"], default=str) == json.dumps(b["opt"], default=str)
+    s1, s2 = EpisodeStore.open(tmp_path / "straight" / "store.zarr"), EpisodeStore.open(tmp_path / "stopped" / "store.zarr")
+    assert s1.num_episodes == s2.num_episodes
+    np.testing.assert_array_equal(s1.load(["action"])["action"], s2.load(["action"])["action"])
+
+
+def test_nan_stops_and_keeps_the_last_good_train_state(bc_flow: Path, offline_reach_demos: Path,
+                                                       tmp_path: Path) -> None:
+    """A NaN reward on the store makes the critic's loss NaN in the second iteration: the run stops naming it and
+    the train state (and checkpoint) of the first iteration stay."""
+    cfg = tiny(bc_flow, offline_reach_demos, tmp_path / "run", iterations=2, eval_episodes=0)
+    train(replace(cfg, iterations=1))
+    kept = (tmp_path / "run" / "policy" / "model.safetensors").read_bytes()
+    with EpisodeStore.open(tmp_path / "run" / "store.zarr", mode="a") as store:
+        store.array("reward")[5] = np.nan
+    message = r"offline iteration 1 \(last train state: .*train_state.pt\): critic: (value|critic) loss is nan"
+    with pytest.raises(TrainingDiverged, match=message):
+        train(replace(cfg, resume=True))
+    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)
+    assert state["step"] == 1 and all(torch.isfinite(v).all() for v in state["agent"].values())
+    assert (tmp_path / "run" / "policy" / "model.safetensors").read_bytes() == kept
+
+
+def test_bad_configs_and_inputs_are_refused(bc_flow: Path, offline_reach_demos: Path, tmp_path: Path) -> None:
+    for overrides, message in (
+            ({"iterations": 0}, r"OfflineFlowConfig.iterations: expected >= 1, got 0"),
+            ({"method": "ddpo"}, (r"OfflineFlowConfig.method: expected one of \('denoising_mdp', 'flow_sde', "
+                                  r"'flow_noise'\), got 'ddpo'")),
+            ({"advantage": "gae"}, r"OfflineFlowConfig.advantage: expected 'group' or 'value', got 'gae'"),
+            ({"samples": 1}, r"OfflineFlowConfig.samples: expected >= 2 for advantage 'group', got 1"),
+            ({"ope_fraction": 1.0}, r"OfflineFlowConfig.ope_fraction: expected a value in \(0, 1\), got 1.0"),
+            ({"ope_tolerance": -0.1}, r"OfflineFlowConfig.ope_tolerance: expected >= 0, got -0.1"),
+            ({"expectile": 0.3}, r"OfflineFlowConfig.expectile: expected a value in \[0.5, 1\), got 0.3"),
+            ({"gamma": 1.0}, r"OfflineFlowConfig.gamma: expected a value in \(0, 1\), got 1.0"),
+            ({"lr": 0.0}, r"OfflineFlowConfig.lr: expected > 0, got 0.0")):
+        with pytest.raises(ValueError, match=message):
+            tiny(bc_flow, offline_reach_demos, tmp_path / "run", **overrides)
+    with pytest.raises(ValueError, match=r"OfflineFlowConfig.resume: needs run_dir"):
+        OfflineFlowConfig(policy=bc_flow, resume=True)
+    flow = load(bc_flow)
+    DiffusionPolicy(flow.spec, DiffusionConfig(channels=(32, 64), action_horizon=8), flow.stats).save(tmp_path / "diff")
+    with pytest.raises(ValueError, match=r"OfflineFlowConfig.policy: expected a flow policy checkpoint \(robotrl train "
+                                         r"bc --policy flow\), got a 'diffusion' policy"):
+        train(tiny(tmp_path / "diff", offline_reach_demos, tmp_path / "run"))
+    with pytest.raises(FileNotFoundError, match=re.escape(f"OfflineFlowConfig.store: {tmp_path / 'none.zarr'} does "
+                                                          "not exist")):
+        train(tiny(bc_flow, tmp_path / "none.zarr", tmp_path / "run"))
+    once = tiny(bc_flow, offline_reach_demos, tmp_path / "once", critic_steps=1, policy_updates=1, eval_episodes=0)
+    train(once)
+    with pytest.raises(FileExistsError, match=r"OfflineFlowConfig.run_dir: .*once already holds a run"):
+        train(once)
