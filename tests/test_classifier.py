@@ -1,0 +1,181 @@
+"""The success classifier: labels, a real training run on PickPlace's front camera against the step-index baseline,
+its checkpoint, refusals, exact resume and the reward wrapper on a real env rollout."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from robotrl.datasets import EpisodeStore
+from robotrl.datasets.record import record_expert
+from robotrl.datasets.store import user_meta
+from robotrl.envs import make
+from robotrl.policies.base import CheckpointError
+
+from robotrl.classifier import (
+    ClassifierConfig,
+    ClassifierResult,
+    ClassifierReward,
+    Metrics,
+    choose_threshold,
+    frame_labels,
+    load,
+    load_frames,
+    train,
+)
+from robotrl.spec import SpecMismatchError
+
+
+def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:
+    base = ClassifierConfig(store=store, camera="front", steps=300, batch_size=32, widths=(8, 16, 32), encoder_dim=32,
+                            hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, checkpoint_every=100,
+                            log_every=50, threads=1, run_dir=run_dir, progress=False)
+    return replace(base, **overrides)
+
+
+@pytest.fixture(scope="module")
+def pickplace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """18 PickPlace episodes of the expert at noise 0.8 with 32 px cameras: half of them succeed (measured 9/18)."""
+    path = tmp_path_factory.mktemp("classifier") / "pickplace.zarr"
+    record_expert(path, "PickPlace", episodes=18, num_envs=9, noise=0.8, seed=3, progress=False, image_size=32,
+                  episode_steps=120).close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(pickplace: Path, tmp_path_factory: pytest.TempPathFactory) -> ClassifierResult:
+    return train(small(pickplace, tmp_path_factory.mktemp("classifier") / "run"))
+
+
+def test_labels_are_the_frames_a_successful_step_reached() -> None:
+    # row t's success is the outcome of its action: the frame that shows it is row t + 1
+    assert frame_labels(np.array([0, 0, 1, 1, 0, 1]), True, 3).tolist() == [0, 0, 0, 1, 1, 0]
+    # a successful episode without per-step flags (an operator's verdict): its last k frames
+    assert frame_labels(np.zeros(6), True, 2).tolist() == [0, 0, 0, 0, 1, 1]
+    assert not frame_labels(np.zeros(6), False, 2).any()
+    # the threshold: the lowest score that keeps the target precision, else the best F1
+    scores, labels = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4]), np.array([1, 1, 0, 1, 0, 0], bool)
+    assert choose_threshold(scores, labels, 0.75) == (0.6, True)
+    assert choose_threshold(scores, labels, 1.0) == (0.8, True)
+    assert choose_threshold(scores, 1 - labels, 0.99) == (0.4, False)
+    m = Metrics.of(scores, labels, 0.6)
+    assert (m.precision, m.recall, m.predicted) == (0.75, 1.0, 4)
+
+
+def test_classifier_beats_the_step_baseline_on_held_out_episodes(trained: ClassifierResult, pickplace: Path) -> None:
+    m, step, majority = trained.heldout, trained.baselines["step"], trained.baselines["majority"]
+    # measured (seed 0, 300 steps): precision 0.81 recall 0.99 F1 0.89; step index 0.44 / 0.89 / 0.59; majority 0 / 0
+    assert m.precision >= step.precision + 0.25, (m, step)
+    assert m.recall >= step.recall and m.recall >= majority.recall + 0.5, (m, step, majority)
+    assert m.f1 >= step.f1 + 0.2
+    assert trained.target_met and m.precision >= 0.8
+    assert trained.heldout_episodes >= 4 and m.positives > 0 and m.frames > m.positives
+    log = [json.loads(line) for line in (trained.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [row["train/loss"] for row in log if "train/loss" in row]
+    assert np.mean(losses[-2:]) < losses[0]
+
+
+def test_checkpoint_round_trips_with_its_threshold_and_report(trained: ClassifierResult, pickplace: Path,
+                                                             tmp_path: Path) -> None:
+    clf = load(trained.classifier)
+    manifest = json.loads((trained.classifier / "manifest.json").read_text())
+    assert manifest["inputs"]["image_front"]["shape"] == [32, 32, 3] and manifest["threshold"] == clf.threshold
+    assert manifest["heldout"]["precision"] == trained.heldout.precision
+    # the saved weights are the trained ones: the held-out report is reproduced from the file alone
+    held = load_frames(EpisodeStore.open(pickplace), "image_front").select(manifest["labels"]["heldout_episodes"])
+    p = clf.predict(held.images)
+    assert Metrics.of(p, held.labels, clf.threshold) == trained.heldout
+    again = load(clf.save(tmp_path / "copy"))
+    np.testing.assert_array_equal(again.predict(torch.from_numpy(held.images[:50])), clf.predict(held.images[:50]))
+    assert again.metadata["target_met"] is True
+
+
+def test_bad_inputs_are_refused(trained: ClassifierResult, pickplace: Path, tmp_path: Path) -> None:
+    clf = load(trained.classifier)
+    with pytest.raises(SpecMismatchError, match=r"'image_front': expected shape \(N, 32, 32, 3\), got \(2, 48, 48, 3\)"):
+        clf.predict(np.zeros((2, 48, 48, 3), np.uint8))
+    with pytest.raises(SpecMismatchError, match="expected uint8 images"):
+        clf.predict(np.zeros((2, 32, 32, 3), np.float32))
+    # an env whose camera differs from the one the classifier was trained on (another size; no such camera)
+    env = make("PickPlace", num_envs=1, image_size=48)
+    with pytest.raises(SpecMismatchError, match=r"input 'image_front': expected .*\[32, 32, 3\].*has .*\[48, 48, 3\]"):
+        ClassifierReward(env, clf)
+    env.close()
+    env = make("PushT", num_envs=1, images=True, image_size=32)
+    with pytest.raises(SpecMismatchError, match="input 'image_front'.*'PushT' has no such observation"):
+        ClassifierReward(env, clf)
+    env.close()
+    with pytest.raises(SpecMismatchError, match=r"camera: expected one of the image observations \['image_front', "
+                                                r"'image_wrist'\] of task 'PickPlace', got 'side'"):
+        train(small(pickplace, tmp_path / "bad", camera="side"))
+    with pytest.raises(ValueError, match="ClassifierConfig.target_precision: expected a value in \\(0, 1\\], got 1.5"):
+        small(pickplace, tmp_path / "bad", target_precision=1.5)
+    # a store of successes only cannot teach what failure looks like
+    ok = tmp_path / "ok.zarr"
+    store = EpisodeStore.create(ok, EpisodeStore.open(pickplace).spec)
+    src = EpisodeStore.open(pickplace)
+    for i in [i for i, e in enumerate(src.episodes) if e["success"]][:3]:
+        ep = src.episode(i)
+        store.append_episode(ep.data, user_meta(ep.meta))
+    store.close()
+    with pytest.raises(ValueError, match="ClassifierConfig.store: expected at least 2 episodes with success frames "
+                                         "and 2 without .*, got 3 and 0"):
+        train(small(ok, tmp_path / "bad2"))
+    # tampered weights
+    copy = clf.save(tmp_path / "tampered")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["weights_sha256"] = "0" * 64
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="does not match the manifest"):
+        load(copy)
+
+
+def test_reward_wrapper_follows_the_classifier_on_a_rollout(trained: ClassifierResult) -> None:
+    clf = load(trained.classifier)
+    env = ClassifierReward(make("PickPlace", num_envs=2, seed=11, image_size=32, episode_steps=70), clf)
+    expert = env.task.expert(noise=0.0, seed=11)
+    expert.reset(env.num_envs)
+    obs, _ = env.reset(seed=11)
+    rewards, env_success, resets = [], [], 0
+    for _ in range(80):
+        obs, reward, _, _, info = env.step(expert.act(obs))
+        reached = obs["image_front"].copy()
+        if "final_obs" in info:  # an env that auto-reset: the frame its last step reached, not the new first frame
+            done = info["_final_obs"]
+            reached[done] = info["final_obs"]["image_front"][done]
+            resets += int(done.sum())
+            for i in np.flatnonzero(done):
+                expert.reset_env(i)
+        p = clf.predict(reached)
+        np.testing.assert_array_equal(info["classifier_p"], p)
+        np.testing.assert_array_equal(reward, (p >= clf.threshold).astype(np.float64))
+        np.testing.assert_array_equal(info["success"], p >= clf.threshold)
+        rewards.append(reward)
+        env_success.append(info["env_success"])
+    env.close()
+    rewards, env_success = np.array(rewards), np.array(env_success)
+    assert resets == 2
+    # the perfect expert succeeds in both episodes; the classifier's reward agrees with the env's own success
+    assert env_success.any(axis=0).all() and rewards.sum() > 0
+    assert np.mean(rewards.astype(bool) == env_success) >= 0.85, np.mean(rewards.astype(bool) == env_success)
+
+
+def test_killed_run_resumes_exactly(pickplace: Path, tmp_path: Path, kill_after_first_train_state) -> None:
+    cfg = small(pickplace, tmp_path / "killed", steps=60, checkpoint_every=20, log_every=20)
+    code = (f"from pathlib import Path; from robotrl.classifier import ClassifierConfig, train; "
+            f"train(ClassifierConfig(store=Path({str(pickplace)!r}), camera='front', steps=60, batch_size=32, "
+            f"widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
+            f"checkpoint_every=20, log_every=20, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))")
+    step = kill_after_first_train_state([sys.executable, "-c", code], cfg.run_dir / "train_state.pt")
+    assert 20 <= step < 60, step
+    resumed = train(replace(cfg, resume=True))
+    straight = train(replace(cfg, run_dir=tmp_path / "straight"))
+    a, b = load(straight.classifier), load(resumed.classifier)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+    assert a.threshold == b.threshold and resumed.heldout == straight.heldout
