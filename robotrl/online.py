@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -360,20 +360,48 @@ class Tally:
         self.returns, self.success = list(state["returns"]), list(state["success"])
 
 
+class Operator(Protocol):
+    """Someone who may drive envs instead of the policy during a rollout (robotrl/hil.py: the task's expert or a
+    teleop device), consulted at every env step: `wants` before it (a change of hands starts a new decision),
+    `decide` for the decisions that start (given the policy's proposed first actions), `act` for the actions of
+    the envs it drives, and `observe` for the step's outcome."""
+
+    def wants(self) -> np.ndarray:
+        """(n,) bool: the envs the operator means to drive now."""
+
+    def decide(self, idx: np.ndarray, proposal: np.ndarray) -> np.ndarray:
+        """(len(idx),) bool: whether the operator drives the decisions starting in envs `idx`, whose chunks the
+        policy proposes to start with `proposal` (len(idx), A) (env units)."""
+
+    def act(self) -> np.ndarray:
+        """(n, A): the operator's actions for the current observations (used in the envs it drives)."""
+
+    def observe(self, action: np.ndarray, operated: np.ndarray, next_obs: dict[str, Any], reward: np.ndarray,
+                terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+        """The step taken: the actions executed, which envs the operator drove, and what the env returned."""
+
+
 def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: int, gamma: float,
-            tally: Tally) -> dict[str, Any]:
+            tally: Tally, operator: Operator | None = None) -> dict[str, Any]:
     """`steps` env steps in every env. A decision starts when an env's chunk is used up or its episode begins, and
     every env starts afresh at the first step (a decision never spans two rollouts). Per decision, in the order
     they were taken: the normalized window, the chain and its transitions' log-densities, the value, the env, the
     discounted reward of its k steps (a time-limit cut bootstrapped from the final window's value), gamma^k,
-    whether its episode ended; and the value of every env's window after the last step."""
+    whether its episode ended; and the value of every env's window after the last step.
+
+    With an `operator`, each decision is the policy's or the operator's (`operated`: its actions came from the
+    operator, step by step, so `ppo_loss` keeps it out of the ratio; its rewards still count in the returns), and
+    a change of hands mid-chunk starts a new decision."""
     policy, n = agent.policy, env.num_envs
     chunk = np.zeros((n, policy.action_horizon, policy.action_dim), np.float32)
     cursor, current, disc = np.full(n, execute), np.zeros(n, np.int64), np.ones(n)
     taken: dict[str, list[Any]] = {"obs": [], "chain": [], "logp": [], "value": [], "env": []}
     reward, discount, done = np.zeros(n * steps), np.ones(n * steps), np.zeros(n * steps)
+    operated, operated_taken = np.zeros(n, bool), []
     count = 0
     for _ in range(steps):
+        if operator is not None:
+            cursor[operator.wants() != operated] = execute
         idx = np.nonzero(cursor >= execute)[0]
         if len(idx):
             obs = policy.normalize_obs({k: v[idx] for k, v in windows.frames.items()})
@@ -383,10 +411,18 @@ def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
             for key, x in zip(taken, (obs, chain, logp, value, idx)):
                 taken[key].append(x)
             chunk[idx] = agent.chunk(chain)
+            if operator is not None:
+                operated[idx] = operator.decide(idx, chunk[idx, 0])
+                operated_taken.append(operated[idx].copy())
             current[idx] = np.arange(count, count + len(idx))
             count += len(idx)
             cursor[idx], disc[idx] = 0, 1.0
-        next_obs, raw_reward, terminated, truncated, info = env.step(chunk[np.arange(n), cursor])
+        action = chunk[np.arange(n), cursor]
+        if operator is not None:
+            action = np.where(operated[:, None], operator.act(), action).astype(np.float32)
+        next_obs, raw_reward, terminated, truncated, info = env.step(action)
+        if operator is not None:
+            operator.observe(action, operated.copy(), next_obs, raw_reward, terminated, truncated, info)
         cursor += 1
         reward[current] += disc * raw_reward
         disc *= gamma
@@ -403,10 +439,13 @@ def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
         tally.step(raw_reward, info["success"], ended)
     with torch.no_grad():
         last_value = agent.value(policy.normalize_obs(windows.frames)).numpy()
-    return {"obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
-            "chain": torch.cat(taken["chain"]), "logp": torch.cat(taken["logp"]), "value": torch.cat(taken["value"]),
-            "env": np.concatenate(taken["env"]), "reward": reward[:count], "discount": discount[:count],
-            "done": done[:count], "last_value": last_value}
+    out = {"obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
+           "chain": torch.cat(taken["chain"]), "logp": torch.cat(taken["logp"]), "value": torch.cat(taken["value"]),
+           "env": np.concatenate(taken["env"]), "reward": reward[:count], "discount": discount[:count],
+           "done": done[:count], "last_value": last_value}
+    if operator is not None:
+        out["operated"] = torch.from_numpy(np.concatenate(operated_taken))
+    return out
 
 
 def semi_mdp_gae(reward: np.ndarray, discount: np.ndarray, done: np.ndarray, value: np.ndarray, env: np.ndarray,
@@ -427,7 +466,8 @@ def semi_mdp_gae(reward: np.ndarray, discount: np.ndarray, done: np.ndarray, val
 def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, actor: bool,
              reference: FlowPolicy | None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate over chain transitions or whole chains + value regression (+ the velocity regularizer);
-    the value loss alone while the critic warms up."""
+    the value loss alone while the critic warms up. Decisions marked `operated` (an operator's, robotrl/hil.py)
+    train the value only: their actions were not drawn from the policy's chain."""
     v = agent.value(batch["obs"])
     value_loss = (v - batch["ret"]).square()
     if config.value_clip is not None:
@@ -435,6 +475,11 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
         value_loss = torch.max(value_loss, (clipped - batch["ret"]).square())
     value_loss = 0.5 * value_loss.mean()
     stats = {"loss/value": value_loss.item()}
+    if "operated" in batch:
+        own = ~batch["operated"]
+        batch = {**{k: batch[k][own] for k in ("chain", "logp", "adv")},
+                 "obs": {k: x[own] for k, x in batch["obs"].items()}}
+        actor = actor and bool(own.any())
     if not actor:
         return config.value_coef * value_loss, stats
     logp, gap = agent.chain_log_prob(batch["obs"], batch["chain"], reference if config.bc_coef > 0 else None)
@@ -451,6 +496,44 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
                       "approx_kl": ((ratio - 1) - logratio).mean().item(),
                       "clip_frac": ((ratio - 1).abs() > config.clip).float().mean().item()})
     return loss, stats
+
+
+def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.Adam, Any]:
+    """Adam with a learning rate per network (policy, value, noise), and the constant schedule `optimizer_step`
+    steps."""
+    groups = [{"params": agent.policy.parameters(), "lr": config.lr},
+              {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
+    if agent.noise_net is not None:
+        groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
+    optimizer = torch.optim.Adam(groups, eps=1e-5)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+
+
+def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, actor: bool,
+               reference: FlowPolicy | None, optimizer: torch.optim.Optimizer, schedule: Any, rng: np.random.Generator,
+               where: str, extra: Any = None) -> dict[str, list[float]]:
+    """`config.epochs` passes of shuffled minibatches of a rollout's decisions (with their `adv` and `ret`), one
+    clipped step each; `extra()` -> (loss, stats) is added to every minibatch's loss (robotrl/hil.py: BC on the
+    operator's interventions). Returns every step's stats; weights gone non-finite raise `TrainingDiverged`."""
+    count, sums = len(data["adv"]), {}
+    keys = [k for k in ("chain", "logp", "value", "adv", "ret", "operated") if k in data]
+    for _ in range(config.epochs):
+        order = torch.from_numpy(rng.permutation(count))
+        for lo in range(0, count, config.minibatch_size):
+            mb = order[lo:lo + config.minibatch_size]
+            batch = {k: data[k][mb] for k in keys}
+            batch["obs"] = {k: x[mb] for k, x in data["obs"].items()}
+            loss, stats = ppo_loss(agent, batch, config, actor, reference)
+            if extra is not None:
+                more, more_stats = extra()
+                loss, stats = loss + more, {**stats, **more_stats}
+            _, stats["grad_norm"] = optimizer_step(loss, agent, optimizer, schedule, where, config.max_grad_norm)
+            for key, x in stats.items():
+                sums.setdefault(key, []).append(x)
+    if not all(torch.isfinite(p).all() for p in agent.parameters()):  # a finite loss, an infinite step
+        raise TrainingDiverged(f"{where}: weights are not finite after the update; the last good train state is "
+                               "kept (resume with a lower lr)")
+    return sums
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -472,12 +555,7 @@ def train(config: OnlineConfig) -> RLResult:
 
     # agent and optimizer (a learning rate per network)
     agent = FlowAgent(policy, config, policy.config.steps)
-    groups = [{"params": policy.parameters(), "lr": config.lr},
-              {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
-    if agent.noise_net is not None:
-        groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
-    optimizer = torch.optim.Adam(groups, eps=1e-5)
-    constant = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    optimizer, constant = make_optimizer(agent, config)
     iterations = math.ceil(config.total_steps / (n * horizon))
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
     windows, tally = Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(n)
@@ -506,24 +584,9 @@ def train(config: OnlineConfig) -> RLResult:
             data.update(adv=torch.from_numpy(adv).float(), ret=torch.from_numpy(adv + value).float())
 
             # update: the value network alone while it warms up
-            actor, count = it >= config.critic_warmup, len(adv)
-            sums: dict[str, list[float]] = {}
-            for _ in range(config.epochs):
-                order = torch.from_numpy(rng.permutation(count))
-                for lo in range(0, count, config.minibatch_size):
-                    mb = order[lo:lo + config.minibatch_size]
-                    batch = {k: data[k][mb] for k in ("chain", "logp", "value", "adv", "ret")}
-                    batch["obs"] = {k: x[mb] for k, x in data["obs"].items()}
-                    loss, stats = ppo_loss(agent, batch, config, actor, reference)
-                    _, stats["grad_norm"] = optimizer_step(loss, agent, optimizer, constant,
-                                                           f"online iteration {it} (last train state: {state_path})",
-                                                           config.max_grad_norm)
-                    for key, x in stats.items():
-                        sums.setdefault(key, []).append(x)
-            if not all(torch.isfinite(p).all() for p in agent.parameters()):  # a finite loss, an infinite step
-                raise TrainingDiverged(f"online iteration {it} (last train state: {state_path}): weights are not "
-                                       "finite after the update; the last good train state is kept (resume with a "
-                                       "lower lr)")
+            count = len(adv)
+            sums = ppo_update(agent, data, config, it >= config.critic_warmup, reference, optimizer, constant, rng,
+                              f"online iteration {it} (last train state: {state_path})")
 
             # log, evaluate, checkpoint
             now, before = (it + 1) * n * horizon, it * n * horizon
