@@ -255,17 +255,17 @@ class SuccessClassifier(nn.Module):
         """Success probabilities (N,) of uint8 images (N, H, W, 3) (numpy or torch), and of the proprioception
         the classifier was trained with, if any."""
         x = self._batch(self.net.camera, images)
-        extra = {k: self._batch(k, (proprio or {}).get(k)) if (proprio or {}).get(k) is not None else None
-                 for k in self.net.proprio}
-        absent = [k for k, v in extra.items() if v is None]
+        proprio = proprio or {}
+        absent = [k for k in self.net.proprio if proprio.get(k) is None]
         if absent:
             raise SpecMismatchError(f"classifier.predict: proprioception {absent} missing (trained with {list(self.net.proprio)})")
+        extra = {k: self._batch(k, proprio[k]) for k in self.net.proprio}
         device = next(self.parameters()).device
         was = self.training
         self.eval()
         out = []
         for i in range(0, len(x), batch_size):
-            chunk = {k: v[i:i + batch_size].to(device) for k, v in extra.items() if v is not None}
+            chunk = {k: v[i:i + batch_size].to(device) for k, v in extra.items()}
             out.append(torch.sigmoid(self(x[i:i + batch_size].to(device).float() / 255.0, chunk)).cpu())
         self.train(was)
         return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
@@ -536,7 +536,3 @@ class ClassifierReward:
     def close(self, **kwargs: Any) -> None:
         self.env.close(**kwargs)
 
-
-__all__ = ["ClassifierConfig", "ClassifierNet", "ClassifierResult", "ClassifierReward", "Frames", "Metrics",
-           "SuccessClassifier", "choose_threshold", "classifier_reward", "frame_labels", "load", "load_frames",
-           "majority_baseline", "run_train_classifier", "split_episodes", "step_baseline", "train"]

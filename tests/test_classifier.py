@@ -166,16 +166,31 @@ def test_reward_wrapper_follows_the_classifier_on_a_rollout(trained: ClassifierR
 
 
 def test_killed_run_resumes_exactly(pickplace: Path, tmp_path: Path, kill_after_first_train_state) -> None:
-    cfg = small(pickplace, tmp_path / "killed", steps=60, checkpoint_every=20, log_every=20)
+    cfg = small(pickplace, tmp_path / "killed", steps=40, checkpoint_every=10, log_every=10)
     code = (f"from pathlib import Path; from robotrl.classifier import ClassifierConfig, train; "
-            f"train(ClassifierConfig(store=Path({str(pickplace)!r}), camera='front', steps=60, batch_size=32, "
+            f"train(ClassifierConfig(store=Path({str(pickplace)!r}), camera='front', steps=40, batch_size=32, "
             f"widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
-            f"checkpoint_every=20, log_every=20, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))")
+            f"checkpoint_every=10, log_every=10, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))")
     step = kill_after_first_train_state([sys.executable, "-c", code], cfg.run_dir / "train_state.pt")
-    assert 20 <= step < 60, step
+    assert 10 <= step < 40, step
     resumed = train(replace(cfg, resume=True))
     straight = train(replace(cfg, run_dir=tmp_path / "straight"))
     a, b = load(straight.classifier), load(resumed.classifier)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
     assert a.threshold == b.threshold and resumed.heldout == straight.heldout
+
+
+def test_proprioception_is_an_input_when_asked_for(pickplace: Path, tmp_path: Path) -> None:
+    result = train(small(pickplace, tmp_path / "proprio", proprio=("state",), steps=20, log_every=10))
+    clf = load(result.classifier)
+    assert clf.net.proprio == ("state",) and "state" in json.loads((result.classifier / "manifest.json").read_text())["inputs"]
+    frames = load_frames(EpisodeStore.open(pickplace), "image_front", ("state",)).select([0])
+    with pytest.raises(SpecMismatchError, match=r"proprioception \['state'\] missing"):
+        clf.predict(frames.images)
+    p = clf.predict(frames.images, frames.proprio)
+    moved = clf.predict(frames.images, {"state": frames.proprio["state"] + 1.0})
+    assert p.shape == (len(frames.labels),) and np.abs(p - moved).max() > 0  # the state reaches the output
+    with pytest.raises(SpecMismatchError, match="ClassifierConfig.proprio: expected some of the vector observations "
+                                                r"\['state'\], got \['image_wrist'\]"):
+        train(small(pickplace, tmp_path / "bad", proprio=("image_wrist",)))
