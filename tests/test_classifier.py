@@ -58,11 +58,14 @@ def test_labels_are_the_frames_a_successful_step_reached() -> None:
     # a successful episode without per-step flags (an operator's verdict): its last k frames
     assert frame_labels(np.zeros(6), True, 2).tolist() == [0, 0, 0, 0, 1, 1]
     assert not frame_labels(np.zeros(6), False, 2).any()
-    # the threshold: the lowest score that keeps the target precision, else the best F1
+    # the threshold: the lowest score that keeps the target precision, else the best F0.5 (or F-beta)
     scores, labels = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4]), np.array([1, 1, 0, 1, 0, 0], bool)
     assert choose_threshold(scores, labels, 0.75) == (0.6, True)
     assert choose_threshold(scores, labels, 1.0) == (0.8, True)
     assert choose_threshold(scores, 1 - labels, 0.99) == (0.4, False)
+    mixed = np.array([1, 0, 1, 0, 0, 1], bool)
+    assert choose_threshold(scores, mixed, None) == (0.9, False)  # F0.5 0.71 at 0.9, 0.67 at 0.7
+    assert choose_threshold(scores, mixed, None, beta=1.0) == (0.7, False)  # F1 0.67 at 0.7 (first of the ties)
     m = Metrics.of(scores, labels, 0.6)
     assert (m.precision, m.recall, m.predicted) == (0.75, 1.0, 4)
 
