@@ -122,7 +122,8 @@ def test_stopped_run_resumes_exactly(bc_flow: Path, offline_reach_demos: Path, t
     """A run stopped after its first iteration's train state, with episodes a killed second iteration had already
     rolled out left on its store, resumes (dropping them) to the very weights, Adam states and store of a run that
     was never stopped."""
-    cfg = tiny(bc_flow, offline_reach_demos, tmp_path / "stopped", iterations=2, eval_episodes=0)
+    cfg = tiny(bc_flow, offline_reach_demos, tmp_path / "stopped", iterations=2, eval_episodes=0, critic_steps=30,
+               policy_updates=1)
     train(replace(cfg, iterations=1))
     with EpisodeStore.open(tmp_path / "stopped" / "store.zarr", mode="a") as store:
         store.append_episode(store.episode(0).data, {"source": "policy"})  # what a killed iteration left behind
@@ -159,8 +160,9 @@ def test_bad_configs_and_inputs_are_refused(bc_flow: Path, offline_reach_demos: 
             ({"iterations": 0}, r"OfflineFlowConfig.iterations: expected >= 1, got 0"),
             ({"method": "ddpo"}, (r"OfflineFlowConfig.method: expected one of \('denoising_mdp', 'flow_sde', "
                                   r"'flow_noise'\), got 'ddpo'")),
-            ({"advantage": "gae"}, r"OfflineFlowConfig.advantage: expected 'group' or 'value', got 'gae'"),
-            ({"samples": 1}, r"OfflineFlowConfig.samples: expected >= 2 for advantage 'group', got 1"),
+            ({"advantage": "gae"}, r"OfflineFlowConfig.advantage: expected 'value' or 'group', got 'gae'"),
+            ({"advantage": "group", "samples": 1},
+             r"OfflineFlowConfig.samples: expected >= 2 for advantage 'group', got 1"),
             ({"ope_fraction": 1.0}, r"OfflineFlowConfig.ope_fraction: expected a value in \(0, 1\), got 1.0"),
             ({"ope_tolerance": -0.1}, r"OfflineFlowConfig.ope_tolerance: expected >= 0, got -0.1"),
             ({"expectile": 0.3}, r"OfflineFlowConfig.expectile: expected a value in \[0.5, 1\), got 0.3"),
