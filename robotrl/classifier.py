@@ -19,8 +19,9 @@ Why a threshold for precision: a false positive pays the RL agent for a state th
 to reach that state; a false negative only withholds a reward. Balanced batches move the network's prior to 50%,
 so the raw 0.5 cut means nothing: the threshold is the lowest whose held-out precision reaches `target_precision`
 (the most recall at that precision), or, where none does, the one with the best F0.5 (precision weighted over
-recall; best-F1 cuts fell as low as p = 0.003 on PickPlace and lost precision on new episodes), marked
-`target_met: false`.
+recall), marked `target_met: false`. A held-out set that misses the target has confident false positives (on
+PickPlace at 32 px: a cube just outside the bin, or on its wall), which no threshold removes: the cure is more
+pixels or more such failures in the data (bench/classifier.py).
 """
 
 from __future__ import annotations
