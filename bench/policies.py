@@ -43,6 +43,7 @@ from robotrl.envs import make_task
 from robotrl.policies import runtime
 from robotrl.policies.base import Policy, register_all
 from robotrl.policies.export import export
+from robotrl.policies.timing import latency
 
 #: label -> (registry name, config options): the samplers compared; anything else is taken as a registry name
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -103,18 +104,6 @@ def network_evaluations(policy: Policy) -> int:
         return int(cfg.train_steps)
     steps = int(getattr(cfg, "steps", 1))
     return 2 * steps if getattr(cfg, "solver", None) == "heun" else steps
-
-
-def latency(fn: Callable[[], Any], calls: int, warmup: int, max_seconds: float) -> tuple[np.ndarray, int]:
-    for _ in range(warmup):
-        fn()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < calls and (time.perf_counter() - start < max_seconds or len(times) < 10):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return np.asarray(times) * 1e3, len(times)
 
 
 def main(config: BenchConfig) -> list[dict[str, Any]]:

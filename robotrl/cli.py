@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import tyro
 
@@ -127,6 +128,10 @@ def load_bench() -> Any:
 Commands = dict[str, tuple[type, Callable[[Any], Any]]]
 
 
+TRAIN_HELP = ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), offline / online / HIL RL of flow policies, "
+              "a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO, and Stable-Baselines3.")
+
+
 def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
     def envs() -> Commands:
         bench = load_bench()
@@ -134,21 +139,24 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
                 "bench": (bench.BenchConfig, bench.main)}
 
     def train() -> Commands:
+        from robotrl.actor_learner import ActorLearnerConfig, run_train_sac_distributed
         from robotrl.bc import BCConfig, run_train_bc
-
         from robotrl.calql import CalqlConfig, run_train_calql
+        from robotrl.classifier import ClassifierConfig, run_train_classifier
+        from robotrl.hil import HilConfig, run_train_hil
         from robotrl.iql import IqlConfig, run_train_iql
+        from robotrl.offline_flow import OfflineFlowConfig, run_train_offline
+        from robotrl.online import OnlineConfig, run_train_online
         from robotrl.ppo import PpoConfig, run_train_ppo
         from robotrl.sac import SacConfig, run_train_sac
-        from robotrl.actor_learner import ActorLearnerConfig, run_train_sac_distributed
-
         from robotrl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
-        from robotrl.online import OnlineConfig, run_train_online
 
-        return {"bc": (BCConfig, run_train_bc), "online": (OnlineConfig, run_train_online), "sac": (SacConfig, run_train_sac),
+        return {"bc": (BCConfig, run_train_bc), "offline": (OfflineFlowConfig, run_train_offline),
+                "online": (OnlineConfig, run_train_online), "hil": (HilConfig, run_train_hil),
+                "classifier": (ClassifierConfig, run_train_classifier), "sac": (SacConfig, run_train_sac),
                 "sac-distributed": (ActorLearnerConfig, run_train_sac_distributed), "iql": (IqlConfig, run_train_iql),
-                "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3), "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3),
-                "sb3:TD3": (Sb3Td3Config, run_sb3), "calql": (CalqlConfig, run_train_calql)}
+                "calql": (CalqlConfig, run_train_calql), "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3),
+                "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3), "sb3:TD3": (Sb3Td3Config, run_sb3)}
 
     def data() -> Commands:
         from robotrl.datasets import ops, record
@@ -160,7 +168,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
 
     return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
             "data": ("Episode stores: inspect, validate, merge, split, record demos, convert.", data),
-            "train": ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), SAC / RLPD / WSRL, IQL, PPO, and Stable-Baselines3.", train)}
+            "train": (TRAIN_HELP, train)}
 
 
 def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any], Any]]]]]:
@@ -186,7 +194,14 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
 
         return ExportConfig, run_export
 
-    return {"collect": ("Teleoperate (or script) a task and record episodes into a store.", collect),
+    def pipeline() -> tuple[type, Callable[[Any], Any]]:
+        from robotrl.pipeline import PipelineConfig, run_pipeline
+
+        return PipelineConfig, run_pipeline
+
+    run = "The whole pipeline on a task: demos, BC, offline RL, online RL with interventions, one-step distillation."
+    return {"run": (run, pipeline),
+            "collect": ("Teleoperate (or script) a task and record episodes into a store.", collect),
             "distill": ("Distill a flow / diffusion teacher into a one-step consistency student.", distill),
             "export": ("Export a policy checkpoint to ONNX or TorchScript (+ manifest) for the runtime.", export),
             "eval": ("Success rate of a policy over held-out seeds, with a 95% interval and videos.", evaluate)}

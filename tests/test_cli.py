@@ -19,7 +19,8 @@ def robotrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     [(), ("envs",), ("train",), ("envs", "list"), ("envs", "check"), ("envs", "view"), ("envs", "bench"), ("train", "sb3"),
      ("data",), ("data", "info"), ("data", "validate"), ("data", "stats"), ("data", "merge"), ("data", "split"),
      ("data", "record"), ("data", "export"), ("data", "import"), ("collect",),
-     ("train", "bc"), ("eval",), ("export",), ("distill",)],
+     ("train", "bc"), ("eval",), ("export",), ("distill",), ("run",), ("train", "online"),
+     ("train", "offline"), ("train", "hil"), ("train", "classifier")],
 )
 def test_help_at_every_level(args):
     out = robotrl(*args, "--help")

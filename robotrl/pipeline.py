@@ -1,0 +1,361 @@
+"""The RL-100 pipeline end to end: `robotrl run`.
+
+    robotrl run                                   # PushT, the default preset (<= 15 min on 2 cores)
+    robotrl run --preset smoke                    # every stage on a tiny budget (CI)
+    robotrl run --task PickPlace --preset full    # the long version; PickPlace trains the VLA
+    robotrl.pipeline.run(PipelineConfig(preset="smoke"))                       # the same dataclass
+
+Stages, each a command of its own that reads the previous stage's files and writes its own under run_dir:
+
+    demos    robotrl data record       the task's noisy scripted expert -> demos.zarr
+    bc       robotrl train bc          BC flow (or VLA) policy                            -> bc/policy
+    offline  robotrl train offline     RL-100's iterative offline RL (critic from the store, OPE-gated updates,
+                                       rollouts added to the store)                        -> offline/policy
+    online   robotrl train hil         online RL in the parallel vector env with the task's scripted expert as the
+                                       operator taking over when the policy strays (HIL); `--no-interventions`:
+                                       plain `robotrl train online`                        -> online/policy
+    distill  robotrl distill           the one-step consistency student of the RL'd policy -> distill/policy
+    export   robotrl export            the student as ONNX + manifest for the runtime      -> export/
+
+Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), and
+its batch-1 CPU inference latency measured. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
+and `run_dir/summary.md` the table; `--resume` skips the stages whose rows are there, so a killed pipeline goes
+on from the stage it was in (that stage starts over).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from robotrl.spec import STRING
+
+STAGES = ("demos", "bc", "offline", "online", "distill", "export")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much each stage does; a preset is one of these."""
+
+    demo_episodes: int
+    bc_steps: int
+    bc_batch: int
+    bc_channels: tuple[int, ...]
+    offline_iterations: int
+    offline_critic_steps: int
+    offline_updates: int
+    offline_rollout_episodes: int
+    online_steps: int
+    online_envs: int
+    online_rollout_steps: int
+    distill_steps: int
+    eval_episodes: int
+    eval_envs: int
+
+
+PRESETS: dict[str, Budget] = {
+    "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), offline_iterations=1,
+                    offline_critic_steps=50, offline_updates=2, offline_rollout_episodes=2, online_steps=512,
+                    online_envs=4, online_rollout_steps=64, distill_steps=20, eval_episodes=4, eval_envs=4),
+    "default": Budget(demo_episodes=100, bc_steps=4_000, bc_batch=64, bc_channels=(32, 64, 128),
+                      offline_iterations=2, offline_critic_steps=2_000, offline_updates=10,
+                      offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
+                      distill_steps=1_500, eval_episodes=50, eval_envs=25),
+    "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256),
+                   offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_rollout_episodes=50,
+                   online_steps=1_000_000, online_envs=32, online_rollout_steps=160, distill_steps=5_000,
+                   eval_episodes=500, eval_envs=50),
+}
+
+
+@dataclass
+class PipelineConfig:
+    """Demos -> BC -> offline RL -> online RL with interventions -> one-step distillation -> export, evaluated."""
+
+    task: str = "PushT"
+    preset: Literal["smoke", "default", "full"] = "default"
+    """the stages' budget (PRESETS); any of the options below that is set overrides its preset value"""
+    policy: Literal["flow", "vla"] | None = None
+    """the BC policy (default: vla for a task with a language instruction, flow otherwise)"""
+    interventions: bool = True
+    """online stage with the simulated operator (robotrl train hil); False: plain online RL"""
+    demo_episodes: int | None = None
+    bc_steps: int | None = None
+    online_steps: int | None = None
+    distill_steps: int | None = None
+    eval_episodes: int | None = None
+    """held-out episodes each stage is evaluated on (the issue's table: 500)"""
+    execute: int = 8
+    """actions executed per predicted chunk (training rollouts and evaluation alike)"""
+    run_dir: Path | None = None
+    """default: runs/pipeline-<task>-<time>"""
+    resume: bool = False
+    """skip the stages already finished in run_dir"""
+    seed: int = 0
+    threads: int = 2
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"PipelineConfig.preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
+        for name in ("demo_episodes", "bc_steps", "online_steps", "distill_steps", "eval_episodes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"PipelineConfig.{name}: expected >= 1, got {value}")
+        for name in ("execute", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"PipelineConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        if self.resume and self.run_dir is None:
+            raise ValueError("PipelineConfig.resume: needs run_dir (the pipeline to continue)")
+        if self.run_dir is not None:
+            self.run_dir = Path(self.run_dir)
+
+    def budget(self) -> Budget:
+        overrides = {k: v for k in ("demo_episodes", "bc_steps", "online_steps", "distill_steps", "eval_episodes")
+                     if (v := getattr(self, k)) is not None}
+        return dataclasses.replace(PRESETS[self.preset], **overrides)
+
+
+@dataclass
+class StageRow:
+    """One line of the pipeline's table."""
+
+    stage: str
+    output: str
+    """the stage's file (a policy checkpoint, the store, the exported folder)"""
+    success_rate: float | None
+    success_ci95: tuple[float, float] | None
+    env_steps: int
+    """environment steps the stage itself took (demos recorded, rollouts; 0 for learning from files)"""
+    seconds: float
+    """the stage's wall-clock, its evaluation excluded"""
+    latency_ms: float | None
+    """batch-1 CPU inference p50 of the stage's policy (one decision: an action chunk)"""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the stages: each returns (output path, env steps, extra) and leaves evaluation to the pipeline
+
+def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    from robotrl.datasets.record import record_expert
+
+    out = run_dir / "demos.zarr"
+    if out.exists():  # a killed demos stage: start it over rather than append to a partial store
+        import shutil
+
+        shutil.rmtree(out)
+    store = record_expert(out, config.task, budget.demo_episodes, num_envs=min(8, budget.demo_episodes),
+                          seed=config.seed, progress=config.progress)
+    summary = store.summary()
+    store.close()
+    return out, int(summary["steps"]), {"episodes": int(summary["episodes"]),
+                                        "demo_success_rate": float(summary["success_rate"])}
+
+
+def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    from robotrl.bc import BCConfig, train
+
+    result = train(BCConfig(store=run_dir / "demos.zarr", policy=policy_kind(config), steps=budget.bc_steps,
+                            batch_size=budget.bc_batch, channels=budget.bc_channels, execute=config.execute,
+                            warmup=min(500, budget.bc_steps // 10), eval_episodes=0, run_dir=run_dir / "bc",
+                            seed=config.seed, threads=config.threads, progress=config.progress,
+                            checkpoint_every=max(1, budget.bc_steps // 4)))
+    return result.checkpoint, 0, {"final_loss": result.final_loss}
+
+
+def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    from robotrl.datasets import EpisodeStore
+    from robotrl.offline_flow import OfflineFlowConfig, train
+
+    result = train(OfflineFlowConfig(
+        policy=run_dir / "bc" / "policy", store=run_dir / "demos.zarr", iterations=budget.offline_iterations,
+        critic_steps=budget.offline_critic_steps, policy_updates=budget.offline_updates,
+        rollout_episodes=budget.offline_rollout_episodes, rollout_envs=min(10, budget.offline_rollout_episodes),
+        execute=config.execute,
+        eval_episodes=0, run_dir=run_dir / "offline", seed=config.seed, threads=config.threads,
+        progress=config.progress))
+    # the env steps it took: the rollouts it appended to its copy of the store
+    with EpisodeStore.open(run_dir / "offline" / "store.zarr") as grown, EpisodeStore.open(run_dir / "demos.zarr") as demos:
+        env_steps = grown.num_steps - demos.num_steps
+    return result.weights, env_steps, {"policy_updates": result.steps}
+
+
+def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    common: dict[str, Any] = {
+        "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
+        "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
+        "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "progress": config.progress}
+    if config.interventions:
+        from robotrl.hil import HilConfig
+        from robotrl.hil import train as train_hil
+
+        # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
+        result = train_hil(HilConfig(demos=run_dir / "demos.zarr", **common))
+        return result.weights, result.steps, {"intervention_rate_first": result.first_intervention_rate,
+                                              "intervention_rate_last": result.last_intervention_rate,
+                                              "store": str(result.store)}
+    from robotrl.online import OnlineConfig
+    from robotrl.online import train as train_online
+
+    result = train_online(OnlineConfig(**common))
+    return result.weights, result.steps, {}
+
+
+def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    from robotrl.distill import DistillConfig, train
+
+    result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=run_dir / "demos.zarr",
+                                 steps=budget.distill_steps, warmup=min(200, budget.distill_steps // 10),
+                                 batch_size=budget.bc_batch, eval_episodes=0, execute=config.execute,
+                                 run_dir=run_dir / "distill", seed=config.seed, threads=config.threads,
+                                 progress=config.progress, checkpoint_every=max(1, budget.distill_steps // 2)))
+    return result.checkpoint, 0, {"teacher_gap": result.teacher_gap}
+
+
+def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    from robotrl.policies.export import export
+
+    return export(run_dir / "distill" / "policy", run_dir / "export", "onnx"), 0, {"format": "onnx"}
+
+
+RUNNERS: dict[str, Callable[[PipelineConfig, Budget, Path], tuple[Path, int, dict[str, Any]]]] = {
+    "demos": stage_demos, "bc": stage_bc, "offline": stage_offline, "online": stage_online,
+    "distill": stage_distill, "export": stage_export}
+
+
+def policy_kind(config: PipelineConfig) -> Literal["flow", "vla"]:
+    if config.policy is not None:
+        return config.policy
+    from robotrl.envs import make_task
+
+    spec = make_task(config.task).spec()
+    return "vla" if any(v.dtype == STRING for v in spec.observations.values()) else "flow"
+
+
+# ---------------------------------------------------------------------------------------------------
+# evaluation and latency of a stage's policy
+
+def load_stage_policy(path: Path) -> Any:
+    """A checkpoint through the training library, an exported folder through the runtime (as a robot loads it)."""
+    if (path / "manifest.json").exists() and not (path / "model.safetensors").exists():
+        from robotrl.policies import runtime
+
+        return runtime.load(path, seed=0, threads=1)
+    from robotrl.policies import load
+
+    return load(path)
+
+
+def one_window(policy: Any, seed: int) -> dict[str, Any]:
+    """A batch-1 observation window from the task's own reset (the first observation repeated over the horizon)."""
+    from robotrl.evaluate import make_eval_env
+
+    env = make_eval_env(policy.spec, tuple(policy.obs_keys), 1, seed)
+    try:
+        obs, _ = env.reset(seed=seed)
+    finally:
+        env.close()
+    window = {k: np.repeat(np.asarray(obs[k])[:, None], policy.obs_horizon, axis=1) for k in policy.obs_keys}
+    window.update({k: np.asarray(obs[k]) for k, v in policy.spec.observations.items() if v.dtype == STRING})
+    return window
+
+
+def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[float, tuple[float, float], float]:
+    """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
+    import torch
+
+    from robotrl.evaluate import evaluate_policy
+    from robotrl.policies.timing import latency
+
+    policy = load_stage_policy(path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # small batches: a second thread only spins; and deployed inference runs on one
+    try:
+        stats = evaluate_policy(policy, budget.eval_episodes, budget.eval_envs, execute=config.execute)
+        window = one_window(policy, config.seed)
+        ms, _ = latency(lambda: policy.act(window), calls=200, warmup=5, max_seconds=5.0)
+    finally:
+        torch.set_num_threads(threads)
+    return stats.success_rate, stats.success_ci95(), float(np.percentile(ms, 50))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the pipeline
+
+def read_rows(path: Path) -> list[StageRow]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        ci = row["success_ci95"]
+        rows.append(StageRow(**{**row, "success_ci95": tuple(ci) if ci is not None else None}))
+    return rows
+
+
+def table(rows: list[StageRow], config: PipelineConfig, budget: Budget) -> str:
+    lines = [f"robotrl run: {config.task}, preset {config.preset}, success over {budget.eval_episodes} held-out episodes",
+             "",
+             "| stage | success | 95% CI | env steps | wall-clock (s) | latency p50 (ms) | output |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        success = f"{r.success_rate:.1%}" if r.success_rate is not None else "-"
+        ci = f"{r.success_ci95[0]:.1%}-{r.success_ci95[1]:.1%}" if r.success_ci95 else "-"
+        lat = f"{r.latency_ms:.2f}" if r.latency_ms is not None else "-"
+        lines.append(f"| {r.stage} | {success} | {ci} | {r.env_steps:,} | {r.seconds:.0f} | {lat} | {r.output} |")
+    return "\n".join(lines)
+
+
+def run(config: PipelineConfig) -> list[StageRow]:
+    import torch
+
+    from robotrl.training import jsonable
+
+    torch.set_num_threads(config.threads)
+    budget = config.budget()
+    run_dir = Path(config.run_dir or f"runs/pipeline-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    rows_path = run_dir / "stages.jsonl"
+    if not config.resume and rows_path.exists():
+        raise FileExistsError(f"PipelineConfig.run_dir: {run_dir} already holds a pipeline ({rows_path}); resume it "
+                              "(--resume) or pick another run_dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not config.resume:
+        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+    rows = read_rows(rows_path)
+    done = {r.stage for r in rows}
+    for stage in STAGES:
+        if stage in done:
+            continue
+        began = time.perf_counter()
+        output, env_steps, extra = RUNNERS[stage](config, budget, run_dir)
+        seconds = time.perf_counter() - began
+        success, ci, latency_ms = None, None, None
+        if stage == "demos":
+            success = extra.get("demo_success_rate")
+        else:
+            t0 = time.perf_counter()
+            success, ci, latency_ms = evaluate_stage(Path(output), config, budget)
+            extra["eval_seconds"] = round(time.perf_counter() - t0, 1)
+        row = StageRow(stage, str(output), success, ci, int(env_steps), round(seconds, 1),
+                       None if latency_ms is None else round(latency_ms, 3), extra)
+        with rows_path.open("a") as f:
+            f.write(json.dumps(jsonable(row)) + "\n")
+        rows.append(row)
+        if config.progress:
+            print(table([row], config, budget).splitlines()[-1], flush=True)
+    (run_dir / "summary.md").write_text(table(rows, config, budget) + "\n")
+    return rows
+
+
+def run_pipeline(config: PipelineConfig) -> list[StageRow]:
+    rows = run(config)
+    print(table(rows, config, config.budget()))
+    return rows

@@ -1,0 +1,84 @@
+"""`robotrl run`: the whole pipeline on the default task through the console script, as the README starts it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from robotrl.pipeline import STAGES, PipelineConfig, read_rows
+
+ROBOTRL = str(Path(sys.executable).parent / "robotrl")
+
+
+def robotrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([ROBOTRL, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    run_dir = tmp_path_factory.mktemp("pipeline") / "run"
+    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--no-progress", "--threads", "1")
+    return run_dir, out
+
+
+def test_smoke_preset_runs_every_stage_and_prints_the_table(smoke):
+    run_dir, out = smoke
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_rows(run_dir / "stages.jsonl")
+    assert [r.stage for r in rows] == list(STAGES)
+    table = (run_dir / "summary.md").read_text()
+    for stage in STAGES:
+        assert f"| {stage} |" in table and f"| {stage} |" in out.stdout
+    by = {r.stage: r for r in rows}
+    assert by["demos"].env_steps > 0 and by["demos"].extra["episodes"] >= 6
+    assert by["online"].env_steps >= 512 and by["offline"].env_steps > 0  # both stages stepped the env
+    for r in rows[1:]:  # every policy stage evaluated on the same episodes, its latency measured
+        assert r.success_rate is not None and 0.0 <= r.success_rate <= 1.0 and r.latency_ms > 0
+    # the one-step student answers in one network call: faster than the K-step policy it was distilled from
+    assert by["distill"].latency_ms < by["online"].latency_ms
+
+
+def test_each_stage_wrote_the_documented_files(smoke):
+    run_dir, _ = smoke
+    from robotrl.datasets import EpisodeStore
+    from robotrl.policies import load, runtime
+
+    store = EpisodeStore.open(run_dir / "demos.zarr")
+    assert store.spec.task == "PushT"
+    policies = {s: load(run_dir / s / "policy") for s in ("bc", "offline", "online", "distill")}
+    for policy in policies.values():
+        policy.check_spec(store.spec)
+    assert policies["distill"].name == "consistency" and policies["online"].name == "flow"
+    exported = runtime.load(run_dir / "export", seed=0)
+    obs = {k: np.zeros((1, exported.obs_horizon, *store.spec.observations[k].shape), np.float32)
+           for k in exported.obs_keys}
+    chunk = exported.act(obs)
+    assert chunk.shape == (1, exported.action_horizon, *store.spec.action.shape) and np.isfinite(chunk).all()
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["preset"] == "smoke" and config["task"] == "PushT"
+
+
+def test_resume_skips_finished_stages(smoke):
+    run_dir, _ = smoke
+    before = (run_dir / "stages.jsonl").read_text()
+    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (run_dir / "stages.jsonl").read_text() == before  # nothing re-run, the table printed from the files
+    assert "| export |" in out.stdout
+
+
+def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
+    run_dir, _ = smoke
+    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), timeout=120)
+    assert out.returncode == 2 and "already holds a pipeline" in out.stderr
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match=r"PipelineConfig.preset: expected one of .*got 'huge'"):
+        PipelineConfig(preset="huge")
+    with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: expected >= 1, got 0"):
+        PipelineConfig(bc_steps=0)
+    assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
