@@ -53,7 +53,7 @@ from robotrl.datasets.collect import RateLimiter
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
-from robotrl.evaluate import evaluate_policy, make_eval_env
+from robotrl.evaluate import evaluate_policy
 from robotrl.online import (
     FlowAgent,
     OnlineConfig,
@@ -64,6 +64,7 @@ from robotrl.online import (
     ppo_update,
     rollout,
     semi_mdp_gae,
+    training_env,
 )
 from robotrl.spec import STRING
 from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
@@ -399,7 +400,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
 
     # envs, the agent and its optimizer, as robotrl train online has them
     n, horizon, execute = config.num_envs, config.rollout_steps, min(config.execute, policy.action_horizon)
-    env = make_eval_env(policy.spec, tuple(policy.obs_keys), n, config.seed, reward_type=config.reward_type)
+    env = training_env(policy, config)
     agent = FlowAgent(policy, config, policy.config.steps)
     optimizer, constant = make_optimizer(agent, config)
     iterations = math.ceil(config.total_steps / (n * horizon))

@@ -114,10 +114,18 @@ class OnlineConfig(RunOptions):
     value_hidden: tuple[int, ...] = (256, 256)
     noise_hidden: tuple[int, ...] = (128, 128)
     reward_type: Literal["dense", "sparse"] = "dense"
+    reward_classifier: Path | None = None
+    """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward and success in
+    training (a robot's env gives none); evaluation still reports the task's own success"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.policy = Path(self.policy)
+        if self.reward_classifier is not None:
+            self.reward_classifier = Path(self.reward_classifier)
+            if not self.reward_classifier.is_dir():
+                raise FileNotFoundError(f"{type(self).__name__}.reward_classifier: expected a classifier directory "
+                                        f"(robotrl train classifier), got {self.reward_classifier}")
         name = type(self).__name__
         if self.method not in METHODS:
             raise ValueError(f"{name}.method: expected one of {METHODS}, got {self.method!r}")
@@ -277,6 +285,20 @@ class FlowAgent(nn.Module):
         low = torch.as_tensor(policy.spec.action.low_array(), dtype=chunk.dtype, device=chunk.device)
         high = torch.as_tensor(policy.spec.action.high_array(), dtype=chunk.dtype, device=chunk.device)
         return torch.clamp(chunk, low, high).cpu().numpy()
+
+
+def training_env(policy: FlowPolicy, config: OnlineConfig) -> Any:
+    """The policy's task on training seeds, configured as its data was; with `reward_classifier`, rendering the
+    classifier's camera and rewarded by it."""
+    if config.reward_classifier is None:
+        return make_eval_env(policy.spec, tuple(policy.obs_keys), config.num_envs, config.seed,
+                             reward_type=config.reward_type)
+    from robotrl.classifier import ClassifierReward, load
+
+    classifier = load(config.reward_classifier)
+    env = make_eval_env(policy.spec, tuple(policy.obs_keys), config.num_envs, config.seed,
+                        reward_type=config.reward_type, render_images=True)
+    return ClassifierReward(env, classifier)
 
 
 def load_flow_policy(path: Path, steps: int | None, field: str = "OnlineConfig.policy") -> FlowPolicy:
@@ -551,7 +573,7 @@ def train(config: OnlineConfig) -> RLResult:
 
     # envs: the policy's task, configured as its data was, on training seeds
     n, horizon, execute = config.num_envs, config.rollout_steps, min(config.execute, policy.action_horizon)
-    env = make_eval_env(policy.spec, tuple(policy.obs_keys), n, config.seed, reward_type=config.reward_type)
+    env = training_env(policy, config)
 
     # agent and optimizer (a learning rate per network)
     agent = FlowAgent(policy, config, policy.config.steps)

@@ -197,3 +197,26 @@ def test_proprioception_is_an_input_when_asked_for(pickplace: Path, tmp_path: Pa
     with pytest.raises(SpecMismatchError, match="ClassifierConfig.proprio: expected some of the vector observations "
                                                 r"\['state'\], got \['image_wrist'\]"):
         train(small(pickplace, tmp_path / "bad", proprio=("image_wrist",)))
+
+
+def test_online_rl_trains_on_the_classifiers_reward(trained: ClassifierResult, pickplace: Path, tmp_path: Path) -> None:
+    """`train online --reward-classifier`: the env renders the classifier's camera although the policy reads only
+    the state, and its reward and success are the classifier's."""
+    from robotrl.bc import BCConfig, train as train_bc
+    from robotrl.online import OnlineConfig, load_flow_policy, train as train_online, training_env
+
+    bc = train_bc(BCConfig(store=pickplace, policy="flow", steps=10, batch_size=8, channels=(8, 16), warmup=1,
+                           obs_keys=("state",), eval_episodes=0, run_dir=tmp_path / "bc", threads=1, progress=False))
+    config = OnlineConfig(policy=bc.checkpoint, reward_classifier=trained.classifier, num_envs=2, total_steps=96,
+                          rollout_steps=48, execute=8, denoise_steps=2, eval_episodes=0, threads=1,
+                          run_dir=tmp_path / "online", progress=False)
+    env = training_env(load_flow_policy(bc.checkpoint, 2), config)
+    assert isinstance(env, ClassifierReward) and "image_front" in env.reset(seed=0)[0]
+    obs, reward, _, _, info = env.step(np.zeros((2, *env.task_spec.action.shape), np.float32))
+    np.testing.assert_array_equal(reward, info["success"].astype(np.float64))
+    np.testing.assert_array_equal(info["classifier_p"], load(trained.classifier).predict(obs["image_front"]))
+    env.close()
+    result = train_online(config)
+    assert result.steps == 96 and (tmp_path / "online" / "policy").exists()
+    with pytest.raises(FileNotFoundError, match="OnlineConfig.reward_classifier: expected a classifier directory"):
+        replace(config, reward_classifier=tmp_path / "nothing")
