@@ -38,7 +38,6 @@ exactly with the simulated operator (`--resume`: the store is cut back to the la
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,20 +53,9 @@ from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.evaluate import evaluate_policy
-from robotrl.online import (
-    FlowAgent,
-    OnlineConfig,
-    Tally,
-    Windows,
-    load_flow_policy,
-    make_optimizer,
-    ppo_update,
-    rollout,
-    semi_mdp_gae,
-    training_env,
-)
+from robotrl.online import OnlineConfig, ppo_update, rollout, semi_mdp_gae, start_online
 from robotrl.spec import STRING
-from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
+from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)
 
@@ -389,23 +377,11 @@ class DeviceOperator(Watch):
 def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
     """The run; `device` replaces the teleop device `config.operator` names (tests, custom drivers: a
     ScriptedDevice with `interventions`), as in `robotrl.datasets.collect.collect`."""
-    policy = load_flow_policy(config.policy, config.denoise_steps, field="HilConfig.policy")
-    if not config.resume and config.run_dir is not None and (Path(config.run_dir) / "train_state.pt").exists():
-        raise FileExistsError(f"HilConfig.run_dir: {config.run_dir} already holds a run (train_state.pt); resume "
-                              "it (--resume) or pick another run_dir")
-    run_dir, state_path, rng = start_run(config, "hil", policy.spec.task)
-    reference = None
-    if config.bc_coef > 0:
-        reference = load_flow_policy(config.policy, config.denoise_steps).requires_grad_(False)
-
-    # envs, the agent and its optimizer, as robotrl train online has them
+    run = start_online(config, "hil")
+    policy, agent, env, windows, tally, rng = run.policy, run.agent, run.env, run.windows, run.tally, run.rng
+    run_dir, state_path, optimizer, iterations = run.run_dir, run.state_path, run.optimizer, run.iterations
     n, horizon, execute = config.num_envs, config.rollout_steps, min(config.execute, policy.action_horizon)
-    env = training_env(policy, config)
-    agent = FlowAgent(policy, config, policy.config.steps)
-    optimizer, constant = make_optimizer(agent, config)
-    iterations = math.ceil(config.total_steps / (n * horizon))
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
-    windows, tally = Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(n)
 
     # the store every step goes to, the demo buffer, and the operator
     if device is not None and n != 1:
@@ -469,7 +445,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                                    data["last_value"], config.gae_lambda)
                 data.update(adv=torch.from_numpy(adv).float(), ret=torch.from_numpy(adv + value).float())
                 use_demos = config.bc_weight > 0 and bool(demos.parts)
-                sums = ppo_update(agent, data, config, it >= config.critic_warmup, reference, optimizer, constant,
+                sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant,
                                   rng, f"hil iteration {it} (last train state: {state_path})",
                                   demo_bc if use_demos else None)
                 rate, takeovers = operator.rate()

@@ -561,26 +561,50 @@ def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, act
 # ---------------------------------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------------------------------
-def train(config: OnlineConfig) -> RLResult:
-    policy = load_flow_policy(config.policy, config.denoise_steps)
+@dataclass
+class OnlineStart:
+    """What an online run (`train online`, `train hil`) is made of before its first iteration."""
+
+    policy: FlowPolicy
+    run_dir: Path
+    state_path: Path
+    rng: np.random.Generator
+    reference: FlowPolicy | None
+    env: Any
+    agent: FlowAgent
+    optimizer: torch.optim.Optimizer
+    constant: Any
+    iterations: int
+    windows: Windows
+    tally: Tally
+
+
+def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
+    """The starting policy (and its frozen copy for the velocity regularizer), the run directory (refused if a fresh
+    run would overwrite one), the envs on training seeds, agent and optimizer, observation windows and tallies."""
+    name = type(config).__name__
+    policy = load_flow_policy(config.policy, config.denoise_steps, field=f"{name}.policy")
     if not config.resume and config.run_dir is not None and (Path(config.run_dir) / "train_state.pt").exists():
-        raise FileExistsError(f"OnlineConfig.run_dir: {config.run_dir} already holds a run (train_state.pt); resume "
+        raise FileExistsError(f"{name}.run_dir: {config.run_dir} already holds a run (train_state.pt); resume "
                               "it (--resume) or pick another run_dir")
-    run_dir, state_path, rng = start_run(config, f"online-{config.method}", policy.spec.task)
+    run_dir, state_path, rng = start_run(config, algorithm, policy.spec.task)
     reference = None
     if config.bc_coef > 0:
         reference = load_flow_policy(config.policy, config.denoise_steps).requires_grad_(False)
-
-    # envs: the policy's task, configured as its data was, on training seeds
-    n, horizon, execute = config.num_envs, config.rollout_steps, min(config.execute, policy.action_horizon)
     env = training_env(policy, config)
-
-    # agent and optimizer (a learning rate per network)
-    agent = FlowAgent(policy, config, policy.config.steps)
+    agent = FlowAgent(policy, config, policy.config.steps)  # a learning rate per network
     optimizer, constant = make_optimizer(agent, config)
-    iterations = math.ceil(config.total_steps / (n * horizon))
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
-    windows, tally = Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(n)
+    return OnlineStart(policy, run_dir, state_path, rng, reference, env, agent, optimizer, constant,
+                       math.ceil(config.total_steps / (config.num_envs * config.rollout_steps)),
+                       Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs))
+
+
+def train(config: OnlineConfig) -> RLResult:
+    run = start_online(config, f"online-{config.method}")
+    policy, agent, env, windows, tally, rng = run.policy, run.agent, run.env, run.windows, run.tally, run.rng
+    run_dir, state_path, optimizer, iterations = run.run_dir, run.state_path, run.optimizer, run.iterations
+    n, horizon, execute = config.num_envs, config.rollout_steps, min(config.execute, policy.action_horizon)
     start = 0
     if config.resume:
         state = load_run_state(state_path, agent, {"adam": optimizer}, rng, env)
@@ -607,7 +631,7 @@ def train(config: OnlineConfig) -> RLResult:
 
             # update: the value network alone while it warms up
             count = len(adv)
-            sums = ppo_update(agent, data, config, it >= config.critic_warmup, reference, optimizer, constant, rng,
+            sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant, rng,
                               f"online iteration {it} (last train state: {state_path})")
 
             # log, evaluate, checkpoint
