@@ -5,6 +5,7 @@ from pathlib import Path
 
 import jax
 import pytest
+import torch
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
@@ -61,6 +62,39 @@ def offline_reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("demos") / "reach_offline.zarr"
     record_expert(path, "Reach", episodes=40, num_envs=10, noise=0.3, progress=False).close()
     return path
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (a second one only spins on a shared 2-core machine), restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def train_bc_flow(store: Path, run_dir: Path) -> Path:
+    """A half-trained flow policy (400 BC steps, (32, 64) U-Net, chunks of 8, 4 executed): about 50% on held-out
+    Reach episodes from 40 demos at noise 0.3, room to move either way (the flow RL stages start from it)."""
+    from robotrl.bc import BCConfig, train
+
+    torch.set_num_threads(1)
+    return train(BCConfig(store=store, steps=400, batch_size=32, channels=(32, 64), warmup=10, ema=0.99,
+                          action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400, threads=1,
+                          run_dir=run_dir, progress=False)).checkpoint
+
+
+@pytest.fixture(scope="session")
+def flow_reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 Reach episodes of the scripted expert at noise 0.3, 8 envs (online RL and HIL start from their BC)."""
+    path = tmp_path_factory.mktemp("demos") / "reach_flow.zarr"
+    record_expert(path, "Reach", episodes=40, num_envs=8, noise=0.3, progress=False).close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_bc_flow(flow_reach_demos, tmp_path_factory.mktemp("bc") / "run")
 
 
 def _agent_weights(path: Path) -> dict:

@@ -14,15 +14,12 @@ import numpy as np
 import pytest
 import torch
 from robotrl.datasets import EpisodeStore
-from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.datasets.store import validate
 from robotrl.datasets.teleop import ScriptedDevice
 from robotrl.envs import make
 from robotrl.policies import load
 
-from robotrl.bc import BCConfig
-from robotrl.bc import train as train_bc
 from robotrl.hil import DemoBuffer, ExpertOperator, HilConfig, Recorder, runs, train
 from robotrl.spec import SpecMismatchError
 
@@ -30,23 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def bc_flow(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A half-trained flow policy on Reach (40 expert episodes at noise 0.3, 400 BC steps, chunks of 8)."""
-    torch.set_num_threads(1)
-    demos = tmp_path_factory.mktemp("demos") / "reach.zarr"
-    record_expert(demos, "Reach", episodes=40, num_envs=8, noise=0.3, progress=False).close()
-    result = train_bc(BCConfig(store=demos, steps=400, batch_size=32, channels=(32, 64), warmup=10, ema=0.99,
-                               action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400, threads=1,
-                               run_dir=tmp_path_factory.mktemp("bc") / "run", progress=False))
-    return result.checkpoint
+def bc_flow(reach_bc_flow: Path) -> Path:
+    return reach_bc_flow
 
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> HilConfig:

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_bc_flow
 import torch
 from robotrl.datasets import EpisodeStore
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 
-from robotrl.bc import BCConfig
-from robotrl.bc import train as train_bc
 from robotrl.evaluate import evaluate_policy
 from robotrl.offline_flow import OfflineFlowConfig, read_decisions, train
 from robotrl.online import load_flow_policy
@@ -28,23 +27,9 @@ from robotrl.training import TrainingDiverged
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def bc_flow(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A half-trained flow policy (400 BC steps, (32, 64) U-Net, chunks of 8) on 40 Reach demos at noise 0.3: about
-    50% on held-out episodes, room to move either way."""
-    torch.set_num_threads(1)
-    result = train_bc(BCConfig(store=offline_reach_demos, steps=400, batch_size=32, channels=(32, 64), warmup=10,
-                               ema=0.99, action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400,
-                               threads=1, run_dir=tmp_path_factory.mktemp("bc") / "run", progress=False))
-    return result.checkpoint
+    return train_bc_flow(offline_reach_demos, tmp_path_factory.mktemp("bc") / "run")
 
 
 def tiny(policy: Path, store: Path, run_dir: Path, **overrides: object) -> OfflineFlowConfig:

@@ -17,14 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 
-from robotrl.bc import BCConfig
-from robotrl.bc import train as train_bc
 from robotrl.evaluate import evaluate_policy
 from robotrl.online import (
     FlowAgent,
@@ -45,30 +42,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def demos(flow_reach_demos: Path) -> Path:
+    return flow_reach_demos
 
 
-@pytest.fixture(scope="module")
-def demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """40 Reach episodes of the scripted expert at noise 0.3."""
-    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
-    record_expert(path, "Reach", episodes=40, num_envs=8, noise=0.3, progress=False).close()
-    return path
-
-
-@pytest.fixture(scope="module")
-def bc_flow(demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A half-trained flow policy (400 BC steps, (32, 64) U-Net, chunks of 8): ~45% on held-out Reach episodes,
-    room to improve either way."""
-    torch.set_num_threads(1)
-    result = train_bc(BCConfig(store=demos, steps=400, batch_size=32, channels=(32, 64), warmup=10, ema=0.99,
-                               action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400, threads=1,
-                               run_dir=tmp_path_factory.mktemp("bc") / "run", progress=False))
-    return result.checkpoint
+@pytest.fixture
+def bc_flow(reach_bc_flow: Path) -> Path:
+    return reach_bc_flow
 
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
