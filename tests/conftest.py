@@ -97,6 +97,12 @@ def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFacto
     return train_bc_flow(flow_reach_demos, tmp_path_factory.mktemp("bc") / "run")
 
 
+@pytest.fixture(scope="session")
+def offline_reach_bc_flow(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same recipe on the offline learners' demos (the offline flow stage's slow test was measured on it)."""
+    return train_bc_flow(offline_reach_demos, tmp_path_factory.mktemp("bc") / "run")
+
+
 def _agent_weights(path: Path) -> dict:
     import torch
 

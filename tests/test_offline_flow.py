@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import train_bc_flow
 import torch
 from robotrl.datasets import EpisodeStore
 from robotrl.policies import load
@@ -27,9 +26,9 @@ from robotrl.training import TrainingDiverged
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def bc_flow(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_bc_flow(offline_reach_demos, tmp_path_factory.mktemp("bc") / "run")
+@pytest.fixture
+def bc_flow(offline_reach_bc_flow: Path) -> Path:
+    return offline_reach_bc_flow
 
 
 def tiny(policy: Path, store: Path, run_dir: Path, **overrides: object) -> OfflineFlowConfig:
