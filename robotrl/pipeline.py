@@ -65,7 +65,7 @@ PRESETS: dict[str, Budget] = {
                     offline_critic_steps=50, offline_updates=2, offline_rollout_episodes=2, online_steps=512,
                     online_envs=4, online_rollout_steps=64, distill_steps=20, eval_episodes=4, eval_envs=4),
     "default": Budget(demo_episodes=100, bc_steps=4_000, bc_batch=64, bc_channels=(32, 64, 128),
-                      offline_iterations=2, offline_critic_steps=2_000, offline_updates=10,
+                      offline_iterations=1, offline_critic_steps=2_000, offline_updates=10,
                       offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
                       distill_steps=1_500, eval_episodes=50, eval_envs=25),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256),
