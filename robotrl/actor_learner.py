@@ -267,10 +267,7 @@ class RayWorkers:
 
 
 def train(config: ActorLearnerConfig) -> RLResult:
-    if not config.resume and config.run_dir is not None and (Path(config.run_dir) / "replay.zarr").exists():
-        raise FileExistsError(f"ActorLearnerConfig.run_dir: {config.run_dir} already holds a run (replay.zarr); "
-                              "resume it with --resume or choose another run_dir")
-    run_dir, state_path, rng = start_run(config, "sac-distributed", config.task)
+    run_dir, state_path, rng = start_run(config, "sac-distributed", config.task, holds="replay.zarr")
     where = f"continue from the last train state in {state_path} with --resume"
 
     # the learner: networks, replay rows (worker w's env j is row w * num_envs + j), demonstrations

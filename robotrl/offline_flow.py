@@ -364,10 +364,7 @@ def train(config: OfflineFlowConfig) -> RLResult:
     policy = load_flow_policy(config.policy, config.denoise_steps, f"{name}.policy")
     if not config.store.exists():
         raise FileNotFoundError(f"{name}.store: {config.store} does not exist (record demos: robotrl data record)")
-    if not config.resume and config.run_dir is not None and (Path(config.run_dir) / "train_state.pt").exists():
-        raise FileExistsError(f"{name}.run_dir: {config.run_dir} already holds a run (train_state.pt); resume it "
-                              "(--resume) or pick another run_dir")
-    run_dir, state_path, rng = start_run(config, f"offline-{config.method}", policy.spec.task)
+    run_dir, state_path, rng = start_run(config, f"offline-{config.method}", policy.spec.task, holds="train_state.pt")
     store_path = run_dir / "store.zarr"
     if not config.resume:
         with EpisodeStore.open(config.store) as source:

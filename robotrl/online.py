@@ -584,10 +584,7 @@ def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
     run would overwrite one), the envs on training seeds, agent and optimizer, observation windows and tallies."""
     name = type(config).__name__
     policy = load_flow_policy(config.policy, config.denoise_steps, field=f"{name}.policy")
-    if not config.resume and config.run_dir is not None and (Path(config.run_dir) / "train_state.pt").exists():
-        raise FileExistsError(f"{name}.run_dir: {config.run_dir} already holds a run (train_state.pt); resume "
-                              "it (--resume) or pick another run_dir")
-    run_dir, state_path, rng = start_run(config, algorithm, policy.spec.task)
+    run_dir, state_path, rng = start_run(config, algorithm, policy.spec.task, holds="train_state.pt")
     reference = None
     if config.bc_coef > 0:
         reference = load_flow_policy(config.policy, config.denoise_steps).requires_grad_(False)

@@ -237,11 +237,7 @@ def actor_fn(actor: TanhGaussianActor) -> Any:
 
 
 def train(config: SacConfig) -> RLResult:
-    fresh = not config.resume
-    if fresh and config.run_dir is not None and (Path(config.run_dir) / "replay.zarr").exists():
-        raise FileExistsError(f"SacConfig.run_dir: {config.run_dir} already holds a run (replay.zarr); resume it "
-                              "with --resume or choose another run_dir")
-    run_dir, state_path, rng = start_run(config, "sac", config.task)
+    run_dir, state_path, rng = start_run(config, "sac", config.task, holds="replay.zarr")
 
     # envs and buffers
     env = make(config.task, num_envs=config.num_envs, seed=config.seed, **env_options(config))

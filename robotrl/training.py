@@ -156,9 +156,14 @@ class RunOptions:
             raise ValueError(f"{name}.resume: needs run_dir (the run to continue)")
 
 
-def start_run(config: RunOptions, algorithm: str, task: str) -> tuple[Path, Path, np.random.Generator]:
+def start_run(config: RunOptions, algorithm: str, task: str,
+              holds: str | None = None) -> tuple[Path, Path, np.random.Generator]:
     """Threads, seeds, the run directory (its config.json on a fresh start; its train state must exist to resume):
-    (run_dir, train state path, the run's numpy generator)."""
+    (run_dir, train state path, the run's numpy generator). With `holds`, a fresh start is refused where run_dir
+    already has that file (a run whose train state or replay a fresh start would overwrite)."""
+    if holds is not None and not config.resume and config.run_dir is not None and (Path(config.run_dir) / holds).exists():
+        raise FileExistsError(f"{type(config).__name__}.run_dir: {config.run_dir} already holds a run ({holds}); "
+                              "resume it (--resume) or pick another run_dir")
     torch.set_num_threads(config.threads)
     run_dir = Path(config.run_dir or f"runs/{algorithm}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
