@@ -143,15 +143,16 @@ def record_videos(policy: Any, out_dir: Path, count: int, seed: int, execute: in
     return paths
 
 
-def load_any(path: Path) -> Any:
-    """A training checkpoint (torch) or an exported policy (runtime), by what the directory holds."""
+def load_any(path: Path, threads: int | None = None) -> Any:
+    """A training checkpoint (torch) or an exported policy (runtime, on `threads` inference threads), by what the
+    directory holds."""
     from robotrl.policies.base import read_manifest
 
     manifest = read_manifest(path) if (path / "manifest.json").exists() else {}
     if "export" in manifest:
         from robotrl.policies.runtime import load as load_runtime
 
-        return load_runtime(path)
+        return load_runtime(path, threads=threads)
     from robotrl.policies import load
 
     return load(path)

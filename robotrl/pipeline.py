@@ -251,17 +251,6 @@ def policy_kind(config: PipelineConfig) -> Literal["flow", "vla"]:
 # ---------------------------------------------------------------------------------------------------
 # evaluation and latency of a stage's policy
 
-def load_stage_policy(path: Path) -> Any:
-    """A checkpoint through the training library, an exported folder through the runtime (as a robot loads it)."""
-    if (path / "manifest.json").exists() and not (path / "model.safetensors").exists():
-        from robotrl.policies import runtime
-
-        return runtime.load(path, seed=0, threads=1)
-    from robotrl.policies import load
-
-    return load(path)
-
-
 def one_window(policy: Any, seed: int) -> dict[str, Any]:
     """A batch-1 observation window from the task's own reset (the first observation repeated over the horizon)."""
     from robotrl.evaluate import make_eval_env
@@ -280,10 +269,10 @@ def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[
     """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
     import torch
 
-    from robotrl.evaluate import evaluate_policy
+    from robotrl.evaluate import evaluate_policy, load_any
     from robotrl.policies.timing import latency
 
-    policy = load_stage_policy(path)
+    policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # small batches: a second thread only spins; and deployed inference runs on one
     try:
