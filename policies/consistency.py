@@ -24,6 +24,10 @@ teacher's weights are a good start there and the features are reused everywhere.
 (Song et al. 2023) then trains f(x_i, i) towards the target network's f(x_{i+1}, i + 1), where x_{i+1} is one
 teacher ODE step from x_i and the target is an EMA of the student (`distill_loss`; the loop is
 `robotrl.distill`).
+
+A VLA teacher (pi0's layout: a prefix "VLM" and a flow action expert) is a flow teacher with other networks:
+`VLAConsistencyPolicy` is the same student over the VLA's own prefix and expert, starting from its weights, so
+the RL'd VLA gets a one-step head too (`student_for` picks the student class for a teacher).
 """
 
 from __future__ import annotations
@@ -38,9 +42,11 @@ import torch
 from robotrl.policies.base import register
 from robotrl.policies.diffusion import cosine_alphas_cumprod
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
+from robotrl.policies.vla import VLAConfig, VLAPolicy
 from robotrl.spec import SpecMismatchError, Spec
 
-TEACHERS = ("flow", "diffusion")
+#: teacher policy types a consistency student can be distilled from
+TEACHERS = ("flow", "diffusion", "vla")
 
 
 @dataclass
@@ -56,8 +62,9 @@ class ConsistencyConfig(GenerativeConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.teacher not in TEACHERS:
-            raise ValueError(f"ConsistencyConfig.teacher: expected one of {TEACHERS}, got {self.teacher!r}")
+        if self.teacher not in ("flow", "diffusion"):
+            raise ValueError(f"ConsistencyConfig.teacher: expected 'flow' or 'diffusion' (a VLA's student is "
+                             f"VLAConsistencyPolicy), got {self.teacher!r}")
         if self.teacher_solver not in ("euler", "heun"):
             raise ValueError(f"ConsistencyConfig.teacher_solver: expected 'euler' or 'heun', got "
                              f"{self.teacher_solver!r}")
@@ -68,12 +75,135 @@ class ConsistencyConfig(GenerativeConfig):
                              f"diffusion teacher, got {self.teacher_steps}")
 
 
+class ConsistencyHead:
+    """The consistency student's grid, parametrisation, distillation loss and one-call sampler, written once
+    for any teacher architecture. The class it is mixed into supplies `encoder(obs) -> cond`,
+    `net(x, time, cond)`, `horizon`, `pad_chunk`, `masked_mse` and `noise` (a `GenerativePolicy` or a
+    `VLAPolicy`), `teacher_kind` ('flow' or 'diffusion': which ODE grid) and the config's `teacher_steps` and
+    `teacher_solver`."""
+
+    teacher_kind: str
+    config: Any
+    times: torch.Tensor
+    alpha_bar: torch.Tensor
+    #: the teacher config's fields the student must share (architecture, windows, observations)
+    shared_config: type
+
+    def init_grid(self, train_steps: int = 0) -> None:
+        n = self.config.teacher_steps
+        if self.teacher_kind == "flow":
+            times = torch.arange(n + 1, dtype=torch.float32) / n
+            alpha_bar = torch.zeros(n + 1)  # unused
+        else:
+            ks = torch.linspace(train_steps - 1, 0, n).round()  # DiffusionPolicy's DDIM grid
+            times = torch.cat([ks, torch.tensor([-1.0])])  # the clean point's time is never seen by the network
+            alpha_bar = torch.cat([cosine_alphas_cumprod(train_steps)[ks.long()], torch.ones(1)])
+        self.register_buffer("times", times, persistent=False)  # type: ignore[attr-defined]
+        self.register_buffer("alpha_bar", alpha_bar, persistent=False)  # type: ignore[attr-defined]
+
+    def check_teacher(self, teacher: Any) -> None:
+        """Refuse a teacher this student was not built for (type, spec, windows, architecture)."""
+        expected = student_teacher_name(self)
+        if teacher.name != expected:
+            raise TypeError(f"{self.name}: built for a {expected!r} teacher, got {teacher.name!r}")  # type: ignore[attr-defined]
+        teacher.spec.check(self.spec, this="teacher", that=f"{self.name} student")  # type: ignore[attr-defined]
+        for f in dataclasses.fields(self.shared_config):
+            mine, theirs = getattr(self.config, f.name), getattr(teacher.config, f.name)
+            if mine != theirs and not (f.name == "channels" and len(mine) == len(theirs)):
+                raise SpecMismatchError(f"{self.name} student: config.{f.name} is {mine!r} but the teacher's is "  # type: ignore[attr-defined]
+                                        f"{theirs!r}; build the student with student_for(teacher)")
+
+    # --- the trajectory grid -----------------------------------------------------------------------
+    def _at(self, values: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return values[i][:, None, None]
+
+    def point(self, chunk: torch.Tensor, noise: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        """x_i: the chunk noised to grid point i (the forward process the teacher was trained on)."""
+        if self.teacher_kind == "flow":
+            t = self._at(self.times, i)
+            return (1 - t) * noise + t * chunk
+        ab = self._at(self.alpha_bar, i)
+        return ab.sqrt() * chunk + (1 - ab).sqrt() * noise
+
+    def consistency(self, x: torch.Tensor, i: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """f(x, i, obs): the end of the teacher trajectory through x at grid point i (i = N returns x itself)."""
+        out = self.net(x, self.times[i], cond)  # type: ignore[attr-defined]
+        if self.teacher_kind == "flow":
+            return x + (1 - self._at(self.times, i)) * out
+        ab = self._at(self.alpha_bar, i)
+        return ab.sqrt() * x - (1 - ab).sqrt() * out
+
+    @torch.no_grad()
+    def teacher_step(self, teacher: Any, x: torch.Tensor, i: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        """One step of the teacher's sampler from grid point i to i + 1 (`cond` from the teacher's encoder)."""
+        if self.teacher_kind == "flow":
+            t, t_next = self.times[i], self.times[i + 1]
+            dt = (t_next - t)[:, None, None]
+            v = teacher.net(x, t, cond)
+            if self.config.teacher_solver == "heun":
+                v = 0.5 * (v + teacher.net(x + dt * v, t_next, cond))
+            return x + dt * v
+        # deterministic DDIM (eta = 0), with DiffusionPolicy.sample's clamp of the clean-chunk estimate
+        ab, ab_next = self._at(self.alpha_bar, i), self._at(self.alpha_bar, i + 1)
+        eps = teacher.net(x, self.times[i], cond)
+        x0 = ((x - (1 - ab).sqrt() * eps) / ab.sqrt()).clamp(-1.5, 1.5)
+        return ab_next.sqrt() * x0 + (1 - ab_next).sqrt() * eps
+
+    @torch.no_grad()
+    def teacher_solve(self, teacher: Any, noise: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The teacher's multi-step answer from `noise` along the grid (what the student's one step should give);
+        the student's horizon (B, horizon, A), normalized."""
+        cond = teacher.encoder(obs)
+        x = noise
+        for step in range(self.config.teacher_steps):
+            x = self.teacher_step(teacher, x, torch.full((x.shape[0],), step, device=x.device), cond)
+        return x
+
+    # --- training and sampling -----------------------------------------------------------------------
+    def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"{type(self).__name__} is trained by distillation from a teacher: use "
+                           "distill_loss(teacher, target, obs, action, action_is_pad) (robotrl.distill does), not loss()")
+
+    def distill_loss(self, teacher: Any, target: Any, obs: dict[str, torch.Tensor], action: torch.Tensor,
+                     action_is_pad: torch.Tensor) -> torch.Tensor:
+        """Consistency-distillation loss on a normalized batch: ||f(x_i, i) - f_target(x_{i+1}, i + 1)||^2 with
+        x_i the chunk noised to a random grid point and x_{i+1} one teacher step further (no gradient to the
+        teacher or the target; at i + 1 = N the target is the teacher's step itself)."""
+        chunk, mask = self.pad_chunk(action, action_is_pad)  # type: ignore[attr-defined]
+        noise = torch.randn_like(chunk)
+        i = torch.randint(0, self.config.teacher_steps, (chunk.shape[0],), device=chunk.device)
+        x = self.point(chunk, noise, i)
+        with torch.no_grad():
+            x_next = self.teacher_step(teacher, x, i, teacher.encoder(obs))
+            y = target.consistency(x_next, i + 1, target.encoder(obs))
+        return self.masked_mse(self.consistency(x, i, self.encoder(obs)), y, mask)  # type: ignore[attr-defined]
+
+    def compute_distill_loss(self, batch: Mapping[str, Any], teacher: Any, target: Any) -> torch.Tensor:
+        """`distill_loss` of a `SequenceSampler` batch (raw units; normalized with the student's statistics,
+        which are the teacher's)."""
+        device = next(self.parameters()).device  # type: ignore[attr-defined]
+        obs = self.normalize_obs(batch["obs"])  # type: ignore[attr-defined]
+        action = self.normalizer.normalize("action", torch.as_tensor(batch["action"], device=device).float())  # type: ignore[attr-defined]
+        pad = torch.as_tensor(batch["action_is_pad"], device=device)
+        return self.distill_loss(teacher, target, obs, action, pad)
+
+    def sample_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """One network call: f(noise, 0, obs), for noise (B, horizon, A); deterministic (what export traces)."""
+        i = torch.zeros(noise.shape[0], dtype=torch.long, device=noise.device)
+        return self.consistency(noise, i, self.encoder(obs))[:, : self.config.action_horizon]  # type: ignore[attr-defined]
+
+    def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        batch = next(iter(obs.values())).shape[0]
+        return self.sample_from_noise(obs, self.noise(batch, next(self.parameters()).device))  # type: ignore[attr-defined]
+
+
 @register
-class ConsistencyPolicy(GenerativePolicy):
-    """One network call per chunk; trained only by `distill_loss` against a teacher (see the module docstring)."""
+class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
+    """One U-Net call per chunk, distilled from a flow or diffusion teacher (see the module docstring)."""
 
     name = "consistency"
     config_cls = ConsistencyConfig
+    shared_config = GenerativeConfig
 
     @property  # type: ignore[override]
     def time_scale(self) -> float:  # the teacher's time embedding, so that the teacher's weights fit
@@ -81,20 +211,14 @@ class ConsistencyPolicy(GenerativePolicy):
 
         return FlowPolicy.time_scale if self.config.teacher == "flow" else 1.0
 
+    @property
+    def teacher_kind(self) -> str:  # type: ignore[override]
+        return self.config.teacher
+
     def __init__(self, spec: Spec, config: ConsistencyConfig | None = None,
                  stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         super().__init__(spec, config, stats)
-        cfg = self.config
-        n = cfg.teacher_steps
-        if cfg.teacher == "flow":
-            times = torch.arange(n + 1, dtype=torch.float32) / n
-            alpha_bar = torch.zeros(n + 1)  # unused
-        else:
-            ks = torch.linspace(cfg.train_steps - 1, 0, n).round()  # DiffusionPolicy's DDIM grid
-            times = torch.cat([ks, torch.tensor([-1.0])])  # the clean point's time is never seen by the U-Net
-            alpha_bar = torch.cat([cosine_alphas_cumprod(cfg.train_steps)[ks.long()], torch.ones(1)])
-        self.register_buffer("times", times, persistent=False)
-        self.register_buffer("alpha_bar", alpha_bar, persistent=False)
+        self.init_grid(self.config.train_steps)
 
     @classmethod
     def from_teacher(cls, teacher: GenerativePolicy, teacher_steps: int | None = None,
@@ -105,9 +229,9 @@ class ConsistencyPolicy(GenerativePolicy):
         `channels` other than the teacher's gives a narrower (faster) student: one call of the teacher's own
         network can be at most ~10x cheaper than ten. Its U-Net starts fresh (only the observation encoder is
         the teacher's), so it needs more distillation steps than a student that starts as the teacher."""
-        if teacher.name not in TEACHERS:
-            raise TypeError(f"ConsistencyPolicy.from_teacher: expected a teacher of type {TEACHERS}, got "
-                            f"{teacher.name!r} ({type(teacher).__name__})")
+        if teacher.name not in ("flow", "diffusion"):
+            raise TypeError(f"ConsistencyPolicy.from_teacher: expected a 'flow' or 'diffusion' teacher, got "
+                            f"{teacher.name!r} ({type(teacher).__name__}); student_for(teacher) picks the student")
         tc = teacher.config
         shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(GenerativeConfig)}
         if channels is not None:
@@ -127,99 +251,69 @@ class ConsistencyPolicy(GenerativePolicy):
             student.encoder.load_state_dict(teacher.encoder.state_dict())
         return student.to(next(teacher.parameters()).device)
 
-    def check_teacher(self, teacher: GenerativePolicy) -> None:
-        """Refuse a teacher this student was not built for (type, spec, windows, architecture)."""
-        if teacher.name != self.config.teacher:
-            raise TypeError(f"consistency student: built for a {self.config.teacher!r} teacher, got {teacher.name!r}")
-        teacher.spec.check(self.spec, this="teacher", that="consistency student")
-        for f in dataclasses.fields(GenerativeConfig):
-            mine, theirs = getattr(self.config, f.name), getattr(teacher.config, f.name)
-            if mine != theirs and not (f.name == "channels" and len(mine) == len(theirs)):
-                raise SpecMismatchError(f"consistency student: config.{f.name} is {mine!r} but the teacher's is "
-                                        f"{theirs!r}; build the student with ConsistencyPolicy.from_teacher")
 
-    # --- the trajectory grid -----------------------------------------------------------------------
-    def _at(self, values: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-        return values[i][:, None, None]
+@dataclass
+class VLAConsistencyConfig(VLAConfig):
+    teacher_steps: int = 10
+    """N: points of the VLA teacher's flow grid the student is distilled on (its own sampler steps)"""
+    teacher_solver: str = "euler"
+    """'euler' or 'heun' steps along the grid"""
 
-    def point(self, chunk: torch.Tensor, noise: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-        """x_i: the chunk noised to grid point i (the forward process the teacher was trained on)."""
-        if self.config.teacher == "flow":
-            t = self._at(self.times, i)
-            return (1 - t) * noise + t * chunk
-        ab = self._at(self.alpha_bar, i)
-        return ab.sqrt() * chunk + (1 - ab).sqrt() * noise
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.teacher_solver not in ("euler", "heun"):
+            raise ValueError(f"VLAConsistencyConfig.teacher_solver: expected 'euler' or 'heun', got "
+                             f"{self.teacher_solver!r}")
+        if self.teacher_steps < 1:
+            raise ValueError(f"VLAConsistencyConfig.teacher_steps: expected >= 1, got {self.teacher_steps}")
 
-    def consistency(self, x: torch.Tensor, i: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
-        """f(x, i, obs): the end of the teacher trajectory through x at grid point i (i = N returns x itself)."""
-        out = self.net(x, self.times[i], cond)
-        if self.config.teacher == "flow":
-            return x + (1 - self._at(self.times, i)) * out
-        ab = self._at(self.alpha_bar, i)
-        return ab.sqrt() * x - (1 - ab).sqrt() * out
 
-    @torch.no_grad()
-    def teacher_step(self, teacher: GenerativePolicy, x: torch.Tensor, i: torch.Tensor,
-                     cond: torch.Tensor) -> torch.Tensor:
-        """One step of the teacher's sampler from grid point i to i + 1 (`cond` from the teacher's encoder)."""
-        if self.config.teacher == "flow":
-            t, t_next = self.times[i], self.times[i + 1]
-            dt = (t_next - t)[:, None, None]
-            v = teacher.net(x, t, cond)
-            if self.config.teacher_solver == "heun":
-                v = 0.5 * (v + teacher.net(x + dt * v, t_next, cond))
-            return x + dt * v
-        # deterministic DDIM (eta = 0), with DiffusionPolicy.sample's clamp of the clean-chunk estimate
-        ab, ab_next = self._at(self.alpha_bar, i), self._at(self.alpha_bar, i + 1)
-        eps = teacher.net(x, self.times[i], cond)
-        x0 = ((x - (1 - ab).sqrt() * eps) / ab.sqrt()).clamp(-1.5, 1.5)
-        return ab_next.sqrt() * x0 + (1 - ab_next).sqrt() * eps
+@register
+class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
+    """The VLA's one-step student: the teacher's prefix and action expert (and weights), one expert call per
+    chunk instead of `steps`, the prefix computed once either way. Its `steps` / `solver` fields are the
+    teacher's and unused."""
 
-    @torch.no_grad()
-    def teacher_solve(self, teacher: GenerativePolicy, noise: torch.Tensor,
-                      obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The teacher's multi-step answer from `noise` along the grid (what the student's one step should give);
-        padded-horizon (B, horizon, A), normalized."""
-        cond = teacher.encoder(obs)
-        x = noise
-        for step in range(self.config.teacher_steps):
-            x = self.teacher_step(teacher, x, torch.full((x.shape[0],), step, device=x.device), cond)
-        return x
+    name = "vla_consistency"
+    config_cls = VLAConsistencyConfig
+    config: VLAConsistencyConfig
+    teacher_kind = "flow"
+    shared_config = VLAConfig
 
-    # --- training and sampling -----------------------------------------------------------------------
-    def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError("ConsistencyPolicy is trained by distillation from a teacher: use distill_loss(teacher, "
-                           "target, obs, action, action_is_pad) (robotrl.distill does), not loss()")
+    def __init__(self, spec: Spec, config: VLAConsistencyConfig | None = None,
+                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        super().__init__(spec, config, stats)
+        self.init_grid()
 
-    def distill_loss(self, teacher: GenerativePolicy, target: "ConsistencyPolicy", obs: dict[str, torch.Tensor],
-                     action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
-        """Consistency-distillation loss on a normalized batch: ||f(x_i, i) - f_target(x_{i+1}, i + 1)||^2 with
-        x_i the chunk noised to a random grid point and x_{i+1} one teacher step further (no gradient to the
-        teacher or the target; at i + 1 = N the target is the teacher's step itself)."""
-        chunk, mask = self.pad_chunk(action, action_is_pad)
-        noise = torch.randn_like(chunk)
-        i = torch.randint(0, self.config.teacher_steps, (chunk.shape[0],), device=chunk.device)
-        x = self.point(chunk, noise, i)
-        with torch.no_grad():
-            x_next = self.teacher_step(teacher, x, i, teacher.encoder(obs))
-            y = target.consistency(x_next, i + 1, target.encoder(obs))
-        return self.masked_mse(self.consistency(x, i, self.encoder(obs)), y, mask)
+    @classmethod
+    def from_teacher(cls, teacher: VLAPolicy, teacher_steps: int | None = None,
+                     teacher_solver: str | None = None) -> "VLAConsistencyPolicy":
+        """The student of a VLA teacher: its spec, normalization, config and weights; untrained, it is the
+        teacher's one-step Euler sampler."""
+        if teacher.name != "vla":
+            raise TypeError(f"VLAConsistencyPolicy.from_teacher: expected a 'vla' teacher, got {teacher.name!r}")
+        tc = teacher.config
+        shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(VLAConfig)}
+        config = VLAConsistencyConfig(**shared, teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
+                                      teacher_solver=teacher_solver or tc.solver)
+        student = cls(teacher.spec, config, teacher.stats or None)
+        student.load_state_dict(teacher.state_dict())
+        return student.to(next(teacher.parameters()).device)
 
-    def compute_distill_loss(self, batch: Mapping[str, Any], teacher: GenerativePolicy,
-                             target: "ConsistencyPolicy") -> torch.Tensor:
-        """`distill_loss` of a `SequenceSampler` batch (raw units; normalized with the student's statistics,
-        which are the teacher's)."""
-        device = next(self.parameters()).device
-        obs = self.normalize_obs(batch["obs"])
-        action = self.normalizer.normalize("action", torch.as_tensor(batch["action"], device=device).float())
-        pad = torch.as_tensor(batch["action_is_pad"], device=device)
-        return self.distill_loss(teacher, target, obs, action, pad)
 
-    def sample_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """One network call: f(noise, 0, obs), for noise (B, horizon, A); deterministic (what export traces)."""
-        i = torch.zeros(noise.shape[0], dtype=torch.long, device=noise.device)
-        return self.consistency(noise, i, self.encoder(obs))[:, : self.config.action_horizon]
+def student_teacher_name(student: ConsistencyHead) -> str:
+    return "vla" if isinstance(student, VLAConsistencyPolicy) else student.teacher_kind
 
-    def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        batch = next(iter(obs.values())).shape[0]
-        return self.sample_from_noise(obs, self.noise(batch, next(self.parameters()).device))
+
+def student_for(teacher: Any, teacher_steps: int | None = None, teacher_solver: str | None = None,
+                channels: tuple[int, ...] | None = None) -> ConsistencyHead:
+    """The consistency student of any teacher in TEACHERS (`channels`: a narrower U-Net, U-Net teachers only)."""
+    if teacher.name == "vla":
+        if channels is not None:
+            raise ValueError(f"student_for: channels={tuple(channels)} narrows a U-Net student; a VLA's student keeps "
+                             "its teacher's transformer (leave channels unset)")
+        return VLAConsistencyPolicy.from_teacher(teacher, teacher_steps, teacher_solver)
+    if teacher.name in ("flow", "diffusion"):
+        return ConsistencyPolicy.from_teacher(teacher, teacher_steps, teacher_solver, channels)
+    raise TypeError(f"student_for: expected a teacher of type {TEACHERS}, got {teacher.name!r} "
+                    f"({type(teacher).__name__})")

@@ -1,11 +1,11 @@
-"""Distillation: a flow or diffusion teacher checkpoint -> a one-step consistency student checkpoint.
+"""Distillation: a flow, diffusion or VLA teacher checkpoint -> a one-step consistency student checkpoint.
 
     robotrl distill --teacher runs/bc-flow/policy --store data/pusht.zarr --steps 5000
     student = robotrl.distill.distill(DistillConfig(teacher=Path("runs/bc-flow/policy"),
                                                     store=Path("data/pusht.zarr")))   # the same dataclass
 
 Reads top to bottom: teacher -> data (the store's spec must equal the teacher's) -> student (the teacher's
-architecture and weights, or a narrower fresh U-Net: `ConsistencyPolicy.from_teacher`) -> optimizer, LR
+architecture and weights, or a narrower fresh U-Net: `student_for`) -> optimizer, LR
 schedule, the EMA target network and the EMA of the saved weights -> (resume) -> the loop (sample a window
 batch, consistency-distillation loss, step, both EMAs, log, checkpoint, evaluate) -> the final EMA student,
 evaluated and saved.
@@ -31,7 +31,7 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies import Policy, load
-from robotrl.policies.consistency import TEACHERS, ConsistencyPolicy
+from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
 from robotrl.training import (
     EMA, RunLog, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
     set_rng_state,
@@ -44,7 +44,7 @@ NOT_RESULT = ("run_dir", "resume", "stop_after", "progress", "log_every", "check
 
 @dataclass
 class DistillConfig:
-    """Distill a flow or diffusion policy into a one-step consistency policy on the teacher's training data."""
+    """Distill a flow, diffusion or VLA policy into a one-step consistency policy on the teacher's training data."""
 
     teacher: Path = Path("runs/bc-flow/policy")
     """the teacher's checkpoint directory (`robotrl train bc` output)"""
@@ -63,7 +63,7 @@ class DistillConfig:
     """N: teacher ODE steps the student learns to skip (default: the teacher's own sampler steps)"""
     channels: tuple[int, ...] | None = None
     """student U-Net widths (default: the teacher's, starting from its weights); narrower ones (same number of
-    levels) give a faster student whose U-Net starts fresh and needs more steps"""
+    levels) give a faster student whose U-Net starts fresh and needs more steps (U-Net teachers only)"""
     gap_batch: int = 64
     """training windows on which the student-teacher gap is logged"""
     eval_every: int = 0
@@ -142,7 +142,7 @@ class TeacherGap:
     """Student one-step vs teacher multi-step chunks from the same noise on a fixed batch of training windows.
     Drawn from its own generators, so measuring it never moves the run's random streams (exact resume)."""
 
-    def __init__(self, student: ConsistencyPolicy, teacher: Policy, sampler: SequenceSampler, batch: int,
+    def __init__(self, student: ConsistencyHead, teacher: Policy, sampler: SequenceSampler, batch: int,
                  seed: int) -> None:
         windows = sampler.sample(batch, np.random.default_rng(seed + 1))
         self.obs = student.normalize_obs(windows["obs"])
@@ -151,7 +151,7 @@ class TeacherGap:
         self.reference = student.teacher_solve(teacher, self.noise, self.obs)[:, : student.config.action_horizon]
 
     @torch.no_grad()
-    def __call__(self, student: ConsistencyPolicy) -> float:
+    def __call__(self, student: ConsistencyHead) -> float:
         was_training = student.training
         chunk = student.eval().sample_from_noise(self.obs, self.noise)
         student.train(was_training)
@@ -194,7 +194,7 @@ def train(config: DistillConfig) -> DistillResult:
     torch.manual_seed(config.seed)
 
     # student (the teacher's architecture and weights), optimizer, schedule, target network, EMA
-    student = ConsistencyPolicy.from_teacher(teacher, config.teacher_steps, channels=config.channels)
+    student = student_for(teacher, config.teacher_steps, channels=config.channels)
     gap = TeacherGap(student, teacher, sampler, config.gap_batch, config.seed)
     optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))

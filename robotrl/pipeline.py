@@ -14,8 +14,8 @@ Stages, each a command of its own that reads the previous stage's files and writ
     online   robotrl train hil         online RL in the parallel vector env with the task's scripted expert as the
                                        operator taking over when the policy strays (HIL); `--no-interventions`:
                                        plain `robotrl train online`                        -> online/policy
-    distill  robotrl distill           the one-step consistency student of the RL'd policy -> distill/policy
-                                       (not for the VLA yet: its RL'd policy is the one exported)
+    distill  robotrl distill           the one-step consistency student of the RL'd policy (the VLA's
+                                       keeps its prefix and action expert)                 -> distill/policy
     export   robotrl export            the student as ONNX + manifest for the runtime      -> export/
 
 Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), and
@@ -224,14 +224,8 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
 def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.policies.export import export
 
-    source = run_dir / ("distill" if "distill" in stages_for(config) else "online") / "policy"
+    source = run_dir / "distill" / "policy"
     return export(source, run_dir / "export", "onnx"), 0, {"format": "onnx", "source": str(source)}
-
-
-def stages_for(config: PipelineConfig) -> tuple[str, ...]:
-    """The stages a run goes through: a VLA has no one-step student yet (consistency distillation takes flow and
-    diffusion teachers), so its RL'd multi-step policy is the one exported."""
-    return tuple(s for s in STAGES if not (s == "distill" and policy_kind(config) == "vla"))
 
 
 RUNNERS: dict[str, Callable[[PipelineConfig, Budget, Path], tuple[Path, int, dict[str, Any]]]] = {
@@ -328,7 +322,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
         (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
     rows = read_rows(rows_path)
     done = {r.stage for r in rows}
-    for stage in stages_for(config):
+    for stage in STAGES:
         if stage in done:
             continue
         began = time.perf_counter()

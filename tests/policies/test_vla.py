@@ -373,3 +373,67 @@ def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, t
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_instruction"] == rows
     with pytest.raises(SpecMismatchError, match=r"\['colour'\] are not fields"):  # any policy can hide fields
         train(dataclasses.replace(config, policy="flow", state_mask_fields=("colour",), run_dir=tmp_path / "flow"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the one-step student
+# ---------------------------------------------------------------------------------------------------
+def test_vla_student_starts_as_one_euler_step_and_keeps_its_boundary(store: EpisodeStore) -> None:
+    """The VLA's consistency student is the teacher's prefix and expert with its weights: untrained, one call
+    from noise is the teacher's one-step Euler sampler, and f(x_N, N) = x_N for any weights."""
+    from robotrl.policies.consistency import VLAConsistencyPolicy, student_for
+
+    torch.manual_seed(0)
+    teacher = VLAPolicy(store.spec, VLAConfig(**SMALL, steps=4), store.stats())
+    batch = windows(store, teacher.config, 6)
+    fit(teacher, batch, 5, 1e-3)
+    teacher.eval()
+    student = student_for(teacher).eval()
+    assert isinstance(student, VLAConsistencyPolicy) and student.config.teacher_steps == 4
+    obs = student.normalize_obs(batch["obs"])
+    noise = torch.randn(6, student.horizon, student.action_dim)
+    with torch.no_grad():
+        one_euler = teacher.integrate(noise, teacher.encoder(obs), steps=1)
+        np.testing.assert_allclose(student.sample_from_noise(obs, noise).numpy(), one_euler.numpy(), atol=1e-5)
+        for p in student.net.parameters():
+            p.add_(torch.randn_like(p))  # any weights
+        last = torch.full((6,), 4)
+        np.testing.assert_array_equal(student.consistency(noise, last, student.encoder(obs)).numpy(), noise.numpy())
+    with pytest.raises(ValueError, match="channels=.*transformer"):
+        student_for(teacher, channels=(8, 16))
+    with pytest.raises(TypeError, match="'vla' teacher, got 'flow'"):
+        from robotrl.policies.flow import FlowConfig, FlowPolicy
+
+        student.check_teacher(FlowPolicy(store.spec, FlowConfig(action_horizon=8)))
+
+
+def test_distill_vla_to_one_step_export_and_runtime(store: EpisodeStore, tmp_path: Path) -> None:
+    """`robotrl distill` takes a VLA teacher: the student's one-step chunk moves towards the teacher's four-step
+    chunk on the same noise, the checkpoint reloads as `vla_consistency`, and its ONNX export takes the
+    instruction embedding and matches torch in the runtime."""
+    from robotrl.distill import DistillConfig, train
+    from robotrl.policies import runtime
+    from robotrl.policies.consistency import VLAConsistencyPolicy
+    from robotrl.policies.export import export
+
+    torch.manual_seed(0)
+    teacher = VLAPolicy(store.spec, VLAConfig(**SMALL, steps=4), store.stats())
+    fit(teacher, windows(store, teacher.config, 16), 40, 2e-3)
+    teacher_dir = teacher.eval().save(tmp_path / "teacher")
+    result = train(DistillConfig(teacher=teacher_dir, store=store.path, steps=60, batch_size=16, lr=1e-3, warmup=5,
+                                 ema=0.0, target_ema=0.0, gap_batch=16, eval_episodes=0, run_dir=tmp_path / "distill",
+                                 progress=False, threads=1))
+    assert result.teacher_gap < 0.7 * result.teacher_gap_init, (result.teacher_gap_init, result.teacher_gap)
+
+    student = load(result.checkpoint, spec=store.spec)
+    assert isinstance(student, VLAConsistencyPolicy)
+    out = export(result.checkpoint, tmp_path / "onnx", "onnx")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["policy"] == "vla_consistency" and manifest["export"]["verified_max_abs_error"] <= 1e-4
+    assert [i["name"] for i in manifest["export"]["inputs"] if i.get("role") == "text_embedding"] == ["instruction"]
+    obs = windows(store, student.config, 4, seed=1)["obs"]
+    noise = torch.randn(4, student.horizon, student.action_dim)
+    with torch.no_grad():
+        chunk = student.normalizer.unnormalize("action", student.sample_from_noise(student.normalize_obs(obs), noise))
+    expected = np.clip(chunk.numpy(), store.spec.action.low_array(), store.spec.action.high_array())
+    np.testing.assert_allclose(runtime.load(out, spec=store.spec).act(obs, noise=noise.numpy()), expected, atol=1e-4)
