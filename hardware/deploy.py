@@ -51,7 +51,8 @@ class DeployConfig:
     """asynchronous: control periods an inference is expected to take"""
     trigger: str = "timer"
     """'timer' (a command every control period) or 'observation' (one per new joint state + observation set, the
-    safety filter's clock advancing one control period each: lockstep with a simulator)"""
+    safety filter's clock advancing one control period each: lockstep with a simulator; a language-conditioned
+    policy's set includes the instruction, which the sim robot sends with every step)"""
     instruction: str = ""
     """the instruction until one arrives on the instruction topic (language-conditioned policies)"""
     threads: int = 1
@@ -86,6 +87,7 @@ class DeployNode(RobotNode):
 
         cfg = self.config = config or declare_config(self, DeployConfig)
         self.policy = runtime.load(cfg.policy, seed=cfg.seed, threads=cfg.threads)
+        warmup = self.policy.warmup()  # the language encoder loads now, not at the first control step
         self.connect_robot(RobotConfig.load(cfg.robot), self.policy.spec, self.policy.obs_keys, cfg.instruction)
         execution = ExecutionConfig(cfg.execute, cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None,
                                     cfg.asynchronous, cfg.delay_steps)
@@ -109,7 +111,8 @@ class DeployNode(RobotNode):
             self.create_timer(1.0 / self.robot.control_hz, self.tick)
         self.create_timer(1.0 / cfg.diagnostics_hz, self._publish_diagnostics)
         self.get_logger().info(f"deploying {self.policy!r} on {self.robot.name} ({self.robot.command_type} on "
-                               f"{topics.command}, {self.robot.control_hz:g} Hz, trigger {cfg.trigger})")
+                               f"{topics.command}, {self.robot.control_hz:g} Hz, trigger {cfg.trigger}; warm-up "
+                               f"{warmup:.2f} s)")
         for problem in make_realtime(cfg.realtime_priority):  # last: the node's threads all exist now
             self.get_logger().warning(problem)
 
@@ -121,7 +124,7 @@ class DeployNode(RobotNode):
     def on_input(self, key: str) -> None:
         if self.config.trigger == "observation":
             self.fresh.add(key)
-            if {"joint_states", *self.policy.obs_keys} <= self.fresh:
+            if {"joint_states", *self.policy.obs_keys, *self.text_keys} <= self.fresh:
                 self.fresh.clear()
                 self.tick()
 

@@ -25,8 +25,10 @@ ROBOTS_DIR = Path(__file__).with_name("robots")
 #: how commands reach the driver: `trajectory_msgs/JointTrajectory` (a ros2_controllers
 #: JointTrajectoryController) or `std_msgs/Float64MultiArray` (a ForwardCommandController of positions)
 COMMAND_TYPES = ("joint_trajectory", "float64_multi_array")
-#: forward kinematics the workspace check can use (the task suite's arm: Franka Panda link frames)
+#: forward kinematics the workspace check can use (the task suite's arm: Franka Panda link frames), and how many
+#: leading joints of `joint_names` it reads (joints after them, e.g. a gripper's fingers, move no link of the arm)
 KINEMATICS = ("panda", "none")
+ARM_JOINTS = {"panda": 7}
 
 
 class RobotConfigError(ValueError):
@@ -76,7 +78,9 @@ class RobotConfig:
     limits: JointLimits
     workspace: Workspace | None = None
     kinematics: str = "none"
-    """'panda' (check the workspace with the Panda's forward kinematics) or 'none' (no workspace check)"""
+    """'panda' (check the workspace with the Panda's forward kinematics of the first 7 joints; any after them, such
+    as a gripper's fingers, are commanded and limited like the others but move no arm link) or 'none' (no
+    workspace check)"""
     command_type: str = "joint_trajectory"
     time_from_start: float = 0.1
     """joint_trajectory: when the single commanded point should be reached (seconds)"""
@@ -152,8 +156,9 @@ class RobotConfig:
             raise RobotConfigError(f"{where}: kinematics: expected one of {KINEMATICS}, got {kinematics!r}")
         if workspace is not None and kinematics == "none":
             raise RobotConfigError(f"{where}: workspace: needs kinematics (one of {KINEMATICS[:-1]}) to be checked")
-        if kinematics == "panda" and n != 7:
-            raise RobotConfigError(f"{where}: kinematics 'panda': expected 7 joints, got {n}")
+        if kinematics in ARM_JOINTS and n < ARM_JOINTS[kinematics]:
+            raise RobotConfigError(f"{where}: kinematics {kinematics!r}: expected the arm's {ARM_JOINTS[kinematics]} "
+                                   f"joints first (then any gripper joints), got {n} joints")
         command_type = d.get("command_type", "joint_trajectory")
         if command_type not in COMMAND_TYPES:
             raise RobotConfigError(f"{where}: command_type: expected one of {COMMAND_TYPES}, got {command_type!r}")

@@ -74,7 +74,8 @@ class RobotNode(Node):
         self.safety.observe(q, stamp)
 
     def on_input(self, key: str) -> None:
-        """An observation ("joint_states" or a key of `obs_keys`) arrived."""
+        """An observation ("joint_states", a key of `obs_keys`, or a string key of the spec: the instruction)
+        arrived."""
 
     def current_instruction(self) -> str:
         return self.instruction
@@ -114,6 +115,8 @@ class RobotNode(Node):
     def _on_instruction(self, msg: String) -> None:
         if msg.data.strip():
             self.instruction = msg.data
+            for key in self.text_keys:
+                self.on_input(key)
         else:
             self.bad_message(self.robot.topics.instruction, ValueError("String.data: expected an instruction, got ''"))
 

@@ -182,6 +182,7 @@ def _tool_point(robot: RobotConfig) -> Any:
     if robot.workspace is None or robot.kinematics == "none":
         return None
     from robotrl.envs.tasks.arm import ee_position  # the task suite's Panda kinematics
+    from robotrl.hardware.robot import ARM_JOINTS
 
-    offset = robot.workspace.tool_offset
-    return lambda q: np.asarray(ee_position(q, offset))
+    offset, arm = robot.workspace.tool_offset, ARM_JOINTS[robot.kinematics]
+    return lambda q: np.asarray(ee_position(q[:arm], offset))

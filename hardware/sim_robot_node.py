@@ -3,8 +3,9 @@ perception offer, so that the deploy node runs against it unchanged.
 
     robotrl-sim-robot --ros-args -p robot:=sim_panda -p task:=PushT -p perturbation:=task
 
-Publishes the robot's joint states, the task state (`Float64MultiArray`, the task's "state" observation) and the
-cameras (`sensor_msgs/Image`, rgb8) once per control step, and the episode's status on `/robotrl/sim/status`
+Publishes the robot's joint states, the task state (`Float64MultiArray`, the task's "state" observation), the
+cameras (`sensor_msgs/Image`, rgb8) and, for a task with instructions (PickPlace), the episode's instruction
+(`std_msgs/String`, what an operator would say) once per control step, and the episode's status on `/robotrl/sim/status`
 (`std_msgs/String`, JSON: episode, step, success, reward, terminated, truncated); takes commands as the robot's
 file says (`Float64MultiArray` or `JointTrajectory`). A finished episode ignores commands until the next reset:
 `~/reset` (std_srvs/Trigger, the next episode of the seeded stream) or `/robotrl/sim/reset` (std_msgs/Int64:
@@ -86,6 +87,7 @@ class SimRobotNode(Node):
         self.image_pubs = {f"image_{c}": self.create_publisher(Image, t.images.get(f"image_{c}", f"/camera/{c}/image_raw"), 10)
                            for c in self.sim.task.cameras}
         self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
+        self.instruction_pub = self.create_publisher(String, t.instruction, 10)
         if self.robot.command_type == "joint_trajectory":
             self.create_subscription(JointTrajectory, t.command, self._on_trajectory, 10)
         else:
@@ -149,6 +151,8 @@ class SimRobotNode(Node):
         q, dq = self.sim.joint_state()
         self.js_pub.publish(arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))
         obs = self.sim.observation()
+        if "instruction" in obs:
+            self.instruction_pub.publish(String(data=str(obs["instruction"])))
         for key, pub in self.image_pubs.items():
             pub.publish(array_to_image(obs[key], stamp=stamp, frame_id=key))
         if "state" in obs:

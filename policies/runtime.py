@@ -11,6 +11,8 @@ and what was found.
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -74,6 +76,17 @@ class RuntimePolicy:
         feeds[self.noise_name] = np.ascontiguousarray(noise)
         action = self._run([feeds[n] for n in self.input_order])
         return np.asarray(action, dtype=np.float32)
+
+    def warmup(self) -> float:
+        """Load what the first `act` would load (the frozen language encoder) and run the graph once, on zero
+        observations and zero noise (the noise stream is not drawn from); the seconds it took. A robot's first
+        control step should not wait seconds for a model to load: the deploy node calls this at start-up."""
+        began = time.perf_counter()
+        obs: dict[str, Any] = {i["name"]: np.zeros((1, *i["shape"][1:]), dtype=np.uint8 if i["dtype"] == "uint8"
+                                                   else np.float32) for i in self.obs_inputs}
+        obs.update({i["name"]: "warm up" for i in self.text_inputs})
+        self.act(obs, noise=np.zeros((1, *self.noise_shape), dtype=np.float32))
+        return time.perf_counter() - began
 
     def embed(self, inp: dict[str, Any], obs: Mapping[str, Any], batch: int) -> np.ndarray:
         """The graph's embedding input for a string observation: B strings (or one for all envs) through the

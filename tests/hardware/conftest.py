@@ -72,6 +72,34 @@ def nan_export(pusht_demos: EpisodeStore, tmp_path_factory: pytest.TempPathFacto
     return export(policy, tmp_path_factory.mktemp("export") / "nan", "onnx", verify=False)
 
 
+@pytest.fixture(scope="session")
+def pickplace_vla_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small VLA (PickPlace state + instruction; it commands the arm and the gripper) trained a few steps on
+    real demonstrations of two different instructions, exported."""
+    from robotrl.policies.vla import VLAConfig, VLAPolicy
+
+    root = tmp_path_factory.mktemp("vla")
+    store = record_expert(root / "pp.zarr", "PickPlace", episodes=2, num_envs=2, noise=0.0, episode_steps=30,
+                          progress=False, render_images=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        config = VLAConfig(width=32, depth=1, heads=2, obs_horizon=1, action_horizon=8, steps=2)
+        policy = VLAPolicy(store.spec, config, store.stats())
+        sampler = SequenceSampler.from_store(store, SequenceConfig(1, 8, policy.obs_keys))
+        opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+        rng = np.random.default_rng(0)
+        for _ in range(5):
+            loss = policy.compute_loss(sampler.sample(16, rng))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return export(policy.eval(), root / "vla", "onnx")
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def ros() -> Iterator[None]:
     rclpy.init()

@@ -19,7 +19,7 @@ def test_bundled_robots_load() -> None:
     assert {"sim_panda", "franka_fr3"} <= set(names)
     for name in names:
         robot = RobotConfig.load(name)
-        assert robot.dof == len(robot.limits.velocity) == 7
+        assert robot.dof == len(robot.limits.velocity) >= 7
         assert all(t.startswith("/") for t in (robot.topics.joint_states, robot.topics.command))
 
 
@@ -27,6 +27,31 @@ def test_sim_panda_is_the_task_suites_arm() -> None:
     robot = RobotConfig.load("sim_panda")
     assert robot.joint_names == JOINT_NAMES
     np.testing.assert_allclose(np.stack([robot.lower(), robot.upper()], -1), JOINT_LIMITS)
+
+
+def test_sim_panda_hand_is_pick_places_arm_and_gripper() -> None:
+    """The arm's joints then PickPlace's fingers, in the task's order; the safety filter's workspace check reads
+    the arm's joints only (the fingers move no link), and a finger target past its limits is clipped."""
+    from robotrl.envs import make_task
+    from robotrl.envs.tasks.pick_place import FINGER_CLOSED, FINGER_OPEN
+    from robotrl.hardware.safety import SafetyFilter
+
+    robot = RobotConfig.load("sim_panda_hand")
+    assert robot.joint_names == make_task("PickPlace").joint_names()
+    np.testing.assert_allclose(np.stack([robot.lower(), robot.upper()], -1)[:7], JOINT_LIMITS)
+    assert (robot.lower()[7:] == FINGER_CLOSED).all() and (robot.upper()[7:] == FINGER_OPEN).all()
+    safety = SafetyFilter(robot)
+    home = np.array([0.0, 0.3, 0.0, -2.0, 0.0, 2.3, 0.8, 0.04, 0.04])
+    safety.observe(home, 0.0)
+    out = safety.step(home + np.r_[np.zeros(7), -0.001, 0.5], 0.05)  # fingers: a small close, a wild open
+    assert out is not None and out[8] == FINGER_OPEN and out[7] < FINGER_OPEN
+    assert safety.counters["clipped_position"] == 1 and safety.counters["rejected_workspace"] == 0
+    data = yaml.safe_load((ROBOTS_DIR / "sim_panda_hand.yaml").read_text())
+    for key in ("joint_names", *("lower", "upper", "velocity", "acceleration")):
+        target = data if key == "joint_names" else data["limits"]
+        target[key] = target[key][:6]
+    with pytest.raises(RobotConfigError, match="kinematics 'panda': expected the arm's 7 joints first"):
+        RobotConfig.from_dict(data, "six.yaml")
 
 
 def test_franka_fr3_talks_to_franka_ros2() -> None:

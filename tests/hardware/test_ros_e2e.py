@@ -100,6 +100,39 @@ def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, pol
     assert len(set(np.round(over_ros.returns, 6))) == EPISODES  # three different episodes, not one replayed
 
 
+def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(pickplace_vla_export: Path,
+                                                                             tmp_path: Path, ros_domain: None) -> None:
+    """PickPlace through `sim_panda_hand`: the arm's seven joints and the two fingers in one command, the
+    instruction from the sim robot with every step; in lockstep the language-conditioned policy's episodes over
+    ROS 2 are the in-process ones, the instruction and the gripper included."""
+    robot = yaml.safe_load((ROBOTS_DIR / "sim_panda_hand.yaml").read_text())
+    robot["limits"].update(velocity=[100.0] * 9, acceleration=[1e5] * 9)
+    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
+    options = {"episode_steps": 25}
+    procs = start_nodes(tmp_path, {
+        "sim_robot": {"robot": str(tmp_path / "robot.yaml"), "task": "PickPlace", "task_options": json.dumps(options),
+                      "lockstep": True, "seed": SEED},
+        "deploy": {"robot": str(tmp_path / "robot.yaml"), "policy": str(pickplace_vla_export),
+                   "trigger": "observation", "seed": SEED, "wait_for_reset": True},
+    })
+    try:
+        over_ros = evaluate_over_ros(2, SEED, episode_timeout=60.0)
+        assert all(p.poll() is None for p in procs.values()), "a node died"
+    finally:
+        stop_nodes(procs, tmp_path)
+
+    policy = runtime.load(pickplace_vla_export, threads=1)
+    env = make("PickPlace", num_envs=1, seed=SEED, render_images=False, **options)
+    controller = controller_for(policy, execute=8)
+    controller.reset(1)
+    with seeded_sampling(policy, SEED):
+        in_process = run_episodes(env, controller, 2, seed=SEED, on_episode_start=controller.reset_env)
+    env.close()
+    np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
+    np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
+    assert over_ros.returns[0] != over_ros.returns[1]
+
+
 def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(pusht_export: Path, tmp_path: Path,
                                                                            ros_domain: None) -> None:
     """Real time, the arm's real limits: the robot process dies (SIGKILL, no goodbye); the deploy node's commands

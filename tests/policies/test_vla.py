@@ -296,6 +296,8 @@ def test_export_takes_the_instruction_embedding_and_matches_torch(store: Episode
     assert manifest["export"]["verified_max_abs_error"] <= 1e-4
 
     rt = runtime.load(out, spec=store.spec)
+    drawn = rt.rng.bit_generator.state
+    assert rt.warmup() > 0 and rt.rng.bit_generator.state == drawn  # loads the encoder, draws no noise
     obs = batch["obs"]
     assert len(set(obs["instruction"])) >= 2
     torch.manual_seed(3)
