@@ -34,12 +34,14 @@ class FlowPolicy(GenerativePolicy):
     config_cls = FlowConfig
     time_scale = 100.0  # t in [0, 1]: spread it over the embedding's frequencies
 
-    def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
+    def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor,
+             weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Flow matching on normalized chunks; `weight` (B,) weighs the samples (offline RL's AWR extraction)."""
         x1, mask = self.pad_chunk(action, action_is_pad)
         x0 = torch.randn_like(x1)
         t = torch.rand(x1.shape[0], device=x1.device)
         xt = (1 - t)[:, None, None] * x0 + t[:, None, None] * x1
-        return self.masked_mse(self.net(xt, t, self.encoder(obs)), x1 - x0, mask)
+        return self.masked_mse(self.net(xt, t, self.encoder(obs)), x1 - x0, mask, weight)
 
     def velocity(self, x: torch.Tensor, t: float | torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         t = torch.as_tensor(t, device=x.device, dtype=x.dtype).expand(x.shape[0])

@@ -54,6 +54,12 @@ class GenerativePolicy(Policy):
         return torch.randn(batch, self.horizon, self.action_dim, device=device)
 
     @staticmethod
-    def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
+                   weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean squared error over the chunk's real steps; `weight` (B,) weighs each sample (advantage-weighted
+        regression), the mean then taken over the weights."""
         err = ((pred - target) ** 2).mean(-1)
+        if weight is not None:
+            w = mask * weight[:, None]
+            return (err * w).sum() / w.sum().clamp(min=1e-8)
         return (err * mask).sum() / mask.sum().clamp(min=1)

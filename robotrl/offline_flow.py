@@ -34,7 +34,15 @@ each cost 2-6 points, so the sign is informative but one update is within the es
 gate (5 critics, ope_z = 2) kept 3 of 10 updates on one BC policy (51% -> 51%; 56% -> 60.5% on 200 episodes of
 another seed) but on the test's BC policy kept 5 updates whose lower bounds were all > 0 and success fell 53 -> 24%:
 the critic's error is a bias shared by its members, not noise, so no critic-only gate is calibrated here. Hence the
-success gate, which makes the stage a measured no-op-or-better on Reach; no setting yet raises success reliably.
+success gate, which makes the stage a measured no-op-or-better on Reach; no PPO setting yet raises success reliably.
+
+`--extraction awr` replaces step 2's PPO by IQL's own policy extraction: flow matching on the store's chunks
+weighted by exp(A / T), so the critic only reweights chunks the data holds. Its updates train a student whose EMA
+(`awr_ema`) is the policy that is gated, rolled out and saved: on the Reach BC start above, 40 raw Adam steps
+from the checkpoint's EMA weights cost 16 points (56 -> 40%) before more steps helped, with plain BC as with AWR.
+One iteration of 300 AWR steps raises held-out success 50 -> 78-82% (three seeds). That is what flow-matching BC
+with uniform weights on the same data and schedule does too (bench/offline_flow.py): on demonstrations of a good
+expert the weights have little to tell apart, and a half-trained BC start gains from any further fitting.
 
 The result is an ordinary FlowPolicy checkpoint (`run_dir/policy`, sampler = the chain's K Euler steps), so eval,
 `train online`, distill and export take it unchanged. A train state is written after every iteration; `--resume`
@@ -102,6 +110,18 @@ class OfflineFlowConfig(RunOptions):
     """dataset observation windows per policy update"""
     samples: int = 4
     """chains sampled per window"""
+    extraction: Literal["ppo", "awr"] = "ppo"
+    """how a policy update uses the critic: clipped PPO over chains sampled from the policy, scored by the critic
+    (ppo: RL-100's), or flow matching on the data's own chunks weighted by exp(A / awr_temperature), A = min Q - V
+    of the chunk the data executed (awr: IQL's policy extraction; the critic only reweights in-distribution
+    chunks, so it is never queried off the data)"""
+    awr_temperature: float = 1.0
+    """awr: temperature on advantages standardized over the batch (lower: greedier)"""
+    awr_max_weight: float = 20.0
+    """awr: weights are clipped here, then normalized to mean 1"""
+    awr_ema: float = 0.99
+    """awr: the policy that is gated, rolled out and saved is this EMA of the weights the updates train (raw Adam
+    steps from a BC checkpoint's EMA weights cost 15+ points on Reach before they help)"""
     advantage: Literal["value", "group"] = "value"
     """A = min Q of a chain's chunk - V(window) (value: IQL's, RL-100's), or - the mean min Q of the window's
     `samples` chains (group: a baseline at the very state, free of V's fitting error; no better on Reach so far)"""
@@ -162,6 +182,8 @@ class OfflineFlowConfig(RunOptions):
             raise ValueError(f"{name}.ratio: expected 'chain' or 'step', got {self.ratio!r}")
         if self.reward_type not in ("dense", "sparse"):
             raise ValueError(f"{name}.reward_type: expected 'dense' or 'sparse', got {self.reward_type!r}")
+        if self.extraction not in ("ppo", "awr"):
+            raise ValueError(f"{name}.extraction: expected 'ppo' or 'awr', got {self.extraction!r}")
         if self.advantage not in ("value", "group"):
             raise ValueError(f"{name}.advantage: expected 'value' or 'group', got {self.advantage!r}")
         if self.advantage == "group" and self.samples < 2:
@@ -172,7 +194,8 @@ class OfflineFlowConfig(RunOptions):
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         if self.denoise_steps is not None and self.denoise_steps < 1:
             raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
-        for field in ("clip", "lr", "noise_lr", "max_grad_norm", "sde_noise", "critic_lr"):
+        for field in ("clip", "lr", "noise_lr", "max_grad_norm", "sde_noise", "critic_lr", "awr_temperature",
+                      "awr_max_weight"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
         if self.noise_std is not None and not self.noise_std > 0:
@@ -186,6 +209,8 @@ class OfflineFlowConfig(RunOptions):
             raise ValueError(f"{name}.expectile: expected a value in [0.5, 1), got {self.expectile}")
         if not 0.0 < self.tau <= 1.0:
             raise ValueError(f"{name}.tau: expected a value in (0, 1], got {self.tau}")
+        if not 0.0 <= self.awr_ema < 1.0:
+            raise ValueError(f"{name}.awr_ema: expected a decay in [0, 1), got {self.awr_ema}")
         if not 0.0 < self.ope_fraction < 1.0:
             raise ValueError(f"{name}.ope_fraction: expected a value in (0, 1), got {self.ope_fraction}")
 
@@ -209,6 +234,9 @@ class Decisions:
     obs: dict[str, torch.Tensor]
     next_obs: dict[str, torch.Tensor]
     action: torch.Tensor
+    chunk: torch.Tensor
+    """the policy's whole normalized chunk (N, H, A) from the decision's step (what AWR regresses on)"""
+    chunk_is_pad: torch.Tensor
     reward: torch.Tensor
     discount: torch.Tensor
     held_out: np.ndarray
@@ -252,9 +280,12 @@ def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, f
     obs = policy.normalize_obs(w["obs"])
     next_obs = {k: v[torch.from_numpy(succ)] for k, v in obs.items()}
     action = policy.normalizer.normalize("action", torch.as_tensor(w["action"]).float()).flatten(1)
+    chunk_rows = sampler.anchor[:, None] + np.arange(policy.action_horizon)
+    chunk = torch.as_tensor(np.asarray(sampler.data["action"])[np.minimum(chunk_rows, last[:, None])]).float()
     keep_t = torch.from_numpy(keep)
     return Decisions({k: v[keep_t] for k, v in obs.items()}, next_obs, action[keep_t],
-                     torch.from_numpy(reward[keep]).float(),
+                     policy.normalizer.normalize("action", chunk)[keep_t],
+                     torch.from_numpy(chunk_rows > last[:, None])[keep_t], torch.from_numpy(reward[keep]).float(),
                      torch.from_numpy(np.where(terminal, 0.0, gamma ** steps.astype(np.float64))[keep]).float(),
                      held[w["episode"]][keep], np.asarray(w["episode"])[keep])
 
@@ -349,6 +380,30 @@ def improve(agent: FlowAgent, critic: ChunkCritic, optimizer: torch.optim.Optimi
             "adv/std": float(adv.std())}
 
 
+def improve_awr(student: FlowPolicy, policy: FlowPolicy, critic: ChunkCritic, optimizer: torch.optim.Optimizer,
+                data: Decisions, features: torch.Tensor, train: np.ndarray, config: OfflineFlowConfig,
+                rng: np.random.Generator, where: str) -> dict[str, float]:
+    """One policy update by advantage-weighted flow matching: `epochs` gradient steps of `student`, each on
+    `windows` training decisions with the data's own chunks, weighted by exp(A / T) of the chunk the data executed
+    (A standardized over the batch, clipped at `awr_max_weight`, normalized to mean 1); `policy` follows as the
+    students's EMA (`awr_ema`)."""
+    stats: dict[str, list[float]] = {}
+    for _ in range(config.epochs):
+        k = torch.from_numpy(train[rng.integers(0, len(train), config.windows)])
+        with torch.no_grad():
+            adv = critic.q(features[k], data.action[k]) - critic.value(features[k]).squeeze(-1)
+            z = (adv - adv.mean()) / adv.std().clamp(min=1e-6)
+            weight = torch.exp(z / config.awr_temperature).clamp(max=config.awr_max_weight)
+            weight = weight / weight.mean()
+        loss = student.loss({key: v[k] for key, v in data.obs.items()}, data.chunk[k], data.chunk_is_pad[k], weight)
+        value, grad_norm = optimizer_step(loss, student, optimizer, _NoSchedule(), where, config.max_grad_norm)
+        polyak(student, policy, 1.0 - config.awr_ema)
+        for key, x in {"loss/awr": value, "grad_norm": grad_norm, "adv/mean": float(adv.mean()),
+                       "adv/std": float(adv.std()), "awr/max_weight": float(weight.max())}.items():
+            stats.setdefault(key, []).append(x)
+    return {k: float(np.mean(x)) for k, x in stats.items()}
+
+
 class _NoSchedule:
     """A constant learning rate for `optimizer_step`."""
 
@@ -380,8 +435,10 @@ def train(config: OfflineFlowConfig) -> RLResult:
     agent = FlowAgent(policy, chain_config, policy.config.steps)
     feature_dim = sum(policy.obs_horizon * policy.spec.observations[k].size for k in policy.vector_keys)
     critic = ChunkCritic(feature_dim, execute * policy.action_dim, config)
-    modules = nn.ModuleDict({"agent": agent, "critic": critic})
-    groups = [{"params": policy.parameters(), "lr": config.lr}]
+    # awr trains a student whose EMA is `policy` (gated, rolled out, saved); ppo trains `policy` itself
+    student = copy.deepcopy(policy) if config.extraction == "awr" else None
+    modules = nn.ModuleDict({"agent": agent, "critic": critic, **({"student": student} if student else {})})
+    groups = [{"params": (student or policy).parameters(), "lr": config.lr}]
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
     opt = {"policy": torch.optim.Adam(groups, eps=1e-5),
@@ -431,7 +488,8 @@ def train(config: OfflineFlowConfig) -> RLResult:
                     **{"data/decisions": len(data), "data/held_out": float(data.held_out.sum())})
 
             # 2. gated policy updates: windows of the training episodes; OPE on the held-out ones
-            train_obs = {k: v[torch.from_numpy(~data.held_out)] for k, v in data.obs.items()}
+            train_index = np.nonzero(~data.held_out)[0]
+            train_obs = {k: v[torch.from_numpy(train_index)] for k, v in data.obs.items()}
             held = np.nonzero(data.held_out)[0]
             held = held[np.linspace(0, len(held) - 1, min(len(held), config.ope_windows)).astype(int)]
             ope_obs = {k: v[torch.from_numpy(held)] for k, v in data.obs.items()}
@@ -443,13 +501,27 @@ def train(config: OfflineFlowConfig) -> RLResult:
                                        "train state is kept (resume with a lower critic_lr)")
             accepted = 0
             check_seed = config.seed + 10_000 * (it + 1) + 5_000  # neither the rollouts' nor evaluation's seeds
-            start_state = copy.deepcopy(agent.state_dict()), copy.deepcopy(opt["policy"].state_dict())
+            def snapshot() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+                return (copy.deepcopy(agent.state_dict()), copy.deepcopy(opt["policy"].state_dict()),
+                        copy.deepcopy(student.state_dict()) if student is not None else None)
+
+            def restore(snap: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]) -> None:
+                agent.load_state_dict(snap[0])
+                opt["policy"].load_state_dict(snap[1])
+                if student is not None and snap[2] is not None:
+                    student.load_state_dict(snap[2])
+
+            start_state = snapshot()
             start_success = evaluate_policy(policy, config.rollout_episodes, config.rollout_envs, check_seed,
                                             execute).success_rate if config.success_gate else 0.0
             for u in range(updates):
-                kept = copy.deepcopy(agent.state_dict()), copy.deepcopy(opt["policy"].state_dict())
-                s = improve(agent, critic, opt["policy"], train_obs, config, chain_config, reference, rng,
-                            f"{where}, policy update {u}")
+                kept = snapshot()
+                if student is not None:
+                    s = improve_awr(student, policy, critic, opt["policy"], data, features, train_index, config, rng,
+                                    f"{where}, policy update {u}")
+                else:
+                    s = improve(agent, critic, opt["policy"], train_obs, config, chain_config, reference, rng,
+                                f"{where}, policy update {u}")
                 new = ode_chunks(agent, ope_obs, execute, ope_seed)
                 gate = ope_gate(critic, ope_features, old, new, ope_episode, config.ope_z)
                 ok = math.isfinite(gate["ope/gain_lcb"]) and gate["ope/gain_lcb"] > 0
@@ -457,16 +529,14 @@ def train(config: OfflineFlowConfig) -> RLResult:
                 if ok:
                     accepted, old = accepted + 1, new
                 else:  # roll back: the weights and Adam's moments of before the update
-                    agent.load_state_dict(kept[0])
-                    opt["policy"].load_state_dict(kept[1])
+                    restore(kept)
 
             if config.success_gate and accepted:
                 new_success = evaluate_policy(policy, config.rollout_episodes, config.rollout_envs, check_seed,
                                               execute).success_rate
                 log.log((it + 1) * updates, **{"gate/start_success": start_success, "gate/new_success": new_success})
                 if not new_success > start_success:  # no measured gain: the iteration's updates are undone
-                    agent.load_state_dict(start_state[0])
-                    opt["policy"].load_state_dict(start_state[1])
+                    restore(start_state)
                     accepted = 0
 
             # 3. rollouts of the accepted policy into the store

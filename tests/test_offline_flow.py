@@ -102,13 +102,14 @@ def test_ope_gate_rejects_a_bad_update_and_keeps_the_old_weights(bc_flow: Path, 
         torch.testing.assert_close(tuned[name], x, rtol=0, atol=0, msg=name)
 
 
-def test_stopped_run_resumes_exactly(bc_flow: Path, offline_reach_demos: Path, tmp_path: Path,
+@pytest.mark.parametrize("extraction", ["ppo", "awr"])
+def test_stopped_run_resumes_exactly(bc_flow: Path, offline_reach_demos: Path, tmp_path: Path, extraction: str,
                                      assert_same_run) -> None:
     """A run stopped after its first iteration's train state, with episodes a killed second iteration had already
-    rolled out left on its store, resumes (dropping them) to the very weights, Adam states and store of a run that
-    was never stopped."""
+    rolled out left on its store, resumes (dropping them) to the very weights (awr: the student's and its EMA's),
+    Adam states and store of a run that was never stopped."""
     cfg = tiny(bc_flow, offline_reach_demos, tmp_path / "stopped", iterations=2, eval_episodes=0, critic_steps=30,
-               policy_updates=1)
+               policy_updates=1, extraction=extraction)
     train(replace(cfg, iterations=1))
     with EpisodeStore.open(tmp_path / "stopped" / "store.zarr", mode="a") as store:
         store.append_episode(store.episode(0).data, {"source": "policy"})  # what a killed iteration left behind
@@ -152,7 +153,10 @@ def test_bad_configs_and_inputs_are_refused(bc_flow: Path, offline_reach_demos: 
             ({"ope_z": -0.1}, r"OfflineFlowConfig.ope_z: expected >= 0, got -0.1"),
             ({"expectile": 0.3}, r"OfflineFlowConfig.expectile: expected a value in \[0.5, 1\), got 0.3"),
             ({"gamma": 1.0}, r"OfflineFlowConfig.gamma: expected a value in \(0, 1\), got 1.0"),
-            ({"lr": 0.0}, r"OfflineFlowConfig.lr: expected > 0, got 0.0")):
+            ({"lr": 0.0}, r"OfflineFlowConfig.lr: expected > 0, got 0.0"),
+            ({"extraction": "dpo"}, r"OfflineFlowConfig.extraction: expected 'ppo' or 'awr', got 'dpo'"),
+            ({"awr_ema": 1.0}, r"OfflineFlowConfig.awr_ema: expected a decay in \[0, 1\), got 1.0"),
+            ({"awr_temperature": 0.0}, r"OfflineFlowConfig.awr_temperature: expected > 0, got 0.0")):
         with pytest.raises(ValueError, match=message):
             tiny(bc_flow, offline_reach_demos, tmp_path / "run", **overrides)
     with pytest.raises(ValueError, match=r"OfflineFlowConfig.resume: needs run_dir"):
@@ -169,6 +173,27 @@ def test_bad_configs_and_inputs_are_refused(bc_flow: Path, offline_reach_demos: 
     train(once)
     with pytest.raises(FileExistsError, match=r"OfflineFlowConfig.run_dir: .*once already holds a run"):
         train(once)
+
+
+def test_awr_extraction_raises_held_out_success_on_reach(bc_flow: Path, offline_reach_demos: Path,
+                                                         tmp_path: Path) -> None:
+    """--extraction awr, CI-sized: one iteration, 300 critic steps, one update of 300 advantage-weighted flow-matching
+    steps whose EMA is gated, 40 rollouts. Held-out success over 50 paired episodes rises by >= 15 points (measured
+    on seeds 0/1/2: 50 -> 78/82/82%); the saved policy is the gated EMA, not the trained weights."""
+    config = OfflineFlowConfig(policy=bc_flow, store=offline_reach_demos, run_dir=tmp_path / "run", iterations=1,
+                               extraction="awr", lr=3e-4, policy_updates=1, epochs=300, windows=32, critic_steps=300,
+                               rollout_episodes=40, rollout_envs=20, execute=4, denoise_steps=5, eval_episodes=50,
+                               eval_envs=25, progress=False)
+    result = train(config)
+    rows = metrics(tmp_path / "run")
+    start = rows[0]["eval/success_rate"]
+    assert result.success_rate >= start + 0.15, (start, result.success_rate)
+    awr = [r for r in rows if "loss/awr" in r]
+    assert len(awr) == 1 and awr[0]["awr/max_weight"] <= config.awr_max_weight and awr[0]["ope/accepted"] == 1.0
+    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)["agent"]
+    saved = load(tmp_path / "run" / "policy").state_dict()
+    student = {k[len("student."):]: v for k, v in state.items() if k.startswith("student.")}
+    assert student and any(not torch.equal(saved[k], student[k]) for k in saved if k in student)
 
 
 @pytest.mark.slow
