@@ -42,7 +42,10 @@ class Sim2RealBenchConfig:
     """perturbed robots (independent draws of the randomization), each run for `episodes` episodes"""
     seed: int = HELD_OUT_SEED
     robot: str = "sim_panda"
+    """the robot file both nodes use (its limits are the safety filter's)"""
     threads: int = 1
+    domain: int = DOMAIN
+    """ROS domain id of the run (two benches side by side need two)"""
 
 
 def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchConfig, logs: Path) -> Any:
@@ -50,7 +53,7 @@ def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchCo
         "sim_robot": {"robot": config.robot, "lockstep": True, "seed": twin, "perturbation": perturbation},
         "deploy": {"robot": config.robot, "policy": str(policy), "trigger": "observation", "seed": config.seed,
                    "wait_for_reset": True, "threads": config.threads},
-    }, logs, DOMAIN)
+    }, logs, config.domain)
     try:
         return evaluate_over_ros(config.episodes, config.seed, episode_timeout=600.0)
     finally:
@@ -59,7 +62,7 @@ def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchCo
 
 def main(config: Sim2RealBenchConfig) -> list[dict[str, Any]]:
     rows = []
-    rclpy.init(domain_id=DOMAIN)
+    rclpy.init(domain_id=config.domain)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for item in config.policies:
