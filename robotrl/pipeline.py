@@ -9,8 +9,9 @@ Stages, each a command of its own that reads the previous stage's files and writ
 
     demos    robotrl data record       the task's noisy scripted expert -> demos.zarr
     bc       robotrl train bc          BC flow (or VLA) policy                            -> bc/policy
-    offline  robotrl train offline     RL-100's iterative offline RL (critic from the store, OPE-gated updates,
-                                       rollouts added to the store)                        -> offline/policy
+    offline  robotrl train offline     RL-100's iterative offline RL (critic from the store, OPE-gated updates:
+                                       AWR by default, `--offline-extraction ppo` for the
+                                       chain's clipped PPO; rollouts added to the store)   -> offline/policy
     online   robotrl train hil         online RL in the parallel vector env with the task's scripted expert as the
                                        operator taking over when the policy strays (HIL); `--no-interventions`:
                                        plain `robotrl train online`                        -> online/policy
@@ -52,6 +53,9 @@ class Budget:
     offline_iterations: int
     offline_critic_steps: int
     offline_updates: int
+    """ppo extraction: OPE-gated updates per iteration"""
+    offline_awr_steps: int
+    """awr extraction: advantage-weighted flow-matching steps per iteration (one gated update)"""
     offline_rollout_episodes: int
     online_steps: int
     online_envs: int
@@ -63,16 +67,17 @@ class Budget:
 
 PRESETS: dict[str, Budget] = {
     "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), offline_iterations=1,
-                    offline_critic_steps=50, offline_updates=2, offline_rollout_episodes=2, online_steps=512,
-                    online_envs=4, online_rollout_steps=64, distill_steps=20, eval_episodes=4, eval_envs=4),
+                    offline_critic_steps=50, offline_updates=2, offline_awr_steps=10, offline_rollout_episodes=2,
+                    online_steps=512, online_envs=4, online_rollout_steps=64, distill_steps=20, eval_episodes=4,
+                    eval_envs=4),
     "default": Budget(demo_episodes=100, bc_steps=4_000, bc_batch=64, bc_channels=(32, 64, 128),
-                      offline_iterations=1, offline_critic_steps=2_000, offline_updates=10,
+                      offline_iterations=1, offline_critic_steps=2_000, offline_updates=10, offline_awr_steps=600,
                       offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
                       distill_steps=1_500, eval_episodes=50, eval_envs=25),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256),
-                   offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_rollout_episodes=50,
-                   online_steps=1_000_000, online_envs=32, online_rollout_steps=160, distill_steps=5_000,
-                   eval_episodes=500, eval_envs=50),
+                   offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
+                   offline_rollout_episodes=50, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
+                   distill_steps=5_000, eval_episodes=500, eval_envs=50),
 }
 
 
@@ -87,6 +92,10 @@ class PipelineConfig:
     """the BC policy (default: vla for a task with a language instruction, flow otherwise)"""
     interventions: bool = True
     """online stage with the simulated operator (robotrl train hil); False: plain online RL"""
+    offline_extraction: Literal["ppo", "awr"] = "awr"
+    """the offline stage's policy update (`robotrl train offline --extraction`): awr, advantage-weighted flow
+    matching on the store (Reach: +38 points in two iterations), or ppo, RL-100's clipped PPO over the chain
+    (Reach: every update undone by its gates, +0; bench/RESULTS.md)"""
     demo_episodes: int | None = None
     bc_steps: int | None = None
     online_steps: int | None = None
@@ -106,6 +115,9 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"PipelineConfig.preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
+        if self.offline_extraction not in ("ppo", "awr"):
+            raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
+                             f"{self.offline_extraction!r}")
         for name in ("demo_episodes", "bc_steps", "online_steps", "distill_steps", "eval_episodes"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -176,13 +188,16 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     from robotrl.datasets import EpisodeStore
     from robotrl.offline_flow import OfflineFlowConfig, train
 
+    extraction: dict[str, Any] = {"policy_updates": budget.offline_updates}
+    if config.offline_extraction == "awr":
+        extraction = {"extraction": "awr", "lr": 3e-4, "policy_updates": 1, "epochs": budget.offline_awr_steps,
+                      "windows": budget.bc_batch}
     result = train(OfflineFlowConfig(
         policy=run_dir / "bc" / "policy", store=run_dir / "demos.zarr", iterations=budget.offline_iterations,
-        critic_steps=budget.offline_critic_steps, policy_updates=budget.offline_updates,
-        rollout_episodes=budget.offline_rollout_episodes, rollout_envs=min(10, budget.offline_rollout_episodes),
-        execute=config.execute,
-        eval_episodes=0, run_dir=run_dir / "offline", seed=config.seed, threads=config.threads,
-        progress=config.progress))
+        critic_steps=budget.offline_critic_steps, rollout_episodes=budget.offline_rollout_episodes,
+        rollout_envs=min(10, budget.offline_rollout_episodes), execute=config.execute, eval_episodes=0,
+        run_dir=run_dir / "offline", seed=config.seed, threads=config.threads, progress=config.progress,
+        **extraction))
     # the env steps it took: the rollouts it appended to its copy of the store
     with EpisodeStore.open(run_dir / "offline" / "store.zarr") as grown, EpisodeStore.open(run_dir / "demos.zarr") as demos:
         env_steps = grown.num_steps - demos.num_steps

@@ -81,4 +81,6 @@ def test_bad_config_names_the_field():
         PipelineConfig(preset="huge")
     with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: expected >= 1, got 0"):
         PipelineConfig(bc_steps=0)
+    with pytest.raises(ValueError, match=r"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got 'dpo'"):
+        PipelineConfig(offline_extraction="dpo")  # type: ignore[arg-type]
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
