@@ -114,11 +114,11 @@ class LanguageEncoder:
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"LanguageEncoder: expected instruction strings, got {type(t).__name__} {t!r} at index {i}")
-        new = sorted({t for t in texts if t not in self.cache})
-        if new:
-            emb = self.model.encode(new, convert_to_numpy=True, show_progress_bar=False)
-            for t, e in zip(new, np.asarray(emb, dtype=np.float32)):
-                self.cache[t] = torch.from_numpy(e.copy())  # a plain tensor (not an inference-mode one)
+        # one string per encode call: a batch pads its strings to the longest, which moves an embedding in the last
+        # bits, so an instruction would embed differently depending on what else was new in the same call
+        for t in sorted({t for t in texts if t not in self.cache}):
+            emb = self.model.encode([t], convert_to_numpy=True, show_progress_bar=False)
+            self.cache[t] = torch.from_numpy(np.asarray(emb, dtype=np.float32)[0].copy())  # a plain tensor
         if not texts:
             return torch.zeros(0, self.dim)
         return torch.stack([self.cache[t] for t in texts])
