@@ -152,7 +152,9 @@ def test_a_nan_policy_publishes_nothing(ros: None, nan_export: Path) -> None:
                          ids=["asynchronous", "temporal-ensembling"])
 def test_asynchronous_and_ensembled_execution_drive_the_robot(ros: None, pusht_export: Path, options: dict) -> None:
     with deployed(DeployConfig(policy=str(pusht_export), robot="sim_panda", **options)) as (deploy, robot, executor):
-        run(executor, 1.0, robot.publish)
+        end = time.monotonic() + 5.0  # ~1 s on an idle machine; a loaded CI machine may take longer
+        while (len(robot.commands) < 10 or deploy.runner.inferences < 2) and time.monotonic() < end:
+            run(executor, 0.2, robot.publish)
         assert len(robot.commands) >= 10 and deploy.runner.inferences >= 2
         q = np.stack([c for _, c in robot.commands])
         assert np.all(np.isfinite(q)) and np.any(np.abs(q - HOME) > 1e-6)
