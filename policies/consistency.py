@@ -43,10 +43,19 @@ from robotrl.policies.base import register
 from robotrl.policies.diffusion import cosine_alphas_cumprod
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 from robotrl.policies.vla import VLAConfig, VLAPolicy
-from robotrl.spec import SpecMismatchError, Spec
+from robotrl.spec import Spec, SpecMismatchError
 
 #: teacher policy types a consistency student can be distilled from
 TEACHERS = ("flow", "diffusion", "vla")
+
+
+def check_grid(config: Any) -> None:
+    """The grid fields every student config has (`teacher_steps`, `teacher_solver`), named in its errors."""
+    name = type(config).__name__
+    if config.teacher_solver not in ("euler", "heun"):
+        raise ValueError(f"{name}.teacher_solver: expected 'euler' or 'heun', got {config.teacher_solver!r}")
+    if config.teacher_steps < 1:
+        raise ValueError(f"{name}.teacher_steps: expected >= 1, got {config.teacher_steps}")
 
 
 @dataclass
@@ -65,11 +74,7 @@ class ConsistencyConfig(GenerativeConfig):
         if self.teacher not in ("flow", "diffusion"):
             raise ValueError(f"ConsistencyConfig.teacher: expected 'flow' or 'diffusion' (a VLA's student is "
                              f"VLAConsistencyPolicy), got {self.teacher!r}")
-        if self.teacher_solver not in ("euler", "heun"):
-            raise ValueError(f"ConsistencyConfig.teacher_solver: expected 'euler' or 'heun', got "
-                             f"{self.teacher_solver!r}")
-        if self.teacher_steps < 1:
-            raise ValueError(f"ConsistencyConfig.teacher_steps: expected >= 1, got {self.teacher_steps}")
+        check_grid(self)
         if self.teacher == "diffusion" and self.teacher_steps > self.train_steps:
             raise ValueError(f"ConsistencyConfig.teacher_steps: expected <= train_steps ({self.train_steps}) for a "
                              f"diffusion teacher, got {self.teacher_steps}")
@@ -83,6 +88,8 @@ class ConsistencyHead:
     `teacher_solver`."""
 
     teacher_kind: str
+    #: the teacher policy type (`Policy.name`) this student is distilled from
+    teacher_name: str
     config: Any
     times: torch.Tensor
     alpha_bar: torch.Tensor
@@ -103,9 +110,8 @@ class ConsistencyHead:
 
     def check_teacher(self, teacher: Any) -> None:
         """Refuse a teacher this student was not built for (type, spec, windows, architecture)."""
-        expected = student_teacher_name(self)
-        if teacher.name != expected:
-            raise TypeError(f"{self.name}: built for a {expected!r} teacher, got {teacher.name!r}")  # type: ignore[attr-defined]
+        if teacher.name != self.teacher_name:
+            raise TypeError(f"{self.name}: built for a {self.teacher_name!r} teacher, got {teacher.name!r}")  # type: ignore[attr-defined]
         teacher.spec.check(self.spec, this="teacher", that=f"{self.name} student")  # type: ignore[attr-defined]
         for f in dataclasses.fields(self.shared_config):
             mine, theirs = getattr(self.config, f.name), getattr(teacher.config, f.name)
@@ -215,6 +221,10 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
     def teacher_kind(self) -> str:  # type: ignore[override]
         return self.config.teacher
 
+    @property
+    def teacher_name(self) -> str:  # type: ignore[override]
+        return self.config.teacher
+
     def __init__(self, spec: Spec, config: ConsistencyConfig | None = None,
                  stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         super().__init__(spec, config, stats)
@@ -261,11 +271,7 @@ class VLAConsistencyConfig(VLAConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.teacher_solver not in ("euler", "heun"):
-            raise ValueError(f"VLAConsistencyConfig.teacher_solver: expected 'euler' or 'heun', got "
-                             f"{self.teacher_solver!r}")
-        if self.teacher_steps < 1:
-            raise ValueError(f"VLAConsistencyConfig.teacher_steps: expected >= 1, got {self.teacher_steps}")
+        check_grid(self)
 
 
 @register
@@ -278,6 +284,7 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
     config_cls = VLAConsistencyConfig
     config: VLAConsistencyConfig
     teacher_kind = "flow"
+    teacher_name = "vla"
     shared_config = VLAConfig
 
     def __init__(self, spec: Spec, config: VLAConsistencyConfig | None = None,
@@ -299,10 +306,6 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
         student = cls(teacher.spec, config, teacher.stats or None)
         student.load_state_dict(teacher.state_dict())
         return student.to(next(teacher.parameters()).device)
-
-
-def student_teacher_name(student: ConsistencyHead) -> str:
-    return "vla" if isinstance(student, VLAConsistencyPolicy) else student.teacher_kind
 
 
 def student_for(teacher: Any, teacher_steps: int | None = None, teacher_solver: str | None = None,

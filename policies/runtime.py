@@ -12,7 +12,6 @@ and what was found.
 from __future__ import annotations
 
 import time
-
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any

@@ -263,12 +263,14 @@ def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, f
     """The store's decisions at every step of every episode (module docstring, step 1)."""
     with EpisodeStore.open(path) as store:
         store.check_spec(policy.spec, "the policy's spec")
-        sampler = SequenceSampler.from_store(store, SequenceConfig(policy.obs_horizon, execute, tuple(policy.obs_keys),
+        # windows of the policy's whole chunk; the decision is its first `execute` actions (execute <= horizon)
+        sampler = SequenceSampler.from_store(store, SequenceConfig(policy.obs_horizon, policy.action_horizon,
+                                                                   tuple(policy.obs_keys),
                                                                    extra_keys=("reward", "terminated")))
         held = held_out_episodes(store.num_episodes, fraction, seed, where)
     index = np.arange(len(sampler))
     w = sampler.get(index)
-    real = ~w["action_is_pad"]  # (N, execute): the steps the decision takes before its episode ends
+    real = ~w["action_is_pad"][:, :execute]  # (N, execute): the steps the decision takes before its episode ends
     steps = real.sum(1)
     last = sampler.ep_end - 1
     rows = np.minimum(sampler.anchor[:, None] + np.arange(execute), last[:, None])
@@ -279,13 +281,10 @@ def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, f
     succ = np.where(ends, index, index + steps)[keep]
     obs = policy.normalize_obs(w["obs"])
     next_obs = {k: v[torch.from_numpy(succ)] for k, v in obs.items()}
-    action = policy.normalizer.normalize("action", torch.as_tensor(w["action"]).float()).flatten(1)
-    chunk_rows = sampler.anchor[:, None] + np.arange(policy.action_horizon)
-    chunk = torch.as_tensor(np.asarray(sampler.data["action"])[np.minimum(chunk_rows, last[:, None])]).float()
+    chunk = policy.normalizer.normalize("action", torch.as_tensor(w["action"]).float())
     keep_t = torch.from_numpy(keep)
-    return Decisions({k: v[keep_t] for k, v in obs.items()}, next_obs, action[keep_t],
-                     policy.normalizer.normalize("action", chunk)[keep_t],
-                     torch.from_numpy(chunk_rows > last[:, None])[keep_t], torch.from_numpy(reward[keep]).float(),
+    return Decisions({k: v[keep_t] for k, v in obs.items()}, next_obs, chunk[:, :execute].flatten(1)[keep_t],
+                     chunk[keep_t], torch.from_numpy(w["action_is_pad"])[keep_t], torch.from_numpy(reward[keep]).float(),
                      torch.from_numpy(np.where(terminal, 0.0, gamma ** steps.astype(np.float64))[keep]).float(),
                      held[w["episode"]][keep], np.asarray(w["episode"])[keep])
 
@@ -451,6 +450,16 @@ def train(config: OfflineFlowConfig) -> RLResult:
         with EpisodeStore.open(store_path, mode="a") as store:
             store.truncate(int(state["episodes"]))  # rollouts of the iteration that was cut short
 
+    def snapshot() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        return (copy.deepcopy(agent.state_dict()), copy.deepcopy(opt["policy"].state_dict()),
+                copy.deepcopy(student.state_dict()) if student is not None else None)
+
+    def restore(snap: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]) -> None:
+        agent.load_state_dict(snap[0])
+        opt["policy"].load_state_dict(snap[1])
+        if student is not None and snap[2] is not None:
+            student.load_state_dict(snap[2])
+
     timing = {"eval": 0.0}
     cached: dict[str, Any] = {}
 
@@ -501,16 +510,6 @@ def train(config: OfflineFlowConfig) -> RLResult:
                                        "train state is kept (resume with a lower critic_lr)")
             accepted = 0
             check_seed = config.seed + 10_000 * (it + 1) + 5_000  # neither the rollouts' nor evaluation's seeds
-            def snapshot() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-                return (copy.deepcopy(agent.state_dict()), copy.deepcopy(opt["policy"].state_dict()),
-                        copy.deepcopy(student.state_dict()) if student is not None else None)
-
-            def restore(snap: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]) -> None:
-                agent.load_state_dict(snap[0])
-                opt["policy"].load_state_dict(snap[1])
-                if student is not None and snap[2] is not None:
-                    student.load_state_dict(snap[2])
-
             start_state = snapshot()
             start_success = evaluate_policy(policy, config.rollout_episodes, config.rollout_envs, check_seed,
                                             execute).success_rate if config.success_gate else 0.0
