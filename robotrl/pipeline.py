@@ -7,7 +7,7 @@
 
 Stages, each a command of its own that reads the previous stage's files and writes its own under run_dir:
 
-    demos    robotrl data record       the task's noisy scripted expert -> demos.zarr
+    demos    robotrl data record       the task's scripted expert (noise <= 0.5)          -> demos.zarr
     bc       robotrl train bc          BC flow (or VLA) policy                            -> bc/policy
     offline  robotrl train offline     RL-100's iterative offline RL (critic from the store, OPE-gated updates:
                                        AWR by default, `--offline-extraction ppo` for the
@@ -50,6 +50,7 @@ class Budget:
     bc_steps: int
     bc_batch: int
     bc_channels: tuple[int, ...]
+    bc_lr: float
     offline_iterations: int
     offline_critic_steps: int
     offline_updates: int
@@ -66,15 +67,15 @@ class Budget:
 
 
 PRESETS: dict[str, Budget] = {
-    "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), offline_iterations=1,
-                    offline_critic_steps=50, offline_updates=2, offline_awr_steps=10, offline_rollout_episodes=2,
-                    online_steps=512, online_envs=4, online_rollout_steps=64, distill_steps=20, eval_episodes=4,
-                    eval_envs=4),
-    "default": Budget(demo_episodes=100, bc_steps=4_000, bc_batch=64, bc_channels=(32, 64, 128),
+    "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), bc_lr=1e-4,
+                    offline_iterations=1, offline_critic_steps=50, offline_updates=2, offline_awr_steps=10,
+                    offline_rollout_episodes=2, online_steps=512, online_envs=4, online_rollout_steps=64,
+                    distill_steps=20, eval_episodes=4, eval_envs=4),
+    "default": Budget(demo_episodes=200, bc_steps=8_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
                       offline_iterations=1, offline_critic_steps=2_000, offline_updates=10, offline_awr_steps=600,
                       offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
-                      distill_steps=1_500, eval_episodes=50, eval_envs=25),
-    "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256),
+                      distill_steps=1_000, eval_episodes=50, eval_envs=25),
+    "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
                    offline_rollout_episodes=50, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
                    distill_steps=5_000, eval_episodes=500, eval_envs=50),
@@ -96,6 +97,10 @@ class PipelineConfig:
     """the offline stage's policy update (`robotrl train offline --extraction`): awr, advantage-weighted flow
     matching on the store (Reach: +38 points in two iterations), or ppo, RL-100's clipped PPO over the chain
     (Reach: every update undone by its gates, +0; bench/RESULTS.md)"""
+    demo_noise: float | None = None
+    """the scripted expert's noise for the demos; default: the task's demo_noise (its stand-in for a human)
+    capped at 0.5, because BC learns PushT from noise-0.5 demos and barely from noise-1.0 ones (a one-step
+    student of 22k BC steps: 72.5% against 23%, bench/RESULTS.md)"""
     demo_episodes: int | None = None
     bc_steps: int | None = None
     online_steps: int | None = None
@@ -122,6 +127,8 @@ class PipelineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"PipelineConfig.{name}: expected >= 1, got {value}")
+        if self.demo_noise is not None and not self.demo_noise >= 0.0:
+            raise ValueError(f"PipelineConfig.demo_noise: expected >= 0 or None (the task's), got {self.demo_noise}")
         for name in ("execute", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PipelineConfig.{name}: expected >= 1, got {getattr(self, name)}")
@@ -166,7 +173,7 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
 
         shutil.rmtree(out)
     store = record_expert(out, config.task, budget.demo_episodes, num_envs=min(8, budget.demo_episodes),
-                          seed=config.seed, progress=config.progress)
+                          noise=demo_noise(config), seed=config.seed, progress=config.progress)
     summary = store.summary()
     store.close()
     return out, int(summary["steps"]), {"episodes": int(summary["episodes"]),
@@ -177,8 +184,9 @@ def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Pat
     from robotrl.bc import BCConfig, train
 
     result = train(BCConfig(store=run_dir / "demos.zarr", policy=policy_kind(config), steps=budget.bc_steps,
-                            batch_size=budget.bc_batch, channels=budget.bc_channels, execute=config.execute,
-                            warmup=min(500, budget.bc_steps // 10), eval_episodes=0, run_dir=run_dir / "bc",
+                            batch_size=budget.bc_batch, channels=budget.bc_channels, lr=budget.bc_lr,
+                            execute=config.execute, warmup=min(500, budget.bc_steps // 10), eval_episodes=0,
+                            run_dir=run_dir / "bc",
                             seed=config.seed, threads=config.threads, progress=config.progress,
                             checkpoint_every=max(1, budget.bc_steps // 4)))
     return result.checkpoint, 0, {"final_loss": result.final_loss}
@@ -246,6 +254,14 @@ def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
 RUNNERS: dict[str, Callable[[PipelineConfig, Budget, Path], tuple[Path, int, dict[str, Any]]]] = {
     "demos": stage_demos, "bc": stage_bc, "offline": stage_offline, "online": stage_online,
     "distill": stage_distill, "export": stage_export}
+
+
+def demo_noise(config: PipelineConfig) -> float:
+    if config.demo_noise is not None:
+        return config.demo_noise
+    from robotrl.envs import make_task
+
+    return min(0.5, make_task(config.task).demo_noise)
 
 
 def policy_kind(config: PipelineConfig) -> Literal["flow", "vla"]:

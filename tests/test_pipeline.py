@@ -48,6 +48,8 @@ def test_each_stage_wrote_the_documented_files(smoke):
 
     store = EpisodeStore.open(run_dir / "demos.zarr")
     assert store.spec.task == "PushT"
+    # PushT's teleop stand-in is noise 1.0; the pipeline's demos are capped at 0.5 (BC learns from those)
+    assert {episode.meta["noise"] for episode in store} == {0.5}
     policies = {s: load(run_dir / s / "policy") for s in ("bc", "offline", "online", "distill")}
     for policy in policies.values():
         policy.check_spec(store.spec)
@@ -83,4 +85,6 @@ def test_bad_config_names_the_field():
         PipelineConfig(bc_steps=0)
     with pytest.raises(ValueError, match=r"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got 'dpo'"):
         PipelineConfig(offline_extraction="dpo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: expected >= 0 or None .*got nan"):
+        PipelineConfig(demo_noise=float("nan"))
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
