@@ -99,6 +99,9 @@ class OnlineConfig(RunOptions):
     """PPO's unit: a decision, its ratio from the whole chain's log-likelihood (chain), or each chain transition
     with a ratio of its own (step: DPPO's denoising MDP; the chain's ratio then moves up to K times further per
     update, so it wants a smaller clip or lr)"""
+    likelihood: Literal["chunk", "executed"] = "chunk"
+    """the chunk elements the PPO ratio scores: all of the chunk the chain draws (chunk), or only the `execute`
+    actions the env runs (executed; the rest never act, so their likelihood only adds noise to the ratio)"""
     gamma: float = 0.95
     """discount per env step"""
     gae_lambda: float = 0.9
@@ -140,6 +143,8 @@ class OnlineConfig(RunOptions):
             raise ValueError(f"{name}.method: expected one of {METHODS}, got {self.method!r}")
         if self.ratio not in ("step", "chain"):
             raise ValueError(f"{name}.ratio: expected 'chain' or 'step', got {self.ratio!r}")
+        if self.likelihood not in ("chunk", "executed"):
+            raise ValueError(f"{name}.likelihood: expected 'chunk' or 'executed', got {self.likelihood!r}")
         for field in ("num_envs", "total_steps", "rollout_steps", "execute", "epochs", "minibatch_size"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
@@ -228,6 +233,8 @@ class FlowAgent(nn.Module):
         feature_dim = sum(window * policy.spec.observations[k].size for k in policy.vector_keys)
         self.value_net = mlp([feature_dim, *config.value_hidden, 1], act=nn.Tanh)
         self.chunk_shape = (policy.horizon, policy.action_dim)
+        #: leading chunk steps whose likelihood the ratio scores (`likelihood`)
+        self.scored = policy.horizon if config.likelihood == "chunk" else min(config.execute, policy.horizon)
         self.noise_net = NoiseNet(feature_dim, self.chunk_shape, config.noise_hidden, config.noise_min,
                                   config.noise_max, std) if config.method == "flow_noise" else None
 
@@ -264,8 +271,13 @@ class FlowAgent(nn.Module):
             mean, std = self.transition(x, v, ks, features)
             x = mean + std * torch.randn_like(mean)
             chain.append(x)
-            logp.append(gaussian_log_prob(x, mean, std))
+            logp.append(self.log_density(x, mean, std))
         return torch.stack(chain, 1), torch.stack(logp, 1)
+
+    def log_density(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """A transition's log-density over the scored chunk steps (B, H', A) -> (B,)."""
+        h = self.scored
+        return gaussian_log_prob(x[:, :h], mean[:, :h], std.expand_as(mean)[:, :h])
 
     def chain_log_prob(self, obs: dict[str, torch.Tensor], chain: torch.Tensor,
                        reference: FlowPolicy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,7 +289,7 @@ class FlowAgent(nn.Module):
         cond = self.policy.encoder(obs).repeat_interleave(k, 0)
         v = self.policy.velocity(x, ks.to(x.dtype) / self.steps, cond)
         mean, std = self.transition(x, v, ks, self.features(obs).repeat_interleave(k, 0))
-        logp = gaussian_log_prob(chain[:, 1:].reshape(b * k, *chain.shape[2:]), mean, std).reshape(b, k)
+        logp = self.log_density(chain[:, 1:].reshape(b * k, *chain.shape[2:]), mean, std).reshape(b, k)
         gap = torch.zeros((), device=chain.device)
         if reference is not None:
             with torch.no_grad():
@@ -514,7 +526,7 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
     if not actor:
         return config.value_coef * value_loss, stats
     logp, gap = agent.chain_log_prob(batch["obs"], batch["chain"], reference if config.bc_coef > 0 else None)
-    logratio = (logp - batch["logp"]) / math.prod(agent.chunk_shape)  # per element (DPPO), (B, K)
+    logratio = (logp - batch["logp"]) / (agent.scored * agent.chunk_shape[1])  # per element (DPPO), (B, K)
     if config.ratio == "chain":
         logratio = logratio.sum(1, keepdim=True)
     ratio = logratio.exp()

@@ -132,6 +132,33 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
     assert agent.chain_log_prob(obs, chain, reference)[1].item() > 0.0
 
 
+def test_executed_likelihood_scores_only_the_actions_the_env_runs(bc_flow: Path) -> None:
+    """--likelihood executed: the chain's log-density ignores the chunk steps past `execute` (they never act), and
+    the rollout's stored density is the one PPO recomputes."""
+    torch.manual_seed(0)
+    config = OnlineConfig(policy=bc_flow, denoise_steps=5, execute=2, likelihood="executed")
+    policy = load_flow_policy(bc_flow, 5)
+    agent, full = FlowAgent(policy, config, 5), FlowAgent(policy, replace(config, likelihood="chunk"), 5)
+    assert agent.scored == 2 and full.scored == policy.horizon > 2
+    env = make("Reach", num_envs=8, seed=3)
+    windows = Windows(("state",), policy.obs_horizon)
+    windows.start(env.reset(seed=3)[0])
+    obs = policy.normalize_obs(windows.frames)
+    chain, logp = agent.sample_chain(obs)
+    with torch.no_grad():
+        torch.testing.assert_close(agent.chain_log_prob(obs, chain)[0], logp, rtol=1e-5, atol=1e-3)
+        # the drawn chunk's unexecuted steps (earlier chain states feed the velocity of every step, so only the
+        # last transition's sample can move without moving the others' means)
+        moved = chain.clone()
+        moved[:, -1, 2:] += 0.5
+        torch.testing.assert_close(agent.chain_log_prob(obs, moved)[0], logp, rtol=1e-5, atol=1e-3)
+        assert (full.chain_log_prob(obs, moved)[0] - full.chain_log_prob(obs, chain)[0])[:, -1].abs().min() > 1.0
+        moved[:, -1, :2] += 0.5  # and its executed ones
+        assert (agent.chain_log_prob(obs, moved)[0] - logp)[:, -1].abs().min() > 1.0
+    with pytest.raises(ValueError, match=r"OnlineConfig.likelihood: expected 'chunk' or 'executed', got 'all'"):
+        OnlineConfig(policy=bc_flow, likelihood="all")  # type: ignore[arg-type]
+
+
 def gaussian_velocity(mean: float, std: float):
     """The exact rectified-flow velocity E[x1 - x0 | x_t = x] when x1 ~ N(mean, std^2) per element."""
     def v(x: torch.Tensor, t: float) -> torch.Tensor:
