@@ -186,9 +186,8 @@ def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Pat
     result = train(BCConfig(store=run_dir / "demos.zarr", policy=policy_kind(config), steps=budget.bc_steps,
                             batch_size=budget.bc_batch, channels=budget.bc_channels, lr=budget.bc_lr,
                             execute=config.execute, warmup=min(500, budget.bc_steps // 10), eval_episodes=0,
-                            run_dir=run_dir / "bc",
-                            seed=config.seed, threads=config.threads, progress=config.progress,
-                            checkpoint_every=max(1, budget.bc_steps // 4)))
+                            run_dir=run_dir / "bc", seed=config.seed, threads=config.threads,
+                            progress=config.progress, checkpoint_every=max(1, budget.bc_steps // 4)))
     return result.checkpoint, 0, {"final_loss": result.final_loss}
 
 
