@@ -53,7 +53,7 @@ from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.evaluate import evaluate_policy
-from robotrl.online import OnlineConfig, ppo_update, rollout, semi_mdp_gae, start_online
+from robotrl.online import OnlineConfig, collect, ppo_update, start_online
 from robotrl.spec import STRING
 from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state
 
@@ -439,11 +439,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         clock = TrainClock()
         try:
             for it in range(start, iterations):
-                data = rollout(agent, env, windows, horizon, execute, config.gamma, tally, operator)
-                value = data["value"].numpy()
-                adv = semi_mdp_gae(data["reward"], data["discount"], data["done"], value, data["env"],
-                                   data["last_value"], config.gae_lambda)
-                data.update(adv=torch.from_numpy(adv).float(), ret=torch.from_numpy(adv + value).float())
+                data = collect(agent, env, windows, horizon, execute, config, tally, operator)
                 use_demos = config.bc_weight > 0 and bool(demos.parts)
                 sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant,
                                   rng, f"hil iteration {it} (last train state: {state_path})",
@@ -461,7 +457,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                     trained_s = clock.trained()
                     row.update({**{k: float(np.mean(x)) for k, x in sums.items()},
                                 "time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9),
-                                "rollout/decisions": len(adv),
+                                "rollout/decisions": len(data["adv"]),
                                 **({"train/success_rate": float(np.mean(recent)),
                                     "train/return": float(np.mean(tally.returns[-100:]))} if recent else {})})
                 log.log(now, **row)

@@ -136,10 +136,11 @@ class OfflineFlowConfig(RunOptions):
     """actions executed from each chunk: the decision the critic scores, and at rollouts and evaluation"""
     denoise_steps: int | None = None
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
-    method: Literal["denoising_mdp", "flow_sde", "flow_noise"] = "flow_sde"
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
     """how the chain is made stochastic (robotrl/online.py)"""
     noise_std: float | None = None
-    """denoising_mdp: each transition's std; flow_noise: the noise net's initial std (online.py's defaults)"""
+    """denoising_mdp: each transition's std; flow_noise: the noise net's initial std; ode_noise: the std on the
+    ODE's chunk (online.py's defaults)"""
     sde_noise: float = 0.5
     """flow_sde: a in g(t)^2 = a^2 (1 - t) / t"""
     ratio: Literal["chain", "step"] = "chain"

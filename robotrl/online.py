@@ -17,6 +17,12 @@ PPO ratio is recomputed from it under the new weights. Three ways to make the ch
                  time direction; t clamped at dt on the first step), so the drift is v - a^2 (x - t v) / (2 t).
   flow_noise     pi_RL's Flow-Noise: mean_k = x_k + v dt and std_k from a small learned noise network
                  (observation window, x_k, t_k) -> per-element std in [noise_min, noise_max], trained by the PPO loss.
+  ode_noise      the policy's own deterministic Euler ODE from its drawn x_0, and Gaussian noise of std `noise_std`
+                 on the chunk it ends in: one stochastic transition, its mean the whole ODE (recomputed with
+                 gradients from the stored x_0, exogenous noise the likelihood is conditioned on), so the deployed
+                 ODE is the exploring policy's mean and the score carries one chunk's noise where the chain methods
+                 carry K transitions' (whose late, small stds dominate the gradient's size). On Reach it gains as
+                 flow_sde does (51% -> 96%); on PushT it has no more gradient signal (bench/pg_snr.py).
 
 The PPO unit (`--ratio`): `chain` clips one ratio per decision from the chain's summed log-likelihood (pi_RL's
 one-layer MDP); `step` gives every transition of a chain its own clipped ratio and its decision's advantage (the
@@ -64,7 +70,7 @@ from robotrl.training import (
     start_run,
 )
 
-METHODS = ("denoising_mdp", "flow_sde", "flow_noise")
+METHODS = ("denoising_mdp", "flow_sde", "flow_noise", "ode_noise")
 
 
 @dataclass
@@ -73,7 +79,7 @@ class OnlineConfig(RunOptions):
 
     policy: Path = Path("runs/bc-flow/policy")
     """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
-    method: Literal["denoising_mdp", "flow_sde", "flow_noise"] = "flow_sde"
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
     """how the chain is made stochastic (module docstring); flow_sde gained most on Reach in bench/flow_rl.py"""
     num_envs: int = 32
     total_steps: int = 300_000
@@ -86,7 +92,8 @@ class OnlineConfig(RunOptions):
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
     noise_std: float | None = None
     """denoising_mdp: std of each transition (normalized action units; default 0.1); flow_noise: the noise net's
-    initial std (default 0.2: from 0.1 it gained 12 points on Reach in 86,400 steps, from 0.2 34)"""
+    initial std (default 0.2: from 0.1 it gained 12 points on Reach in 86,400 steps, from 0.2 34); ode_noise: the
+    std of the noise on the ODE's chunk (default 0.2)"""
     noise_std_end: float | None = None
     """denoising_mdp: the std of the last transition, linear from noise_std along the chain (default: constant)"""
     noise_min: float = 0.02
@@ -175,7 +182,7 @@ class OnlineConfig(RunOptions):
         moves it along)."""
         if self.noise_std is not None:
             return self.noise_std
-        return 0.2 if self.method == "flow_noise" else 0.1
+        return 0.2 if self.method in ("flow_noise", "ode_noise") else 0.1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -228,7 +235,10 @@ class FlowAgent(nn.Module):
         self.sde_noise = config.sde_noise
         std = config.initial_std()
         end = std if config.noise_std_end is None else config.noise_std_end
-        self.register_buffer("schedule", torch.linspace(std, end, steps), persistent=False)
+        schedule = torch.linspace(std, end, steps)
+        if config.method == "ode_noise":  # deterministic Euler steps, then the chunk's noise
+            schedule = torch.zeros(steps).index_fill_(0, torch.tensor([steps - 1]), std)
+        self.register_buffer("schedule", schedule, persistent=False)
         window = policy.obs_horizon
         feature_dim = sum(window * policy.spec.observations[k].size for k in policy.vector_keys)
         self.value_net = mlp([feature_dim, *config.value_hidden, 1], act=nn.Tanh)
@@ -271,7 +281,8 @@ class FlowAgent(nn.Module):
             mean, std = self.transition(x, v, ks, features)
             x = mean + std * torch.randn_like(mean)
             chain.append(x)
-            logp.append(self.log_density(x, mean, std))
+            if self.method != "ode_noise" or k == self.steps - 1:  # ode_noise: only the last step is stochastic
+                logp.append(self.log_density(x, mean, std))
         return torch.stack(chain, 1), torch.stack(logp, 1)
 
     def log_density(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -281,8 +292,11 @@ class FlowAgent(nn.Module):
 
     def chain_log_prob(self, obs: dict[str, torch.Tensor], chain: torch.Tensor,
                        reference: FlowPolicy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The log-density of each stored transition under the current weights (B, K), all K at once, and the mean
-        squared distance of the velocities there to `reference`'s (0 without one)."""
+        """The log-density of each stored stochastic transition under the current weights (B, K), all K at once
+        (ode_noise: (B, 1), its ODE recomputed from x_0), and the mean squared distance of the velocities there to
+        `reference`'s (0 without one)."""
+        if self.method == "ode_noise":
+            return self.ode_log_prob(obs, chain, reference)
         b, k = chain.shape[0], self.steps
         x = chain[:, :-1].reshape(b * k, *chain.shape[2:])
         ks = torch.arange(k, device=chain.device).repeat(b)
@@ -296,6 +310,25 @@ class FlowAgent(nn.Module):
                 cond_ref = reference.encoder(obs).repeat_interleave(k, 0)
                 v_ref = reference.velocity(x, ks.to(x.dtype) / self.steps, cond_ref)
             gap = (v - v_ref).square().mean()
+        return logp, gap
+
+    def ode_log_prob(self, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                     reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """ode_noise's log-density of the drawn chunk around the ODE's end from the stored x_0 (B, 1), the ODE run
+        step by step so that the gradient reaches every step of it, and the velocity gap along it."""
+        cond, dt = self.policy.encoder(obs), 1.0 / self.steps
+        with torch.no_grad():
+            cond_ref = reference.encoder(obs) if reference is not None else None
+        x, gaps = chain[:, 0], []
+        for k in range(self.steps):
+            v = self.policy.velocity(x, k * dt, cond)
+            if reference is not None:
+                with torch.no_grad():
+                    v_ref = reference.velocity(x, k * dt, cond_ref)
+                gaps.append((v - v_ref).square().mean())
+            x = x + v * dt
+        logp = self.log_density(chain[:, -1], x, self.schedule[-1].expand_as(x))[:, None]
+        gap = torch.stack(gaps).mean() if gaps else torch.zeros((), device=chain.device)
         return logp, gap
 
     def chunk(self, chain: torch.Tensor) -> np.ndarray:
@@ -506,6 +539,17 @@ def semi_mdp_gae(reward: np.ndarray, discount: np.ndarray, done: np.ndarray, val
     return adv
 
 
+def collect(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: int, config: OnlineConfig,
+            tally: Tally, operator: Operator | None = None) -> dict[str, Any]:
+    """A rollout (`rollout`) with its decisions' GAE advantages (`adv`) and value targets (`ret`)."""
+    data = rollout(agent, env, windows, steps, execute, config.gamma, tally, operator)
+    value = data["value"].numpy()
+    adv = semi_mdp_gae(data["reward"], data["discount"], data["done"], value, data["env"], data["last_value"],
+                       config.gae_lambda)
+    data.update(adv=torch.from_numpy(adv).float(), ret=torch.from_numpy(adv + value).float())
+    return data
+
+
 def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, actor: bool,
              reference: FlowPolicy | None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate over chain transitions or whole chains + value regression (+ the velocity regularizer);
@@ -641,14 +685,10 @@ def train(config: OnlineConfig) -> RLResult:
     clock = TrainClock()
     try:
         for it in range(start, iterations):
-            data = rollout(agent, env, windows, horizon, execute, config.gamma, tally)
-            value = data["value"].numpy()
-            adv = semi_mdp_gae(data["reward"], data["discount"], data["done"], value, data["env"], data["last_value"],
-                               config.gae_lambda)
-            data.update(adv=torch.from_numpy(adv).float(), ret=torch.from_numpy(adv + value).float())
+            data = collect(agent, env, windows, horizon, execute, config, tally)
 
             # update: the value network alone while it warms up
-            count = len(adv)
+            count = len(data["adv"])
             sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant, rng,
                               f"online iteration {it} (last train state: {state_path})")
 

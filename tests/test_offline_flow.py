@@ -145,7 +145,7 @@ def test_bad_configs_and_inputs_are_refused(bc_flow: Path, offline_reach_demos: 
     for overrides, message in (
             ({"iterations": 0}, r"OfflineFlowConfig.iterations: expected >= 1, got 0"),
             ({"method": "ddpo"}, (r"OfflineFlowConfig.method: expected one of \('denoising_mdp', 'flow_sde', "
-                                  r"'flow_noise'\), got 'ddpo'")),
+                                  r"'flow_noise', 'ode_noise'\), got 'ddpo'")),
             ({"advantage": "gae"}, r"OfflineFlowConfig.advantage: expected 'value' or 'group', got 'gae'"),
             ({"advantage": "group", "samples": 1},
              r"OfflineFlowConfig.samples: expected >= 2 for advantage 'group', got 1"),

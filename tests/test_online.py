@@ -77,7 +77,7 @@ def test_flow_sde_fine_tuning_raises_held_out_success(bc_flow: Path, tmp_path: P
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["denoising_mdp", "flow_noise"])
+@pytest.mark.parametrize("method", ["denoising_mdp", "flow_noise", "ode_noise"])
 def test_the_other_methods_raise_held_out_success_on_a_longer_budget(bc_flow: Path, tmp_path: Path,
                                                                      method: str) -> None:
     """86,400 env steps (~2.5 min each here): measured 51% -> 82% (denoising_mdp) and 51% -> 85% (flow_noise) on
@@ -88,8 +88,29 @@ def test_the_other_methods_raise_held_out_success_on_a_longer_budget(bc_flow: Pa
     assert result.success_rate is not None and result.success_rate >= before + 0.15, (before, result.success_rate)
 
 
-@pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise"])
+def test_pg_snr_bench_compares_the_gradients_with_shuffled_advantages(bc_flow: Path) -> None:
+    """bench/pg_snr.py on a CI budget: a row per method with the critic's fit, the groups' cosine against its
+    shuffled-advantage baseline, and the gradient per chain transition: Flow-SDE's grows along the chain (its score
+    is 1/std and the SDE's stds shrink towards the action), ode_noise has one stochastic transition."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import pg_snr
+
+    rows = pg_snr.main(pg_snr.PGSNRConfig(policy=bc_flow, methods=("flow_sde", "ode_noise"), num_envs=8,
+                                          rollout_steps=24, execute=4, warmup=1, parts=4))
+    assert [r["method"] for r in rows] == ["flow_sde", "ode_noise"]
+    for row in rows:
+        assert row["task"] == "Reach" and row["decisions"] == 8 * 24 // 4
+        assert -1 <= row["cosine"] <= 1 and -1 <= row["cosine_shuffled"] <= 1 and math.isfinite(row["explained_variance"])
+    sde, ode = rows[0]["per_step"], rows[1]["per_step"]
+    assert len(sde) == load(bc_flow).config.steps and len(ode) == 1
+    assert sde[-1][0] > 3 * sde[0][0], sde
+    with pytest.raises(SystemExit, match="--methods: expected some of"):
+        pg_snr.main(pg_snr.PGSNRConfig(policy=bc_flow, methods=("ddpo",)))
+
+
+@pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"])
 def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path, method: str) -> None:
+    """ode_noise's chain is the policy's deterministic ODE and one stochastic step: one density per decision."""
     torch.manual_seed(0)
     config = OnlineConfig(policy=bc_flow, method=method, denoise_steps=5, noise_std_end=0.05)
     policy = load_flow_policy(bc_flow, 5)
@@ -99,7 +120,8 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
     windows.start(env.reset(seed=3)[0])
     obs = policy.normalize_obs(windows.frames)
     chain, logp = agent.sample_chain(obs)
-    assert chain.shape == (64, 6, policy.horizon, 3) and logp.shape == (64, 5)
+    stochastic = [4] if method == "ode_noise" else list(range(5))
+    assert chain.shape == (64, 6, policy.horizon, 3) and logp.shape == (64, len(stochastic))
     again, _ = agent.chain_log_prob(obs, chain)
     torch.testing.assert_close(again, logp, rtol=1e-5, atol=1e-3)
     # the density is the one sampled from: every transition's standardized residual is N(0, 1) noise
@@ -109,7 +131,10 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
         for k in range(5):
             ks = torch.full((64,), k)
             mean, std = agent.transition(chain[:, k], policy.velocity(chain[:, k], ks / 5, cond), ks, features)
-            z.append((chain[:, k + 1] - mean) / std)
+            if k in stochastic:
+                z.append((chain[:, k + 1] - mean) / std)
+            else:  # ode_noise's deterministic Euler steps
+                torch.testing.assert_close(chain[:, k + 1], mean)
         z = torch.cat(z)
     assert abs(float(z.mean())) < 0.05 and abs(float(z.std()) - 1) < 0.05, (z.mean(), z.std())
     # PPO's first ratio is 1, and a positive advantage pulls on the policy (and Flow-Noise's noise net)
@@ -279,7 +304,8 @@ def test_the_vla_plugs_into_the_same_loop(tmp_path: Path) -> None:
 def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) -> None:
     for overrides, message in (
             ({"method": "ddpo"},
-             r"OnlineConfig.method: expected one of \('denoising_mdp', 'flow_sde', 'flow_noise'\), got 'ddpo'"),
+             r"OnlineConfig.method: expected one of \('denoising_mdp', 'flow_sde', 'flow_noise', 'ode_noise'\), "
+             r"got 'ddpo'"),
             ({"ratio": "token"}, r"OnlineConfig.ratio: expected 'chain' or 'step', got 'token'"),
             ({"num_envs": 0}, r"OnlineConfig.num_envs: expected >= 1, got 0"),
             ({"denoise_steps": 0}, r"OnlineConfig.denoise_steps: expected >= 1, got 0"),
