@@ -127,6 +127,10 @@ class OnlineConfig(RunOptions):
     max_grad_norm: float = 1.0
     critic_warmup: int = 3
     """iterations that train only the value network (its first estimates are random)"""
+    advantage_floor: float | None = None
+    """clamp the minibatch-normalized advantages from below (0: only better-than-average decisions move the policy,
+    as self-imitation learning does; below-average ones push the chain's mean away from its own samples). On PushT
+    from 79% BC it fell more slowly than the plain update but still fell (bench/RESULTS.md)"""
     bc_coef: float = 0.0
     """weight of ||v - v_start||^2, the velocity's distance to the starting policy's at the chain's points. On PushT
     from a 79% BC policy the unanchored update fell to 6% in 102k env steps; 1.0 held it at 80% (bench/RESULTS.md)"""
@@ -173,6 +177,8 @@ class OnlineConfig(RunOptions):
         if not (0.0 < self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ValueError(f"{name}.gamma / gae_lambda: expected (0, 1] and [0, 1], got {self.gamma}, "
                              f"{self.gae_lambda}")
+        if self.advantage_floor is not None and not math.isfinite(self.advantage_floor):
+            raise ValueError(f"{name}.advantage_floor: expected a finite number or None, got {self.advantage_floor}")
         for field in ("critic_warmup", "bc_coef", "value_coef"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
@@ -576,6 +582,8 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
     ratio = logratio.exp()
     adv = batch["adv"]
     adv = ((adv - adv.mean()) / (adv.std(correction=0) + 1e-8))[:, None]  # a minibatch may hold one decision
+    if config.advantage_floor is not None:
+        adv = adv.clamp(min=config.advantage_floor)
     policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
     loss = policy_loss + config.value_coef * value_loss + config.bc_coef * gap
     with torch.no_grad():

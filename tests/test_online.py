@@ -157,6 +157,35 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
     assert agent.chain_log_prob(obs, chain, reference)[1].item() > 0.0
 
 
+def test_advantage_floor_keeps_below_average_decisions_out_of_the_policy_update(bc_flow: Path) -> None:
+    """--advantage-floor 0: what a minibatch's below-average decisions drew does not move the policy (other chains
+    for them, the same gradient); without the floor it does."""
+    torch.manual_seed(0)
+    policy = load_flow_policy(bc_flow, 5)
+    obs = {"state": torch.randn(32, policy.obs_horizon, policy.spec.observations["state"].size)}
+    adv = torch.linspace(-1.0, 1.0, 32)  # the first 16 are below the minibatch's mean
+
+    def policy_grad(floor: float | None, chain: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+        config = OnlineConfig(policy=bc_flow, denoise_steps=5, advantage_floor=floor)
+        agent.zero_grad()
+        batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(32), "adv": adv,
+                 "ret": torch.zeros(32)}
+        ppo_loss(agent, batch, config, actor=True, reference=None)[0].backward()
+        return torch.cat([p.grad.flatten() for p in agent.policy.parameters() if p.grad is not None])
+
+    agent = FlowAgent(policy, OnlineConfig(policy=bc_flow, denoise_steps=5), 5)
+    (chain, logp), (other, other_logp) = agent.sample_chain(obs), agent.sample_chain(obs)
+    below = torch.arange(32) < 16
+    mixed = torch.where(below[:, None, None, None], other, chain)
+    mixed_logp = torch.where(below[:, None], other_logp, logp)
+    floored = policy_grad(0.0, chain, logp)
+    assert floored.abs().sum() > 0
+    torch.testing.assert_close(policy_grad(0.0, mixed, mixed_logp), floored)
+    assert not torch.allclose(policy_grad(None, mixed, mixed_logp), policy_grad(None, chain, logp))
+    with pytest.raises(ValueError, match=r"OnlineConfig.advantage_floor: expected a finite number or None, got nan"):
+        OnlineConfig(policy=bc_flow, advantage_floor=float("nan"))
+
+
 def test_executed_likelihood_scores_only_the_actions_the_env_runs(bc_flow: Path) -> None:
     """--likelihood executed: the chain's log-density ignores the chunk steps past `execute` (they never act), and
     the rollout's stored density is the one PPO recomputes."""
