@@ -55,7 +55,7 @@ from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.evaluate import evaluate_policy
 from robotrl.online import OnlineConfig, collect, ppo_update, start_online
 from robotrl.spec import STRING
-from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state
+from robotrl.training import RLResult, RunLog, TrainClock, finish_iterations, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)
 
@@ -477,10 +477,8 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         env.close()
     if start >= iterations:  # resumed a finished run
         policy.save(run_dir / "policy")
-    seconds = clock.trained()
-    steps = iterations * n * horizon
-    result = finish_run(config, log, evaluate, run_dir / "policy", steps, seconds, run_dir,
-                        steps_per_second=(steps - start * n * horizon) / max(seconds, 1e-9))
+    result = finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir,
+                               iterations, start, n * horizon)
     return HilResult(**vars(result), store=Path(store_path), intervention_rates=rates).save()
 
 

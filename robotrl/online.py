@@ -63,7 +63,7 @@ from robotrl.training import (
     RunOptions,
     TrainClock,
     TrainingDiverged,
-    finish_run,
+    finish_iterations,
     load_run_state,
     optimizer_step,
     save_run_state,
@@ -722,10 +722,8 @@ def train(config: OnlineConfig) -> RLResult:
         env.close()
     if start >= iterations:  # resumed a finished run
         policy.save(run_dir / "policy")
-    seconds = clock.trained()
-    steps = iterations * n * horizon
-    return finish_run(config, log, evaluate, run_dir / "policy", steps, seconds, run_dir,
-                      steps_per_second=(steps - start * n * horizon) / max(seconds, 1e-9))
+    return finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir,
+                             iterations, start, n * horizon)
 
 
 def run_train_online(config: OnlineConfig) -> RLResult:

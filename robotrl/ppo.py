@@ -30,7 +30,8 @@ from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.nets import mlp
 from robotrl.replay import flatten_obs
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_run, load_run_state, save_run_state, start_run,
+    RLResult, RunLog, RunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
+    save_run_state, start_run,
 )
 
 
@@ -277,10 +278,8 @@ def train(config: PpoConfig) -> RLResult:
     finally:
         bar.close()
         env.close()
-    seconds = clock.trained()
-    steps = iterations * n * horizon
-    return finish_run(config, log, evaluate, run_dir / "agent.pt", steps, seconds, run_dir,
-                      steps_per_second=(steps - start * n * horizon) / max(seconds, 1e-9))
+    return finish_iterations(config, log, evaluate, run_dir / "agent.pt", clock, run_dir,
+                             iterations, start, n * horizon)
 
 
 def run_train_ppo(config: PpoConfig) -> RLResult:

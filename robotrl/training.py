@@ -236,6 +236,15 @@ def finish_run(config: RunOptions, log: RunLog, evaluate: Any, weights: Path, st
     return RLResult(weights, steps, seconds, success, ci, run_dir, steps_per_second).save()
 
 
+def finish_iterations(config: RunOptions, log: RunLog, evaluate: Any, weights: Path, clock: TrainClock, run_dir: Path,
+                      iterations: int, start: int, per_iteration: int) -> RLResult:
+    """`finish_run` for an on-policy run of `iterations` rollouts of `per_iteration` env steps, resumed after
+    `start` of them: its env steps per training second count only the steps this process took."""
+    seconds, steps = clock.trained(), iterations * per_iteration
+    return finish_run(config, log, evaluate, weights, steps, seconds, run_dir,
+                      steps_per_second=(steps - start * per_iteration) / max(seconds, 1e-9))
+
+
 def rng_state(rng: np.random.Generator) -> dict[str, Any]:
     """The torch and numpy-generator states a run draws from (plain ints and a tensor: no pickle needed)."""
     return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
