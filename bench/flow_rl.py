@@ -7,6 +7,7 @@ networks and PPO settings (`robotrl train online --method ...`).
   flow_sde       pi_RL's Flow-SDE: the marginal-preserving SDE of the flow
   flow_noise     pi_RL's Flow-Noise: a learned per-step noise network
   ode_noise      Gaussian exploration around the policy's deterministic ODE chunk (one stochastic step)
+  latent         DSRL: the flow network frozen, PPO on a Gaussian prior over the ODE's initial noise
 
 Every run evaluates the deterministic ODE policy (the checkpoint `robotrl eval` loads) on `eval_episodes` held-out
 seeded episodes every `eval_every` env steps, outside its training time. Prints one JSON line per (run, seed):

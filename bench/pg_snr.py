@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.online import METHODS, OnlineConfig, collect, ppo_update, start_online
+from robotrl.online import METHODS, OnlineConfig, collect, explained_variance, ppo_update, start_online
 
 
 @dataclass
@@ -72,8 +72,8 @@ def measure(config: PGSNRConfig, method: str, out: Path) -> dict[str, Any]:
                 ppo_update(agent, data, online, False, None, run.optimizer, run.constant, rng, "pg_snr warm-up")
     finally:
         env.close()
-    ret, value = data["ret"].numpy(), data["value"].numpy()
-    explained = 1.0 - float(np.var(ret - value) / max(np.var(ret), 1e-12))
+    ret = data["ret"].numpy()
+    explained = explained_variance(data)
     params = [p for p in agent.policy.parameters() if p.requires_grad]
     count = len(ret)
     order = torch.from_numpy(rng.permutation(count))

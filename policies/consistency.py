@@ -174,9 +174,11 @@ class ConsistencyHead:
                      action_is_pad: torch.Tensor) -> torch.Tensor:
         """Consistency-distillation loss on a normalized batch: ||f(x_i, i) - f_target(x_{i+1}, i + 1)||^2 with
         x_i the chunk noised to a random grid point and x_{i+1} one teacher step further (no gradient to the
-        teacher or the target; at i + 1 = N the target is the teacher's step itself)."""
+        teacher or the target; at i + 1 = N the target is the teacher's step itself). The noise is drawn where the
+        teacher starts its sampler: under its noise prior, if it has one (an RL-steered teacher)."""
         chunk, mask = self.pad_chunk(action, action_is_pad)  # type: ignore[attr-defined]
-        noise = torch.randn_like(chunk)
+        with torch.no_grad():
+            noise = teacher.initial_noise(obs, torch.randn_like(chunk))
         i = torch.randint(0, self.config.teacher_steps, (chunk.shape[0],), device=chunk.device)
         x = self.point(chunk, noise, i)
         with torch.no_grad():
@@ -194,9 +196,11 @@ class ConsistencyHead:
         return self.distill_loss(teacher, target, obs, action, pad)
 
     def sample_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """One network call: f(noise, 0, obs), for noise (B, horizon, A); deterministic (what export traces)."""
+        """One network call: f(x_0, 0, obs) from x_0 the initial noise for standard normal `noise` (B, horizon, A)
+        (under the teacher's noise prior, where it has one); deterministic (what export traces)."""
         i = torch.zeros(noise.shape[0], dtype=torch.long, device=noise.device)
-        return self.consistency(noise, i, self.encoder(obs))[:, : self.config.action_horizon]  # type: ignore[attr-defined]
+        x0 = self.initial_noise(obs, noise)  # type: ignore[attr-defined]
+        return self.consistency(x0, i, self.encoder(obs))[:, : self.config.action_horizon]  # type: ignore[attr-defined]
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = next(iter(obs.values())).shape[0]
@@ -259,6 +263,10 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
             student.load_state_dict(teacher.state_dict())
         else:
             student.encoder.load_state_dict(teacher.encoder.state_dict())
+            if teacher.prior is not None:
+                student.prior.load_state_dict(teacher.prior.state_dict())
+        if student.prior is not None:  # the teacher's noise distribution, kept as it is: distillation fits the net
+            student.prior.requires_grad_(False)
         return student.to(next(teacher.parameters()).device)
 
 

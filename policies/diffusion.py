@@ -64,7 +64,7 @@ class DiffusionPolicy(GenerativePolicy):
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         cond = self.encoder(obs)
-        x = self.noise(cond.shape[0], cond.device)
+        x = self.initial_noise(obs, self.noise(cond.shape[0], cond.device))
         n = self.config.train_steps
         if self.config.sampler == "ddpm":
             ks = list(range(n - 1, -1, -1))

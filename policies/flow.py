@@ -60,5 +60,6 @@ class FlowPolicy(GenerativePolicy):
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         cond = self.encoder(obs)
-        x = self.integrate(self.noise(cond.shape[0], cond.device), cond, self.config.steps, self.config.solver)
+        x0 = self.initial_noise(obs, self.noise(cond.shape[0], cond.device))
+        x = self.integrate(x0, cond, self.config.steps, self.config.solver)
         return x[:, : self.config.action_horizon]

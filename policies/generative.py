@@ -1,5 +1,6 @@
 """What diffusion, flow and the one-step students share: an observation encoder conditioning a temporal U-Net
-that maps a noisy action chunk (and a noise level or time) to a chunk-shaped prediction."""
+that maps a noisy action chunk (and a noise level or time) to a chunk-shaped prediction, and an optional learned
+prior over the initial noise the sampler starts from."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from robotrl.policies.base import Policy, PolicyConfig
-from robotrl.policies.nets import ObsEncoder, TemporalUnet, padded_horizon
+from robotrl.policies.nets import ObsEncoder, TemporalUnet, mlp, padded_horizon
 from robotrl.spec import Spec
 
 
@@ -21,6 +23,40 @@ class GenerativeConfig(PolicyConfig):
     image_dim: int = 64
     """features per camera and frame"""
     kernel: int = 5
+    noise_prior: tuple[int, ...] = ()
+    """hidden widths of a learned Gaussian over the sampler's initial noise given the observation (empty: the
+    standard normal). Online RL in the noise space (`robotrl train online --method latent`) adds and trains it"""
+    noise_prior_bound: float = 1.5
+    """the prior's mean stays in [-bound, bound] per element: near where the sampler was trained to start"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.noise_prior = tuple(self.noise_prior)
+        if any(w < 1 for w in self.noise_prior):
+            raise ValueError(f"{type(self).__name__}.noise_prior: expected widths >= 1, got {self.noise_prior}")
+        if not self.noise_prior_bound > 0:
+            raise ValueError(f"{type(self).__name__}.noise_prior_bound: expected > 0, got {self.noise_prior_bound}")
+
+
+class NoisePrior(nn.Module):
+    """N(mean(features), diag(std^2)) over a sampler's initial noise: DSRL's latent action space (Wagenmaker et al.
+    2025). A generative policy maps the noise to a chunk through its frozen sampler, so choosing the noise steers
+    the policy without moving the network that imitates the demonstrations. It starts as the standard normal
+    (mean 0: zero last layer; std 1), i.e. as the policy without a prior; the std only shrinks from there."""
+
+    def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float) -> None:
+        super().__init__()
+        self.shape, self.bound = shape, bound
+        self.net = mlp([feature_dim, *hidden, shape[0] * shape[1]], act=nn.Tanh)
+        with torch.no_grad():
+            self.net[-1].weight.zero_()
+            self.net[-1].bias.zero_()
+        self.log_std = nn.Parameter(torch.zeros(shape))
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std), each (B, horizon, A)."""
+        mean = self.bound * torch.tanh(self.net(features)).reshape(-1, *self.shape)
+        return mean, self.log_std.clamp(min=-5.0, max=0.0).exp().expand_as(mean)
 
 
 class GenerativePolicy(Policy):
@@ -40,6 +76,33 @@ class GenerativePolicy(Policy):
         self.horizon = padded_horizon(cfg.action_horizon, len(cfg.channels))
         self.net = TemporalUnet(self.action_dim, self.encoder.out_dim, cfg.channels, kernel=cfg.kernel,
                                 time_scale=self.time_scale)
+        #: the learned initial-noise distribution (`GenerativeConfig.noise_prior`), or None for the standard normal
+        self.prior: NoisePrior | None = None
+        if cfg.noise_prior:
+            self.add_noise_prior(cfg.noise_prior, cfg.noise_prior_bound)
+
+    def add_noise_prior(self, hidden: tuple[int, ...], bound: float) -> NoisePrior:
+        """Build the initial-noise prior (standard normal at first) and record it in the config, so that the
+        checkpoint rebuilds it. Its input is the policy's normalized vector observations (window flattened)."""
+        if not self.vector_keys:
+            raise ValueError(f"{self.name}.noise_prior: the prior reads vector observations; this policy has only "
+                             f"{list(self.obs_keys)}")
+        dim = sum(self.config.obs_horizon * self.spec.observations[k].size for k in self.vector_keys)
+        self.config.noise_prior, self.config.noise_prior_bound = tuple(hidden), bound
+        self.prior = NoisePrior(dim, (self.horizon, self.action_dim), tuple(hidden), bound)
+        return self.prior
+
+    def prior_features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The prior's input: the normalized vector observations, window flattened."""
+        return torch.cat([obs[k].flatten(1) for k in self.vector_keys], dim=-1)
+
+    def initial_noise(self, obs: dict[str, torch.Tensor], eps: torch.Tensor) -> torch.Tensor:
+        """Where the sampler starts, from standard normal `eps` (B, horizon, A): `eps` itself, or mean + std * eps
+        under the learned prior. Exports feed `eps` and compute this inside the graph."""
+        if self.prior is None:
+            return eps
+        mean, std = self.prior(self.prior_features(obs))
+        return mean + std * eps
 
     def pad_chunk(self, action: torch.Tensor, action_is_pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Extend a (B, H, A) chunk to the U-Net's horizon by repeating its last action (masked out of the loss)."""

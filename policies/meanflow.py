@@ -116,7 +116,7 @@ class MeanFlowPolicy(GenerativePolicy):
         """z_0 from z_1 = noise (B, horizon, A) in `steps` jumps z_r = z_t - (t - r) u(z_t, r, t); deterministic
         (what export traces)."""
         cond = self.encoder(obs)
-        z = noise
+        z = self.initial_noise(obs, noise)
         times = torch.linspace(1.0, 0.0, self.config.steps + 1, device=z.device)
         for t, r in zip(times[:-1], times[1:]):
             z = z - (t - r) * self.net(z, r.expand(z.shape[0]), t.expand(z.shape[0]), cond)

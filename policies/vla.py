@@ -284,6 +284,7 @@ class VLAPolicy(FlowPolicy):
         self.horizon = cfg.action_horizon  # a transformer needs no padding of the chunk
         self.encoder = VLAPrefix(spec, cfg, self.image_keys, self.vector_keys)
         self.net = ActionExpert(self.action_dim, self.horizon, cfg, self.time_scale)
+        self.prior = None  # the standard normal: VLAConfig has no noise prior
 
     @property
     def language(self) -> Any:

@@ -94,6 +94,10 @@ class HilConfig(OnlineConfig):
         name = type(self).__name__
         if self.operator not in OPERATORS:
             raise ValueError(f"{name}.operator: expected one of {OPERATORS}, got {self.operator!r}")
+        if self.method == "latent":
+            raise ValueError(f"{name}.method: 'latent' freezes the flow network, which the operator's interventions "
+                             "train by BC here; expected one of the chain methods (flow_sde, flow_noise, "
+                             "denoising_mdp, ode_noise)")
         if self.operator != "expert" and self.num_envs != 1:
             raise ValueError(f"{name}.num_envs: expected 1 when a teleop device drives (operator="
                              f"{self.operator!r}), got {self.num_envs}")

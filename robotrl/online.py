@@ -23,6 +23,12 @@ PPO ratio is recomputed from it under the new weights. Three ways to make the ch
                  ODE is the exploring policy's mean and the score carries one chunk's noise where the chain methods
                  carry K transitions' (whose late, small stds dominate the gradient's size). On Reach it gains as
                  flow_sde does (51% -> 96%); on PushT it has no more gradient signal (bench/pg_snr.py).
+  latent         DSRL (Wagenmaker et al. 2025): the flow network is frozen and PPO trains a Gaussian prior over
+                 the chain's initial noise x_0 given the observation (`GenerativeConfig.noise_prior`, starting as
+                 N(0, I), i.e. as the BC policy), x_0 -> chunk being the policy's own deterministic Euler ODE. The
+                 action PPO sees is x_0: one Gaussian with an exact density, a small network, and no update that can
+                 unlearn the demonstrations, since the imitating network never moves; the clip applies to the
+                 joint ratio of x_0 (the other methods average the log-ratio per element, DPPO's convention).
 
 The PPO unit (`--ratio`): `chain` clips one ratio per decision from the chain's summed log-likelihood (pi_RL's
 one-layer MDP); `step` gives every transition of a chain its own clipped ratio and its decision's advantage (the
@@ -55,6 +61,7 @@ from tqdm import tqdm
 from robotrl.evaluate import evaluate_policy, make_eval_env
 from robotrl.policies import load
 from robotrl.policies.flow import FlowPolicy
+from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
 from robotrl.spec import STRING
 from robotrl.training import (
@@ -70,7 +77,7 @@ from robotrl.training import (
     start_run,
 )
 
-METHODS = ("denoising_mdp", "flow_sde", "flow_noise", "ode_noise")
+METHODS = ("denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent")
 
 
 @dataclass
@@ -79,7 +86,7 @@ class OnlineConfig(RunOptions):
 
     policy: Path = Path("runs/bc-flow/policy")
     """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
-    method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent"] = "flow_sde"
     """how the chain is made stochastic (module docstring); flow_sde gained most on Reach in bench/flow_rl.py"""
     num_envs: int = 32
     total_steps: int = 300_000
@@ -123,7 +130,7 @@ class OnlineConfig(RunOptions):
     """the flow policy's learning rate"""
     critic_lr: float = 1e-3
     noise_lr: float = 3e-4
-    """flow_noise: the noise network's learning rate"""
+    """flow_noise: the noise network's learning rate; latent: the noise prior's"""
     max_grad_norm: float = 1.0
     critic_warmup: int = 3
     """iterations that train only the value network (its first estimates are random)"""
@@ -136,6 +143,10 @@ class OnlineConfig(RunOptions):
     from a 79% BC policy the unanchored update fell to 6% in 102k env steps; 1.0 held it at 80% (bench/RESULTS.md)"""
     value_hidden: tuple[int, ...] = (256, 256)
     noise_hidden: tuple[int, ...] = (128, 128)
+    """flow_noise: the noise network's hidden widths; latent: the noise prior's (a policy that has a prior keeps
+    its own)"""
+    prior_bound: float = 1.5
+    """latent: the prior's mean stays in [-bound, bound] per element of x_0"""
     reward_type: Literal["dense", "sparse"] = "dense"
     reward_classifier: Path | None = None
     """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward and success in
@@ -161,7 +172,7 @@ class OnlineConfig(RunOptions):
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         if self.denoise_steps is not None and self.denoise_steps < 1:
             raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
-        for field in ("sde_noise", "lr", "critic_lr", "noise_lr", "clip", "max_grad_norm"):
+        for field in ("sde_noise", "lr", "critic_lr", "noise_lr", "clip", "max_grad_norm", "prior_bound"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
         if self.noise_std is not None and not self.noise_std > 0:
@@ -233,11 +244,20 @@ class NoiseNet(nn.Module):
 
 class FlowAgent(nn.Module):
     """The flow policy being fine-tuned, its value network and (Flow-Noise) its noise network: one module, so that
-    the train state holds them together."""
+    the train state holds them together. For `latent` the policy gets its noise prior here (unless it has one)
+    and only the prior trains."""
 
     def __init__(self, policy: FlowPolicy, config: OnlineConfig, steps: int) -> None:
         super().__init__()
         self.policy, self.method, self.steps = policy, config.method, steps
+        if config.method == "latent":
+            if not isinstance(policy.config, GenerativeConfig):
+                raise ValueError(f"{type(config).__name__}.method: 'latent' trains a noise prior of a U-Net flow "
+                                 f"policy; a {policy.name!r} policy has none (use flow_sde)")
+            if policy.prior is None:
+                policy.add_noise_prior(config.noise_hidden, config.prior_bound)
+            for name, p in policy.named_parameters():
+                p.requires_grad_(name.startswith("prior."))
         self.sde_noise = config.sde_noise
         std = config.initial_std()
         end = std if config.noise_std_end is None else config.noise_std_end
@@ -251,12 +271,14 @@ class FlowAgent(nn.Module):
         self.chunk_shape = (policy.horizon, policy.action_dim)
         #: leading chunk steps whose likelihood the ratio scores (`likelihood`)
         self.scored = policy.horizon if config.likelihood == "chunk" else min(config.execute, policy.horizon)
+        #: the log-ratio is divided by this: per chunk element for the chain methods (DPPO), joint for latent
+        self.ratio_elements = 1 if config.method == "latent" else self.scored * policy.action_dim
         self.noise_net = NoiseNet(feature_dim, self.chunk_shape, config.noise_hidden, config.noise_min,
                                   config.noise_max, std) if config.method == "flow_noise" else None
 
     def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The value (and noise) network's input: the policy's normalized vector observations, window flattened."""
-        return torch.cat([obs[k].flatten(1) for k in self.policy.vector_keys], dim=-1)
+        return self.policy.prior_features(obs)
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.value_net(self.features(obs)).squeeze(-1)
@@ -280,6 +302,11 @@ class FlowAgent(nn.Module):
         each transition (B, K))."""
         cond, features = self.policy.encoder(obs), self.features(obs)
         x = self.policy.noise(cond.shape[0], cond.device)
+        if self.method == "latent":  # x_0 from the prior, then the policy's own ODE
+            mean, std = self.prior(features)
+            x0 = mean + std * x
+            chunk = self.policy.integrate(x0, cond, self.steps)
+            return torch.stack([x0, chunk], 1), gaussian_log_prob(x0, mean, std)[:, None]
         chain, logp = [x], []
         for k in range(self.steps):
             ks = torch.full((x.shape[0],), k, device=x.device)
@@ -303,6 +330,9 @@ class FlowAgent(nn.Module):
         `reference`'s (0 without one)."""
         if self.method == "ode_noise":
             return self.ode_log_prob(obs, chain, reference)
+        if self.method == "latent":
+            mean, std = self.prior(self.features(obs))
+            return gaussian_log_prob(chain[:, 0], mean, std)[:, None], torch.zeros((), device=chain.device)
         b, k = chain.shape[0], self.steps
         x = chain[:, :-1].reshape(b * k, *chain.shape[2:])
         ks = torch.arange(k, device=chain.device).repeat(b)
@@ -336,6 +366,11 @@ class FlowAgent(nn.Module):
         logp = self.log_density(chain[:, -1], x, self.schedule[-1].expand_as(x))[:, None]
         gap = torch.stack(gaps).mean() if gaps else torch.zeros((), device=chain.device)
         return logp, gap
+
+    @property
+    def prior(self) -> NoisePrior:
+        assert self.policy.prior is not None, "latent: the policy's noise prior is added in FlowAgent.__init__"
+        return self.policy.prior
 
     def chunk(self, chain: torch.Tensor) -> np.ndarray:
         """The env's action chunk (B, H, A) from the chain's end: unnormalized and clipped to the action bounds,
@@ -556,6 +591,13 @@ def collect(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
     return data
 
 
+def explained_variance(data: dict[str, Any]) -> float:
+    """1 - Var(return - value) / Var(return) over a rollout's decisions: how much of the returns the value network
+    (as it was during the rollout) already predicts; near 0 or below, the advantages are mostly its error."""
+    ret, value = data["ret"].numpy(), data["value"].numpy()
+    return 1.0 - float(np.var(ret - value) / max(float(np.var(ret)), 1e-12))
+
+
 def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, actor: bool,
              reference: FlowPolicy | None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate over chain transitions or whole chains + value regression (+ the velocity regularizer);
@@ -576,7 +618,7 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
     if not actor:
         return config.value_coef * value_loss, stats
     logp, gap = agent.chain_log_prob(batch["obs"], batch["chain"], reference if config.bc_coef > 0 else None)
-    logratio = (logp - batch["logp"]) / (agent.scored * agent.chunk_shape[1])  # per element (DPPO), (B, K)
+    logratio = (logp - batch["logp"]) / agent.ratio_elements  # (B, K)
     if config.ratio == "chain":
         logratio = logratio.sum(1, keepdim=True)
     ratio = logratio.exp()
@@ -596,7 +638,9 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
 def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.Adam, Any]:
     """Adam with a learning rate per network (policy, value, noise), and the constant schedule `optimizer_step`
     steps."""
-    groups = [{"params": agent.policy.parameters(), "lr": config.lr},
+    policy_group = ({"params": agent.prior.parameters(), "lr": config.noise_lr} if config.method == "latent"
+                    else {"params": agent.policy.parameters(), "lr": config.lr})
+    groups = [policy_group,
               {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
@@ -708,7 +752,8 @@ def train(config: OnlineConfig) -> RLResult:
             if now // config.log_every != before // config.log_every or it + 1 == iterations:
                 log.log(now, **{k: float(np.mean(x)) for k, x in sums.items()},
                         **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9),
-                           "rollout/decisions": count, "rollout/chain_logp": float(data["logp"].sum(1).mean())},
+                           "rollout/decisions": count, "rollout/chain_logp": float(data["logp"].sum(1).mean()),
+                           "rollout/explained_variance": explained_variance(data)},
                         **({"train/success_rate": float(np.mean(recent)),
                             "train/return": float(np.mean(tally.returns[-100:]))} if recent else {}))
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")

@@ -142,6 +142,7 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
             ({"stray_patience": 0}, r"HilConfig.stray_patience: expected >= 1, got 0"),
             ({"takeover_steps": 0}, r"HilConfig.takeover_steps: expected >= 1, got 0"),
             ({"bc_weight": -1.0}, r"HilConfig.bc_weight: expected >= 0, got -1.0"),
+            ({"method": "latent"}, r"HilConfig.method: 'latent' freezes the flow network"),
             ({"num_envs": 0}, r"HilConfig.num_envs: expected >= 1, got 0")):
         with pytest.raises(ValueError, match=message):
             small(bc_flow, tmp_path, **overrides)

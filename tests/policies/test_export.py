@@ -260,6 +260,27 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
+def test_noise_prior_is_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray], tmp_path: Path) -> None:
+    """A policy steered by a learned noise prior (online RL's `latent` method) exports with the prior in the graph:
+    the runtime feeds standard-normal noise, the graph moves it to the prior's x_0, and the chunk is the torch
+    policy's for the same noise (and not the unsteered policy's)."""
+    policy, ckpt = policies["flow"]
+    from robotrl.policies import load
+
+    steered = load(ckpt)
+    steered.add_noise_prior((16,), 1.5)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        steered.prior.net[-1].weight.normal_(std=0.3)
+        steered.prior.log_std.fill_(-0.7)
+    for fmt in ("onnx", "torchscript"):
+        rt = runtime.load(export(steered.save(tmp_path / "steered"), tmp_path / fmt, fmt))
+        assert rt.deterministic and rt.manifest["config"]["noise_prior"] == [16]
+        expected, noise = seeded_act(steered, obs, 0)
+        assert np.abs(rt.act(obs, noise=noise) - expected).max() <= tolerance(steered, fmt), fmt
+        assert np.abs(rt.act(obs, noise=noise) - seeded_act(policy, obs, 0)[0]).max() > 1e-2
+
+
 def test_stochastic_sampler_exports_marked_non_deterministic(pusht: EpisodeStore, obs: dict, tmp_path: Path) -> None:
     policy = DiffusionPolicy(pusht.spec, DiffusionConfig(channels=(32, 64), sampler="ddpm", train_steps=8, steps=8),
                              pusht.stats()).eval()

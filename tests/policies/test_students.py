@@ -142,13 +142,29 @@ def test_boundary_condition_holds_for_any_weights(kind: str, store: EpisodeStore
         assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in student.parameters() if p.grad is not None)
 
 
-@pytest.mark.parametrize("channels, lr", [(None, 1e-4), ((16, 32), 1e-3)], ids=["teachers-net", "narrow"])
-def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPolicy, sampler: SequenceSampler,
-                                                               windows: dict[str, Any], channels: tuple[int, ...] | None,
-                                                               lr: float) -> None:
+def steered(teacher: FlowPolicy, teacher_dir: Path) -> FlowPolicy:
+    """The teacher with a noise prior away from N(0, I), as online RL's `latent` method leaves it."""
+    policy = load(teacher_dir)
+    policy.add_noise_prior((32,), 1.5)
+    with torch.no_grad():
+        torch.manual_seed(5)
+        policy.prior.net[-1].weight.normal_(std=0.3)
+        policy.prior.log_std.fill_(-1.0)
+    return policy.requires_grad_(False)
+
+
+@pytest.mark.parametrize("channels, lr, prior", [(None, 1e-4, False), ((16, 32), 1e-3, False), ((16, 32), 1e-3, True)],
+                         ids=["teachers-net", "narrow", "narrow-steered"])
+def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPolicy, teacher_dir: Path,
+                                                               sampler: SequenceSampler, windows: dict[str, Any],
+                                                               channels: tuple[int, ...] | None, lr: float,
+                                                               prior: bool) -> None:
     """The student that starts as the teacher, and a narrower one whose U-Net starts fresh (the faster student
-    for deployment), both close most of the gap to the teacher's multi-step chunk."""
+    for deployment), both close most of the gap to the teacher's multi-step chunk. A teacher steered by a noise
+    prior hands the student its prior, which distillation leaves as it is: the gap is to the steered chunks."""
     torch.manual_seed(0)
+    if prior:
+        teacher = steered(teacher, teacher_dir)
     student = ConsistencyPolicy.from_teacher(teacher, channels=channels)
     student.check_teacher(teacher)
     if channels is not None:
@@ -157,7 +173,8 @@ def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPol
     target = EMA(student, 0.95)
     obs = student.normalize_obs(windows["obs"])
     noise = fixed_noise(student, 48)
-    reference = student.teacher_solve(teacher, noise, obs)[:, :H]
+    with torch.no_grad():
+        reference = student.teacher_solve(teacher, teacher.initial_noise(obs, noise), obs)[:, :H]
 
     def gap() -> float:
         with torch.no_grad():
@@ -180,6 +197,9 @@ def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPol
     gap1, loss1 = gap(), fixed_batch_loss()
     assert loss1 < 0.5 * loss0, (loss0, loss1)
     assert gap1 < 0.5 * gap0, (gap0, gap1)
+    if prior:
+        for name, x in teacher.prior.state_dict().items():
+            torch.testing.assert_close(student.prior.state_dict()[name], x, rtol=0, atol=0)
     # still one network call from pure noise, and act() stays within the action bounds
     calls = CountCalls(student.net)
     chunk = student.act(windows["obs"])
