@@ -1,8 +1,9 @@
-"""Fixtures the policy tests share: one torch thread for small models (PushT demonstrations: ../conftest.py)."""
+"""Fixtures the policy tests share: one torch thread for small models, and a noise prior moved away from its
+start (PushT demonstrations: ../conftest.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -16,3 +17,19 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _add_moved_prior(policy, seed: int = 3):  # type: ignore[no-untyped-def]
+    """`policy` with a noise prior (16 hidden) whose mean and std are away from N(0, I)'s, as online RL's
+    `latent` method leaves it."""
+    policy.add_noise_prior((16,), 1.5)
+    with torch.no_grad():
+        torch.manual_seed(seed)
+        policy.prior.net[-1].weight.normal_(std=0.3)
+        policy.prior.log_std.fill_(-0.7)
+    return policy
+
+
+@pytest.fixture
+def add_moved_prior() -> Callable:
+    return _add_moved_prior

@@ -260,19 +260,15 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-def test_noise_prior_is_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray], tmp_path: Path) -> None:
+def test_noise_prior_is_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray], tmp_path: Path,
+                                                  add_moved_prior) -> None:
     """A policy steered by a learned noise prior (online RL's `latent` method) exports with the prior in the graph:
     the runtime feeds standard-normal noise, the graph moves it to the prior's x_0, and the chunk is the torch
     policy's for the same noise (and not the unsteered policy's)."""
     policy, ckpt = policies["flow"]
     from robotrl.policies import load
 
-    steered = load(ckpt)
-    steered.add_noise_prior((16,), 1.5)
-    with torch.no_grad():
-        torch.manual_seed(3)
-        steered.prior.net[-1].weight.normal_(std=0.3)
-        steered.prior.log_std.fill_(-0.7)
+    steered = add_moved_prior(load(ckpt))
     for fmt in ("onnx", "torchscript"):
         rt = runtime.load(export(steered.save(tmp_path / "steered"), tmp_path / fmt, fmt))
         assert rt.deterministic and rt.manifest["config"]["noise_prior"] == [16]

@@ -142,29 +142,18 @@ def test_boundary_condition_holds_for_any_weights(kind: str, store: EpisodeStore
         assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in student.parameters() if p.grad is not None)
 
 
-def steered(teacher: FlowPolicy, teacher_dir: Path) -> FlowPolicy:
-    """The teacher with a noise prior away from N(0, I), as online RL's `latent` method leaves it."""
-    policy = load(teacher_dir)
-    policy.add_noise_prior((32,), 1.5)
-    with torch.no_grad():
-        torch.manual_seed(5)
-        policy.prior.net[-1].weight.normal_(std=0.3)
-        policy.prior.log_std.fill_(-1.0)
-    return policy.requires_grad_(False)
-
-
 @pytest.mark.parametrize("channels, lr, prior", [(None, 1e-4, False), ((16, 32), 1e-3, False), ((16, 32), 1e-3, True)],
                          ids=["teachers-net", "narrow", "narrow-steered"])
 def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPolicy, teacher_dir: Path,
                                                                sampler: SequenceSampler, windows: dict[str, Any],
                                                                channels: tuple[int, ...] | None, lr: float,
-                                                               prior: bool) -> None:
+                                                               prior: bool, add_moved_prior) -> None:
     """The student that starts as the teacher, and a narrower one whose U-Net starts fresh (the faster student
     for deployment), both close most of the gap to the teacher's multi-step chunk. A teacher steered by a noise
     prior hands the student its prior, which distillation leaves as it is: the gap is to the steered chunks."""
     torch.manual_seed(0)
-    if prior:
-        teacher = steered(teacher, teacher_dir)
+    if prior:  # the teacher as online RL's `latent` method leaves it
+        teacher = add_moved_prior(load(teacher_dir)).requires_grad_(False)
     student = ConsistencyPolicy.from_teacher(teacher, channels=channels)
     student.check_teacher(teacher)
     if channels is not None:
