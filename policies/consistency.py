@@ -165,6 +165,13 @@ class ConsistencyHead:
             x = self.teacher_step(teacher, x, torch.full((x.shape[0],), step, device=x.device), cond)
         return x
 
+    @torch.no_grad()
+    def teacher_chunk(self, teacher: Any, noise: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The chunk the teacher's own sampler draws from standard normal `noise` (its noise prior and chunk
+        residual applied, if it has them): what `sample_from_noise` is distilled to give, (B, H, A) normalized."""
+        x = self.teacher_solve(teacher, teacher.initial_noise(obs, noise), obs)
+        return teacher.refine(obs, x[:, : self.config.action_horizon])
+
     # --- training and sampling -----------------------------------------------------------------------
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"{type(self).__name__} is trained by distillation from a teacher: use "
@@ -200,7 +207,8 @@ class ConsistencyHead:
         (under the teacher's noise prior, where it has one); deterministic (what export traces)."""
         i = torch.zeros(noise.shape[0], dtype=torch.long, device=noise.device)
         x0 = self.initial_noise(obs, noise)  # type: ignore[attr-defined]
-        return self.consistency(x0, i, self.encoder(obs))[:, : self.config.action_horizon]  # type: ignore[attr-defined]
+        chunk = self.consistency(x0, i, self.encoder(obs))[:, : self.config.action_horizon]  # type: ignore[attr-defined]
+        return self.refine(obs, chunk)  # type: ignore[attr-defined]
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = next(iter(obs.values())).shape[0]
@@ -263,10 +271,12 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
             student.load_state_dict(teacher.state_dict())
         else:
             student.encoder.load_state_dict(teacher.encoder.state_dict())
-            if teacher.prior is not None:
-                student.prior.load_state_dict(teacher.prior.state_dict())
-        if student.prior is not None:  # the teacher's noise distribution, kept as it is: distillation fits the net
-            student.prior.requires_grad_(False)
+            for head in ("prior", "residual"):
+                if getattr(teacher, head) is not None:
+                    getattr(student, head).load_state_dict(getattr(teacher, head).state_dict())
+        for head in (student.prior, student.residual):  # the teacher's, kept as they are: distillation fits the net
+            if head is not None:
+                head.requires_grad_(False)
         return student.to(next(teacher.parameters()).device)
 
 

@@ -82,4 +82,4 @@ class DiffusionPolicy(GenerativePolicy):
                 mean = (ab_prev.sqrt() * beta / (1 - ab)) * x0 + ((1 - beta).sqrt() * (1 - ab_prev) / (1 - ab)) * x
                 var = beta * (1 - ab_prev) / (1 - ab)
                 x = mean + (var.sqrt() * torch.randn_like(x) if k > 0 else 0.0)
-        return x[:, : self.config.action_horizon]
+        return self.refine(obs, x[:, : self.config.action_horizon])

@@ -62,4 +62,4 @@ class FlowPolicy(GenerativePolicy):
         cond = self.encoder(obs)
         x0 = self.initial_noise(obs, self.noise(cond.shape[0], cond.device))
         x = self.integrate(x0, cond, self.config.steps, self.config.solver)
-        return x[:, : self.config.action_horizon]
+        return self.refine(obs, x[:, : self.config.action_horizon])

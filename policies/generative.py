@@ -28,14 +28,31 @@ class GenerativeConfig(PolicyConfig):
     standard normal). Online RL in the noise space (`robotrl train online --method latent`) adds and trains it"""
     noise_prior_bound: float = 1.5
     """the prior's mean stays in [-bound, bound] per element: near where the sampler was trained to start"""
+    action_residual: tuple[int, ...] = ()
+    """hidden widths of a learned correction added to the sampled chunk given the observation (empty: none).
+    Online RL of a residual (`robotrl train online --method residual`) adds and trains it"""
+    action_residual_bound: float = 0.3
+    """the correction stays in [-bound, bound] per element (normalized action units, where the data spans [-1, 1])"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.noise_prior = tuple(self.noise_prior)
-        if any(w < 1 for w in self.noise_prior):
-            raise ValueError(f"{type(self).__name__}.noise_prior: expected widths >= 1, got {self.noise_prior}")
-        if not self.noise_prior_bound > 0:
-            raise ValueError(f"{type(self).__name__}.noise_prior_bound: expected > 0, got {self.noise_prior_bound}")
+        name = type(self).__name__
+        self.noise_prior, self.action_residual = tuple(self.noise_prior), tuple(self.action_residual)
+        for field in ("noise_prior", "action_residual"):
+            if any(w < 1 for w in getattr(self, field)):
+                raise ValueError(f"{name}.{field}: expected widths >= 1, got {getattr(self, field)}")
+        for field in ("noise_prior_bound", "action_residual_bound"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
+
+
+def zero_head(feature_dim: int, hidden: tuple[int, ...], shape: tuple[int, int]) -> nn.Sequential:
+    """An MLP to a chunk-shaped output whose last layer starts at zero: a head that adds nothing until trained."""
+    net = mlp([feature_dim, *hidden, shape[0] * shape[1]], act=nn.Tanh)
+    with torch.no_grad():
+        net[-1].weight.zero_()
+        net[-1].bias.zero_()
+    return net
 
 
 class NoisePrior(nn.Module):
@@ -47,16 +64,30 @@ class NoisePrior(nn.Module):
     def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float) -> None:
         super().__init__()
         self.shape, self.bound = shape, bound
-        self.net = mlp([feature_dim, *hidden, shape[0] * shape[1]], act=nn.Tanh)
-        with torch.no_grad():
-            self.net[-1].weight.zero_()
-            self.net[-1].bias.zero_()
+        self.net = zero_head(feature_dim, hidden, shape)
         self.log_std = nn.Parameter(torch.zeros(shape))
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std), each (B, horizon, A)."""
         mean = self.bound * torch.tanh(self.net(features)).reshape(-1, *self.shape)
         return mean, self.log_std.clamp(min=-5.0, max=0.0).exp().expand_as(mean)
+
+
+class ActionResidual(nn.Module):
+    """A correction added to the sampled chunk given the observation: ResiP's residual policy (Ankile et al.
+    2024) at the chunk level. The sampler, frozen, proposes the motion; the residual, trained by RL, adds the
+    precision imitation leaves out (most of PushT's BC failures end within a few points of the success
+    coverage). It starts at zero, i.e. as the policy without it, and is deterministic: RL's exploration noise
+    lives in the learner, not in the deployed policy."""
+
+    def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float) -> None:
+        super().__init__()
+        self.shape, self.bound = shape, bound
+        self.net = zero_head(feature_dim, hidden, shape)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, horizon, A), normalized action units."""
+        return self.bound * torch.tanh(self.net(features)).reshape(-1, *self.shape)
 
 
 class GenerativePolicy(Policy):
@@ -78,22 +109,39 @@ class GenerativePolicy(Policy):
                                 time_scale=self.time_scale)
         #: the learned initial-noise distribution (`GenerativeConfig.noise_prior`), or None for the standard normal
         self.prior: NoisePrior | None = None
+        #: the learned chunk correction (`GenerativeConfig.action_residual`), or None
+        self.residual: ActionResidual | None = None
         if cfg.noise_prior:
             self.add_noise_prior(cfg.noise_prior, cfg.noise_prior_bound)
+        if cfg.action_residual:
+            self.add_action_residual(cfg.action_residual, cfg.action_residual_bound)
+
+    def feature_dim(self, field: str) -> int:
+        """The size of `vector_features`, refused (naming the config `field`) for a policy without vectors."""
+        if not self.vector_keys:
+            raise ValueError(f"{self.name}.{field}: it reads vector observations; this policy has only "
+                             f"{list(self.obs_keys)}")
+        return sum(self.config.obs_horizon * self.spec.observations[k].size for k in self.vector_keys)
 
     def add_noise_prior(self, hidden: tuple[int, ...], bound: float) -> NoisePrior:
         """Build the initial-noise prior (standard normal at first) and record it in the config, so that the
-        checkpoint rebuilds it. Its input is the policy's normalized vector observations (window flattened)."""
-        if not self.vector_keys:
-            raise ValueError(f"{self.name}.noise_prior: the prior reads vector observations; this policy has only "
-                             f"{list(self.obs_keys)}")
-        dim = sum(self.config.obs_horizon * self.spec.observations[k].size for k in self.vector_keys)
+        checkpoint rebuilds it."""
+        dim = self.feature_dim("noise_prior")
         self.config.noise_prior, self.config.noise_prior_bound = tuple(hidden), bound
         self.prior = NoisePrior(dim, (self.horizon, self.action_dim), tuple(hidden), bound)
         return self.prior
 
-    def prior_features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The prior's input: the normalized vector observations, window flattened."""
+    def add_action_residual(self, hidden: tuple[int, ...], bound: float) -> ActionResidual:
+        """Build the chunk correction (zero at first) and record it in the config, so that the checkpoint
+        rebuilds it."""
+        dim = self.feature_dim("action_residual")
+        self.config.action_residual, self.config.action_residual_bound = tuple(hidden), bound
+        self.residual = ActionResidual(dim, (self.horizon, self.action_dim), tuple(hidden), bound)
+        return self.residual
+
+    def vector_features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The input of the prior and the residual (and of online RL's value network): the normalized vector
+        observations, window flattened."""
         return torch.cat([obs[k].flatten(1) for k in self.vector_keys], dim=-1)
 
     def initial_noise(self, obs: dict[str, torch.Tensor], eps: torch.Tensor) -> torch.Tensor:
@@ -101,8 +149,14 @@ class GenerativePolicy(Policy):
         under the learned prior. Exports feed `eps` and compute this inside the graph."""
         if self.prior is None:
             return eps
-        mean, std = self.prior(self.prior_features(obs))
+        mean, std = self.prior(self.vector_features(obs))
         return mean + std * eps
+
+    def refine(self, obs: dict[str, torch.Tensor], chunk: torch.Tensor) -> torch.Tensor:
+        """The sampler's normalized chunk (B, h <= horizon, A) plus the learned correction, if there is one."""
+        if self.residual is None:
+            return chunk
+        return chunk + self.residual(self.vector_features(obs))[:, : chunk.shape[1]]
 
     def pad_chunk(self, action: torch.Tensor, action_is_pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Extend a (B, H, A) chunk to the U-Net's horizon by repeating its last action (masked out of the loss)."""

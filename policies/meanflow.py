@@ -120,7 +120,7 @@ class MeanFlowPolicy(GenerativePolicy):
         times = torch.linspace(1.0, 0.0, self.config.steps + 1, device=z.device)
         for t, r in zip(times[:-1], times[1:]):
             z = z - (t - r) * self.net(z, r.expand(z.shape[0]), t.expand(z.shape[0]), cond)
-        return z[:, : self.config.action_horizon]
+        return self.refine(obs, z[:, : self.config.action_horizon])
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = next(iter(obs.values())).shape[0]

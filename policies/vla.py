@@ -284,7 +284,7 @@ class VLAPolicy(FlowPolicy):
         self.horizon = cfg.action_horizon  # a transformer needs no padding of the chunk
         self.encoder = VLAPrefix(spec, cfg, self.image_keys, self.vector_keys)
         self.net = ActionExpert(self.action_dim, self.horizon, cfg, self.time_scale)
-        self.prior = None  # the standard normal: VLAConfig has no noise prior
+        self.prior = self.residual = None  # VLAConfig has neither a noise prior nor a chunk residual
 
     @property
     def language(self) -> Any:

@@ -148,7 +148,7 @@ class TeacherGap:
         self.obs = student.normalize_obs(windows["obs"])
         generator = torch.Generator().manual_seed(seed + 1)
         self.noise = torch.randn(batch, student.horizon, student.action_dim, generator=generator)
-        self.reference = student.teacher_solve(teacher, self.noise, self.obs)[:, : student.config.action_horizon]
+        self.reference = student.teacher_chunk(teacher, self.noise, self.obs)
 
     @torch.no_grad()
     def __call__(self, student: ConsistencyHead) -> float:

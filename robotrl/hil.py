@@ -53,7 +53,7 @@ from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.evaluate import evaluate_policy
-from robotrl.online import OnlineConfig, collect, ppo_update, start_online
+from robotrl.online import HEADS, OnlineConfig, collect, ppo_update, start_online
 from robotrl.spec import STRING
 from robotrl.training import RLResult, RunLog, TrainClock, finish_iterations, load_run_state, save_run_state
 
@@ -94,10 +94,10 @@ class HilConfig(OnlineConfig):
         name = type(self).__name__
         if self.operator not in OPERATORS:
             raise ValueError(f"{name}.operator: expected one of {OPERATORS}, got {self.operator!r}")
-        if self.method == "latent":
-            raise ValueError(f"{name}.method: 'latent' freezes the flow network, which the operator's interventions "
-                             "train by BC here; expected one of the chain methods (flow_sde, flow_noise, "
-                             "denoising_mdp, ode_noise)")
+        if self.method in HEADS:
+            raise ValueError(f"{name}.method: {self.method!r} freezes the flow network, which the operator's "
+                             "interventions train by BC here; expected one of the chain methods (flow_sde, "
+                             "flow_noise, denoising_mdp, ode_noise)")
         if self.operator != "expert" and self.num_envs != 1:
             raise ValueError(f"{name}.num_envs: expected 1 when a teleop device drives (operator="
                              f"{self.operator!r}), got {self.num_envs}")

@@ -29,6 +29,11 @@ PPO ratio is recomputed from it under the new weights. Three ways to make the ch
                  action PPO sees is x_0: one Gaussian with an exact density, a small network, and no update that can
                  unlearn the demonstrations, since the imitating network never moves; the clip applies to the
                  joint ratio of x_0 (the other methods average the log-ratio per element, DPPO's convention).
+  residual       ResiP (Ankile et al. 2024) at the chunk level: the flow network is frozen, its ODE's chunk plus a
+                 learned correction of the observation (`GenerativeConfig.action_residual`, starting at zero) is
+                 the mean, and Gaussian noise of a learned std (from `noise_std`) on it explores. What RL learns
+                 is a small precise correction where imitation is close but not exact; the saved policy adds the
+                 correction without the noise. Joint ratio, as latent.
 
 The PPO unit (`--ratio`): `chain` clips one ratio per decision from the chain's summed log-likelihood (pi_RL's
 one-layer MDP); `step` gives every transition of a chain its own clipped ratio and its decision's advantage (the
@@ -77,7 +82,9 @@ from robotrl.training import (
     start_run,
 )
 
-METHODS = ("denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent")
+METHODS = ("denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent", "residual")
+#: methods that train a head of a frozen flow network (its prior or residual), with a Gaussian over one action
+HEADS = {"latent": "prior", "residual": "residual"}
 
 
 @dataclass
@@ -86,7 +93,7 @@ class OnlineConfig(RunOptions):
 
     policy: Path = Path("runs/bc-flow/policy")
     """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
-    method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent"] = "flow_sde"
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent", "residual"] = "flow_sde"
     """how the chain is made stochastic (module docstring); flow_sde gained most on Reach in bench/flow_rl.py"""
     num_envs: int = 32
     total_steps: int = 300_000
@@ -100,7 +107,8 @@ class OnlineConfig(RunOptions):
     noise_std: float | None = None
     """denoising_mdp: std of each transition (normalized action units; default 0.1); flow_noise: the noise net's
     initial std (default 0.2: from 0.1 it gained 12 points on Reach in 86,400 steps, from 0.2 34); ode_noise: the
-    std of the noise on the ODE's chunk (default 0.2)"""
+    std of the noise on the ODE's chunk (default 0.2); residual: the initial std of the noise on the corrected
+    chunk (default 0.1)"""
     noise_std_end: float | None = None
     """denoising_mdp: the std of the last transition, linear from noise_std along the chain (default: constant)"""
     noise_min: float = 0.02
@@ -130,7 +138,7 @@ class OnlineConfig(RunOptions):
     """the flow policy's learning rate"""
     critic_lr: float = 1e-3
     noise_lr: float = 3e-4
-    """flow_noise: the noise network's learning rate; latent: the noise prior's"""
+    """flow_noise: the noise network's learning rate; latent / residual: the prior's / residual's (and its std's)"""
     max_grad_norm: float = 1.0
     critic_warmup: int = 3
     """iterations that train only the value network (its first estimates are random)"""
@@ -143,10 +151,12 @@ class OnlineConfig(RunOptions):
     from a 79% BC policy the unanchored update fell to 6% in 102k env steps; 1.0 held it at 80% (bench/RESULTS.md)"""
     value_hidden: tuple[int, ...] = (256, 256)
     noise_hidden: tuple[int, ...] = (128, 128)
-    """flow_noise: the noise network's hidden widths; latent: the noise prior's (a policy that has a prior keeps
-    its own)"""
+    """flow_noise: the noise network's hidden widths; latent / residual: the noise prior's / the residual's (a
+    policy that has one keeps its own)"""
     prior_bound: float = 1.5
     """latent: the prior's mean stays in [-bound, bound] per element of x_0"""
+    residual_bound: float = 0.3
+    """residual: the correction stays in [-bound, bound] per chunk element (normalized action units)"""
     reward_type: Literal["dense", "sparse"] = "dense"
     reward_classifier: Path | None = None
     """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward and success in
@@ -172,7 +182,8 @@ class OnlineConfig(RunOptions):
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         if self.denoise_steps is not None and self.denoise_steps < 1:
             raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
-        for field in ("sde_noise", "lr", "critic_lr", "noise_lr", "clip", "max_grad_norm", "prior_bound"):
+        for field in ("sde_noise", "lr", "critic_lr", "noise_lr", "clip", "max_grad_norm", "prior_bound",
+                      "residual_bound"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
         if self.noise_std is not None and not self.noise_std > 0:
@@ -244,20 +255,23 @@ class NoiseNet(nn.Module):
 
 class FlowAgent(nn.Module):
     """The flow policy being fine-tuned, its value network and (Flow-Noise) its noise network: one module, so that
-    the train state holds them together. For `latent` the policy gets its noise prior here (unless it has one)
-    and only the prior trains."""
+    the train state holds them together. For `latent` / `residual` the policy gets its noise prior / chunk
+    residual here (unless it has one) and only that head trains (with, for `residual`, the exploration std)."""
 
     def __init__(self, policy: FlowPolicy, config: OnlineConfig, steps: int) -> None:
         super().__init__()
         self.policy, self.method, self.steps = policy, config.method, steps
-        if config.method == "latent":
+        head = HEADS.get(config.method)
+        if head is not None:
             if not isinstance(policy.config, GenerativeConfig):
-                raise ValueError(f"{type(config).__name__}.method: 'latent' trains a noise prior of a U-Net flow "
+                raise ValueError(f"{type(config).__name__}.method: {config.method!r} trains a {head} of a U-Net flow "
                                  f"policy; a {policy.name!r} policy has none (use flow_sde)")
-            if policy.prior is None:
+            if head == "prior" and policy.prior is None:
                 policy.add_noise_prior(config.noise_hidden, config.prior_bound)
+            if head == "residual" and policy.residual is None:
+                policy.add_action_residual(config.noise_hidden, config.residual_bound)
             for name, p in policy.named_parameters():
-                p.requires_grad_(name.startswith("prior."))
+                p.requires_grad_(name.startswith(f"{head}."))
         self.sde_noise = config.sde_noise
         std = config.initial_std()
         end = std if config.noise_std_end is None else config.noise_std_end
@@ -271,14 +285,17 @@ class FlowAgent(nn.Module):
         self.chunk_shape = (policy.horizon, policy.action_dim)
         #: leading chunk steps whose likelihood the ratio scores (`likelihood`)
         self.scored = policy.horizon if config.likelihood == "chunk" else min(config.execute, policy.horizon)
-        #: the log-ratio is divided by this: per chunk element for the chain methods (DPPO), joint for latent
-        self.ratio_elements = 1 if config.method == "latent" else self.scored * policy.action_dim
+        #: the log-ratio is divided by this: per chunk element for the chain methods (DPPO), joint for the heads
+        self.ratio_elements = 1 if head is not None else self.scored * policy.action_dim
+        #: residual: log of the exploration std around the corrected chunk, per chunk element
+        self.residual_log_std = nn.Parameter(torch.full(self.chunk_shape, math.log(std))) \
+            if config.method == "residual" else None
         self.noise_net = NoiseNet(feature_dim, self.chunk_shape, config.noise_hidden, config.noise_min,
                                   config.noise_max, std) if config.method == "flow_noise" else None
 
     def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The value (and noise) network's input: the policy's normalized vector observations, window flattened."""
-        return self.policy.prior_features(obs)
+        return self.policy.vector_features(obs)
 
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.value_net(self.features(obs)).squeeze(-1)
@@ -307,6 +324,11 @@ class FlowAgent(nn.Module):
             x0 = mean + std * x
             chunk = self.policy.integrate(x0, cond, self.steps)
             return torch.stack([x0, chunk], 1), gaussian_log_prob(x0, mean, std)[:, None]
+        if self.method == "residual":  # the ODE's chunk, its correction, then the exploration noise
+            base = self.policy.integrate(self.policy.initial_noise(obs, x), cond, self.steps)
+            mean, std = self.residual_mean_std(base, features)
+            chunk = mean + std * torch.randn_like(mean)
+            return torch.stack([x, base, chunk], 1), self.log_density(chunk, mean, std)[:, None]
         chain, logp = [x], []
         for k in range(self.steps):
             ks = torch.full((x.shape[0],), k, device=x.device)
@@ -333,6 +355,9 @@ class FlowAgent(nn.Module):
         if self.method == "latent":
             mean, std = self.prior(self.features(obs))
             return gaussian_log_prob(chain[:, 0], mean, std)[:, None], torch.zeros((), device=chain.device)
+        if self.method == "residual":
+            mean, std = self.residual_mean_std(chain[:, 1], self.features(obs))
+            return self.log_density(chain[:, 2], mean, std)[:, None], torch.zeros((), device=chain.device)
         b, k = chain.shape[0], self.steps
         x = chain[:, :-1].reshape(b * k, *chain.shape[2:])
         ks = torch.arange(k, device=chain.device).repeat(b)
@@ -371,6 +396,12 @@ class FlowAgent(nn.Module):
     def prior(self) -> NoisePrior:
         assert self.policy.prior is not None, "latent: the policy's noise prior is added in FlowAgent.__init__"
         return self.policy.prior
+
+    def residual_mean_std(self, base: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """residual: the exploring Gaussian's (mean, std) around the ODE's chunk `base` (B, horizon, A)."""
+        assert self.policy.residual is not None and self.residual_log_std is not None
+        mean = base + self.policy.residual(features)
+        return mean, self.residual_log_std.clamp(min=-7.0, max=0.0).exp().expand_as(mean)
 
     def chunk(self, chain: torch.Tensor) -> np.ndarray:
         """The env's action chunk (B, H, A) from the chain's end: unnormalized and clipped to the action bounds,
@@ -638,12 +669,15 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, acto
 def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.Adam, Any]:
     """Adam with a learning rate per network (policy, value, noise), and the constant schedule `optimizer_step`
     steps."""
-    policy_group = ({"params": agent.prior.parameters(), "lr": config.noise_lr} if config.method == "latent"
-                    else {"params": agent.policy.parameters(), "lr": config.lr})
+    head = HEADS.get(config.method)
+    policy_group = ({"params": [p for p in agent.policy.parameters() if p.requires_grad], "lr": config.noise_lr}
+                    if head is not None else {"params": agent.policy.parameters(), "lr": config.lr})
     groups = [policy_group,
               {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
+    if agent.residual_log_std is not None:
+        groups.append({"params": [agent.residual_log_std], "lr": config.noise_lr})
     optimizer = torch.optim.Adam(groups, eps=1e-5)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 

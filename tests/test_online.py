@@ -13,6 +13,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -170,36 +171,50 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
     assert agent.chain_log_prob(obs, chain, reference)[1].item() > 0.0
 
 
-def test_latent_starts_as_the_bc_policy_and_trains_only_its_noise_prior(bc_flow: Path, tmp_path: Path) -> None:
-    """--method latent: the agent gives the policy a noise prior that starts as N(0, I), so the chunks it draws are
-    the BC policy's own ODE from x_0; the stored x_0's density is the one PPO recomputes (first ratio 1), and the
-    policy gradient reaches the prior only, never the flow network. The checkpoint rebuilds the prior."""
+def head_start(bc_flow: Path, method: str) -> tuple[OnlineConfig, Any, FlowAgent, Windows, dict[str, torch.Tensor],
+                                                     torch.Tensor, torch.Tensor]:
+    """A `latent` or `residual` agent on the Reach BC policy, 256 fresh Reach windows, and the chains it draws."""
     torch.manual_seed(0)
-    config = OnlineConfig(policy=bc_flow, method="latent", denoise_steps=5)
+    config = OnlineConfig(policy=bc_flow, method=method, denoise_steps=5)  # type: ignore[arg-type]
     policy = load_flow_policy(bc_flow, 5)
     agent = FlowAgent(policy, config, 5)
-    assert policy.prior is not None and policy.config.noise_prior == config.noise_hidden
-    assert {n for n, p in agent.named_parameters() if p.requires_grad} == {
-        n for n in dict(agent.named_parameters()) if n.startswith(("policy.prior.", "value_net."))}
     env = make("Reach", num_envs=256, seed=3)
     windows = Windows(("state",), policy.obs_horizon)
     windows.start(env.reset(seed=3)[0])
     obs = policy.normalize_obs(windows.frames)
     chain, logp = agent.sample_chain(obs)
+    return config, policy, agent, windows, obs, chain, logp
+
+
+def assert_ppo_moves_only(agent: FlowAgent, config: OnlineConfig, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                          logp: torch.Tensor, heads: tuple[str, ...]) -> None:
+    """The stored density is the one PPO recomputes (first ratio 1), and the policy gradient reaches `heads`
+    only (and the value network), never the flow network."""
+    torch.testing.assert_close(agent.chain_log_prob(obs, chain)[0], logp)
+    assert {n for n, p in agent.named_parameters() if p.requires_grad} == {
+        n for n in dict(agent.named_parameters()) if n.startswith((*heads, "value_net."))}
+    batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(len(logp)),
+             "adv": torch.linspace(-1.0, 1.0, len(logp)), "ret": torch.zeros(len(logp))}
+    loss, stats = ppo_loss(agent, batch, config, actor=True, reference=None)
+    assert abs(stats["approx_kl"]) < 1e-6 and stats["clip_frac"] == 0.0
+    loss.backward()
+    grads = {n for n, p in agent.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert grads and all(n.startswith((*heads, "value_net.")) for n in grads), grads
+    assert all(any(n.startswith(h) for n in grads) for h in heads), grads
+
+
+def test_latent_starts_as_the_bc_policy_and_trains_only_its_noise_prior(bc_flow: Path, tmp_path: Path) -> None:
+    """--method latent: the agent gives the policy a noise prior that starts as N(0, I), so the chunks it draws are
+    the BC policy's own ODE from x_0; only the prior trains. The checkpoint rebuilds the prior."""
+    config, policy, agent, windows, obs, chain, logp = head_start(bc_flow, "latent")
+    assert policy.prior is not None and policy.config.noise_prior == config.noise_hidden
     assert chain.shape == (256, 2, policy.horizon, 3) and logp.shape == (256, 1)
     x0 = chain[:, 0]
     assert abs(float(x0.mean())) < 0.05 and abs(float(x0.std()) - 1) < 0.05  # the standard normal
     bc = load_flow_policy(bc_flow, 5)
     with torch.no_grad():
         torch.testing.assert_close(chain[:, 1], bc.integrate(x0, bc.encoder(obs), 5))
-    torch.testing.assert_close(agent.chain_log_prob(obs, chain)[0], logp)
-    adv = torch.linspace(-1.0, 1.0, 256)
-    batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(256), "adv": adv, "ret": torch.zeros(256)}
-    loss, stats = ppo_loss(agent, batch, config, actor=True, reference=None)
-    assert abs(stats["approx_kl"]) < 1e-6 and stats["clip_frac"] == 0.0
-    loss.backward()
-    grads = {n: p.grad for n, p in agent.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
-    assert any(n.startswith("policy.prior.") for n in grads) and not any(n.startswith("policy.net.") for n in grads)
+    assert_ppo_moves_only(agent, config, obs, chain, logp, ("policy.prior.",))
     # a moved prior is what the saved checkpoint samples from, on load and in the ODE it feeds
     with torch.no_grad():
         policy.prior.net[-1].bias.normal_()
@@ -212,6 +227,32 @@ def test_latent_starts_as_the_bc_policy_and_trains_only_its_noise_prior(bc_flow:
     torch.testing.assert_close(torch.from_numpy(loaded.act(windows.frames)), torch.from_numpy(a))
     torch.manual_seed(1)
     assert not np.allclose(bc.act(windows.frames), a, atol=1e-3)
+
+
+def test_residual_starts_as_the_bc_policy_and_trains_only_its_correction(bc_flow: Path, tmp_path: Path) -> None:
+    """--method residual: the chain is (x_0, the BC policy's ODE chunk from it, that chunk plus the correction,
+    zero at first, plus Gaussian noise of std noise_std); only the correction and the std train. The saved policy
+    adds the correction, without noise."""
+    config, policy, agent, windows, obs, chain, logp = head_start(bc_flow, "residual")
+    assert policy.residual is not None and policy.config.action_residual == config.noise_hidden
+    assert chain.shape == (256, 3, policy.horizon, 3) and logp.shape == (256, 1)
+    bc = load_flow_policy(bc_flow, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(chain[:, 1], bc.integrate(chain[:, 0], bc.encoder(obs), 5))
+    z = (chain[:, 2] - chain[:, 1]) / config.initial_std()  # the exploration noise around an uncorrected chunk
+    assert abs(float(z.mean())) < 0.05 and abs(float(z.std()) - 1) < 0.05
+    assert_ppo_moves_only(agent, config, obs, chain, logp, ("policy.residual.", "residual_log_std"))
+    with torch.no_grad():
+        policy.residual.net[-1].bias.uniform_(-3.0, 3.0)
+    loaded = load(policy.save(tmp_path / "corrected"))
+    assert loaded.residual is not None and loaded.config.action_residual == config.noise_hidden
+    with torch.no_grad():
+        torch.manual_seed(1)
+        corrected = loaded.sample(obs)
+        torch.manual_seed(1)
+        base = bc.sample(obs)
+        torch.testing.assert_close(corrected, base + policy.residual(policy.vector_features(obs))[:, :8])
+    assert (corrected - base).abs().max() > 0.1
 
 
 def test_advantage_floor_keeps_below_average_decisions_out_of_the_policy_update(bc_flow: Path) -> None:
@@ -385,17 +426,19 @@ def test_the_vla_plugs_into_the_same_loop(tmp_path: Path) -> None:
     state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)
     instructions = state["windows"]["instruction"]
     assert len(instructions) == 2 and all(isinstance(t, str) and t for t in instructions), instructions
-    with pytest.raises(ValueError, match=r"OnlineConfig.method: 'latent' trains a noise prior of a U-Net flow policy; "
-                                         r"a 'vla' policy has none"):
-        FlowAgent(tuned, replace(cfg, method="latent"), 2)
+    for method, head in (("latent", "prior"), ("residual", "residual")):
+        with pytest.raises(ValueError, match=rf"OnlineConfig.method: '{method}' trains a {head} of a U-Net flow "
+                                             r"policy; a 'vla' policy has none"):
+            FlowAgent(tuned, replace(cfg, method=method), 2)
 
 
 def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) -> None:
     for overrides, message in (
             ({"method": "ddpo"},
              r"OnlineConfig.method: expected one of \('denoising_mdp', 'flow_sde', 'flow_noise', 'ode_noise', "
-             r"'latent'\), got 'ddpo'"),
+             r"'latent', 'residual'\), got 'ddpo'"),
             ({"prior_bound": 0.0}, r"OnlineConfig.prior_bound: expected > 0, got 0.0"),
+            ({"residual_bound": -1.0}, r"OnlineConfig.residual_bound: expected > 0, got -1.0"),
             ({"ratio": "token"}, r"OnlineConfig.ratio: expected 'chain' or 'step', got 'token'"),
             ({"num_envs": 0}, r"OnlineConfig.num_envs: expected >= 1, got 0"),
             ({"denoise_steps": 0}, r"OnlineConfig.denoise_steps: expected >= 1, got 0"),

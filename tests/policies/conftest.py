@@ -1,5 +1,5 @@
-"""Fixtures the policy tests share: one torch thread for small models, and a noise prior moved away from its
-start (PushT demonstrations: ../conftest.py)."""
+"""Fixtures the policy tests share: one torch thread for small models, and a noise prior and a chunk residual
+moved away from their start (PushT demonstrations: ../conftest.py)."""
 
 from __future__ import annotations
 
@@ -19,17 +19,19 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def _add_moved_prior(policy, seed: int = 3):  # type: ignore[no-untyped-def]
-    """`policy` with a noise prior (16 hidden) whose mean and std are away from N(0, I)'s, as online RL's
-    `latent` method leaves it."""
+def _add_moved_heads(policy, seed: int = 3):  # type: ignore[no-untyped-def]
+    """`policy` with a noise prior and a chunk residual (16 hidden each) moved away from their start (N(0, I),
+    zero), as online RL's `latent` and `residual` methods leave them."""
     policy.add_noise_prior((16,), 1.5)
+    policy.add_action_residual((16,), 0.3)
     with torch.no_grad():
         torch.manual_seed(seed)
         policy.prior.net[-1].weight.normal_(std=0.3)
         policy.prior.log_std.fill_(-0.7)
+        policy.residual.net[-1].weight.normal_(std=0.3)
     return policy
 
 
 @pytest.fixture
-def add_moved_prior() -> Callable:
-    return _add_moved_prior
+def add_moved_heads() -> Callable:
+    return _add_moved_heads

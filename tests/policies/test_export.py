@@ -260,18 +260,19 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-def test_noise_prior_is_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray], tmp_path: Path,
-                                                  add_moved_prior) -> None:
-    """A policy steered by a learned noise prior (online RL's `latent` method) exports with the prior in the graph:
-    the runtime feeds standard-normal noise, the graph moves it to the prior's x_0, and the chunk is the torch
-    policy's for the same noise (and not the unsteered policy's)."""
+def test_noise_prior_and_residual_are_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray], tmp_path: Path,
+                                                  add_moved_heads) -> None:
+    """A policy steered by a learned noise prior and corrected by a chunk residual (online RL's `latent` and
+    `residual` methods) exports with both in the graph: the runtime feeds standard-normal noise, the graph moves it
+    to the prior's x_0 and corrects the sampled chunk, which is the torch policy's for the same noise (and not the
+    unsteered policy's)."""
     policy, ckpt = policies["flow"]
     from robotrl.policies import load
 
-    steered = add_moved_prior(load(ckpt))
+    steered = add_moved_heads(load(ckpt))
     for fmt in ("onnx", "torchscript"):
         rt = runtime.load(export(steered.save(tmp_path / "steered"), tmp_path / fmt, fmt))
-        assert rt.deterministic and rt.manifest["config"]["noise_prior"] == [16]
+        assert rt.deterministic and rt.manifest["config"]["noise_prior"] == rt.manifest["config"]["action_residual"] == [16]
         expected, noise = seeded_act(steered, obs, 0)
         assert np.abs(rt.act(obs, noise=noise) - expected).max() <= tolerance(steered, fmt), fmt
         assert np.abs(rt.act(obs, noise=noise) - seeded_act(policy, obs, 0)[0]).max() > 1e-2

@@ -143,17 +143,18 @@ def test_boundary_condition_holds_for_any_weights(kind: str, store: EpisodeStore
 
 
 @pytest.mark.parametrize("channels, lr, prior", [(None, 1e-4, False), ((16, 32), 1e-3, False), ((16, 32), 1e-3, True)],
-                         ids=["teachers-net", "narrow", "narrow-steered"])
+                         ids=["teachers-net", "narrow", "narrow-steered-corrected"])
 def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPolicy, teacher_dir: Path,
                                                                sampler: SequenceSampler, windows: dict[str, Any],
                                                                channels: tuple[int, ...] | None, lr: float,
-                                                               prior: bool, add_moved_prior) -> None:
+                                                               prior: bool, add_moved_heads) -> None:
     """The student that starts as the teacher, and a narrower one whose U-Net starts fresh (the faster student
-    for deployment), both close most of the gap to the teacher's multi-step chunk. A teacher steered by a noise
-    prior hands the student its prior, which distillation leaves as it is: the gap is to the steered chunks."""
+    for deployment), both close most of the gap to the teacher's multi-step chunk. A teacher with a noise prior and
+    a chunk residual (as online RL leaves it) hands the student both, which distillation leaves as they are: the
+    gap is to the steered, corrected chunks."""
     torch.manual_seed(0)
     if prior:  # the teacher as online RL's `latent` method leaves it
-        teacher = add_moved_prior(load(teacher_dir)).requires_grad_(False)
+        teacher = add_moved_heads(load(teacher_dir)).requires_grad_(False)
     student = ConsistencyPolicy.from_teacher(teacher, channels=channels)
     student.check_teacher(teacher)
     if channels is not None:
@@ -162,8 +163,7 @@ def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPol
     target = EMA(student, 0.95)
     obs = student.normalize_obs(windows["obs"])
     noise = fixed_noise(student, 48)
-    with torch.no_grad():
-        reference = student.teacher_solve(teacher, teacher.initial_noise(obs, noise), obs)[:, :H]
+    reference = student.teacher_chunk(teacher, noise, obs)
 
     def gap() -> float:
         with torch.no_grad():
@@ -187,8 +187,9 @@ def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPol
     assert loss1 < 0.5 * loss0, (loss0, loss1)
     assert gap1 < 0.5 * gap0, (gap0, gap1)
     if prior:
-        for name, x in teacher.prior.state_dict().items():
-            torch.testing.assert_close(student.prior.state_dict()[name], x, rtol=0, atol=0)
+        for head in ("prior", "residual"):
+            for name, x in getattr(teacher, head).state_dict().items():
+                torch.testing.assert_close(getattr(student, head).state_dict()[name], x, rtol=0, atol=0)
     # still one network call from pure noise, and act() stays within the action bounds
     calls = CountCalls(student.net)
     chunk = student.act(windows["obs"])
