@@ -167,10 +167,11 @@ class ConsistencyHead:
 
     @torch.no_grad()
     def teacher_chunk(self, teacher: Any, noise: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The chunk the teacher's own sampler draws from standard normal `noise` (its noise prior and chunk
-        residual applied, if it has them): what `sample_from_noise` is distilled to give, (B, H, A) normalized."""
+        """The chunk the teacher's own sampler draws from standard normal `noise` (B, noise_rows, A) (its noise
+        prior and chunk residual applied, if it has them): what `sample_from_noise` is distilled to give, (B, H,
+        A) normalized."""
         x = self.teacher_solve(teacher, teacher.initial_noise(obs, noise), obs)
-        return teacher.refine(obs, x[:, : self.config.action_horizon])
+        return teacher.refine(obs, x[:, : self.config.action_horizon], noise)
 
     # --- training and sampling -----------------------------------------------------------------------
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
@@ -203,12 +204,13 @@ class ConsistencyHead:
         return self.distill_loss(teacher, target, obs, action, pad)
 
     def sample_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """One network call: f(x_0, 0, obs) from x_0 the initial noise for standard normal `noise` (B, horizon, A)
-        (under the teacher's noise prior, where it has one); deterministic (what export traces)."""
+        """One network call: f(x_0, 0, obs) from x_0 the initial noise for standard normal `noise` (B, noise_rows,
+        A) (under the teacher's noise prior, and plus its chunk residual, where it has them); deterministic given
+        the noise (what export traces)."""
         i = torch.zeros(noise.shape[0], dtype=torch.long, device=noise.device)
         x0 = self.initial_noise(obs, noise)  # type: ignore[attr-defined]
         chunk = self.consistency(x0, i, self.encoder(obs))[:, : self.config.action_horizon]  # type: ignore[attr-defined]
-        return self.refine(obs, chunk)  # type: ignore[attr-defined]
+        return self.refine(obs, chunk, noise)  # type: ignore[attr-defined]
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = next(iter(obs.values())).shape[0]

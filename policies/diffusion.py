@@ -64,7 +64,8 @@ class DiffusionPolicy(GenerativePolicy):
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         cond = self.encoder(obs)
-        x = self.initial_noise(obs, self.noise(cond.shape[0], cond.device))
+        eps = self.noise(cond.shape[0], cond.device)
+        x = self.initial_noise(obs, eps)
         n = self.config.train_steps
         if self.config.sampler == "ddpm":
             ks = list(range(n - 1, -1, -1))
@@ -82,4 +83,4 @@ class DiffusionPolicy(GenerativePolicy):
                 mean = (ab_prev.sqrt() * beta / (1 - ab)) * x0 + ((1 - beta).sqrt() * (1 - ab_prev) / (1 - ab)) * x
                 var = beta * (1 - ab_prev) / (1 - ab)
                 x = mean + (var.sqrt() * torch.randn_like(x) if k > 0 else 0.0)
-        return self.refine(obs, x[:, : self.config.action_horizon])
+        return self.refine(obs, x[:, : self.config.action_horizon], eps)

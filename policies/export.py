@@ -59,8 +59,10 @@ class ExportError(ValueError):
 # the exported computation
 # ---------------------------------------------------------------------------------------------------
 def noise_shape(policy: Policy) -> tuple[int, int]:
-    """(horizon, A) of the initial noise: the network's (possibly padded) chunk length, not the executed H."""
-    return int(getattr(policy, "horizon", policy.config.action_horizon)), int(policy.action_dim)
+    """(rows, A) of the noise input: the network's (possibly padded) chunk length, not the executed H (twice that
+    for a generative policy with a chunk residual: `GenerativePolicy.noise_rows`)."""
+    rows = getattr(policy, "noise_rows", getattr(policy, "horizon", policy.config.action_horizon))
+    return int(rows), int(policy.action_dim)
 
 
 def sample_from_noise(policy: Policy, obs: Mapping[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:

@@ -60,6 +60,6 @@ class FlowPolicy(GenerativePolicy):
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         cond = self.encoder(obs)
-        x0 = self.initial_noise(obs, self.noise(cond.shape[0], cond.device))
-        x = self.integrate(x0, cond, self.config.steps, self.config.solver)
-        return self.refine(obs, x[:, : self.config.action_horizon])
+        eps = self.noise(cond.shape[0], cond.device)
+        x = self.integrate(self.initial_noise(obs, eps), cond, self.config.steps, self.config.solver)
+        return self.refine(obs, x[:, : self.config.action_horizon], eps)

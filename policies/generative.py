@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 import torch
 from torch import nn
 
@@ -32,7 +34,10 @@ class GenerativeConfig(PolicyConfig):
     """hidden widths of a learned correction added to the sampled chunk given the observation (empty: none).
     Online RL of a residual (`robotrl train online --method residual`) adds and trains it"""
     action_residual_bound: float = 0.3
-    """the correction stays in [-bound, bound] per element (normalized action units, where the data spans [-1, 1])"""
+    """the correction's mean stays in [-bound, bound] per element (normalized action units: the data spans [-1, 1])"""
+    action_residual_std: float = 0.1
+    """the correction's initial std per element (then learned, at most 1): the residual is a Gaussian, as RL
+    trained it, so its noise is part of the policy (on PushT its mean alone did worse than the BC policy)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -41,7 +46,7 @@ class GenerativeConfig(PolicyConfig):
         for field in ("noise_prior", "action_residual"):
             if any(w < 1 for w in getattr(self, field)):
                 raise ValueError(f"{name}.{field}: expected widths >= 1, got {getattr(self, field)}")
-        for field in ("noise_prior_bound", "action_residual_bound"):
+        for field in ("noise_prior_bound", "action_residual_bound", "action_residual_std"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
 
@@ -74,20 +79,23 @@ class NoisePrior(nn.Module):
 
 
 class ActionResidual(nn.Module):
-    """A correction added to the sampled chunk given the observation: ResiP's residual policy (Ankile et al.
-    2024) at the chunk level. The sampler, frozen, proposes the motion; the residual, trained by RL, adds the
-    precision imitation leaves out (most of PushT's BC failures end within a few points of the success
-    coverage). It starts at zero, i.e. as the policy without it, and is deterministic: RL's exploration noise
-    lives in the learner, not in the deployed policy."""
+    """A Gaussian correction N(mean(features), diag(std^2)) added to the sampled chunk given the observation:
+    ResiP's residual policy (Ankile et al. 2024) at the chunk level. The sampler, frozen, proposes the motion; the
+    residual, trained by RL, adds the precision imitation leaves out (most of PushT's BC failures end within a few
+    points of the success coverage). Its mean starts at zero; its noise is RL's exploration and stays in the
+    policy, which is deployed as it was trained."""
 
-    def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float) -> None:
+    def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float,
+                 std: float) -> None:
         super().__init__()
         self.shape, self.bound = shape, bound
         self.net = zero_head(feature_dim, hidden, shape)
+        self.log_std = nn.Parameter(torch.full(shape, math.log(std)))
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, horizon, A), normalized action units."""
-        return self.bound * torch.tanh(self.net(features)).reshape(-1, *self.shape)
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std), each (B, horizon, A), normalized action units."""
+        mean = self.bound * torch.tanh(self.net(features)).reshape(-1, *self.shape)
+        return mean, self.log_std.clamp(min=-7.0, max=0.0).exp().expand_as(mean)
 
 
 class GenerativePolicy(Policy):
@@ -114,7 +122,7 @@ class GenerativePolicy(Policy):
         if cfg.noise_prior:
             self.add_noise_prior(cfg.noise_prior, cfg.noise_prior_bound)
         if cfg.action_residual:
-            self.add_action_residual(cfg.action_residual, cfg.action_residual_bound)
+            self.add_action_residual(cfg.action_residual, cfg.action_residual_bound, cfg.action_residual_std)
 
     def feature_dim(self, field: str) -> int:
         """The size of `vector_features`, refused (naming the config `field`) for a policy without vectors."""
@@ -131,13 +139,24 @@ class GenerativePolicy(Policy):
         self.prior = NoisePrior(dim, (self.horizon, self.action_dim), tuple(hidden), bound)
         return self.prior
 
-    def add_action_residual(self, hidden: tuple[int, ...], bound: float) -> ActionResidual:
-        """Build the chunk correction (zero at first) and record it in the config, so that the checkpoint
+    def add_action_residual(self, hidden: tuple[int, ...], bound: float, std: float) -> ActionResidual:
+        """Build the chunk correction (zero mean at first) and record it in the config, so that the checkpoint
         rebuilds it."""
         dim = self.feature_dim("action_residual")
-        self.config.action_residual, self.config.action_residual_bound = tuple(hidden), bound
-        self.residual = ActionResidual(dim, (self.horizon, self.action_dim), tuple(hidden), bound)
+        cfg = self.config
+        cfg.action_residual, cfg.action_residual_bound, cfg.action_residual_std = tuple(hidden), bound, std
+        self.residual = ActionResidual(dim, (self.horizon, self.action_dim), tuple(hidden), bound, std)
         return self.residual
+
+    @property
+    def noise_rows(self) -> int:
+        """Rows of standard normal noise one chunk draws (`noise`): the sampler's initial noise (horizon), then
+        the residual's (another horizon) if the policy has one."""
+        return self.horizon * (2 if self.residual is not None else 1)
+
+    def noise(self, batch: int, device: torch.device) -> torch.Tensor:
+        """Everything random about one chunk, (B, noise_rows, A): exports take it as their noise input."""
+        return torch.randn(batch, self.noise_rows, self.action_dim, device=device)
 
     def vector_features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The input of the prior and the residual (and of online RL's value network): the normalized vector
@@ -145,18 +164,23 @@ class GenerativePolicy(Policy):
         return torch.cat([obs[k].flatten(1) for k in self.vector_keys], dim=-1)
 
     def initial_noise(self, obs: dict[str, torch.Tensor], eps: torch.Tensor) -> torch.Tensor:
-        """Where the sampler starts, from standard normal `eps` (B, horizon, A): `eps` itself, or mean + std * eps
-        under the learned prior. Exports feed `eps` and compute this inside the graph."""
+        """Where the sampler starts, from standard normal `eps` (B, >= horizon, A), its first horizon rows: those
+        themselves, or mean + std * them under the learned prior. Exports feed `eps` and compute this inside the
+        graph."""
+        eps = eps[:, : self.horizon]
         if self.prior is None:
             return eps
         mean, std = self.prior(self.vector_features(obs))
         return mean + std * eps
 
-    def refine(self, obs: dict[str, torch.Tensor], chunk: torch.Tensor) -> torch.Tensor:
-        """The sampler's normalized chunk (B, h <= horizon, A) plus the learned correction, if there is one."""
+    def refine(self, obs: dict[str, torch.Tensor], chunk: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """The sampler's normalized chunk (B, h <= horizon, A), plus the correction drawn with the rows of `eps`
+        after the first horizon (`noise`), if the policy has a residual."""
         if self.residual is None:
             return chunk
-        return chunk + self.residual(self.vector_features(obs))[:, : chunk.shape[1]]
+        mean, std = self.residual(self.vector_features(obs))
+        h = chunk.shape[1]
+        return chunk + mean[:, :h] + std[:, :h] * eps[:, self.horizon:self.horizon + h]
 
     def pad_chunk(self, action: torch.Tensor, action_is_pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Extend a (B, H, A) chunk to the U-Net's horizon by repeating its last action (masked out of the loss)."""
@@ -167,8 +191,6 @@ class GenerativePolicy(Policy):
         mask = torch.cat([~action_is_pad, torch.zeros_like(action_is_pad[:, :1]).expand(-1, extra)], dim=1)
         return action, mask
 
-    def noise(self, batch: int, device: torch.device) -> torch.Tensor:
-        return torch.randn(batch, self.horizon, self.action_dim, device=device)
 
     @staticmethod
     def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,

@@ -113,14 +113,14 @@ class MeanFlowPolicy(GenerativePolicy):
         return (weight * err).mean()
 
     def sample_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """z_0 from z_1 = noise (B, horizon, A) in `steps` jumps z_r = z_t - (t - r) u(z_t, r, t); deterministic
+        """z_0 from z_1 = noise (B, noise_rows, A) in `steps` jumps z_r = z_t - (t - r) u(z_t, r, t); deterministic
         (what export traces)."""
         cond = self.encoder(obs)
         z = self.initial_noise(obs, noise)
         times = torch.linspace(1.0, 0.0, self.config.steps + 1, device=z.device)
         for t, r in zip(times[:-1], times[1:]):
             z = z - (t - r) * self.net(z, r.expand(z.shape[0]), t.expand(z.shape[0]), cond)
-        return self.refine(obs, z[:, : self.config.action_horizon])
+        return self.refine(obs, z[:, : self.config.action_horizon], noise)
 
     def sample(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         batch = next(iter(obs.values())).shape[0]

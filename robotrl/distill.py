@@ -147,7 +147,7 @@ class TeacherGap:
         windows = sampler.sample(batch, np.random.default_rng(seed + 1))
         self.obs = student.normalize_obs(windows["obs"])
         generator = torch.Generator().manual_seed(seed + 1)
-        self.noise = torch.randn(batch, student.horizon, student.action_dim, generator=generator)
+        self.noise = torch.randn(batch, student.noise_rows, student.action_dim, generator=generator)
         self.reference = student.teacher_chunk(teacher, self.noise, self.obs)
 
     @torch.no_grad()

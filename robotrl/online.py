@@ -29,11 +29,11 @@ PPO ratio is recomputed from it under the new weights. Three ways to make the ch
                  action PPO sees is x_0: one Gaussian with an exact density, a small network, and no update that can
                  unlearn the demonstrations, since the imitating network never moves; the clip applies to the
                  joint ratio of x_0 (the other methods average the log-ratio per element, DPPO's convention).
-  residual       ResiP (Ankile et al. 2024) at the chunk level: the flow network is frozen, its ODE's chunk plus a
-                 learned correction of the observation (`GenerativeConfig.action_residual`, starting at zero) is
-                 the mean, and Gaussian noise of a learned std (from `noise_std`) on it explores. What RL learns
-                 is a small precise correction where imitation is close but not exact; the saved policy adds the
-                 correction without the noise. Joint ratio, as latent.
+  residual       ResiP (Ankile et al. 2024) at the chunk level: the flow network is frozen, and PPO trains a
+                 Gaussian correction of its ODE's chunk given the observation (`GenerativeConfig.action_residual`:
+                 mean zero at first, std `noise_std` then learned). What RL learns is a small correction where
+                 imitation is close but not exact; the correction's noise stays in the saved policy (on PushT the
+                 mean alone scored below the BC policy where mean and noise scored above it). Joint ratio, as latent.
 
 The PPO unit (`--ratio`): `chain` clips one ratio per decision from the chain's summed log-likelihood (pi_RL's
 one-layer MDP); `step` gives every transition of a chain its own clipped ratio and its decision's advantage (the
@@ -256,7 +256,7 @@ class NoiseNet(nn.Module):
 class FlowAgent(nn.Module):
     """The flow policy being fine-tuned, its value network and (Flow-Noise) its noise network: one module, so that
     the train state holds them together. For `latent` / `residual` the policy gets its noise prior / chunk
-    residual here (unless it has one) and only that head trains (with, for `residual`, the exploration std)."""
+    residual here (unless it has one) and only that head trains."""
 
     def __init__(self, policy: FlowPolicy, config: OnlineConfig, steps: int) -> None:
         super().__init__()
@@ -269,9 +269,16 @@ class FlowAgent(nn.Module):
             if head == "prior" and policy.prior is None:
                 policy.add_noise_prior(config.noise_hidden, config.prior_bound)
             if head == "residual" and policy.residual is None:
-                policy.add_action_residual(config.noise_hidden, config.residual_bound)
+                policy.add_action_residual(config.noise_hidden, config.residual_bound, config.initial_std())
             for name, p in policy.named_parameters():
                 p.requires_grad_(name.startswith(f"{head}."))
+        kept = [h for h, m in (("prior", getattr(policy, "prior", None)), ("residual", getattr(policy, "residual", None)))
+                if m is not None and h != head and not (h == "prior" and head == "residual")]
+        if kept:  # the chain would not draw what the saved policy samples
+            raise ValueError(f"{type(config).__name__}.method: {config.method!r} would ignore the {kept[0]} this "
+                             f"policy was given by online RL; continue it with --method "
+                             f"{'latent' if kept[0] == 'prior' else 'residual'} (a policy with a prior can also "
+                             f"take --method residual)")
         self.sde_noise = config.sde_noise
         std = config.initial_std()
         end = std if config.noise_std_end is None else config.noise_std_end
@@ -287,9 +294,6 @@ class FlowAgent(nn.Module):
         self.scored = policy.horizon if config.likelihood == "chunk" else min(config.execute, policy.horizon)
         #: the log-ratio is divided by this: per chunk element for the chain methods (DPPO), joint for the heads
         self.ratio_elements = 1 if head is not None else self.scored * policy.action_dim
-        #: residual: log of the exploration std around the corrected chunk, per chunk element
-        self.residual_log_std = nn.Parameter(torch.full(self.chunk_shape, math.log(std))) \
-            if config.method == "residual" else None
         self.noise_net = NoiseNet(feature_dim, self.chunk_shape, config.noise_hidden, config.noise_min,
                                   config.noise_max, std) if config.method == "flow_noise" else None
 
@@ -324,11 +328,11 @@ class FlowAgent(nn.Module):
             x0 = mean + std * x
             chunk = self.policy.integrate(x0, cond, self.steps)
             return torch.stack([x0, chunk], 1), gaussian_log_prob(x0, mean, std)[:, None]
-        if self.method == "residual":  # the ODE's chunk, its correction, then the exploration noise
+        if self.method == "residual":  # the ODE's chunk from the first rows of the noise, corrected with the rest
             base = self.policy.integrate(self.policy.initial_noise(obs, x), cond, self.steps)
             mean, std = self.residual_mean_std(base, features)
-            chunk = mean + std * torch.randn_like(mean)
-            return torch.stack([x, base, chunk], 1), self.log_density(chunk, mean, std)[:, None]
+            chunk = mean + std * x[:, self.chunk_shape[0]:]
+            return torch.stack([x[:, : self.chunk_shape[0]], base, chunk], 1), self.log_density(chunk, mean, std)[:, None]
         chain, logp = [x], []
         for k in range(self.steps):
             ks = torch.full((x.shape[0],), k, device=x.device)
@@ -398,10 +402,10 @@ class FlowAgent(nn.Module):
         return self.policy.prior
 
     def residual_mean_std(self, base: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """residual: the exploring Gaussian's (mean, std) around the ODE's chunk `base` (B, horizon, A)."""
-        assert self.policy.residual is not None and self.residual_log_std is not None
-        mean = base + self.policy.residual(features)
-        return mean, self.residual_log_std.clamp(min=-7.0, max=0.0).exp().expand_as(mean)
+        """residual: the corrected chunk's Gaussian (mean, std) around the ODE's chunk `base` (B, horizon, A)."""
+        assert self.policy.residual is not None, "residual: the policy's residual is added in FlowAgent.__init__"
+        mean, std = self.policy.residual(features)
+        return base + mean, std
 
     def chunk(self, chain: torch.Tensor) -> np.ndarray:
         """The env's action chunk (B, H, A) from the chain's end: unnormalized and clipped to the action bounds,
@@ -676,8 +680,7 @@ def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.
               {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
-    if agent.residual_log_std is not None:
-        groups.append({"params": [agent.residual_log_std], "lr": config.noise_lr})
+
     optimizer = torch.optim.Adam(groups, eps=1e-5)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 

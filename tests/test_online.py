@@ -21,6 +21,7 @@ import torch
 from robotrl.envs import make
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
+from robotrl.policies.export import sample_from_noise
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 
 from robotrl.evaluate import evaluate_policy
@@ -230,9 +231,9 @@ def test_latent_starts_as_the_bc_policy_and_trains_only_its_noise_prior(bc_flow:
 
 
 def test_residual_starts_as_the_bc_policy_and_trains_only_its_correction(bc_flow: Path, tmp_path: Path) -> None:
-    """--method residual: the chain is (x_0, the BC policy's ODE chunk from it, that chunk plus the correction,
-    zero at first, plus Gaussian noise of std noise_std); only the correction and the std train. The saved policy
-    adds the correction, without noise."""
+    """--method residual: the chain is (x_0, the BC policy's ODE chunk from it, that chunk plus the Gaussian
+    correction: mean zero at first, std noise_std); only the correction trains. The saved policy draws the
+    correction as the rollouts did, from the rows of its noise after x_0's."""
     config, policy, agent, windows, obs, chain, logp = head_start(bc_flow, "residual")
     assert policy.residual is not None and policy.config.action_residual == config.noise_hidden
     assert chain.shape == (256, 3, policy.horizon, 3) and logp.shape == (256, 1)
@@ -241,18 +242,24 @@ def test_residual_starts_as_the_bc_policy_and_trains_only_its_correction(bc_flow
         torch.testing.assert_close(chain[:, 1], bc.integrate(chain[:, 0], bc.encoder(obs), 5))
     z = (chain[:, 2] - chain[:, 1]) / config.initial_std()  # the exploration noise around an uncorrected chunk
     assert abs(float(z.mean())) < 0.05 and abs(float(z.std()) - 1) < 0.05
-    assert_ppo_moves_only(agent, config, obs, chain, logp, ("policy.residual.", "residual_log_std"))
+    assert_ppo_moves_only(agent, config, obs, chain, logp, ("policy.residual.",))
     with torch.no_grad():
         policy.residual.net[-1].bias.uniform_(-3.0, 3.0)
+        policy.residual.log_std.fill_(-1.0)
     loaded = load(policy.save(tmp_path / "corrected"))
     assert loaded.residual is not None and loaded.config.action_residual == config.noise_hidden
+    assert loaded.noise_rows == 2 * loaded.horizon
+    eps = loaded.noise(256, torch.device("cpu"))
     with torch.no_grad():
-        torch.manual_seed(1)
-        corrected = loaded.sample(obs)
-        torch.manual_seed(1)
-        base = bc.sample(obs)
-        torch.testing.assert_close(corrected, base + policy.residual(policy.vector_features(obs))[:, :8])
+        corrected = sample_from_noise(loaded, obs, eps)
+        base = bc.integrate(eps[:, : bc.horizon], bc.encoder(obs), 5)[:, :8]
+        mean, std = policy.residual(policy.vector_features(obs))
+        torch.testing.assert_close(corrected, base + mean[:, :8] + std[:, :8] * eps[:, bc.horizon:bc.horizon + 8])
     assert (corrected - base).abs().max() > 0.1
+    # online RL's other methods would not draw the correction the saved policy samples: refused
+    with pytest.raises(ValueError, match=r"OnlineConfig.method: 'flow_sde' would ignore the residual this policy "
+                                         r"was given by online RL; continue it with --method residual"):
+        FlowAgent(loaded, replace(config, method="flow_sde"), 5)
 
 
 def test_advantage_floor_keeps_below_average_decisions_out_of_the_policy_update(bc_flow: Path) -> None:

@@ -23,7 +23,7 @@ def _add_moved_heads(policy, seed: int = 3):  # type: ignore[no-untyped-def]
     """`policy` with a noise prior and a chunk residual (16 hidden each) moved away from their start (N(0, I),
     zero), as online RL's `latent` and `residual` methods leave them."""
     policy.add_noise_prior((16,), 1.5)
-    policy.add_action_residual((16,), 0.3)
+    policy.add_action_residual((16,), 0.3, 0.1)
     with torch.no_grad():
         torch.manual_seed(seed)
         policy.prior.net[-1].weight.normal_(std=0.3)

@@ -28,7 +28,7 @@ from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies import runtime
 from robotrl.policies.base import Policy, sha256
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
-from robotrl.policies.export import ExportConfig, ExportError, export, run_export
+from robotrl.policies.export import ExportConfig, ExportError, export, noise_shape, run_export
 from robotrl.policies.flow import FlowConfig, FlowPolicy
 
 TOLERANCE = {"onnx": 1e-4, "torchscript": 1e-5}
@@ -102,7 +102,7 @@ def seeded_act(policy: Policy, obs: dict[str, Any], seed: int) -> tuple[np.ndarr
     expected = policy.act(obs)
     torch.manual_seed(seed)
     batch = len(next(iter(obs.values())))
-    noise = torch.randn(batch, policy.horizon, policy.action_dim).numpy()
+    noise = torch.randn(batch, *noise_shape(policy)).numpy()
     return expected, noise
 
 
@@ -260,19 +260,21 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-def test_noise_prior_and_residual_are_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray], tmp_path: Path,
-                                                  add_moved_heads) -> None:
+def test_noise_prior_and_residual_are_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray],
+                                                                tmp_path: Path, add_moved_heads) -> None:
     """A policy steered by a learned noise prior and corrected by a chunk residual (online RL's `latent` and
     `residual` methods) exports with both in the graph: the runtime feeds standard-normal noise, the graph moves it
-    to the prior's x_0 and corrects the sampled chunk, which is the torch policy's for the same noise (and not the
-    unsteered policy's)."""
+    to the prior's x_0 and draws the correction from the rows after it, and the chunk is the torch policy's for
+    the same noise (and not the unsteered policy's)."""
     policy, ckpt = policies["flow"]
     from robotrl.policies import load
 
     steered = add_moved_heads(load(ckpt))
     for fmt in ("onnx", "torchscript"):
         rt = runtime.load(export(steered.save(tmp_path / "steered"), tmp_path / fmt, fmt))
-        assert rt.deterministic and rt.manifest["config"]["noise_prior"] == rt.manifest["config"]["action_residual"] == [16]
+        config = rt.manifest["config"]
+        assert rt.deterministic and config["noise_prior"] == config["action_residual"] == [16]
+        assert rt.noise_shape == (2 * steered.horizon, steered.action_dim)  # x_0's rows, then the correction's
         expected, noise = seeded_act(steered, obs, 0)
         assert np.abs(rt.act(obs, noise=noise) - expected).max() <= tolerance(steered, fmt), fmt
         assert np.abs(rt.act(obs, noise=noise) - seeded_act(policy, obs, 0)[0]).max() > 1e-2

@@ -81,7 +81,7 @@ def windows(sampler: SequenceSampler) -> dict[str, Any]:
 
 
 def fixed_noise(policy: GenerativePolicy, batch: int, seed: int = 7) -> torch.Tensor:
-    return torch.randn(batch, policy.horizon, policy.action_dim, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(batch, policy.noise_rows, policy.action_dim, generator=torch.Generator().manual_seed(seed))
 
 
 def at(policy: ConsistencyPolicy, i: int, batch: int) -> torch.Tensor:
