@@ -41,7 +41,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -64,6 +64,9 @@ OPERATORS = ("expert", *DEVICES)
 class HilConfig(OnlineConfig):
     """Online RL of a flow policy with an operator who takes over when it strays (HIL-SERL); every step recorded."""
 
+    method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
+    """how the chain is made stochastic (robotrl/online.py): a chain method, since the operator's interventions
+    train the flow network"""
     lr: float = 3e-4
     """the flow policy's learning rate, for PPO and the BC loss together (online's 3e-5 is for PPO alone: with it
     the intervention rate on Reach went from 56% to 51% in 28,800 steps, with 3e-4 to 25%)"""

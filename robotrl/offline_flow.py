@@ -69,7 +69,7 @@ from robotrl.datasets.record import record_policy
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.evaluate import controller_for, evaluate_policy, make_eval_env
 from robotrl.iql import critic_update
-from robotrl.online import METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
+from robotrl.online import HEADS, METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.gaussian import CriticEnsemble
 from robotrl.policies.nets import mlp
@@ -178,8 +178,9 @@ class OfflineFlowConfig(RunOptions):
         super().__post_init__()
         self.policy, self.store = Path(self.policy), Path(self.store)
         name = type(self).__name__
-        if self.method not in METHODS:
-            raise ValueError(f"{name}.method: expected one of {METHODS}, got {self.method!r}")
+        chains = tuple(m for m in METHODS if m not in HEADS)  # its updates train the flow network
+        if self.method not in chains:
+            raise ValueError(f"{name}.method: expected one of {chains}, got {self.method!r}")
         if self.ratio not in ("chain", "step"):
             raise ValueError(f"{name}.ratio: expected 'chain' or 'step', got {self.ratio!r}")
         if self.reward_type not in ("dense", "sparse"):

@@ -146,6 +146,8 @@ def test_bad_configs_and_inputs_are_refused(bc_flow: Path, offline_reach_demos: 
             ({"iterations": 0}, r"OfflineFlowConfig.iterations: expected >= 1, got 0"),
             ({"method": "ddpo"}, (r"OfflineFlowConfig.method: expected one of \('denoising_mdp', 'flow_sde', "
                                   r"'flow_noise', 'ode_noise'\), got 'ddpo'")),
+            ({"method": "latent"}, (r"OfflineFlowConfig.method: expected one of \('denoising_mdp', 'flow_sde', "
+                                    r"'flow_noise', 'ode_noise'\), got 'latent'")),
             ({"advantage": "gae"}, r"OfflineFlowConfig.advantage: expected 'value' or 'group', got 'gae'"),
             ({"advantage": "group", "samples": 1},
              r"OfflineFlowConfig.samples: expected >= 2 for advantage 'group', got 1"),

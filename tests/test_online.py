@@ -54,9 +54,11 @@ def bc_flow(reach_bc_flow: Path) -> Path:
 
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
-    """CI-sized: 16 envs, one 60-step episode per env per iteration, chunks of 4 executed, a 5-step chain."""
-    base = OnlineConfig(policy=policy, num_envs=16, rollout_steps=60, execute=4, denoise_steps=5, total_steps=28_800,
-                        eval_episodes=0, checkpoint_every=960, log_every=960, run_dir=run_dir, progress=False)
+    """CI-sized: 16 envs, one 60-step episode per env per iteration, chunks of 4 executed, a 5-step chain; Flow-SDE
+    unless `method` says otherwise."""
+    base = OnlineConfig(policy=policy, method="flow_sde", num_envs=16, rollout_steps=60, execute=4, denoise_steps=5,
+                        total_steps=28_800, eval_episodes=0, checkpoint_every=960, log_every=960, run_dir=run_dir,
+                        progress=False)
     return replace(base, **overrides)
 
 
@@ -271,14 +273,14 @@ def test_advantage_floor_keeps_below_average_decisions_out_of_the_policy_update(
     adv = torch.linspace(-1.0, 1.0, 32)  # the first 16 are below the minibatch's mean
 
     def policy_grad(floor: float | None, chain: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-        config = OnlineConfig(policy=bc_flow, denoise_steps=5, advantage_floor=floor)
+        config = OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5, advantage_floor=floor)
         agent.zero_grad()
         batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(32), "adv": adv,
                  "ret": torch.zeros(32)}
         ppo_loss(agent, batch, config, actor=True, reference=None)[0].backward()
         return torch.cat([p.grad.flatten() for p in agent.policy.parameters() if p.grad is not None])
 
-    agent = FlowAgent(policy, OnlineConfig(policy=bc_flow, denoise_steps=5), 5)
+    agent = FlowAgent(policy, OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5), 5)
     (chain, logp), (other, other_logp) = agent.sample_chain(obs), agent.sample_chain(obs)
     below = torch.arange(32) < 16
     mixed = torch.where(below[:, None, None, None], other, chain)
@@ -295,7 +297,7 @@ def test_executed_likelihood_scores_only_the_actions_the_env_runs(bc_flow: Path)
     """--likelihood executed: the chain's log-density ignores the chunk steps past `execute` (they never act), and
     the rollout's stored density is the one PPO recomputes."""
     torch.manual_seed(0)
-    config = OnlineConfig(policy=bc_flow, denoise_steps=5, execute=2, likelihood="executed")
+    config = OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5, execute=2, likelihood="executed")
     policy = load_flow_policy(bc_flow, 5)
     agent, full = FlowAgent(policy, config, 5), FlowAgent(policy, replace(config, likelihood="chunk"), 5)
     assert agent.scored == 2 and full.scored == policy.horizon > 2
