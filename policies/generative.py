@@ -1,14 +1,14 @@
 """What diffusion, flow and the one-step students share: an observation encoder conditioning a temporal U-Net
-that maps a noisy action chunk (and a noise level or time) to a chunk-shaped prediction, and an optional learned
-prior over the initial noise the sampler starts from."""
+that maps a noisy action chunk (and a noise level or time) to a chunk-shaped prediction, and two optional learned
+heads that online RL trains while the U-Net stays frozen: a prior over the noise the sampler starts from, and a
+correction of the chunk it ends with."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import math
 
 import torch
 from torch import nn
@@ -51,51 +51,43 @@ class GenerativeConfig(PolicyConfig):
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
 
 
-def zero_head(feature_dim: int, hidden: tuple[int, ...], shape: tuple[int, int]) -> nn.Sequential:
-    """An MLP to a chunk-shaped output whose last layer starts at zero: a head that adds nothing until trained."""
-    net = mlp([feature_dim, *hidden, shape[0] * shape[1]], act=nn.Tanh)
-    with torch.no_grad():
-        net[-1].weight.zero_()
-        net[-1].bias.zero_()
-    return net
-
-
-class NoisePrior(nn.Module):
-    """N(mean(features), diag(std^2)) over a sampler's initial noise: DSRL's latent action space (Wagenmaker et al.
-    2025). A generative policy maps the noise to a chunk through its frozen sampler, so choosing the noise steers
-    the policy without moving the network that imitates the demonstrations. It starts as the standard normal
-    (mean 0: zero last layer; std 1), i.e. as the policy without a prior; the std only shrinks from there."""
-
-    def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float) -> None:
-        super().__init__()
-        self.shape, self.bound = shape, bound
-        self.net = zero_head(feature_dim, hidden, shape)
-        self.log_std = nn.Parameter(torch.zeros(shape))
-
-    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std), each (B, horizon, A)."""
-        mean = self.bound * torch.tanh(self.net(features)).reshape(-1, *self.shape)
-        return mean, self.log_std.clamp(min=-5.0, max=0.0).exp().expand_as(mean)
-
-
-class ActionResidual(nn.Module):
-    """A Gaussian correction N(mean(features), diag(std^2)) added to the sampled chunk given the observation:
-    ResiP's residual policy (Ankile et al. 2024) at the chunk level. The sampler, frozen, proposes the motion; the
-    residual, trained by RL, adds the precision imitation leaves out (most of PushT's BC failures end within a few
-    points of the success coverage). Its mean starts at zero; its noise is RL's exploration and stays in the
-    policy, which is deployed as it was trained."""
+class ChunkGaussian(nn.Module):
+    """N(mean(features), diag(std^2)) over a chunk-shaped tensor: the mean an MLP of the observation features,
+    bounded to [-bound, bound] per element and zero at first (its last layer starts at zero), the std a learned
+    per-element parameter in [e^-7, 1] starting at `std`."""
 
     def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float,
                  std: float) -> None:
         super().__init__()
         self.shape, self.bound = shape, bound
-        self.net = zero_head(feature_dim, hidden, shape)
+        self.net = mlp([feature_dim, *hidden, shape[0] * shape[1]], act=nn.Tanh)
+        with torch.no_grad():
+            self.net[-1].weight.zero_()
+            self.net[-1].bias.zero_()
         self.log_std = nn.Parameter(torch.full(shape, math.log(std)))
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std), each (B, horizon, A), normalized action units."""
+        """(mean, std), each (B, *shape)."""
         mean = self.bound * torch.tanh(self.net(features)).reshape(-1, *self.shape)
         return mean, self.log_std.clamp(min=-7.0, max=0.0).exp().expand_as(mean)
+
+
+class NoisePrior(ChunkGaussian):
+    """The sampler's initial noise given the observation: DSRL's latent action space (Wagenmaker et al. 2025). A
+    generative policy maps the noise to a chunk through its frozen sampler, so choosing the noise steers the policy
+    without moving the network that imitates the demonstrations. It starts as the standard normal (std 1), i.e. as
+    the policy without a prior; the std only shrinks from there."""
+
+    def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float) -> None:
+        super().__init__(feature_dim, shape, hidden, bound, 1.0)
+
+
+class ActionResidual(ChunkGaussian):
+    """A correction added to the sampled chunk given the observation (normalized action units): ResiP's residual
+    policy (Ankile et al. 2024) at the chunk level. The sampler, frozen, proposes the motion; the residual, trained
+    by RL, adds the precision imitation leaves out (most of PushT's BC failures end within a few points of the
+    success coverage). Its noise is RL's exploration and stays in the policy, which is deployed as it was
+    trained."""
 
 
 class GenerativePolicy(Policy):
@@ -190,7 +182,6 @@ class GenerativePolicy(Policy):
         action = torch.cat([action, action[:, -1:].expand(-1, extra, -1)], dim=1)
         mask = torch.cat([~action_is_pad, torch.zeros_like(action_is_pad[:, :1]).expand(-1, extra)], dim=1)
         return action, mask
-
 
     @staticmethod
     def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,

@@ -274,13 +274,12 @@ class FlowAgent(nn.Module):
                 policy.add_action_residual(config.noise_hidden, config.residual_bound, config.initial_std())
             for name, p in policy.named_parameters():
                 p.requires_grad_(name.startswith(f"{head}."))
-        kept = [h for h, m in (("prior", getattr(policy, "prior", None)), ("residual", getattr(policy, "residual", None)))
-                if m is not None and h != head and not (h == "prior" and head == "residual")]
-        if kept:  # the chain would not draw what the saved policy samples
-            raise ValueError(f"{type(config).__name__}.method: {config.method!r} would ignore the {kept[0]} this "
+        drawn = {"latent": ("prior",), "residual": ("prior", "residual")}.get(config.method, ())
+        ignored = [h for h in ("residual", "prior") if getattr(policy, h, None) is not None and h not in drawn]
+        if ignored:  # the rollouts would not draw what the saved policy samples
+            raise ValueError(f"{type(config).__name__}.method: {config.method!r} would ignore the {ignored[0]} this "
                              f"policy was given by online RL; continue it with --method "
-                             f"{'latent' if kept[0] == 'prior' else 'residual'} (a policy with a prior can also "
-                             f"take --method residual)")
+                             f"{'residual' if ignored[0] == 'residual' else 'latent or residual'}")
         self.sde_noise = config.sde_noise
         std = config.initial_std()
         end = std if config.noise_std_end is None else config.noise_std_end
