@@ -140,18 +140,26 @@ def test_flow_noise_use_bench_compares_sampled_and_zero_noise(bc_flow: Path) -> 
     assert len(states) == 2 and all(math.isfinite(x["signal_var"]) and x["noise_var"] >= 0 for x in states)
 
 
-@pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"])
-def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path, method: str) -> None:
-    """ode_noise's chain is the policy's deterministic ODE and one stochastic step: one density per decision."""
+def start_chains(bc_flow: Path, method: str, num_envs: int = 256, **overrides: Any) -> tuple[
+        OnlineConfig, Any, FlowAgent, Windows, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """An agent of `method` on the Reach BC policy (a 5-step chain), fresh Reach windows, and the chains it draws
+    for them."""
     torch.manual_seed(0)
-    config = OnlineConfig(policy=bc_flow, method=method, denoise_steps=5, noise_std_end=0.05)
+    config = OnlineConfig(policy=bc_flow, method=method, denoise_steps=5, **overrides)  # type: ignore[arg-type]
     policy = load_flow_policy(bc_flow, 5)
     agent = FlowAgent(policy, config, 5)
-    env = make("Reach", num_envs=64, seed=3)
+    env = make("Reach", num_envs=num_envs, seed=3)
     windows = Windows(("state",), policy.obs_horizon)
     windows.start(env.reset(seed=3)[0])
     obs = policy.normalize_obs(windows.frames)
     chain, logp = agent.sample_chain(obs)
+    return config, policy, agent, windows, obs, chain, logp
+
+
+@pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"])
+def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path, method: str) -> None:
+    """ode_noise's chain is the policy's deterministic ODE and one stochastic step: one density per decision."""
+    config, policy, agent, _, obs, chain, logp = start_chains(bc_flow, method, 64, noise_std_end=0.05)
     stochastic = [4] if method == "ode_noise" else list(range(5))
     assert chain.shape == (64, 6, policy.horizon, 3) and logp.shape == (64, len(stochastic))
     again, _ = agent.chain_log_prob(obs, chain)
@@ -189,21 +197,6 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
     assert agent.chain_log_prob(obs, chain, reference)[1].item() > 0.0
 
 
-def head_start(bc_flow: Path, method: str) -> tuple[OnlineConfig, Any, FlowAgent, Windows, dict[str, torch.Tensor],
-                                                     torch.Tensor, torch.Tensor]:
-    """A `latent` or `residual` agent on the Reach BC policy, 256 fresh Reach windows, and the chains it draws."""
-    torch.manual_seed(0)
-    config = OnlineConfig(policy=bc_flow, method=method, denoise_steps=5)  # type: ignore[arg-type]
-    policy = load_flow_policy(bc_flow, 5)
-    agent = FlowAgent(policy, config, 5)
-    env = make("Reach", num_envs=256, seed=3)
-    windows = Windows(("state",), policy.obs_horizon)
-    windows.start(env.reset(seed=3)[0])
-    obs = policy.normalize_obs(windows.frames)
-    chain, logp = agent.sample_chain(obs)
-    return config, policy, agent, windows, obs, chain, logp
-
-
 def assert_ppo_moves_only(agent: FlowAgent, config: OnlineConfig, obs: dict[str, torch.Tensor], chain: torch.Tensor,
                           logp: torch.Tensor, heads: tuple[str, ...]) -> None:
     """The stored density is the one PPO recomputes (first ratio 1), and the policy gradient reaches `heads`
@@ -224,7 +217,7 @@ def assert_ppo_moves_only(agent: FlowAgent, config: OnlineConfig, obs: dict[str,
 def test_latent_starts_as_the_bc_policy_and_trains_only_its_noise_prior(bc_flow: Path, tmp_path: Path) -> None:
     """--method latent: the agent gives the policy a noise prior that starts as N(0, I), so the chunks it draws are
     the BC policy's own ODE from x_0; only the prior trains. The checkpoint rebuilds the prior."""
-    config, policy, agent, windows, obs, chain, logp = head_start(bc_flow, "latent")
+    config, policy, agent, windows, obs, chain, logp = start_chains(bc_flow, "latent")
     assert policy.prior is not None and policy.config.noise_prior == config.noise_hidden
     assert chain.shape == (256, 2, policy.horizon, 3) and logp.shape == (256, 1)
     x0 = chain[:, 0]
@@ -251,7 +244,7 @@ def test_residual_starts_as_the_bc_policy_and_trains_only_its_correction(bc_flow
     """--method residual: the chain is (x_0, the BC policy's ODE chunk from it, that chunk plus the Gaussian
     correction: mean zero at first, std noise_std); only the correction trains. The saved policy draws the
     correction as the rollouts did, from the rows of its noise after x_0's."""
-    config, policy, agent, windows, obs, chain, logp = head_start(bc_flow, "residual")
+    config, policy, agent, windows, obs, chain, logp = start_chains(bc_flow, "residual")
     assert policy.residual is not None and policy.config.action_residual == config.noise_hidden
     assert chain.shape == (256, 3, policy.horizon, 3) and logp.shape == (256, 1)
     bc = load_flow_policy(bc_flow, 5)
