@@ -223,6 +223,28 @@ def test_noisy_expert_fast_check(env):
     assert evaluate_expert(env, noise=NOISY, episodes=50, seed=1).success_rate >= 0.60
 
 
+def test_expert_holds_only_at_success_coverage():
+    """Once done, the expert holds only while the coverage is at the success threshold or above and pushes again
+    below it: demonstrations of holds at near-miss coverages taught BC to stop short of success. At demo noise
+    (its hand drifts, and the block with it) the coverage does fall back below the threshold in some episodes."""
+    e = make("PushT", num_envs=16, seed=2)
+    expert = e.task.expert(noise=0.5, seed=2)
+    obs, _ = e.reset(seed=2)
+    threshold = e.task.config.success_coverage
+    held_short = pushed_back = 0
+    was_done = np.zeros(16, bool)
+    for _ in range(e.task.config.episode_steps):
+        action = expert.act(obs)  # its phase is the one it gives this observation
+        cov = part(obs, "coverage")[:, 0]
+        held_short += int(np.sum((expert.phase == push_t.DONE) & (cov < threshold)))
+        pushed_back += int(np.sum(was_done & ~expert.done))
+        was_done = expert.done.copy()
+        obs, *_ = e.step(action)
+    e.close()
+    assert held_short == 0
+    assert pushed_back > 0
+
+
 def test_model_steps_in_mjx_with_the_pusher_in_contact():
     jax = pytest.importorskip("jax")
     from mujoco import mjx
