@@ -245,6 +245,23 @@ def test_expert_holds_only_at_success_coverage():
     assert pushed_back > 0
 
 
+def test_demo_holds_bench_counts_the_near_miss_steps(pusht_demos):
+    """bench/pusht_demo_holds.py on real (short) expert episodes: the band's steps split into before and after the
+    first success, slow ones among them, and the share after success in [0, 1]."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import pusht_demo_holds
+
+    (row,) = pusht_demo_holds.main(pusht_demo_holds.DemoHoldsConfig(stores=(pusht_demos.path,), low=0.0))
+    assert row["episodes"] == pusht_demos.num_episodes
+    inside = row["steps_in_band_before_first_success"] + row["steps_in_band_after"]
+    assert 0 < inside <= pusht_demos.num_steps  # low=0: every step under the threshold is in the band
+    assert row["slow_in_band_before"] <= row["steps_in_band_before_first_success"]
+    assert 0.0 <= row["share_of_band_after_success"] <= 1.0
+
+
 def test_model_steps_in_mjx_with_the_pusher_in_contact():
     jax = pytest.importorskip("jax")
     from mujoco import mjx
