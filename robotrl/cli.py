@@ -128,7 +128,7 @@ def load_bench() -> Any:
 Commands = dict[str, tuple[type, Callable[[Any], Any]]]
 
 
-TRAIN_HELP = ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), offline / online / HIL RL of flow policies, "
+TRAIN_HELP = ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), offline / online (PPO, DSRL-SAC) / HIL RL of flow policies, "
               "a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO, and Stable-Baselines3.")
 
 
@@ -143,6 +143,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
         from robotrl.bc import BCConfig, run_train_bc
         from robotrl.calql import CalqlConfig, run_train_calql
         from robotrl.classifier import ClassifierConfig, run_train_classifier
+        from robotrl.dsrl import DsrlConfig, run_train_dsrl
         from robotrl.hil import HilConfig, run_train_hil
         from robotrl.iql import IqlConfig, run_train_iql
         from robotrl.offline_flow import OfflineFlowConfig, run_train_offline
@@ -152,7 +153,8 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
         from robotrl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
 
         return {"bc": (BCConfig, run_train_bc), "offline": (OfflineFlowConfig, run_train_offline),
-                "online": (OnlineConfig, run_train_online), "hil": (HilConfig, run_train_hil),
+                "online": (OnlineConfig, run_train_online), "dsrl": (DsrlConfig, run_train_dsrl),
+                "hil": (HilConfig, run_train_hil),
                 "classifier": (ClassifierConfig, run_train_classifier), "sac": (SacConfig, run_train_sac),
                 "sac-distributed": (ActorLearnerConfig, run_train_sac_distributed), "iql": (IqlConfig, run_train_iql),
                 "calql": (CalqlConfig, run_train_calql), "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3),

@@ -20,7 +20,7 @@ def robotrl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
      ("data",), ("data", "info"), ("data", "validate"), ("data", "stats"), ("data", "merge"), ("data", "split"),
      ("data", "record"), ("data", "export"), ("data", "import"), ("collect",),
      ("train", "bc"), ("eval",), ("export",), ("distill",), ("run",), ("train", "online"),
-     ("train", "offline"), ("train", "hil"), ("train", "classifier")],
+     ("train", "offline"), ("train", "hil"), ("train", "classifier"), ("train", "dsrl")],
 )
 def test_help_at_every_level(args):
     out = robotrl(*args, "--help")
