@@ -8,6 +8,7 @@ networks and PPO settings (`robotrl train online --method ...`).
   flow_noise     pi_RL's Flow-Noise: a learned per-step noise network
   ode_noise      Gaussian exploration around the policy's deterministic ODE chunk (one stochastic step)
   latent         DSRL: the flow network frozen, PPO on a Gaussian prior over the ODE's initial noise
+  dsrl           DSRL-SAC (`robotrl train dsrl`): the same prior trained off-policy by SAC on Q(window, x_0)
 
 Every run evaluates the deterministic ODE policy (the checkpoint `robotrl eval` loads) on `eval_episodes` held-out
 seeded episodes every `eval_every` env steps, outside its training time. Prints one JSON line per (run, seed):
@@ -40,8 +41,12 @@ from sac import curve_summary, eval_curve  # noqa: E402  (bench/sac.py, the SAC-
 
 from robotrl.bc import BCConfig, train as train_bc  # noqa: E402
 from robotrl.datasets.record import record_expert  # noqa: E402
+from robotrl.dsrl import DsrlConfig, train as train_dsrl  # noqa: E402
 from robotrl.evaluate import evaluate_policy  # noqa: E402
 from robotrl.online import METHODS, OnlineConfig, load_flow_policy, train as train_online  # noqa: E402
+
+
+RUNS = (*METHODS, "dsrl")
 
 
 @dataclass
@@ -52,7 +57,7 @@ class FlowRLBenchConfig:
     """without --policy: Reach episodes of the scripted expert at noise 0.3 to clone"""
     bc_steps: int = 400
     """without --policy: BC steps (400 leaves the policy at ~50% on Reach: room to improve)"""
-    runs: tuple[str, ...] = METHODS
+    runs: tuple[str, ...] = RUNS
     seeds: tuple[int, ...] = (0, 1)
     num_envs: int = 16
     rollout_steps: int = 60
@@ -81,9 +86,9 @@ def bc_checkpoint(config: FlowRLBenchConfig, out: Path) -> Path:
 
 
 def main(config: FlowRLBenchConfig) -> list[dict[str, Any]]:
-    unknown = [r for r in config.runs if r not in METHODS]
+    unknown = [r for r in config.runs if r not in RUNS]
     if unknown:
-        raise SystemExit(f"bench/flow_rl.py: --runs: expected some of {METHODS}; got {unknown}")
+        raise SystemExit(f"bench/flow_rl.py: --runs: expected some of {RUNS}; got {unknown}")
     torch.set_num_threads(1)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,12 +107,15 @@ def main(config: FlowRLBenchConfig) -> list[dict[str, Any]]:
             for seed in config.seeds:
                 began = time.perf_counter()
                 run_dir = out / f"{run}-{seed}"
-                train_online(OnlineConfig(policy=policy, method=run, num_envs=config.num_envs,
-                                          rollout_steps=config.rollout_steps, execute=config.execute,
-                                          denoise_steps=config.denoise_steps, total_steps=config.total_steps,
-                                          eval_every=config.eval_every, eval_episodes=config.eval_episodes,
-                                          checkpoint_every=config.total_steps, log_every=config.eval_every,
-                                          run_dir=run_dir, seed=seed, progress=False))
+                shared = {"policy": policy, "num_envs": config.num_envs, "execute": config.execute,
+                          "denoise_steps": config.denoise_steps, "total_steps": config.total_steps,
+                          "eval_every": config.eval_every, "eval_episodes": config.eval_episodes,
+                          "checkpoint_every": config.total_steps, "log_every": config.eval_every, "run_dir": run_dir,
+                          "seed": seed, "progress": False}
+                if run == "dsrl":
+                    train_dsrl(DsrlConfig(**shared))
+                else:
+                    train_online(OnlineConfig(method=run, rollout_steps=config.rollout_steps, **shared))
                 curve = [(0, bc, 0.0), *eval_curve(run_dir)]
                 row = {**base, "run": run, "seed": seed, **curve_summary(curve, config.target),
                        "wall_s": round(time.perf_counter() - began, 1)}
