@@ -32,14 +32,14 @@ from torch import nn
 from tqdm import tqdm
 
 from robotrl.evaluate import evaluate_policy
-from robotrl.online import FlowAgent, OnlineConfig, Tally, Windows, gaussian_log_prob, load_flow_policy, rollout, \
-    training_env
+from robotrl.online import (
+    FlowAgent, OnlineConfig, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout, training_env,
+)
 from robotrl.policies.generative import NoisePrior
 from robotrl.sac import Agent, SacConfig, update
 from robotrl.spec import STRING
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state, save_run_state,
-    start_run,
+    RLResult, RunLog, RunOptions, TrainClock, TrainingDiverged, load_run_state, save_run_state, start_run,
 )
 
 
@@ -279,10 +279,7 @@ def train(config: DsrlConfig) -> RLResult:
     finally:
         bar.close()
         env.close()
-    if start >= iterations:  # resumed a finished run
-        policy.save(run_dir / "policy")
-    return finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir, iterations, start,
-                             per_iteration)
+    return finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, per_iteration)
 
 
 def run_train_dsrl(config: DsrlConfig) -> RLResult:

@@ -53,9 +53,9 @@ from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.evaluate import evaluate_policy
-from robotrl.online import HEADS, OnlineConfig, collect, ppo_update, start_online
+from robotrl.online import HEADS, OnlineConfig, collect, finish_policy_run, ppo_update, start_online
 from robotrl.spec import STRING
-from robotrl.training import RLResult, RunLog, TrainClock, finish_iterations, load_run_state, save_run_state
+from robotrl.training import RLResult, RunLog, TrainClock, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)
 
@@ -482,10 +482,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             device.close()
         store.close()
         env.close()
-    if start >= iterations:  # resumed a finished run
-        policy.save(run_dir / "policy")
-    result = finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir,
-                               iterations, start, n * horizon)
+    result = finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon)
     return HilResult(**vars(result), store=Path(store_path), intervention_rates=rates).save()
 
 

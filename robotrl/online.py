@@ -803,10 +803,17 @@ def train(config: OnlineConfig) -> RLResult:
     finally:
         bar.close()
         env.close()
-    if start >= iterations:  # resumed a finished run
+    return finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon)
+
+
+def finish_policy_run(config: RunOptions, log: RunLog, evaluate: Any, policy: FlowPolicy, clock: TrainClock,
+                      run_dir: Path, iterations: int, start: int, per_iteration: int) -> RLResult:
+    """`finish_iterations` for a run whose result is `run_dir/policy`; saved here when a finished run was resumed
+    (no iteration ran to save it)."""
+    if start >= iterations:
         policy.save(run_dir / "policy")
-    return finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir,
-                             iterations, start, n * horizon)
+    return finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir, iterations, start,
+                             per_iteration)
 
 
 def run_train_online(config: OnlineConfig) -> RLResult:
