@@ -46,9 +46,10 @@ class EpisodeRunner(Node):
         while time.monotonic() < end:
             self.executor_.spin_once(timeout_sec=min(0.01, max(end - time.monotonic(), 0.0)))
 
-    def call(self, client: Any, timeout: float = 10.0) -> None:
-        if not client.wait_for_service(timeout_sec=timeout):
-            raise TimeoutError(f"ros eval: service {client.srv_name} not available within {timeout} s")
+    def call(self, client: Any, timeout: float = 10.0, discovery: float = 60.0) -> None:
+        """Call a Trigger service; `discovery` allows for a node that is still starting (loading its policy)."""
+        if not client.wait_for_service(timeout_sec=discovery):
+            raise TimeoutError(f"ros eval: service {client.srv_name} not available within {discovery} s")
         future = client.call_async(Trigger.Request())
         self.executor_.spin_until_future_complete(future, timeout_sec=timeout)
         if not future.done() or not future.result().success:
