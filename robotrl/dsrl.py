@@ -82,6 +82,11 @@ class DsrlConfig(RunOptions):
     target_std: float = 0.3
     """the target entropy is that of N(0, target_std^2) over every element of x_0 (the starting prior, N(0, I), is
     above it: the temperature lets the std shrink to it as the mean moves where the critic points)"""
+    target_kl: float | None = None
+    """regularize towards the BC policy's noise instead of towards high entropy: SAC's log-density becomes the
+    log-ratio of the prior to N(0, I), and the temperature holds KL(prior || N(0, I)) per decision at this many nats
+    (target_std unused; the logged `entropy` is minus that KL). A mean shift of m per element costs m^2 / 2 nats:
+    the flow network only knows noise near N(0, I)'s typical set"""
     reward_type: Literal["dense", "sparse"] = "dense"
     reward_classifier: Path | None = None
     """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward in training"""
@@ -104,6 +109,8 @@ class DsrlConfig(RunOptions):
         for field in ("lr", "init_temperature", "prior_bound"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise ValueError(f"{name}.target_kl: expected > 0 nats or None, got {self.target_kl}")
         if not 0.0 < self.target_std <= 1.0:
             raise ValueError(f"{name}.target_std: expected in (0, 1] (the prior's std is at most 1), got "
                              f"{self.target_std}")
@@ -124,16 +131,21 @@ class DsrlConfig(RunOptions):
 
 class PriorActor(nn.Module):
     """The policy's noise prior as SAC's actor: features (B, F) -> (x_0 flattened (B, D), its log-density (B,)),
-    reparameterized so that the critic's gradient reaches the prior's mean and std."""
+    reparameterized so that the critic's gradient reaches the prior's mean and std. With `relative`, the
+    log-density less N(0, I)'s at the same x_0: its mean is KL(prior || N(0, I)), so that SAC's entropy bonus
+    becomes a KL penalty towards the BC policy's noise (`DsrlConfig.target_kl`)."""
 
-    def __init__(self, prior: NoisePrior) -> None:
+    def __init__(self, prior: NoisePrior, relative: bool = False) -> None:
         super().__init__()
-        self.prior = prior
+        self.prior, self.relative = prior, relative
 
     def forward(self, features: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         mean, std = self.prior(features)
         x0 = mean if deterministic else mean + std * torch.randn_like(mean)
-        return x0.flatten(1), gaussian_log_prob(x0, mean, std)
+        logp = gaussian_log_prob(x0, mean, std)
+        if self.relative:
+            logp = logp - gaussian_log_prob(x0, torch.zeros_like(x0), torch.ones_like(x0))
+        return x0.flatten(1), logp
 
 
 class SoftValue(nn.Module):
@@ -214,11 +226,12 @@ def train(config: DsrlConfig) -> RLResult:
     feature_dim = flow.value_net[0].in_features
     bound = torch.full((action_dim,), config.prior_bound)
     agent = Agent(feature_dim, action_dim, -bound, bound, sac_config)
-    agent.actor = PriorActor(flow.prior)
+    agent.actor = PriorActor(flow.prior, relative=config.target_kl is not None)
     flow.prior.requires_grad_(True)
     flow.value_net = SoftValue(agent)
     opt = agent.optimizers(config.lr)
-    target_entropy = action_dim * (0.5 * math.log(2 * math.pi * math.e) + math.log(config.target_std))
+    target_entropy = (-config.target_kl if config.target_kl is not None  # SAC's update: -target is the bound
+                      else action_dim * (0.5 * math.log(2 * math.pi * math.e) + math.log(config.target_std)))
     replay = DecisionReplay(config.buffer_size, feature_dim, action_dim)
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
     windows, tally = Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 from robotrl.policies import load
+from robotrl.policies.generative import NoisePrior
 
-from robotrl.dsrl import DsrlConfig, decisions, train
+from robotrl.dsrl import DsrlConfig, PriorActor, decisions, train
 from robotrl.evaluate import evaluate_policy
 from robotrl.online import FlowAgent, Tally, Windows, load_flow_policy, rollout, training_env
 
@@ -103,12 +104,32 @@ def test_killed_run_resumes_exactly(reach_bc_flow: Path, tmp_path: Path, kill_af
                                    atol=0, msg=key)
 
 
+def test_the_relative_log_density_is_a_kl_estimate_to_the_bc_noise() -> None:
+    """With `target_kl` the actor's log-density is the log-ratio to N(0, I): exactly 0 for the starting prior
+    (N(0, I) itself), and in the mean KL(N(m, s^2) || N(0, 1)) = sum(m^2 + s^2 - 1 - 2 log s) / 2 for another."""
+    torch.manual_seed(0)
+    prior = NoisePrior(4, (8, 2), (16,), bound=1.5).requires_grad_(False)
+    features = torch.randn(20_000, 4)
+    x0, logratio = PriorActor(prior, relative=True)(features)
+    assert x0.shape == (20_000, 16) and torch.equal(logratio, torch.zeros(20_000))
+    with torch.no_grad():
+        prior.net[-1].bias.fill_(0.5)  # mean 1.5 tanh(0.5) in every element
+        prior.log_std.fill_(np.log(0.5))
+    _, logratio = PriorActor(prior, relative=True)(features)
+    m, s = 1.5 * np.tanh(0.5), 0.5
+    expected = 16 * (m * m + s * s - 1 - 2 * np.log(s)) / 2
+    assert abs(float(logratio.mean()) - expected) < 0.02 * expected, (float(logratio.mean()), expected)
+    _, logp = PriorActor(prior)(features)  # the plain log-density: minus the entropy, 16 (log s + log(2 pi e) / 2)
+    assert abs(float(-logp.mean()) - 16 * (np.log(s) + 0.5 * np.log(2 * np.pi * np.e))) < 0.1
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"utd": 0}, r"DsrlConfig.utd: expected >= 1, got 0"),
     ({"critic_subset": 3}, r"DsrlConfig.critic_subset: expected <= critics \(2\), got 3"),
     ({"gamma": 1.0}, r"DsrlConfig.gamma / tau: expected gamma in \(0, 1\)"),
     ({"target_std": 1.5}, r"DsrlConfig.target_std: expected in \(0, 1\] .* got 1.5"),
     ({"learning_starts": -1}, r"DsrlConfig.learning_starts: expected >= 0, got -1"),
+    ({"target_kl": 0.0}, r"DsrlConfig.target_kl: expected > 0 nats or None, got 0.0"),
 ])
 def test_bad_configs_are_refused(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
