@@ -35,8 +35,8 @@ def holds(path: Path, config: DemoHoldsConfig) -> dict[str, object]:
             raise SystemExit(f"--stores: expected PushT stores, got {store.spec.task!r} at {path}")
         data = store.load(["state", "action"])
         bounds = list(zip(store.episode_starts, store.episode_ends))
-    a, b = STATE_LAYOUT["coverage"]
-    coverage, slow = data["state"][:, a], np.abs(data["action"]).max(1) < config.slow
+    column = STATE_LAYOUT["coverage"][0]
+    coverage, slow = data["state"][:, column], np.abs(data["action"]).max(1) < config.slow
     counts = {"before": 0, "after": 0, "before_slow": 0, "after_slow": 0, "after_any": 0}
     for start, end in bounds:
         cov = coverage[start:end]

@@ -39,7 +39,7 @@ from robotrl.policies.generative import NoisePrior
 from robotrl.sac import Agent, SacConfig, update
 from robotrl.spec import STRING
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TrainClock, TrainingDiverged, load_run_state, save_run_state, start_run,
+    RLResult, RunLog, RunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state, start_run,
 )
 
 
@@ -217,18 +217,16 @@ def train(config: DsrlConfig) -> RLResult:
 
     # the rollout's agent (its prior is the actor) and SAC's agent around the same prior
     env = training_env(policy, online)
-    flow = FlowAgent(policy, online, policy.config.steps)
-    flow.requires_grad_(False)
+    flow = FlowAgent(policy, online, policy.config.steps)  # only its prior trains (latent freezes the rest)
     execute = min(config.execute, policy.action_horizon)
     sac_config = config.sac(policy.spec.task, execute)
     shape = flow.chunk_shape
     action_dim = shape[0] * shape[1]
-    feature_dim = flow.value_net[0].in_features
+    feature_dim = flow.feature_dim
     bound = torch.full((action_dim,), config.prior_bound)
     agent = Agent(feature_dim, action_dim, -bound, bound, sac_config)
     agent.actor = PriorActor(flow.prior, relative=config.target_kl is not None)
-    flow.prior.requires_grad_(True)
-    flow.value_net = SoftValue(agent)
+    flow.value_net = SoftValue(agent)  # the rollout's bootstrap of a time-limit cut
     opt = agent.optimizers(config.lr)
     target_entropy = (-config.target_kl if config.target_kl is not None  # SAC's update: -target is the bound
                       else action_dim * (0.5 * math.log(2 * math.pi * math.e) + math.log(config.target_std)))
@@ -237,7 +235,7 @@ def train(config: DsrlConfig) -> RLResult:
     windows, tally = Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs)
 
     # start or resume: an iteration is one decision in every env (more where an episode ends mid-chunk)
-    n, per_iteration = config.num_envs, config.num_envs * execute
+    per_iteration = config.num_envs * execute
     iterations, start, collected = math.ceil(config.total_steps / per_iteration), 0, 0
     if config.resume:
         state = load_run_state(state_path, agent, opt, rng, env)
@@ -269,9 +267,7 @@ def train(config: DsrlConfig) -> RLResult:
                                    where)
                     with torch.no_grad():  # projected onto the std's range: beyond it the clamp passes no gradient
                         flow.prior.log_std.clamp_(-7.0, 0.0)
-                if not all(torch.isfinite(p).all() for p in agent.parameters()):
-                    raise TrainingDiverged(f"{where}: weights are not finite after the update; the last good train "
-                                           "state is kept (resume with a lower lr)")
+                check_finite_weights(agent, where)
 
             now, before = (it + 1) * per_iteration, it * per_iteration
             bar.update(per_iteration)

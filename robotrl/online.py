@@ -74,7 +74,7 @@ from robotrl.training import (
     RunLog,
     RunOptions,
     TrainClock,
-    TrainingDiverged,
+    check_finite_weights,
     finish_iterations,
     load_run_state,
     optimizer_step,
@@ -288,7 +288,8 @@ class FlowAgent(nn.Module):
             schedule = torch.zeros(steps).index_fill_(0, torch.tensor([steps - 1]), std)
         self.register_buffer("schedule", schedule, persistent=False)
         window = policy.obs_horizon
-        feature_dim = sum(window * policy.spec.observations[k].size for k in policy.vector_keys)
+        #: the value, noise and head networks' input size: `features`
+        self.feature_dim = feature_dim = sum(window * policy.spec.observations[k].size for k in policy.vector_keys)
         self.value_net = mlp([feature_dim, *config.value_hidden, 1], act=nn.Tanh)
         self.chunk_shape = (policy.horizon, policy.action_dim)
         #: leading chunk steps whose likelihood the ratio scores (`likelihood`)
@@ -707,9 +708,7 @@ def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, act
             _, stats["grad_norm"] = optimizer_step(loss, agent, optimizer, schedule, where, config.max_grad_norm)
             for key, x in stats.items():
                 sums.setdefault(key, []).append(x)
-    if not all(torch.isfinite(p).all() for p in agent.parameters()):  # a finite loss, an infinite step
-        raise TrainingDiverged(f"{where}: weights are not finite after the update; the last good train state is "
-                               "kept (resume with a lower lr)")
+    check_finite_weights(agent, where)
     return sums
 
 

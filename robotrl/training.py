@@ -46,6 +46,14 @@ def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: s
     optimizer.step()
 
 
+def check_finite_weights(module: nn.Module, where: str) -> None:
+    """After an update: a finite loss can still take an infinite step; raise `TrainingDiverged` (naming `where`)
+    so that the last good train state on disk is what is kept."""
+    if not all(torch.isfinite(p).all() for p in module.parameters()):
+        raise TrainingDiverged(f"{where}: weights are not finite after the update; the last good train state is "
+                               "kept (resume with a lower lr)")
+
+
 class EMA:
     """Exponential moving average of a module's weights, with diffusion policy's warm-up (the decay grows with
     the step count, so early averages do not drag in random initial weights)."""
