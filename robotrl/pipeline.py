@@ -90,7 +90,9 @@ class PipelineConfig:
     preset: Literal["smoke", "default", "full"] = "default"
     """the stages' budget (PRESETS); any of the options below that is set overrides its preset value"""
     policy: Literal["flow", "vla"] | None = None
-    """the BC policy (default: vla for a task with a language instruction, flow otherwise)"""
+    """the BC policy (default: vla for a task with a language instruction, flow otherwise); flow is the state
+    policy: its demos are recorded without camera images, so a camera task (PickPlace) trains and evaluates on
+    its state vector (which names the target) at the cost of no rendering"""
     interventions: bool = True
     """online stage with the simulated operator (robotrl train hil); False: plain online RL"""
     offline_extraction: Literal["ppo", "awr"] = "awr"
@@ -173,7 +175,8 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
 
         shutil.rmtree(out)
     store = record_expert(out, config.task, budget.demo_episodes, num_envs=min(8, budget.demo_episodes),
-                          noise=demo_noise(config), seed=config.seed, progress=config.progress)
+                          noise=demo_noise(config), seed=config.seed, progress=config.progress,
+                          render_images=policy_kind(config) == "vla")
     summary = store.summary()
     store.close()
     return out, int(summary["steps"]), {"episodes": int(summary["episodes"]),

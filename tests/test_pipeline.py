@@ -88,3 +88,18 @@ def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: expected >= 0 or None .*got nan"):
         PipelineConfig(demo_noise=float("nan"))
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
+
+
+@pytest.mark.parametrize("policy, images", [("flow", False), ("vla", True)])
+def test_demos_carry_camera_images_only_for_the_vla(tmp_path, policy, images):
+    """The pipeline's flow policy is the state one: on a camera task its demos (and so its BC, rollouts and
+    evaluations) skip rendering; the VLA's demos keep both cameras."""
+    from robotrl.datasets import EpisodeStore
+    from robotrl.pipeline import stage_demos
+
+    config = PipelineConfig(task="PickPlace", preset="smoke", policy=policy, demo_episodes=1, progress=False)  # type: ignore[arg-type]
+    out, steps, _ = stage_demos(config, config.budget(), tmp_path)
+    with EpisodeStore.open(out) as store:
+        keys = set(store.spec.observations)
+    assert steps == 150 and "state" in keys
+    assert {"image_front", "image_wrist"} <= keys if images else not any(k.startswith("image") for k in keys)
