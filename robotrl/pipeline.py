@@ -92,7 +92,7 @@ class PipelineConfig:
     policy: Literal["flow", "vla"] | None = None
     """the BC policy (default: vla for a task with a language instruction, flow otherwise); flow is the state
     policy: its demos are recorded without camera images, so a camera task (PickPlace) trains and evaluates on
-    its state vector (which names the target) at the cost of no rendering"""
+    its state vector (which names the target) and nothing is rendered"""
     interventions: bool = True
     """online stage with the simulated operator (robotrl train hil); False: plain online RL"""
     offline_extraction: Literal["ppo", "awr"] = "awr"
