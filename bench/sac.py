@@ -48,6 +48,8 @@ class SacBenchConfig:
     demos: Path | None = None
     """RLPD's demonstrations (default: 20 episodes of the task's noisy expert, recorded here)"""
     rlpd_utd: int = 4
+    rlpd_critics: int = 10
+    """RLPD's LayerNorm critic ensemble size (the paper's 10; fewer where the CPU budget is the limit)"""
     seed: int = 0
 
 
@@ -71,7 +73,7 @@ def curve_summary(curve: list[tuple[int, float, float]], target: float) -> dict[
 
 
 def run_ours(config: SacBenchConfig, demos: Path | None, run_dir: Path) -> list[tuple[int, float, float]]:
-    rlpd = {"demos": demos, "critics": 10, "utd": config.rlpd_utd} if demos is not None else {}
+    rlpd = {"demos": demos, "critics": config.rlpd_critics, "utd": config.rlpd_utd} if demos is not None else {}
     train_sac(SacConfig(task=config.task, total_steps=config.total_steps, lr=1e-3, batch_size=256, gamma=0.95,
                         learning_starts=1000, hidden=(256, 256), eval_every=config.eval_every,
                         eval_episodes=config.eval_episodes, eval_envs=25, checkpoint_every=config.total_steps,

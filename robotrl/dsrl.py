@@ -39,7 +39,8 @@ from robotrl.policies.generative import NoisePrior
 from robotrl.sac import Agent, SacConfig, update
 from robotrl.spec import STRING
 from robotrl.training import (
-    RLResult, RunLog, RunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state, start_run,
+    BestCheckpoint, RLResult, RunLog, RunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state,
+    start_run,
 )
 
 
@@ -253,6 +254,7 @@ def train(config: DsrlConfig) -> RLResult:
     bar = tqdm(total=iterations * per_iteration, initial=start * per_iteration, desc="dsrl", unit="step",
                disable=not config.progress, dynamic_ncols=True)
     clock = TrainClock()
+    best = BestCheckpoint(run_dir, policy.save)
     stats: dict[str, float] = {}
     try:
         for it in range(start, iterations):
@@ -280,7 +282,7 @@ def train(config: DsrlConfig) -> RLResult:
                         **({"train/success_rate": float(np.mean(recent)),
                             "train/return": float(np.mean(tally.returns[-100:]))} if recent else {}))
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
-            clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
+            clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_run_state(state_path, it + 1, agent, opt, rng, env, tally=tally.state(), windows=windows.state(),
                                replay=replay.state(), collected=collected)
@@ -288,7 +290,7 @@ def train(config: DsrlConfig) -> RLResult:
     finally:
         bar.close()
         env.close()
-    return finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, per_iteration)
+    return finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, per_iteration, best)
 
 
 def run_train_dsrl(config: DsrlConfig) -> RLResult:

@@ -55,7 +55,7 @@ from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.evaluate import evaluate_policy
 from robotrl.online import HEADS, OnlineConfig, collect, finish_policy_run, ppo_update, start_online
 from robotrl.spec import STRING
-from robotrl.training import RLResult, RunLog, TrainClock, load_run_state, save_run_state
+from robotrl.training import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)
 
@@ -441,6 +441,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             return config.bc_weight * loss, {"loss/demo_bc": loss.item()}
 
         log = RunLog(run_dir)
+        best = BestCheckpoint(run_dir, policy.save)
         bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"hil {config.operator}",
                    unit="step", disable=not config.progress, dynamic_ncols=True)
         clock = TrainClock()
@@ -469,7 +470,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                                     "train/return": float(np.mean(tally.returns[-100:]))} if recent else {})})
                 log.log(now, **row)
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-", intervention=f"{rate:.2f}")
-                clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
+                clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
                 if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                     save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, tally=tally.state(),
                                    windows=windows.state(), recorder=recorder.state(), operator=operator.state(),
@@ -482,7 +483,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             device.close()
         store.close()
         env.close()
-    result = finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon)
+    result = finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon, best)
     return HilResult(**vars(result), store=Path(store_path), intervention_rates=rates).save()
 
 

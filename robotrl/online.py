@@ -70,6 +70,7 @@ from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
 from robotrl.spec import STRING
 from robotrl.training import (
+    BestCheckpoint,
     RLResult,
     RunLog,
     RunOptions,
@@ -769,6 +770,7 @@ def train(config: OnlineConfig) -> RLResult:
         return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=execute)
 
     log = RunLog(run_dir)
+    best = BestCheckpoint(run_dir, policy.save)
     bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"online {config.method}", unit="step",
                disable=not config.progress, dynamic_ncols=True)
     clock = TrainClock()
@@ -794,7 +796,7 @@ def train(config: OnlineConfig) -> RLResult:
                         **({"train/success_rate": float(np.mean(recent)),
                             "train/return": float(np.mean(tally.returns[-100:]))} if recent else {}))
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
-            clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
+            clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, tally=tally.state(),
                                windows=windows.state())
@@ -802,17 +804,18 @@ def train(config: OnlineConfig) -> RLResult:
     finally:
         bar.close()
         env.close()
-    return finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon)
+    return finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon, best)
 
 
 def finish_policy_run(config: RunOptions, log: RunLog, evaluate: Any, policy: FlowPolicy, clock: TrainClock,
-                      run_dir: Path, iterations: int, start: int, per_iteration: int) -> RLResult:
-    """`finish_iterations` for a run whose result is `run_dir/policy`; saved here when a finished run was resumed
-    (no iteration ran to save it)."""
+                      run_dir: Path, iterations: int, start: int, per_iteration: int,
+                      best: BestCheckpoint) -> RLResult:
+    """`finish_iterations` for a run whose result is `run_dir/policy` (its last weights; `best` keeps the best
+    evaluated ones); saved here when a finished run was resumed (no iteration ran to save it)."""
     if start >= iterations:
         policy.save(run_dir / "policy")
     return finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir, iterations, start,
-                             per_iteration)
+                             per_iteration, best)
 
 
 def run_train_online(config: OnlineConfig) -> RLResult:

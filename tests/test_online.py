@@ -35,7 +35,7 @@ from robotrl.online import (
     semi_mdp_gae,
     train,
 )
-from robotrl.training import TrainingDiverged
+from robotrl.training import BestCheckpoint, TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 #: the CLI's subprocesses on one torch thread (two threads slow down many times over on a shared 2-core machine)
@@ -400,6 +400,27 @@ def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_fi
     a, b = load(tmp_path / "straight" / "policy"), load(tmp_path / "killed" / "policy")
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+
+
+def test_run_keeps_its_best_evaluated_checkpoint(bc_flow: Path, tmp_path: Path) -> None:
+    """Every evaluation offers the weights: best_policy holds those of the highest one (its success reproduces on
+    the same seeds), a worse offer leaves them, and a resumed run's keeper compares against the record on disk."""
+    result = train(small(bc_flow, tmp_path / "run", method=OnlineConfig.method, total_steps=5_760, eval_every=1_920,
+                         eval_episodes=50))
+    metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [(m["step"], m["eval/success_rate"]) for m in metrics if "eval/success_rate" in m]
+    assert [s for s, _ in evals] == [1_920, 3_840, 5_760], evals
+    top = max(rate for _, rate in evals)
+    first_top = next(step for step, rate in evals if rate == top)
+    assert result.best == {"step": first_top, "success_rate": top} and result.best_weights is not None
+    assert evaluate_policy(load(result.best_weights), 50, 25, execute=4).success_rate == top
+    assert json.loads((result.run_dir / "result.json").read_text())["best"]["success_rate"] == top
+
+    keeper = BestCheckpoint(result.run_dir, lambda path: pytest.fail(f"a worse offer overwrote {path}"))
+    assert not keeper.offer(9_999, top) and keeper.best() == result.best  # a tie keeps the earlier
+    saved: list[Path] = []
+    assert BestCheckpoint(result.run_dir, saved.append).offer(9_999, top + 0.01) and saved == [result.best_weights]
+    assert BestCheckpoint(result.run_dir, saved.append).best() == {"step": 9_999, "success_rate": top + 0.01}
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(bc_flow: Path, tmp_path: Path) -> None:
