@@ -7,7 +7,7 @@ import json
 import signal
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import pytest
@@ -105,9 +105,19 @@ class InterruptingOperator(ScriptedDevice):
         return super().read(obs, status)
 
 
+@pytest.fixture
+def python_sigint() -> Iterator[None]:
+    """Python's own Ctrl-C handler for the test: a process started in the background (`cmd &`) inherits SIGINT
+    ignored, and Python then installs none."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("python_sigint")
 def test_ctrl_c_drops_only_the_episode_in_progress(tmp_path: Path) -> None:
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        pytest.skip("SIGINT is not Python's default KeyboardInterrupt handler in this process")
     out = tmp_path / "pusht.zarr"
     device = InterruptingOperator(make_task("PushT", episode_steps=6))
     summary = collect(CollectConfig(task="PushT", out=out, episodes=3, episode_steps=6), device=device)
