@@ -7,9 +7,9 @@ import copy
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
