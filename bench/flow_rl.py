@@ -69,6 +69,9 @@ class FlowRLBenchConfig:
     target: float = 0.7
     out_dir: Path | None = None
     """keep the BC checkpoint and the run directories here (default: a temporary directory)"""
+    bc_success: float | None = None
+    """the BC start's success already measured on the same episodes (`--runs` with no run measures it): skips
+    re-measuring it in every process when runs are spread over processes"""
 
 
 def bc_checkpoint(config: FlowRLBenchConfig, out: Path) -> Path:
@@ -95,7 +98,9 @@ def main(config: FlowRLBenchConfig) -> list[dict[str, Any]]:
         out = Path(config.out_dir or tmp)
         policy = bc_checkpoint(config, out)
         start = load_flow_policy(policy, config.denoise_steps)
-        bc = evaluate_policy(start, config.eval_episodes, 25, execute=config.execute).success_rate
+        bc = config.bc_success
+        if bc is None:
+            bc = evaluate_policy(start, config.eval_episodes, 25, execute=config.execute).success_rate
         task = start.spec.task
         base = {"bench": "flow_rl", "task": task, "total_steps": config.total_steps, "num_envs": config.num_envs,
                 "denoise_steps": config.denoise_steps, "target": config.target}
