@@ -14,6 +14,11 @@ Besides the loss, the run logs `distill/teacher_gap`: the mean squared distance 
 between the student's one-step chunk and the teacher's multi-step chunk from the same noise, on a fixed batch
 of training observations -- what distillation drives down. A run killed at any point resumes exactly
 (`--resume`): the same batches, noise and weights as a run that was never stopped.
+
+`--dagger-rounds K` adds DAgger's data: K times in the run the student as it is drives `dagger_episodes` episodes
+in the vector env, the teacher labels every window the student acted on with its own chunk, and those pairs make
+up `dagger_fraction` of every batch from then on (`TeacherLabels`). Demos only show the expert's states; a one-step
+student's small errors take it to states no demo holds, where it was never taught the teacher's answer.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.evaluate import controller_for, make_eval_env, seeded_sampling
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
 from robotrl.training import (
@@ -40,6 +46,8 @@ from robotrl.training import (
 #: config fields that do not change what a run computes: they may differ between a run and its resumption
 NOT_RESULT = ("run_dir", "resume", "stop_after", "progress", "log_every", "checkpoint_every", "eval_every",
               "eval_episodes", "eval_envs", "execute", "threads")
+#: the student's DAgger episodes start from seeds here: above the demos' (0 upwards), below the held-out ones
+ROLLOUT_SEED = 500_000
 
 
 @dataclass
@@ -73,6 +81,12 @@ class DistillConfig:
     eval_envs: int = 10
     execute: int = 8
     """actions executed per predicted chunk at evaluation"""
+    dagger_rounds: int = 0
+    """times the student drives and the teacher labels its windows (DAgger), spread evenly over the run (0: off)"""
+    dagger_episodes: int = 50
+    """episodes the student drives per round (in `eval_envs` parallel envs, on training seeds)"""
+    dagger_fraction: float = 0.5
+    """share of every batch drawn from the teacher-labelled windows once there are any"""
     checkpoint_every: int = 1000
     log_every: int = 50
     run_dir: Path | None = None
@@ -86,12 +100,17 @@ class DistillConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "checkpoint_every", "log_every", "gap_batch", "threads"):
+        for name in ("steps", "batch_size", "checkpoint_every", "log_every", "gap_batch", "threads",
+                     "dagger_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DistillConfig.{name}: expected >= 1, got {getattr(self, name)}")
         for name in ("ema", "target_ema"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"DistillConfig.{name}: expected a decay in [0, 1), got {getattr(self, name)}")
+        if self.dagger_rounds < 0:
+            raise ValueError(f"DistillConfig.dagger_rounds: expected >= 0, got {self.dagger_rounds}")
+        if not 0.0 < self.dagger_fraction < 1.0:
+            raise ValueError(f"DistillConfig.dagger_fraction: expected a share in (0, 1), got {self.dagger_fraction}")
         if self.teacher_steps is not None and self.teacher_steps < 1:
             raise ValueError(f"DistillConfig.teacher_steps: expected >= 1, got {self.teacher_steps}")
         if self.stop_after is not None and self.stop_after < 1:
@@ -116,6 +135,10 @@ class DistillResult:
     success_ci95: tuple[float, float] | None
     teacher_success_rate: float | None
     run_dir: Path
+    dagger_pairs: int = 0
+    """teacher-labelled windows of the student's own rollouts it trained on (`dagger_rounds`)"""
+    dagger_env_steps: int = 0
+    """env steps the student drove to collect them"""
 
 
 def load_teacher(path: Path) -> Policy:
@@ -156,6 +179,97 @@ class TeacherGap:
         chunk = student.eval().sample_from_noise(self.obs, self.noise)
         student.train(was_training)
         return float(((chunk - self.reference) ** 2).mean())
+
+
+class TeacherLabels:
+    """DAgger's data for a one-step student: windows the student meets when it drives, each labelled with the
+    teacher's chunk there. Kept in run_dir/dagger.npz; each row carries the step of the round that collected it,
+    so a resume keeps exactly the rows collected before its step (and collects the later rounds again, alike)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.obs: dict[str, np.ndarray] = {}
+        self.action = np.zeros((0, 0, 0), np.float32)
+        self.round = np.zeros(0, np.int64)
+        self.env_steps = np.zeros((0, 2), np.int64)
+        """(round step, env steps the student drove in it) per round"""
+
+    def __len__(self) -> int:
+        return len(self.round)
+
+    @classmethod
+    def load(cls, path: Path, before: int) -> TeacherLabels:
+        labels = cls(path)
+        if path.exists():
+            with np.load(path, allow_pickle=False) as saved:
+                keep = saved["round"] < before
+                labels.round, labels.action = saved["round"][keep], saved["action"][keep]
+                labels.obs = {k[len("obs."):]: saved[k][keep] for k in saved.files if k.startswith("obs.")}
+                labels.env_steps = saved["env_steps"][saved["env_steps"][:, 0] < before]
+        return labels
+
+    def collect(self, student: Policy, teacher: Policy, config: DistillConfig, step: int) -> float:
+        """The student drives `config.dagger_episodes` episodes; every window it acts on is kept with the
+        teacher's chunk for it. The student's success on them."""
+        from robotrl.envs.rollouts import run_episodes
+
+        windows: list[dict[str, np.ndarray]] = []
+        chunks: list[np.ndarray] = []
+
+        def act(window: dict[str, Any]) -> np.ndarray:
+            windows.append({k: np.array(v, dtype=str if np.asarray(v).dtype == object else None)
+                            for k, v in window.items()})
+            chunks.append(np.asarray(teacher.act(window), dtype=np.float32))
+            return student.act(window)
+
+        seed = ROLLOUT_SEED + 10_000 * config.seed + step
+        env = make_eval_env(student.spec, tuple(student.obs_keys), min(config.eval_envs, config.dagger_episodes), seed)
+        controller = controller_for(student, config.execute, act)
+        controller.reset(env.num_envs)
+        steps = 0
+
+        def drive(obs: dict[str, Any]) -> np.ndarray:
+            nonlocal steps
+            steps += env.num_envs
+            return controller(obs)
+
+        was_training = student.training
+        student.eval()
+        try:
+            with seeded_sampling(student, seed):
+                stats = run_episodes(env, drive, config.dagger_episodes, seed=seed,
+                                     on_episode_start=controller.reset_env)
+        finally:
+            env.close()
+            student.train(was_training)
+        new = {k: np.concatenate([w[k] for w in windows]) for k in windows[0]}
+        action = np.concatenate(chunks)
+        self.obs = {k: np.concatenate([self.obs[k], v]) if self.obs else v for k, v in new.items()}
+        self.action = np.concatenate([self.action, action]) if len(self) else action
+        self.round = np.concatenate([self.round, np.full(len(action), step, np.int64)])
+        self.env_steps = np.concatenate([self.env_steps, [[step, steps]]])
+        tmp = self.path.with_suffix(".partial.npz")
+        np.savez(tmp, action=self.action, round=self.round, env_steps=self.env_steps,
+                 **{f"obs.{k}": v for k, v in self.obs.items()})
+        tmp.replace(self.path)
+        return stats.success_rate
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, Any]:
+        i = rng.integers(0, len(self), size=batch_size)
+        return {"obs": {k: v[i] for k, v in self.obs.items()}, "action": self.action[i],
+                "action_is_pad": np.zeros(self.action.shape[:2], dtype=bool)[i]}
+
+
+def mixed_batch(sampler: SequenceSampler, labels: TeacherLabels, config: DistillConfig,
+                rng: np.random.Generator) -> dict[str, Any]:
+    """A training batch: `dagger_fraction` of it teacher-labelled student windows once there are any."""
+    if not len(labels):
+        return sampler.sample(config.batch_size, rng)
+    k = max(1, round(config.batch_size * config.dagger_fraction))
+    data, own = sampler.sample(config.batch_size - k, rng), labels.sample(k, rng)
+    return {"obs": {key: np.concatenate([data["obs"][key], own["obs"][key]]) for key in own["obs"]},
+            "action": np.concatenate([data["action"], own["action"]]),
+            "action_is_pad": np.concatenate([data["action_is_pad"], own["action_is_pad"]])}
 
 
 def evaluate(policy: Policy, config: DistillConfig) -> Any:
@@ -223,6 +337,8 @@ def train(config: DistillConfig) -> DistillResult:
                          rng=rng_state(rng), gap_init=gap_init)
         (ema.model if ema else student).save(run_dir / "checkpoint")
 
+    labels = TeacherLabels.load(run_dir / "dagger.npz", before=start)
+    rounds = {config.steps * (r + 1) // (config.dagger_rounds + 1) for r in range(config.dagger_rounds)}
     log = RunLog(run_dir)
     if start == 0:
         log.log(0, **{"distill/teacher_gap": gap_init})
@@ -233,7 +349,11 @@ def train(config: DistillConfig) -> DistillResult:
     loss_value, gap_value = float("nan"), gap_init
     student.train()
     for step in range(start, end):
-        loss = student.compute_distill_loss(sampler.sample(config.batch_size, rng), teacher, target.model)
+        if step in rounds:
+            student_success = labels.collect(ema.model if ema else student, teacher, config, step)
+            log.log(step, **{"dagger/student_success": student_success, "dagger/pairs": len(labels),
+                             "dagger/env_steps": int(labels.env_steps[:, 1].sum())})
+        loss = student.compute_distill_loss(mixed_batch(sampler, labels, config, rng), teacher, target.model)
         loss_value, grad_norm = optimizer_step(loss, student, optimizer, schedule,
                                                f"distill step {step} (last checkpoint: {run_dir / 'checkpoint'})")
         target.update(student)
@@ -268,7 +388,7 @@ def train(config: DistillConfig) -> DistillResult:
             log.log(config.steps, **{"eval/success_rate": success, "eval/teacher_success_rate": teacher_success})
     log.close()
     result = DistillResult(path, end, finished, seconds, loss_value, gap_value, gap_init, success, ci, teacher_success,
-                           run_dir)
+                           run_dir, len(labels), int(labels.env_steps[:, 1].sum()))
     (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
     return result
 

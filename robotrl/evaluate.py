@@ -82,11 +82,13 @@ def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: in
     return env
 
 
-def controller_for(policy: Any, execute: int) -> Any:
+def controller_for(policy: Any, execute: int, act: Any = None) -> Any:
+    """The chunk controller that runs `policy` (through `act` instead of `policy.act` where given: a wrapper that
+    also records or relabels what the policy sees)."""
     from robotrl.policies.controller import ChunkController
 
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
-    return ChunkController(policy.act, tuple(policy.obs_keys), policy.obs_horizon,
+    return ChunkController(act or policy.act, tuple(policy.obs_keys), policy.obs_horizon,
                            min(execute, policy.action_horizon), text_keys=text)
 
 

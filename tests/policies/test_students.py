@@ -334,6 +334,52 @@ def test_distill_end_to_end_and_exact_resume(teacher_dir: Path, store: EpisodeSt
         distill(small(teacher_dir, store, tmp_path / "split", resume=True, lr=1e-3))
 
 
+def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
+        teacher_dir: Path, store: EpisodeStore, sampler: SequenceSampler, tmp_path: Path) -> None:
+    """Two DAgger rounds (steps 4 and 8 of 12): the student drives PushT, every window it acts on is stored with
+    the teacher's chunk for it (the very chunk the teacher gives there from the round's seeded noise), later
+    batches mix them in, and a run stopped between the rounds resumes to identical weights and labels."""
+    from robotrl.distill import ROLLOUT_SEED
+
+    dagger = {"dagger_rounds": 2, "dagger_episodes": 2, "eval_envs": 2, "execute": 4}
+    whole = train(small(teacher_dir, store, tmp_path / "whole", **dagger))
+    saved = np.load(tmp_path / "whole" / "dagger.npz", allow_pickle=False)
+    assert whole.dagger_pairs == len(saved["round"]) > 0 and set(saved["round"]) == {4, 8}
+    assert saved["action"].shape[1:] == (H, store.spec.action.shape[0])
+    # each round's env steps: its two envs stepped together, at least one decision of `execute` steps each
+    assert saved["env_steps"][:, 0].tolist() == [4, 8] and (saved["env_steps"][:, 1] % 2 == 0).all()
+    assert whole.dagger_env_steps == saved["env_steps"][:, 1].sum() >= 2 * 2 * 4
+    rows = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    rounds = [r for r in rows if "dagger/student_success" in r]
+    assert [r["step"] for r in rounds] == [4, 8] and rounds[0]["dagger/pairs"] < rounds[1]["dagger/pairs"]
+
+    # the first pair of windows (the first decision of both envs) relabelled by the teacher from the same noise
+    teacher = load(teacher_dir).eval()
+    first = {k[len("obs."):]: saved[k][:2] for k in saved.files if k.startswith("obs.")}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ROLLOUT_SEED + 4)
+        assert np.allclose(teacher.act(first), saved["action"][:2], atol=1e-5)
+    # the windows are the student's own, from fresh training seeds: not windows of the demos
+    demo_states = np.asarray(sampler.data["state"])
+    assert not any(np.isclose(demo_states, w[-1]).all(axis=1).any() for w in first["state"])
+
+    # without the rounds the same run trains on other batches: the labels are used
+    plain = train(small(teacher_dir, store, tmp_path / "plain", execute=4))
+    a, b = weights(whole.checkpoint), weights(plain.checkpoint)
+    assert plain.dagger_pairs == 0 and not all(torch.equal(a[k], b[k]) for k in a)
+
+    half = train(small(teacher_dir, store, tmp_path / "split", stop_after=6, **dagger))
+    assert not half.finished and half.dagger_pairs == int((saved["round"] == 4).sum())
+    rest = distill(small(teacher_dir, store, tmp_path / "split", resume=True, **dagger))
+    c = weights(rest)
+    assert all(torch.equal(a[k], c[k]) for k in a)
+    again = np.load(tmp_path / "split" / "dagger.npz", allow_pickle=False)
+    assert all(np.array_equal(again[k], saved[k]) for k in ("action", "round", "env_steps"))
+
+    with pytest.raises(ValueError, match="dagger_fraction: expected a share in \\(0, 1\\), got 1.0"):
+        small(teacher_dir, store, tmp_path / "bad", dagger_fraction=1.0)
+
+
 def test_distill_refuses_a_mismatched_store_or_teacher(teacher_dir: Path, store: EpisodeStore, tmp_path: Path) -> None:
     reach = record_expert(tmp_path / "reach.zarr", "Reach", episodes=1, num_envs=1, episode_steps=10, progress=False)
     with pytest.raises(SpecMismatchError, match="teacher"):
