@@ -16,7 +16,9 @@ Stages, each a command of its own that reads the previous stage's files and writ
                                        operator taking over when the policy strays (HIL); `--no-interventions`:
                                        plain `robotrl train online`                        -> online/policy
     distill  robotrl distill           the one-step consistency student of the RL'd policy (the VLA's
-                                       keeps its prefix and action expert)                 -> distill/policy
+                                       keeps its prefix and action expert), on the online stage's store
+                                       (the teacher's own states) plus DAgger rounds (the
+                                       student's own, labelled by the teacher)             -> distill/policy
     export   robotrl export            the student as ONNX + manifest for the runtime      -> export/
 
 Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), and
@@ -62,6 +64,8 @@ class Budget:
     online_envs: int
     online_rollout_steps: int
     distill_steps: int
+    distill_dagger_rounds: int
+    distill_dagger_episodes: int
     eval_episodes: int
     eval_envs: int
 
@@ -70,15 +74,18 @@ PRESETS: dict[str, Budget] = {
     "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), bc_lr=1e-4,
                     offline_iterations=1, offline_critic_steps=50, offline_updates=2, offline_awr_steps=10,
                     offline_rollout_episodes=2, online_steps=512, online_envs=4, online_rollout_steps=64,
-                    distill_steps=20, eval_episodes=4, eval_envs=4),
+                    distill_steps=20, distill_dagger_rounds=1, distill_dagger_episodes=2, eval_episodes=4,
+                    eval_envs=4),
     "default": Budget(demo_episodes=200, bc_steps=8_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
                       offline_iterations=1, offline_critic_steps=2_000, offline_updates=10, offline_awr_steps=600,
                       offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
-                      distill_steps=1_000, eval_episodes=50, eval_envs=25),
+                      distill_steps=1_000, distill_dagger_rounds=3, distill_dagger_episodes=50, eval_episodes=50,
+                      eval_envs=25),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
                    offline_rollout_episodes=50, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
-                   distill_steps=5_000, eval_episodes=500, eval_envs=50),
+                   distill_steps=5_000, distill_dagger_rounds=3, distill_dagger_episodes=100, eval_episodes=500,
+                   eval_envs=50),
 }
 
 
@@ -235,15 +242,33 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
     return result.weights, result.steps, {}
 
 
+def distill_store(run_dir: Path) -> Path:
+    """The online stage's store once it holds at least as many steps as the demos (a smoke run's holds a few
+    episodes or none; plain online RL records none), else the demos."""
+    from robotrl.datasets import EpisodeStore
+
+    online, demos = run_dir / "online" / "hil.zarr", run_dir / "demos.zarr"
+    if not online.exists():
+        return demos
+    with EpisodeStore.open(online) as grown, EpisodeStore.open(demos) as given:
+        return online if grown.num_steps >= given.num_steps else demos
+
+
 def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    """On the online stage's own store where it has one (the teacher's rollouts and the operator's take-overs:
+    PickPlace's student 71.6% against 65.2% from the demos), plus DAgger rounds on the student's own windows."""
     from robotrl.distill import DistillConfig, train
 
-    result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=run_dir / "demos.zarr",
+    store = distill_store(run_dir)
+    result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=store,
                                  steps=budget.distill_steps, warmup=min(200, budget.distill_steps // 10),
-                                 batch_size=budget.bc_batch, eval_episodes=0, execute=config.execute,
-                                 run_dir=run_dir / "distill", seed=config.seed, threads=config.threads,
-                                 progress=config.progress, checkpoint_every=max(1, budget.distill_steps // 2)))
-    return result.checkpoint, 0, {"teacher_gap": result.teacher_gap}
+                                 batch_size=budget.bc_batch, dagger_rounds=budget.distill_dagger_rounds,
+                                 dagger_episodes=budget.distill_dagger_episodes, eval_episodes=0,
+                                 eval_envs=budget.eval_envs, execute=config.execute, run_dir=run_dir / "distill",
+                                 seed=config.seed, threads=config.threads, progress=config.progress,
+                                 checkpoint_every=max(1, budget.distill_steps // 2)))
+    return result.checkpoint, result.dagger_env_steps, {"teacher_gap": result.teacher_gap, "store": str(store),
+                                                        "dagger_pairs": result.dagger_pairs}
 
 
 def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:

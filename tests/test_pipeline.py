@@ -35,6 +35,10 @@ def test_smoke_preset_runs_every_stage_and_prints_the_table(smoke):
     by = {r.stage: r for r in rows}
     assert by["demos"].env_steps > 0 and by["demos"].extra["episodes"] >= 6
     assert by["online"].env_steps >= 512 and by["offline"].env_steps > 0  # both stages stepped the env
+    # the student learns on its own DAgger episodes (which step the env too) besides the demos: the smoke online
+    # stage's store is smaller than the demos (`test_distill_store_is_the_online_one_once_it_outweighs_the_demos`)
+    assert by["distill"].extra["store"] == str(run_dir / "demos.zarr")
+    assert by["distill"].env_steps > 0 and by["distill"].extra["dagger_pairs"] > 0
     for r in rows[1:]:  # every policy stage evaluated on the same episodes, its latency measured
         assert r.success_rate is not None and 0.0 <= r.success_rate <= 1.0 and r.latency_ms > 0
     # the one-step student answers in one network call: faster than the K-step policy it was distilled from
@@ -54,6 +58,7 @@ def test_each_stage_wrote_the_documented_files(smoke):
     for policy in policies.values():
         policy.check_spec(store.spec)
     assert policies["distill"].name == "consistency" and policies["online"].name == "flow"
+    assert (run_dir / "distill" / "dagger.npz").exists()
     exported = runtime.load(run_dir / "export", seed=0)
     obs = {k: np.zeros((1, exported.obs_horizon, *store.spec.observations[k].shape), np.float32)
            for k in exported.obs_keys}
@@ -76,6 +81,24 @@ def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
     run_dir, _ = smoke
     out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), timeout=120)
     assert out.returncode == 2 and "already holds a pipeline" in out.stderr
+
+
+def test_distill_store_is_the_online_one_once_it_outweighs_the_demos(tmp_path):
+    from robotrl.datasets import EpisodeStore
+    from robotrl.datasets.record import record_expert
+    from robotrl.pipeline import distill_store
+
+    record_expert(tmp_path / "demos.zarr", "Reach", episodes=3, num_envs=3, episode_steps=20, progress=False).close()
+    demo_steps = EpisodeStore.open(tmp_path / "demos.zarr").num_steps
+    assert distill_store(tmp_path) == tmp_path / "demos.zarr"  # plain online RL: no store
+    online, seed = tmp_path / "online" / "hil.zarr", 100
+    while True:
+        record_expert(online, "Reach", episodes=1, num_envs=1, episode_steps=20, seed=seed, progress=False).close()
+        seed += 1
+        if EpisodeStore.open(online).num_steps >= demo_steps:
+            break
+        assert distill_store(tmp_path) == tmp_path / "demos.zarr"  # fewer steps than the demos
+    assert seed > 101 and distill_store(tmp_path) == online
 
 
 def test_bad_config_names_the_field():
