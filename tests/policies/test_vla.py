@@ -428,8 +428,11 @@ def test_distill_vla_to_one_step_export_and_runtime(store: EpisodeStore, tmp_pat
     teacher_dir = teacher.eval().save(tmp_path / "teacher")
     result = train(DistillConfig(teacher=teacher_dir, store=store.path, steps=60, batch_size=16, lr=1e-3, warmup=5,
                                  ema=0.0, target_ema=0.0, gap_batch=16, eval_episodes=0, run_dir=tmp_path / "distill",
-                                 progress=False, threads=1))
+                                 dagger_rounds=1, dagger_episodes=1, eval_envs=1, progress=False, threads=1))
     assert result.teacher_gap < 0.7 * result.teacher_gap_init, (result.teacher_gap_init, result.teacher_gap)
+    # a DAgger round drove the student with camera images and instructions, and the teacher labelled its windows
+    labelled = np.load(tmp_path / "distill" / "dagger.npz", allow_pickle=False)
+    assert result.dagger_pairs == len(labelled["action"]) > 0 and labelled["obs.instruction"].dtype.kind == "U"
 
     student = load(result.checkpoint, spec=store.spec)
     assert isinstance(student, VLAConsistencyPolicy)
