@@ -18,7 +18,8 @@ Stages, each a command of its own that reads the previous stage's files and writ
     distill  robotrl distill           the one-step consistency student of the RL'd policy (the VLA's
                                        keeps its prefix and action expert), on the online stage's store
                                        (the teacher's own states) plus DAgger rounds (the
-                                       student's own, labelled by the teacher)             -> distill/policy
+                                       student's own, labelled by the teacher); kept only if
+                                       it beats its start, the teacher's one-step sampler  -> distill/policy
     export   robotrl export            the student as ONNX + manifest for the runtime      -> export/
 
 Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), and
@@ -66,6 +67,8 @@ class Budget:
     distill_steps: int
     distill_dagger_rounds: int
     distill_dagger_episodes: int
+    distill_gate_episodes: int
+    """training-seed episodes on which the distilled student must beat its start (the teacher's one-step sampler)"""
     eval_episodes: int
     eval_envs: int
 
@@ -74,17 +77,20 @@ PRESETS: dict[str, Budget] = {
     "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), bc_lr=1e-4,
                     offline_iterations=1, offline_critic_steps=50, offline_updates=2, offline_awr_steps=10,
                     offline_rollout_episodes=2, online_steps=512, online_envs=4, online_rollout_steps=64,
-                    distill_steps=20, distill_dagger_rounds=1, distill_dagger_episodes=2, eval_episodes=4,
+                    distill_steps=20, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
+                    eval_episodes=4,
                     eval_envs=4),
     "default": Budget(demo_episodes=200, bc_steps=8_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
                       offline_iterations=1, offline_critic_steps=2_000, offline_updates=10, offline_awr_steps=600,
                       offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
-                      distill_steps=1_000, distill_dagger_rounds=3, distill_dagger_episodes=50, eval_episodes=50,
+                      distill_steps=1_000, distill_dagger_rounds=3, distill_dagger_episodes=50,
+                      distill_gate_episodes=50, eval_episodes=50,
                       eval_envs=25),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
                    offline_rollout_episodes=50, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
-                   distill_steps=5_000, distill_dagger_rounds=3, distill_dagger_episodes=100, eval_episodes=500,
+                   distill_steps=5_000, distill_dagger_rounds=3, distill_dagger_episodes=100,
+                   distill_gate_episodes=200, eval_episodes=500,
                    eval_envs=50),
 }
 
@@ -263,12 +269,13 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=store,
                                  steps=budget.distill_steps, warmup=min(200, budget.distill_steps // 10),
                                  batch_size=budget.bc_batch, dagger_rounds=budget.distill_dagger_rounds,
-                                 dagger_episodes=budget.distill_dagger_episodes, eval_episodes=0,
+                                 dagger_episodes=budget.distill_dagger_episodes,
+                                 gate_episodes=budget.distill_gate_episodes, eval_episodes=0,
                                  eval_envs=budget.eval_envs, execute=config.execute, run_dir=run_dir / "distill",
                                  seed=config.seed, threads=config.threads, progress=config.progress,
                                  checkpoint_every=max(1, budget.distill_steps // 2)))
     return result.checkpoint, result.dagger_env_steps, {"teacher_gap": result.teacher_gap, "store": str(store),
-                                                        "dagger_pairs": result.dagger_pairs}
+                                                        "dagger_pairs": result.dagger_pairs, "gate": result.gate}
 
 
 def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:

@@ -39,6 +39,7 @@ def test_smoke_preset_runs_every_stage_and_prints_the_table(smoke):
     # stage's store is smaller than the demos (`test_distill_store_is_the_online_one_once_it_outweighs_the_demos`)
     assert by["distill"].extra["store"] == str(run_dir / "demos.zarr")
     assert by["distill"].env_steps > 0 and by["distill"].extra["dagger_pairs"] > 0
+    assert by["distill"].extra["gate"]["kept"] in ("student", "start")  # the gate judged it
     for r in rows[1:]:  # every policy stage evaluated on the same episodes, its latency measured
         assert r.success_rate is not None and 0.0 <= r.success_rate <= 1.0 and r.latency_ms > 0
     # the one-step student answers in one network call: faster than the K-step policy it was distilled from

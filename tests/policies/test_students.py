@@ -380,6 +380,30 @@ def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
         small(teacher_dir, store, tmp_path / "bad", dagger_fraction=1.0)
 
 
+def test_gate_keeps_the_start_when_distillation_made_the_student_worse(reach_bc_flow: Path, flow_reach_demos: Path,
+                                                                       tmp_path: Path) -> None:
+    """A distillation wrecked by a far too high learning rate is caught: on the gate's training-seed episodes the
+    student loses to its start (the ~50% Reach teacher's one-step Euler sampler), so the start is saved; a gentle
+    run is judged by the same rule."""
+    from robotrl.policies.consistency import student_for
+
+    gated = {"execute": 4, "eval_envs": 20, "gate_episodes": 20}
+    demos = EpisodeStore.open(flow_reach_demos)
+    wrecked = train(small(reach_bc_flow, demos, tmp_path / "wrecked", lr=0.5, warmup=1, ema=0.0, **gated))
+    assert wrecked.gate is not None and wrecked.gate["start_success"] >= 0.2
+    assert wrecked.gate["student_success"] < wrecked.gate["start_success"] and wrecked.gate["kept"] == "start"
+    start = student_for(load(reach_bc_flow), None).state_dict()
+    kept = weights(wrecked.checkpoint)
+    assert kept.keys() == start.keys() and all(torch.equal(kept[k], start[k]) for k in kept)
+    rows = [json.loads(line) for line in (tmp_path / "wrecked" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("gate/start_success") == wrecked.gate["start_success"] for r in rows)
+
+    gentle = train(small(reach_bc_flow, demos, tmp_path / "gentle", **gated))
+    assert gentle.gate is not None
+    keep = "student" if gentle.gate["student_success"] >= gentle.gate["start_success"] else "start"
+    assert gentle.gate["kept"] == keep
+
+
 def test_distill_refuses_a_mismatched_store_or_teacher(teacher_dir: Path, store: EpisodeStore, tmp_path: Path) -> None:
     reach = record_expert(tmp_path / "reach.zarr", "Reach", episodes=1, num_envs=1, episode_steps=10, progress=False)
     with pytest.raises(SpecMismatchError, match="teacher"):
