@@ -14,7 +14,8 @@ Stages, each a command of its own that reads the previous stage's files and writ
                                        chain's clipped PPO; rollouts added to the store)   -> offline/policy
     online   robotrl train hil         online RL in the parallel vector env with the task's scripted expert as the
                                        operator taking over when the policy strays (HIL); `--no-interventions`:
-                                       plain `robotrl train online`                        -> online/policy
+                                       plain `robotrl train online`; accepted only if not worse than its start
+                                       on fresh seeds (else online/policy is the start's)  -> online/policy
     distill  robotrl distill           the one-step consistency student of the RL'd policy (the VLA's
                                        keeps its prefix and action expert), on the online stage's store
                                        (the teacher's own states) plus DAgger rounds (the
@@ -64,6 +65,8 @@ class Budget:
     online_steps: int
     online_envs: int
     online_rollout_steps: int
+    online_gate_episodes: int
+    """training-seed episodes on which the online policy must not lose to its start to be handed on"""
     distill_steps: int
     distill_dagger_rounds: int
     distill_dagger_episodes: int
@@ -77,17 +80,17 @@ PRESETS: dict[str, Budget] = {
     "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), bc_lr=1e-4,
                     offline_iterations=1, offline_critic_steps=50, offline_updates=2, offline_awr_steps=10,
                     offline_rollout_episodes=2, online_steps=512, online_envs=4, online_rollout_steps=64,
-                    distill_steps=20, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
+                    online_gate_episodes=2,                    distill_steps=20, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
                     eval_episodes=4, eval_envs=4),
     "default": Budget(demo_episodes=200, bc_steps=8_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
                       offline_iterations=1, offline_critic_steps=2_000, offline_updates=10, offline_awr_steps=600,
                       offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
-                      distill_steps=1_000, distill_dagger_rounds=1, distill_dagger_episodes=25,
+                      online_gate_episodes=30, distill_steps=1_000, distill_dagger_rounds=1, distill_dagger_episodes=25,
                       distill_gate_episodes=50, eval_episodes=50, eval_envs=25),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
                    offline_rollout_episodes=50, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
-                   distill_steps=5_000, distill_dagger_rounds=3, distill_dagger_episodes=100,
+                   online_gate_episodes=200, distill_steps=5_000, distill_dagger_rounds=3, distill_dagger_episodes=100,
                    distill_gate_episodes=200, eval_episodes=500, eval_envs=50),
 }
 
@@ -237,12 +240,36 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         result = train_hil(HilConfig(demos=run_dir / "demos.zarr", **common))
         return result.weights, result.steps, {"intervention_rate_first": result.first_intervention_rate,
                                               "intervention_rate_last": result.last_intervention_rate,
-                                              "store": str(result.store)}
+                                              "store": str(result.store), "gate": accept_online(config, budget, run_dir)}
     from robotrl.online import OnlineConfig
     from robotrl.online import train as train_online
 
     result = train_online(OnlineConfig(**common))
-    return result.weights, result.steps, {}
+    return result.weights, result.steps, {"gate": accept_online(config, budget, run_dir)}
+
+
+def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict[str, Any]:
+    """RL-100's acceptance test for the online stage: its policy is handed on only if it does not lose to its start
+    on fresh training-seed episodes (PushT's default run fell from 64% to 28% over its 61,440 env steps); otherwise
+    online/policy gets the start's weights and the RL'd ones move to online/rejected_policy."""
+    import shutil
+
+    from robotrl.distill import ROLLOUT_SEED
+    from robotrl.evaluate import evaluate_policy
+    from robotrl.policies import load
+
+    start, online = run_dir / "offline" / "policy", run_dir / "online" / "policy"
+    seed = ROLLOUT_SEED + 10_000 * config.seed + 9_000  # none of the distill stage's DAgger and gate seeds
+    rates = {name: evaluate_policy(load(path), budget.online_gate_episodes, budget.eval_envs, seed=seed,
+                                   execute=config.execute).success_rate for name, path in (("start", start),
+                                                                                           ("online", online))}
+    kept = "online" if rates["online"] >= rates["start"] else "start"
+    if kept == "start":
+        rejected = run_dir / "online" / "rejected_policy"
+        shutil.rmtree(rejected, ignore_errors=True)
+        online.rename(rejected)
+        shutil.copytree(start, online)
+    return {"start_success": rates["start"], "online_success": rates["online"], "kept": kept}
 
 
 def distill_store(run_dir: Path) -> Path:

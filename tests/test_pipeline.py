@@ -40,6 +40,10 @@ def test_smoke_preset_runs_every_stage_and_prints_the_table(smoke):
     assert by["distill"].extra["store"] == str(run_dir / "demos.zarr")
     assert by["distill"].env_steps > 0 and by["distill"].extra["dagger_pairs"] > 0
     assert by["distill"].extra["gate"]["kept"] in ("student", "start")  # the gate judged it
+    # the online policy is handed on only if it does not lose to its start on the gate's episodes
+    gate = by["online"].extra["gate"]
+    assert gate["kept"] == ("online" if gate["online_success"] >= gate["start_success"] else "start")
+    assert (run_dir / "online" / "rejected_policy").exists() == (gate["kept"] == "start")
     for r in rows[1:]:  # every policy stage evaluated on the same episodes, its latency measured
         assert r.success_rate is not None and 0.0 <= r.success_rate <= 1.0 and r.latency_ms > 0
     # the one-step student answers in one network call: faster than the K-step policy it was distilled from
@@ -100,6 +104,32 @@ def test_distill_store_is_the_online_one_once_it_outweighs_the_demos(tmp_path):
             break
         assert distill_store(tmp_path) == tmp_path / "demos.zarr"  # fewer steps than the demos
     assert seed > 101 and distill_store(tmp_path) == online
+
+
+def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tmp_path):
+    """The acceptance test on real Reach rollouts: an online policy wrecked (its weights scrambled) loses to its
+    ~50% start on the gate's episodes, so online/policy becomes the start's and the wrecked one is set aside."""
+    import dataclasses
+    import shutil
+
+    import torch
+
+    from robotrl.pipeline import PRESETS, accept_online
+    from robotrl.policies import load
+
+    shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
+    wrecked = load(reach_bc_flow)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in wrecked.parameters():
+            p.add_(3.0 * torch.randn_like(p))
+    wrecked.save(tmp_path / "online" / "policy")
+    budget = dataclasses.replace(PRESETS["smoke"], online_gate_episodes=20, eval_envs=20)
+    gate = accept_online(PipelineConfig(task="Reach", execute=4, run_dir=tmp_path), budget, tmp_path)
+    assert gate["kept"] == "start" and gate["start_success"] >= 0.2 > gate["online_success"], gate
+    kept = (tmp_path / "online" / "policy" / "model.safetensors").read_bytes()
+    assert kept == (reach_bc_flow / "model.safetensors").read_bytes()
+    assert (tmp_path / "online" / "rejected_policy" / "model.safetensors").exists()
 
 
 def test_bad_config_names_the_field():
