@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import controller_for, make_eval_env, seeded_sampling
+from robotrl.evaluate import ROLLOUT_SEED, controller_for, make_eval_env, not_worse, seeded_sampling
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
 from robotrl.training import (
@@ -53,8 +53,6 @@ from robotrl.training import (
 #: config fields that do not change what a run computes: they may differ between a run and its resumption
 NOT_RESULT = ("run_dir", "resume", "stop_after", "progress", "log_every", "checkpoint_every", "eval_every",
               "eval_episodes", "eval_envs", "execute", "threads")
-#: the student's DAgger episodes start from seeds here: above the demos' (0 upwards), below the held-out ones
-ROLLOUT_SEED = 500_000
 
 
 @dataclass
@@ -211,6 +209,10 @@ class TeacherLabels:
     def __len__(self) -> int:
         return len(self.round)
 
+    @property
+    def total_env_steps(self) -> int:
+        return int(self.env_steps[:, 1].sum())
+
     @classmethod
     def load(cls, path: Path, before: int) -> TeacherLabels:
         labels = cls(path)
@@ -289,15 +291,11 @@ def mixed_batch(sampler: SequenceSampler, labels: TeacherLabels, config: Distill
 def gate(student: Policy, start: Policy, config: DistillConfig) -> tuple[Policy, dict[str, Any]]:
     """The distilled student if it beats (or ties) its start on `gate_episodes` fresh training-seed episodes,
     else the start; with both success rates."""
-    from robotrl.evaluate import evaluate_policy
-
     seed = ROLLOUT_SEED + 10_000 * config.seed + config.steps  # after every DAgger round's
-    rates = {name: evaluate_policy(policy, config.gate_episodes, config.eval_envs, seed=seed,
-                                   execute=config.execute).success_rate
-             for name, policy in (("student", student), ("start", start))}
-    keep = "student" if rates["student"] >= rates["start"] else "start"
-    return (student if keep == "student" else start), {"start_success": rates["start"],
-                                                       "student_success": rates["student"], "kept": keep}
+    ok, student_rate, start_rate = not_worse(student, start, config.gate_episodes, config.eval_envs, seed,
+                                             config.execute)
+    return (student if ok else start), {"start_success": start_rate, "student_success": student_rate,
+                                        "kept": "student" if ok else "start"}
 
 
 def evaluate(policy: Policy, config: DistillConfig) -> Any:
@@ -381,7 +379,7 @@ def train(config: DistillConfig) -> DistillResult:
         if step in rounds:
             student_success = labels.collect(ema.model if ema else student, teacher, config, step)
             log.log(step, **{"dagger/student_success": student_success, "dagger/pairs": len(labels),
-                             "dagger/env_steps": int(labels.env_steps[:, 1].sum())})
+                             "dagger/env_steps": labels.total_env_steps})
         loss = student.compute_distill_loss(mixed_batch(sampler, labels, config, rng), teacher, target.model)
         loss_value, grad_norm = optimizer_step(loss, student, optimizer, schedule,
                                                f"distill step {step} (last checkpoint: {run_dir / 'checkpoint'})")
@@ -421,7 +419,7 @@ def train(config: DistillConfig) -> DistillResult:
             log.log(config.steps, **{"eval/success_rate": success, "eval/teacher_success_rate": teacher_success})
     log.close()
     result = DistillResult(path, end, finished, seconds, loss_value, gap_value, gap_init, success, ci, teacher_success,
-                           run_dir, len(labels), int(labels.env_steps[:, 1].sum()), kept)
+                           run_dir, len(labels), labels.total_env_steps, kept)
     (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
     return result
 

@@ -22,6 +22,9 @@ from robotrl.spec import STRING, Spec
 
 #: evaluation seeds start here: demonstrations are recorded from seed 0 upwards, so these are held out
 HELD_OUT_SEED = 1_000_000
+#: episodes a run draws while it trains (DAgger rounds, acceptance gates) start here: above the demos' seeds,
+#: below the held-out ones, so a gate's choice never sees the episodes that report it
+ROLLOUT_SEED = 500_000
 
 
 @dataclass
@@ -107,6 +110,14 @@ def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = 
             return run_episodes(env, controller, episodes, seed=seed, on_episode_start=controller.reset_env)
     finally:
         env.close()
+
+
+def not_worse(new: Any, start: Any, episodes: int, num_envs: int, seed: int, execute: int) -> tuple[bool, float, float]:
+    """An acceptance gate: whether `new` succeeds at least as often as `start` on the same seeded episodes (and
+    sampling noise), with both success rates (new's, start's)."""
+    new_rate, start_rate = (evaluate_policy(p, episodes, num_envs, seed=seed, execute=execute).success_rate
+                            for p in (new, start))
+    return new_rate >= start_rate, new_rate, start_rate
 
 
 @contextmanager

@@ -254,22 +254,20 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
     online/policy gets the start's weights and the RL'd ones move to online/rejected_policy."""
     import shutil
 
-    from robotrl.distill import ROLLOUT_SEED
-    from robotrl.evaluate import evaluate_policy
+    from robotrl.evaluate import ROLLOUT_SEED, not_worse
     from robotrl.policies import load
 
     start, online = run_dir / "offline" / "policy", run_dir / "online" / "policy"
     seed = ROLLOUT_SEED + 10_000 * config.seed + 9_000  # none of the distill stage's DAgger and gate seeds
-    rates = {name: evaluate_policy(load(path), budget.online_gate_episodes, budget.eval_envs, seed=seed,
-                                   execute=config.execute).success_rate for name, path in (("start", start),
-                                                                                           ("online", online))}
-    kept = "online" if rates["online"] >= rates["start"] else "start"
-    if kept == "start":
+    ok, online_rate, start_rate = not_worse(load(online), load(start), budget.online_gate_episodes, budget.eval_envs,
+                                            seed, config.execute)
+    kept = "online" if ok else "start"
+    if not ok:
         rejected = run_dir / "online" / "rejected_policy"
         shutil.rmtree(rejected, ignore_errors=True)
         online.rename(rejected)
         shutil.copytree(start, online)
-    return {"start_success": rates["start"], "online_success": rates["online"], "kept": kept}
+    return {"start_success": start_rate, "online_success": online_rate, "kept": kept}
 
 
 def distill_store(run_dir: Path) -> Path:

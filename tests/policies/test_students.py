@@ -339,7 +339,7 @@ def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
     """Two DAgger rounds (steps 4 and 8 of 12): the student drives PushT, every window it acts on is stored with
     the teacher's chunk for it (the very chunk the teacher gives there from the round's seeded noise), later
     batches mix them in, and a run stopped between the rounds resumes to identical weights and labels."""
-    from robotrl.distill import ROLLOUT_SEED
+    from robotrl.evaluate import ROLLOUT_SEED
 
     dagger = {"dagger_rounds": 2, "dagger_episodes": 2, "eval_envs": 2, "execute": 4}
     whole = train(small(teacher_dir, store, tmp_path / "whole", **dagger))
