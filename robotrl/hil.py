@@ -423,6 +423,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             tally.load(state["tally"])
             recorder.load(state["recorder"])
             operator.load(state["operator"])
+            run.load_ema(state)
             if isinstance(operator, DeviceOperator):  # a person is not replayable: ask the device afresh
                 operator.see(np.ones(1, bool))
             start, rates = int(state["step"]), list(state["rates"])
@@ -433,7 +434,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         demos_from_store(demos, store, everything=False)  # the interventions recorded so far (in this store)
 
         def evaluate() -> Any:
-            return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=execute)
+            return evaluate_policy(run.kept, config.eval_episodes, config.eval_envs, execute=execute)
 
         def demo_bc() -> tuple[torch.Tensor, dict[str, float]]:
             """The flow-matching BC loss on the demo buffer's windows."""
@@ -441,7 +442,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             return config.bc_weight * loss, {"loss/demo_bc": loss.item()}
 
         log = RunLog(run_dir)
-        best = BestCheckpoint(run_dir, policy.save)
+        best = BestCheckpoint(run_dir, run.kept.save)
         bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"hil {config.operator}",
                    unit="step", disable=not config.progress, dynamic_ncols=True)
         clock = TrainClock()
@@ -452,6 +453,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                 sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant,
                                   rng, f"hil iteration {it} (last train state: {state_path})",
                                   demo_bc if use_demos else None)
+                run.average()
                 rate, takeovers = operator.rate()
                 rates.append(rate)
 
@@ -474,8 +476,8 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                 if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                     save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, tally=tally.state(),
                                    windows=windows.state(), recorder=recorder.state(), operator=operator.state(),
-                                   rates=rates)
-                    policy.save(run_dir / "policy")
+                                   rates=rates, **run.ema_state())
+                    run.kept.save(run_dir / "policy")
         finally:
             bar.close()
     finally:
@@ -483,7 +485,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             device.close()
         store.close()
         env.close()
-    result = finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon, best)
+    result = finish_policy_run(config, log, evaluate, run.kept, clock, run_dir, iterations, start, n * horizon, best)
     return HilResult(**vars(result), store=Path(store_path), intervention_rates=rates).save()
 
 

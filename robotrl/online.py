@@ -70,6 +70,7 @@ from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
 from robotrl.spec import STRING
 from robotrl.training import (
+    EMA,
     BestCheckpoint,
     RLResult,
     RunLog,
@@ -143,6 +144,10 @@ class OnlineConfig(RunOptions):
     noise_lr: float = 3e-4
     """flow_noise: the noise network's learning rate; latent / residual: the prior's / residual's (and its std's)"""
     max_grad_norm: float = 1.0
+    ema: float = 0.0
+    """decay per update (one rollout's epochs) of an average of the policy's weights, started at the start's, that is
+    evaluated and saved instead of the last weights (0: the last; 0.8 averages ~5 updates); rollouts use the live
+    weights, as PPO's ratio needs. BC saves its average too: one noisy update can cost what a run gained"""
     critic_warmup: int = 3
     """iterations that train only the value network (its first estimates are random)"""
     advantage_floor: float | None = None
@@ -204,6 +209,8 @@ class OnlineConfig(RunOptions):
                              f"{self.gae_lambda}")
         if self.advantage_floor is not None and not math.isfinite(self.advantage_floor):
             raise ValueError(f"{name}.advantage_floor: expected a finite number or None, got {self.advantage_floor}")
+        if not 0.0 <= self.ema < 1.0:
+            raise ValueError(f"{name}.ema: expected a decay in [0, 1), got {self.ema}")
         for field in ("critic_warmup", "bc_coef", "value_coef"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
@@ -732,6 +739,28 @@ class OnlineStart:
     iterations: int
     windows: Windows
     tally: Tally
+    ema: EMA | None
+
+    @property
+    def kept(self) -> FlowPolicy:
+        """The weights a run evaluates and saves: the average's when `ema` is on, else the live policy."""
+        return self.policy if self.ema is None else self.ema.model
+
+    def average(self) -> None:
+        """After an update: move the average towards the live weights."""
+        if self.ema is not None:
+            self.ema.update(self.policy)
+
+    def ema_state(self) -> dict[str, Any]:
+        return {} if self.ema is None else {"ema": self.ema.model.state_dict(), "ema_step": self.ema.step}
+
+    def load_ema(self, state: dict[str, Any]) -> None:
+        if self.ema is not None:
+            if "ema" not in state:
+                raise ValueError(f"OnlineConfig.ema: the run in {self.run_dir} was started without an average of "
+                                 f"its weights (ema 0); resume it with ema 0, got {self.ema.max_decay}")
+            self.ema.model.load_state_dict(state["ema"])
+            self.ema.step = int(state["ema_step"])
 
 
 def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
@@ -749,7 +778,8 @@ def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
     return OnlineStart(policy, run_dir, state_path, rng, reference, env, agent, optimizer, constant,
                        math.ceil(config.total_steps / (config.num_envs * config.rollout_steps)),
-                       Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs))
+                       Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs),
+                       EMA(policy, config.ema, warmup=False) if config.ema > 0 else None)
 
 
 def train(config: OnlineConfig) -> RLResult:
@@ -762,15 +792,16 @@ def train(config: OnlineConfig) -> RLResult:
         state = load_run_state(state_path, agent, {"adam": optimizer}, rng, env)
         windows.load(state["windows"])
         tally.load(state["tally"])
+        run.load_ema(state)
         start = int(state["step"])  # iterations done
     else:
         windows.start(env.reset(seed=config.seed)[0])
 
     def evaluate() -> Any:
-        return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=execute)
+        return evaluate_policy(run.kept, config.eval_episodes, config.eval_envs, execute=execute)
 
     log = RunLog(run_dir)
-    best = BestCheckpoint(run_dir, policy.save)
+    best = BestCheckpoint(run_dir, run.kept.save)
     bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"online {config.method}", unit="step",
                disable=not config.progress, dynamic_ncols=True)
     clock = TrainClock()
@@ -782,6 +813,7 @@ def train(config: OnlineConfig) -> RLResult:
             count = len(data["adv"])
             sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant, rng,
                               f"online iteration {it} (last train state: {state_path})")
+            run.average()
 
             # log, evaluate, checkpoint
             now, before = (it + 1) * n * horizon, it * n * horizon
@@ -799,12 +831,12 @@ def train(config: OnlineConfig) -> RLResult:
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, tally=tally.state(),
-                               windows=windows.state())
-                policy.save(run_dir / "policy")
+                               windows=windows.state(), **run.ema_state())
+                run.kept.save(run_dir / "policy")
     finally:
         bar.close()
         env.close()
-    return finish_policy_run(config, log, evaluate, policy, clock, run_dir, iterations, start, n * horizon, best)
+    return finish_policy_run(config, log, evaluate, run.kept, clock, run_dir, iterations, start, n * horizon, best)
 
 
 def finish_policy_run(config: RunOptions, log: RunLog, evaluate: Any, policy: FlowPolicy, clock: TrainClock,

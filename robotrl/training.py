@@ -57,13 +57,16 @@ def check_finite_weights(module: nn.Module, where: str) -> None:
 
 class EMA:
     """Exponential moving average of a module's weights, with diffusion policy's warm-up (the decay grows with
-    the step count, so early averages do not drag in random initial weights)."""
+    the step count, so early averages do not drag in random initial weights). `warmup=False` averages at the full
+    decay from the first update: a fine-tuning run's starting weights are already good, and are the average's start."""
 
-    def __init__(self, model: nn.Module, decay: float = 0.999, power: float = 0.75) -> None:
+    def __init__(self, model: nn.Module, decay: float = 0.999, power: float = 0.75, warmup: bool = True) -> None:
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.max_decay, self.power, self.step = decay, power, 0
+        self.max_decay, self.power, self.step, self.warmup = decay, power, 0, warmup
 
     def decay(self) -> float:
+        if not self.warmup:
+            return self.max_decay
         return min(self.max_decay, 1 - (1 + self.step) ** -self.power) if self.step > 0 else 0.0
 
     @torch.no_grad()

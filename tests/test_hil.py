@@ -167,10 +167,10 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
 def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_first_train_state,
                                     assert_same_run) -> None:
     """SIGKILLed after its first train state (episodes run across iterations, so unfinished ones are in it, and the
-    expert drives with teleop noise, so its random state is too), `--resume` ends with the weights and the store
-    of a run that was never stopped."""
+    expert drives with teleop noise, so its random state is too), `--resume` ends with the weights (the saved
+    average's too) and the store of a run that was never stopped."""
     overrides = {"num_envs": 4, "rollout_steps": 20, "total_steps": 400, "checkpoint_every": 80, "log_every": 80,
-                 "critic_warmup": 1, "operator_noise": 0.5}
+                 "critic_warmup": 1, "operator_noise": 0.5, "ema": 0.5}
     code = ("import sys, torch; torch.set_num_threads(1); from pathlib import Path; from robotrl.hil import HilConfig, "
             f"train; train(HilConfig(policy=Path({str(bc_flow)!r}), execute=4, denoise_steps=5, eval_episodes=0, "
             f"progress=False, run_dir=Path({str(tmp_path / 'killed')!r}), "
@@ -181,6 +181,9 @@ def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_fi
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
+    saved = [load(tmp_path / run / "policy").state_dict() for run in ("straight", "killed")]
+    for name, x in saved[0].items():
+        torch.testing.assert_close(x, saved[1][name], rtol=0, atol=0, msg=name)
     a, b = EpisodeStore.open(tmp_path / "straight" / "hil.zarr"), EpisodeStore.open(tmp_path / "killed" / "hil.zarr")
     assert a.num_episodes == b.num_episodes == 4  # 100 steps per env: one whole episode each
     for key in ("state", "action", "reward", "intervention"):

@@ -385,10 +385,11 @@ def test_semi_mdp_gae_discounts_by_each_decisions_length() -> None:
 def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_first_train_state,
                                     assert_same_run) -> None:
     """`robotrl train online` is SIGKILLed after its first train state; `--resume` must end with the very weights
-    (policy, value and noise nets, Adam) of a run that was never stopped."""
+    (policy, value and noise nets, Adam, the saved weights' average) of a run that was never stopped."""
     cfg = small(bc_flow, tmp_path / "killed", method="flow_noise", num_envs=4, rollout_steps=20, total_steps=4 * 20 * 5,
-                checkpoint_every=80, log_every=80, critic_warmup=1)
+                checkpoint_every=80, log_every=80, critic_warmup=1, ema=0.9)
     args = [str(ROBOTRL), "train", "online", "--policy", str(bc_flow), "--method", "flow_noise", "--num-envs", "4",
+            "--ema", "0.9",
             "--rollout-steps", "20", "--execute", "4", "--denoise-steps", "5", "--total-steps", "400",
             "--checkpoint-every", "80", "--log-every", "80", "--critic-warmup", "1", "--eval-episodes", "0",
             "--run-dir", str(cfg.run_dir), "--no-progress"]
@@ -421,6 +422,29 @@ def test_run_keeps_its_best_evaluated_checkpoint(bc_flow: Path, tmp_path: Path) 
     saved: list[Path] = []
     assert BestCheckpoint(result.run_dir, saved.append).offer(9_999, top + 0.01) and saved == [result.best_weights]
     assert BestCheckpoint(result.run_dir, saved.append).best() == {"step": 9_999, "success_rate": top + 0.01}
+
+
+def test_ema_saves_and_evaluates_an_average_of_the_weights_from_the_start(bc_flow: Path, tmp_path: Path) -> None:
+    """With `ema` the saved policy is the average (started at the BC weights, full decay from the first update): it
+    is neither the live weights nor the start's, it lies nearer the start than the live weights do, and the run's
+    evaluation scores it, not the live policy."""
+    start = load(bc_flow)
+    result = train(small(bc_flow, tmp_path / "run", num_envs=4, rollout_steps=20, total_steps=4 * 20 * 4, critic_warmup=1,
+                         lr=1e-3, ema=0.9, eval_episodes=10, eval_envs=10))
+    state = torch.load(result.run_dir / "train_state.pt", weights_only=True)
+    saved, live = load(result.run_dir / "policy").state_dict(), state["agent"]
+    assert state["ema_step"] == 4  # one average per update (the critic's warm-up update included)
+    moved_live = moved_saved = 0.0
+    for name, x0 in start.state_dict().items():
+        if not x0.is_floating_point():
+            continue
+        torch.testing.assert_close(saved[name], state["ema"][name], rtol=0, atol=0, msg=name)
+        moved_live += float((live[f"policy.{name}"] - x0).square().sum())
+        moved_saved += float((saved[name] - x0).square().sum())
+    assert 0 < moved_saved < 0.5 * moved_live, (moved_saved, moved_live)
+    metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = [m["eval/success_rate"] for m in metrics if "eval/success_rate" in m][-1]
+    assert evaluate_policy(load(result.run_dir / "policy"), 10, 10, execute=4).success_rate == final
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(bc_flow: Path, tmp_path: Path) -> None:
@@ -492,7 +516,8 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
              (r"OnlineConfig.noise_std: expected the initial std inside \(noise_min, noise_max\) = \(0.02, 0.5\) "
               r"for flow_noise, got 0.6")),
             ({"gamma": 0.0}, r"OnlineConfig.gamma / gae_lambda: expected \(0, 1\] and \[0, 1\], got 0.0, 0.9"),
-            ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1")):
+            ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1"),
+            ({"ema": 1.0}, r"OnlineConfig.ema: expected a decay in \[0, 1\), got 1.0")):
         with pytest.raises(ValueError, match=message):
             small(bc_flow, tmp_path, **overrides)
     with pytest.raises(ValueError, match=r"OnlineConfig.resume: needs run_dir"):
