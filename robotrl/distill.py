@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import ROLLOUT_SEED, controller_for, make_eval_env, not_worse, seeded_sampling
+from robotrl.evaluate import ROLLOUT_SEED, not_worse, rollout
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
 from robotrl.training import (
@@ -227,8 +227,6 @@ class TeacherLabels:
     def collect(self, student: Policy, teacher: Policy, config: DistillConfig, step: int) -> float:
         """The student drives `config.dagger_episodes` episodes; every window it acts on is kept with the
         teacher's chunk for it. The student's success on them."""
-        from robotrl.envs.rollouts import run_episodes
-
         windows: list[dict[str, np.ndarray]] = []
         chunks: list[np.ndarray] = []
 
@@ -239,25 +237,7 @@ class TeacherLabels:
             return student.act(window)
 
         seed = ROLLOUT_SEED + 10_000 * config.seed + step
-        env = make_eval_env(student.spec, tuple(student.obs_keys), min(config.eval_envs, config.dagger_episodes), seed)
-        controller = controller_for(student, config.execute, act)
-        controller.reset(env.num_envs)
-        steps = 0
-
-        def drive(obs: dict[str, Any]) -> np.ndarray:
-            nonlocal steps
-            steps += env.num_envs
-            return controller(obs)
-
-        was_training = student.training
-        student.eval()
-        try:
-            with seeded_sampling(student, seed):
-                stats = run_episodes(env, drive, config.dagger_episodes, seed=seed,
-                                     on_episode_start=controller.reset_env)
-        finally:
-            env.close()
-            student.train(was_training)
+        stats, steps = rollout(student, config.dagger_episodes, config.eval_envs, seed, config.execute, act)
         new = {k: np.concatenate([w[k] for w in windows]) for k in windows[0]}
         action = np.concatenate(chunks)
         self.obs = {k: np.concatenate([self.obs[k], v]) if self.obs else v for k, v in new.items()}

@@ -100,16 +100,37 @@ def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = 
     seeded from `seed` as well, so an evaluation repeats exactly and two policies compared on the same seeds
     also start from the same noise stream (without it, 200-episode success rates of the same policy moved by
     up to 9 points between runs on Reach)."""
+    return rollout(policy, episodes, num_envs, seed, execute)[0]
+
+
+def rollout(policy: Any, episodes: int, num_envs: int, seed: int, execute: int,
+            act: Callable[[dict[str, Any]], np.ndarray] | None = None) -> tuple[Any, int]:
+    """Evaluation's seeded episodes (`EpisodeStats`) and the env steps they took, every env of the last wave counted
+    until its end: what a stage that drives the policy for data (distill's DAgger rounds) reports as its cost. `act`
+    replaces the policy's call on each observation window (`controller_for`); a torch policy runs in eval mode."""
     from robotrl.envs.rollouts import run_episodes
 
     env = make_eval_env(policy.spec, tuple(policy.obs_keys), min(num_envs, episodes), seed)
-    controller = controller_for(policy, execute)
+    controller = controller_for(policy, execute, act)
     controller.reset(env.num_envs)
+    steps = 0
+
+    def drive(obs: dict[str, Any]) -> np.ndarray:
+        nonlocal steps
+        steps += env.num_envs
+        return controller(obs)
+
+    was_training = getattr(policy, "training", None)
+    if was_training is not None:
+        policy.eval()
     try:
         with seeded_sampling(policy, seed):
-            return run_episodes(env, controller, episodes, seed=seed, on_episode_start=controller.reset_env)
+            stats = run_episodes(env, drive, episodes, seed=seed, on_episode_start=controller.reset_env)
     finally:
         env.close()
+        if was_training is not None:
+            policy.train(was_training)
+    return stats, steps
 
 
 def not_worse(new: Any, start: Any, episodes: int, num_envs: int, seed: int, execute: int) -> tuple[bool, float, float]:
