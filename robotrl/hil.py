@@ -49,7 +49,7 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.collect import RateLimiter
-from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.evaluate import evaluate_policy
@@ -75,17 +75,29 @@ class HilConfig(OnlineConfig):
     (keyboard, gamepad, spacemouse, scripted: its take-over toggle decides; one env)"""
     operator_noise: float = 0.0
     """the expert's (and the scripted device's) teleop noise when it drives"""
+    criterion: Literal["stray", "stall"] = "stray"
+    """expert: when it takes over. stray: the policy's actions leave the expert's (on PushT, where the expert pushes
+    one way and the policy may push another, it drove 10-40% of all steps); stall: the episode's reward has not
+    risen for `stall_steps` steps, as a person steps in when a robot is stuck rather than when it acts otherwise"""
     stray_threshold: float = 0.5
-    """expert: RMS distance between a new chunk's first action and the expert's, normalized action units, above
-    which the decision strays"""
+    """expert, stray: RMS distance between a new chunk's first action and the expert's, normalized action units,
+    above which the decision strays"""
     stray_patience: int = 2
-    """expert: consecutive straying decisions of an env before the expert takes it over"""
+    """expert, stray: consecutive straying decisions of an env before the expert takes it over"""
+    stall_steps: int = 100
+    """expert, stall: env steps without progress after which the expert takes over"""
+    stall_margin: float = 0.01
+    """expert, stall: how far a step's reward must rise above its level at the last progress to count as progress"""
     takeover_steps: int = 16
     """expert: env steps it drives once it has taken over (fewer if the episode ends)"""
     bc_weight: float = 1.0
     """weight of the flow-matching BC loss on the demo buffer (the operator's interventions) in every minibatch"""
     bc_batch_size: int = 64
     """demo windows per minibatch"""
+    operator_fraction: float = 0.0
+    """share of each BC minibatch drawn from the operator's stretches once there are any, the rest from the seeded
+    demos (`demos`), as HIL-SERL and RLPD sample their buffers in fixed shares; 0: every window alike (on PushT the
+    200 seeded demos held 120,000 steps against ~500 of the stall criterion's after 20,000 env steps)"""
     store: Path | None = None
     """the dataset store every step is recorded to (default: run_dir/hil.zarr); created with the env's spec, or
     appended to when its spec matches"""
@@ -104,14 +116,18 @@ class HilConfig(OnlineConfig):
         if self.operator != "expert" and self.num_envs != 1:
             raise ValueError(f"{name}.num_envs: expected 1 when a teleop device drives (operator="
                              f"{self.operator!r}), got {self.num_envs}")
-        for f in ("stray_patience", "takeover_steps", "bc_batch_size"):
+        if self.criterion not in ("stray", "stall"):
+            raise ValueError(f"{name}.criterion: expected 'stray' or 'stall', got {self.criterion!r}")
+        for f in ("stray_patience", "takeover_steps", "bc_batch_size", "stall_steps"):
             if getattr(self, f) < 1:
                 raise ValueError(f"{name}.{f}: expected >= 1, got {getattr(self, f)}")
         if not self.stray_threshold > 0:
             raise ValueError(f"{name}.stray_threshold: expected > 0, got {self.stray_threshold}")
-        for f in ("operator_noise", "bc_weight"):
+        for f in ("operator_noise", "bc_weight", "stall_margin"):
             if not getattr(self, f) >= 0:
                 raise ValueError(f"{name}.{f}: expected >= 0, got {getattr(self, f)}")
+        if not 0.0 <= self.operator_fraction <= 1.0:
+            raise ValueError(f"{name}.operator_fraction: expected a share in [0, 1], got {self.operator_fraction}")
         self.store = None if self.store is None else Path(self.store)
         self.demos = None if self.demos is None else Path(self.demos)
 
@@ -148,31 +164,50 @@ def runs(mask: np.ndarray) -> list[tuple[int, int]]:
 class DemoBuffer:
     """HIL-SERL's demo buffer for a flow policy: every stretch the operator drove (consecutive intervention steps)
     is a demonstration episode of its own, so its windows' action chunks hold operator actions only (padded at the
-    hand-back, as at an episode's end); `add` with every step selected takes a whole episode (`--demos`)."""
+    hand-back, as at an episode's end); `add` with every step selected and `operator=False` takes a whole seeded
+    episode (`--demos`)."""
 
     def __init__(self, obs_keys: tuple[str, ...], text_keys: tuple[str, ...], window: SequenceConfig) -> None:
         self.keys, self.text_keys, self.window = (*obs_keys, "action"), text_keys, window
         self.parts: list[dict[str, np.ndarray]] = []
+        self.operated: list[bool] = []
         self.text: dict[str, list[str]] = {k: [] for k in text_keys}
-        self.sampler: SequenceSampler | None = None
+        self.samplers: dict[float, Any] = {}
 
     @property
     def steps(self) -> int:
         return sum(len(p["action"]) for p in self.parts)
 
-    def add(self, data: dict[str, np.ndarray], select: np.ndarray, instruction: str | None = None) -> None:
+    @property
+    def operator_steps(self) -> int:
+        return sum(len(p["action"]) for p, op in zip(self.parts, self.operated) if op)
+
+    def add(self, data: dict[str, np.ndarray], select: np.ndarray, instruction: str | None = None,
+            operator: bool = True) -> None:
         for a, b in runs(select):
             self.parts.append({k: np.asarray(data[k][a:b]) for k in self.keys})
+            self.operated.append(operator)
             for k in self.text_keys:
                 self.text[k].append(instruction or "")
-            self.sampler = None
+            self.samplers = {}
 
-    def sample(self, batch: int, rng: np.random.Generator) -> dict[str, Any]:
-        if self.sampler is None:  # rebuilt when stretches were added (once per iteration at most)
-            data = {k: np.concatenate([p[k] for p in self.parts]) for k in self.keys}
-            ends = np.cumsum([len(p["action"]) for p in self.parts])
-            self.sampler = SequenceSampler(data, ends, self.keys[:-1], self.window, text=self.text)
-        return self.sampler.sample(batch, rng)
+    def sampler(self, which: list[int]) -> SequenceSampler:
+        data = {k: np.concatenate([self.parts[i][k] for i in which]) for k in self.keys}
+        ends = np.cumsum([len(self.parts[i]["action"]) for i in which])
+        return SequenceSampler(data, ends, self.keys[:-1], self.window,
+                               text={k: [v[i] for i in which] for k, v in self.text.items()})
+
+    def sample(self, batch: int, rng: np.random.Generator, operator_fraction: float = 0.0) -> dict[str, Any]:
+        """Windows of every part alike, or `operator_fraction` of them from the operator's stretches (the rest from
+        the seeded demos) when there are both."""
+        mine = [i for i, op in enumerate(self.operated) if op]
+        seeded = [i for i, op in enumerate(self.operated) if not op]
+        fraction = operator_fraction if mine and seeded else 0.0
+        if fraction not in self.samplers:  # rebuilt when stretches were added (once per iteration at most)
+            everything = list(range(len(self.parts)))
+            self.samplers[fraction] = self.sampler(everything) if fraction == 0.0 else \
+                MixedSampler([self.sampler(seeded), self.sampler(mine)], [1.0 - fraction, fraction])
+        return self.samplers[fraction].sample(batch, rng)
 
 
 class Recorder:
@@ -224,7 +259,7 @@ def demos_from_store(buffer: DemoBuffer, store: EpisodeStore, everything: bool) 
         if everything or meta.get("interventions", 0):
             data = store.episode(i, keys).data
             buffer.add(data, np.ones(len(data["action"]), bool) if everything else data["intervention"],
-                       meta.get("instruction"))
+                       meta.get("instruction"), operator=not everything)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -293,8 +328,11 @@ class Watch:
 
 class ExpertOperator(Watch):
     """The simulated human: the task's scripted expert, watching every env at every step (its state follows the
-    robot), takes an env over after `stray_patience` consecutive decisions whose first action strays from its own
-    by more than `stray_threshold` (RMS, normalized action units) and drives it for `takeover_steps` steps."""
+    robot), takes an env over by `config.criterion` and drives it for `takeover_steps` steps. stray: after
+    `stray_patience` consecutive decisions whose first action strays from its own by more than `stray_threshold`
+    (RMS, normalized action units); stall: once `stall_steps` steps of the policy's have passed without the reward
+    rising by `stall_margin` above its level at the last progress (a take-over restarts the count; an episode that
+    has succeeded is left alone)."""
 
     def __init__(self, expert: Expert, action_scale: np.ndarray, config: HilConfig, recorder: Recorder,
                  num_envs: int) -> None:
@@ -303,6 +341,8 @@ class ExpertOperator(Watch):
         self.expert.reset(num_envs)
         self.strikes, self.remaining = np.zeros(num_envs, np.int64), np.zeros(num_envs, np.int64)
         self.action = np.zeros((num_envs, len(action_scale)), np.float32)
+        self.best, self.idle = np.full(num_envs, -np.inf, np.float32), np.zeros(num_envs, np.int64)
+        self.succeeded = np.zeros(num_envs, bool)
 
     def stray(self, proposal: np.ndarray, idx: np.ndarray) -> np.ndarray:
         """The criterion's distance of each proposed first action from the expert's, normalized action units."""
@@ -313,15 +353,26 @@ class ExpertOperator(Watch):
 
     def decide(self, idx: np.ndarray, proposal: np.ndarray) -> np.ndarray:
         free = self.remaining[idx] == 0
-        self.strikes[idx] = np.where(free & (self.stray(proposal, idx) > self.config.stray_threshold),
-                                     self.strikes[idx] + 1, 0)
-        take = idx[free & (self.strikes[idx] >= self.config.stray_patience)]
-        self.remaining[take], self.strikes[take] = self.config.takeover_steps, 0
+        if self.config.criterion == "stall":
+            take = idx[free & (self.idle[idx] >= self.config.stall_steps)]
+        else:
+            self.strikes[idx] = np.where(free & (self.stray(proposal, idx) > self.config.stray_threshold),
+                                         self.strikes[idx] + 1, 0)
+            take = idx[free & (self.strikes[idx] >= self.config.stray_patience)]
+        self.remaining[take], self.strikes[take], self.idle[take] = self.config.takeover_steps, 0, 0
         self.takeovers += len(take)
         return self.remaining[idx] > 0
 
     def act(self) -> np.ndarray:
         return self.action
+
+    def observe(self, action: np.ndarray, operated: np.ndarray, next_obs: dict[str, Any], reward: np.ndarray,
+                terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+        progress = reward > self.best + self.config.stall_margin  # risen by the margin since the last progress
+        self.best = np.where(progress, reward, self.best).astype(np.float32)
+        self.succeeded |= np.asarray(info["success"], bool)  # nobody steps in once the task is done
+        self.idle = np.where(progress | operated | self.succeeded, 0, self.idle + 1)
+        super().observe(action, operated, next_obs, reward, terminated, truncated, info)
 
     def handled(self, operated: np.ndarray) -> None:
         self.remaining[operated] -= 1
@@ -330,17 +381,23 @@ class ExpertOperator(Watch):
         for i in np.nonzero(new_episode)[0]:
             self.expert.reset_env(int(i))
         self.strikes[new_episode], self.remaining[new_episode] = 0, 0
+        self.best[new_episode], self.idle[new_episode], self.succeeded[new_episode] = -np.inf, 0, False
         self.action = np.asarray(self.expert.act(self.obs), np.float32)
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "expert": numpy_state(self.expert), "strikes": torch.from_numpy(self.strikes),
-                "remaining": torch.from_numpy(self.remaining), "action": torch.from_numpy(self.action)}
+                "remaining": torch.from_numpy(self.remaining), "action": torch.from_numpy(self.action),
+                "best": torch.from_numpy(self.best), "idle": torch.from_numpy(self.idle),
+                "succeeded": torch.from_numpy(self.succeeded)}
 
     def load(self, state: dict[str, Any]) -> None:
         super().load(state)
         load_numpy_state(self.expert, state["expert"])
         self.strikes, self.remaining = state["strikes"].numpy().copy(), state["remaining"].numpy().copy()
         self.action = state["action"].numpy().copy()
+        if "best" in state:  # a run saved before the stall criterion existed tracked no progress
+            self.best, self.idle = state["best"].numpy().copy(), state["idle"].numpy().copy()
+            self.succeeded = state["succeeded"].numpy().copy()
 
 
 class DeviceOperator(Watch):
@@ -438,7 +495,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
 
         def demo_bc() -> tuple[torch.Tensor, dict[str, float]]:
             """The flow-matching BC loss on the demo buffer's windows."""
-            loss = policy.compute_loss(demos.sample(config.bc_batch_size, rng))
+            loss = policy.compute_loss(demos.sample(config.bc_batch_size, rng, config.operator_fraction))
             return config.bc_weight * loss, {"loss/demo_bc": loss.item()}
 
         log = RunLog(run_dir)
@@ -462,6 +519,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                 bar.update(n * horizon)
                 recent = tally.success[-100:]
                 row = {"hil/intervention_rate": rate, "hil/takeovers": takeovers, "hil/demo_steps": demos.steps,
+                       "hil/operator_steps": demos.operator_steps,
                        "hil/operated_decisions": float(data["operated"].float().mean())}
                 if now // config.log_every != before // config.log_every or it + 1 == iterations:
                     trained_s = clock.trained()

@@ -86,6 +86,29 @@ def test_interventions_are_recorded_and_the_bc_loss_learns_from_them(bc_flow: Pa
     assert len(SequenceSampler.from_store(store, SequenceConfig(2, 8))) == 960
 
 
+def test_operator_fraction_draws_that_share_of_each_batch_from_the_operators_stretches() -> None:
+    """1,000 seeded demo steps (action 0) against one 16-step operator stretch (action 1): uniform windows hardly
+    see the stretch; with operator_fraction 0.5 exactly half of every batch comes from it; with no stretch yet the
+    share falls back to the seeded demos."""
+    buffer = DemoBuffer(("state",), (), SequenceConfig(2, 8))
+    seeded = {"state": np.zeros((1000, 3), np.float32), "action": np.zeros((1000, 2), np.float32)}
+    buffer.add(seeded, np.ones(1000, bool), operator=False)
+    rng = np.random.default_rng(0)
+    assert buffer.sample(64, rng, 0.5)["action"].max() == 0.0 and buffer.operator_steps == 0
+    stretch = np.zeros(40, bool)
+    stretch[10:26] = True
+    buffer.add({"state": np.ones((40, 3), np.float32), "action": np.ones((40, 2), np.float32)}, stretch)
+    assert buffer.steps == 1016 and buffer.operator_steps == 16
+    uniform = np.mean([buffer.sample(64, rng)["obs"]["state"][:, -1, 0].mean() for _ in range(20)])
+    assert uniform < 0.05, uniform
+    for _ in range(5):
+        batch = buffer.sample(64, rng, 0.5)
+        now = batch["obs"]["state"][:, -1, 0]  # the window's current step: 1 in the stretch
+        assert now.sum() == 32 and (batch["action"][now == 1] == 1).all()
+    with pytest.raises(ValueError, match=r"HilConfig.operator_fraction: expected a share in \[0, 1\], got 1.5"):
+        HilConfig(operator_fraction=1.5)
+
+
 def test_the_criterion_takes_over_a_straying_policy_and_never_the_expert_itself(tmp_path: Path) -> None:
     """The expert operator's criterion on a real Reach vector env: proposals equal to its own actions never stray;
     a policy that proposes to stand still strays at every decision (the expert moves at full speed far from the
@@ -114,6 +137,43 @@ def test_the_criterion_takes_over_a_straying_policy_and_never_the_expert_itself(
         else:  # decisions 0 and 1 stray, the expert takes over at decision 1 (step 4) for 6 steps and hands back
             assert not first[0].any() and first[1].all() and rate == 6 / 10, (first, rate)
             assert not op.wants().any()
+    store.close()
+    env.close()
+
+
+def test_the_stall_criterion_takes_over_a_stuck_policy_and_leaves_a_progressing_one(tmp_path: Path) -> None:
+    """criterion="stall" on a real Reach vector env: a policy that stands still makes no progress after its first
+    step and is taken over at the first decision once `stall_steps` steps have passed without it, then handed back
+    with the count restarted; the expert driving itself progresses (or has succeeded) and is never taken over."""
+    env = make("Reach", num_envs=6, seed=0)
+    store = EpisodeStore.create(tmp_path / "s.zarr", env.task_spec)
+    cfg = HilConfig(num_envs=6, criterion="stall", stall_steps=8, stall_margin=0.01, takeover_steps=6)
+    for driver, expected in (("expert", 0), ("still", 6)):
+        op = ExpertOperator(env.task.expert(noise=0.0, seed=0), np.ones(3, np.float32), cfg,
+                            Recorder(store, 6, DemoBuffer(("state",), (), SequenceConfig())), 6)
+        op.start(env.reset(seed=0)[0])
+        operated, first = np.zeros(6, bool), []
+        for step in range(20):
+            policy = op.act() if driver == "expert" else np.zeros((6, 3), np.float32)
+            if step % 4 == 0:
+                operated = op.decide(np.arange(6), policy)
+                first.append(operated.copy())
+            action = np.where(operated[:, None], op.act(), policy).astype(np.float32)
+            obs, reward, terminated, truncated, info = env.step(action)
+            op.observe(action, operated.copy(), obs, reward, terminated, truncated, info)
+            operated &= op.wants()
+        rate, takeovers = op.rate()
+        assert takeovers == expected, (driver, takeovers)
+        if driver == "expert":
+            assert rate == 0.0 and not np.any(first)
+        else:  # idle 7 before decision 2 (step 8), 11 before decision 3 (step 12): taken over for steps 12-17, then
+            # handed back with the count restarted (no second take-over by step 19)
+            assert not np.any(first[:3]) and first[3].all() and first[4].all() and rate == 6 / 20, (first, rate)
+            assert not op.wants().any() and (op.idle <= 2).all(), op.idle  # (momentum may still progress)
+    with pytest.raises(ValueError, match=r"HilConfig.criterion: expected 'stray' or 'stall', got 'bored'"):
+        HilConfig(criterion="bored")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"HilConfig.stall_steps: expected >= 1, got 0"):
+        HilConfig(stall_steps=0)
     store.close()
     env.close()
 
