@@ -9,6 +9,7 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,6 +110,28 @@ def test_operator_fraction_draws_that_share_of_each_batch_from_the_operators_str
         HilConfig(operator_fraction=1.5)
 
 
+def drive_with_operator(env: Any, cfg: HilConfig, store: EpisodeStore, driver: str,
+                        steps: int) -> tuple[ExpertOperator, list[np.ndarray], float, int]:
+    """A real 6-env Reach run of `steps` steps under the expert operator, the policy being the expert itself or
+    one that stands still, deciding every 4 steps: (the operator, who was operated at each decision, the
+    intervention rate, the take-overs)."""
+    op = ExpertOperator(env.task.expert(noise=0.0, seed=0), np.ones(3, np.float32), cfg,
+                        Recorder(store, 6, DemoBuffer(("state",), (), SequenceConfig())), 6)
+    op.start(env.reset(seed=0)[0])
+    operated, first = np.zeros(6, bool), []
+    for step in range(steps):
+        policy = op.act() if driver == "expert" else np.zeros((6, 3), np.float32)
+        if step % 4 == 0:
+            operated = op.decide(np.arange(6), policy)
+            first.append(operated.copy())
+        action = np.where(operated[:, None], op.act(), policy).astype(np.float32)
+        obs, reward, terminated, truncated, info = env.step(action)
+        op.observe(action, operated.copy(), obs, reward, terminated, truncated, info)
+        operated &= op.wants()
+    rate, takeovers = op.rate()
+    return op, first, rate, takeovers
+
+
 def test_the_criterion_takes_over_a_straying_policy_and_never_the_expert_itself(tmp_path: Path) -> None:
     """The expert operator's criterion on a real Reach vector env: proposals equal to its own actions never stray;
     a policy that proposes to stand still strays at every decision (the expert moves at full speed far from the
@@ -116,23 +139,10 @@ def test_the_criterion_takes_over_a_straying_policy_and_never_the_expert_itself(
     env = make("Reach", num_envs=6, seed=0)
     store = EpisodeStore.create(tmp_path / "s.zarr", env.task_spec)
     cfg = HilConfig(num_envs=6, stray_threshold=0.5, stray_patience=2, takeover_steps=6)
-    for proposer, expected in (("expert", 0), ("still", 6)):
-        op = ExpertOperator(env.task.expert(noise=0.0, seed=0), np.ones(3, np.float32), cfg,
-                            Recorder(store, 6, DemoBuffer(("state",), (), SequenceConfig())), 6)
-        op.start(env.reset(seed=0)[0])
-        operated, first = np.zeros(6, bool), []
-        for step in range(10):
-            if step % 4 == 0:
-                proposal = op.act() if proposer == "expert" else np.zeros((6, 3), np.float32)
-                operated = op.decide(np.arange(6), proposal)
-                first.append(operated.copy())
-            action = np.where(operated[:, None], op.act(), 0.0).astype(np.float32)
-            obs, reward, terminated, truncated, info = env.step(action)
-            op.observe(action, operated.copy(), obs, reward, terminated, truncated, info)
-            operated &= op.wants()
-        rate, takeovers = op.rate()
+    for driver, expected in (("expert", 0), ("still", 6)):
+        op, first, rate, takeovers = drive_with_operator(env, cfg, store, driver, 10)
         assert takeovers == expected
-        if proposer == "expert":
+        if driver == "expert":
             assert rate == 0.0 and not np.any(first)
         else:  # decisions 0 and 1 stray, the expert takes over at decision 1 (step 4) for 6 steps and hands back
             assert not first[0].any() and first[1].all() and rate == 6 / 10, (first, rate)
@@ -149,20 +159,7 @@ def test_the_stall_criterion_takes_over_a_stuck_policy_and_leaves_a_progressing_
     store = EpisodeStore.create(tmp_path / "s.zarr", env.task_spec)
     cfg = HilConfig(num_envs=6, criterion="stall", stall_steps=8, stall_margin=0.01, takeover_steps=6)
     for driver, expected in (("expert", 0), ("still", 6)):
-        op = ExpertOperator(env.task.expert(noise=0.0, seed=0), np.ones(3, np.float32), cfg,
-                            Recorder(store, 6, DemoBuffer(("state",), (), SequenceConfig())), 6)
-        op.start(env.reset(seed=0)[0])
-        operated, first = np.zeros(6, bool), []
-        for step in range(20):
-            policy = op.act() if driver == "expert" else np.zeros((6, 3), np.float32)
-            if step % 4 == 0:
-                operated = op.decide(np.arange(6), policy)
-                first.append(operated.copy())
-            action = np.where(operated[:, None], op.act(), policy).astype(np.float32)
-            obs, reward, terminated, truncated, info = env.step(action)
-            op.observe(action, operated.copy(), obs, reward, terminated, truncated, info)
-            operated &= op.wants()
-        rate, takeovers = op.rate()
+        op, first, rate, takeovers = drive_with_operator(env, cfg, store, driver, 20)
         assert takeovers == expected, (driver, takeovers)
         if driver == "expert":
             assert rate == 0.0 and not np.any(first)
