@@ -6,6 +6,7 @@ For a flow checkpoint, on the held-out seeds, the same process and the same epis
   sampled          success with x_0 ~ N(0, I), as the policy is evaluated and deployed (the baseline row)
   zero             success with x_0 = 0: the ODE from the noise's mean (for a policy whose modes the noise picks,
                    the average of its chunks)
+  scale            for each of `scales`, success with x_0 ~ N(0, scale^2 I): a sampling temperature between the two
   near_misses      for a task whose state has a `coverage` field (PushT), the peak coverage of every failed
                    episode of the sampled row: how close the failures came
   x0_signal        from `states` mid-episode states (reached by the policy itself), `candidates` draws of the
@@ -47,6 +48,8 @@ class NoiseUseConfig:
     horizon: int = 160
     gamma: float = 0.99
     seed: int = 0
+    scales: tuple[float, ...] = ()
+    """noise scales (temperatures) to evaluate beside 1 (sampled) and 0 (zero)"""
 
 
 def chunks(policy: Any, frames: dict[str, np.ndarray], x0: torch.Tensor | None = None) -> np.ndarray:
@@ -64,12 +67,15 @@ def chunks(policy: Any, frames: dict[str, np.ndarray], x0: torch.Tensor | None =
 
 def success_rows(policy: Any, config: NoiseUseConfig) -> list[dict[str, Any]]:
     sampled = evaluate_policy(policy, config.episodes, config.num_envs, execute=config.execute)
-    zero = load_flow_policy(config.policy, None)
-    zero.noise = lambda batch, device: torch.zeros(batch, zero.horizon, zero.action_dim, device=device)  # type: ignore[method-assign]
-    zeroed = evaluate_policy(zero, config.episodes, config.num_envs, execute=config.execute)
-    return [{"row": "sampled", "success": sampled.success_rate, "episodes": len(sampled.success)},
-            {"row": "zero", "success": zeroed.success_rate, "episodes": len(zeroed.success),
-             "vs_sampled": zeroed.success_rate - sampled.success_rate}]
+    rows = [{"row": "sampled", "success": sampled.success_rate, "episodes": len(sampled.success)}]
+    for scale in (0.0, *config.scales):
+        scaled = load_flow_policy(config.policy, None)
+        scaled.noise = lambda batch, device, s=scale, p=scaled: s * torch.randn(  # type: ignore[method-assign]
+            batch, p.horizon, p.action_dim, device=device)
+        stats = evaluate_policy(scaled, config.episodes, config.num_envs, execute=config.execute)
+        rows.append({"row": "zero" if scale == 0.0 else "scale", "scale": scale, "success": stats.success_rate,
+                     "episodes": len(stats.success), "vs_sampled": stats.success_rate - sampled.success_rate})
+    return rows
 
 
 def near_misses(policy: Any, config: NoiseUseConfig) -> dict[str, Any] | None:

@@ -131,17 +131,20 @@ def test_pg_snr_bench_compares_the_gradients_with_shuffled_advantages(bc_flow: P
 
 
 def test_flow_noise_use_bench_compares_sampled_and_zero_noise(bc_flow: Path) -> None:
-    """bench/flow_noise_use.py on a CI budget: the sampled and zero-noise rows on the same episodes, no near-miss
+    """bench/flow_noise_use.py on a CI budget: the sampled, zero- and scaled-noise rows on the same episodes (scale 1
+    repeats the sampled row exactly), no near-miss
     row for a task without coverage, and one x_0-signal row per start state with finite variances."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import flow_noise_use
 
     rows = flow_noise_use.main(flow_noise_use.NoiseUseConfig(policy=bc_flow, episodes=8, num_envs=8, execute=4,
-                                                             states=2, candidates=2, repeats=2, horizon=16))
-    assert [r["row"] for r in rows] == ["sampled", "zero", "x0_signal"]
-    assert rows[0]["episodes"] == rows[1]["episodes"] == 8
+                                                             states=2, candidates=2, repeats=2, horizon=16,
+                                                             scales=(1.0,)))
+    assert [r["row"] for r in rows] == ["sampled", "zero", "scale", "x0_signal"]
+    assert rows[0]["episodes"] == rows[1]["episodes"] == rows[2]["episodes"] == 8
     assert math.isclose(rows[1]["vs_sampled"], rows[1]["success"] - rows[0]["success"])
-    states = rows[2]["states"]
+    assert rows[2]["success"] == rows[0]["success"]  # scale 1 draws the sampled row's noise: the same episodes
+    states = rows[3]["states"]
     assert len(states) == 2 and all(math.isfinite(x["signal_var"]) and x["noise_var"] >= 0 for x in states)
 
 
