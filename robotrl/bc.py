@@ -146,15 +146,13 @@ def train(config: BCConfig) -> BCResult:
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         if ema is not None:
-            ema.model.load_state_dict(state["ema"])
-            ema.step = state["ema_step"]
+            ema.load(state)
         set_rng_state(state["rng"], rng)
         start = state["step"]
 
     def checkpoint(step: int) -> None:
         save_train_state(state_path, step=step, policy=policy.state_dict(), optimizer=optimizer.state_dict(),
-                         schedule=schedule.state_dict(), ema=ema.model.state_dict() if ema else {},
-                         ema_step=ema.step if ema else 0, rng=rng_state(rng))
+                         schedule=schedule.state_dict(), **(ema.state() if ema else {}), rng=rng_state(rng))
         (ema.model if ema else policy).save(run_dir / "checkpoint")
 
     log = RunLog(run_dir)

@@ -329,18 +329,15 @@ def train(config: DistillConfig) -> DistillResult:
         student.load_state_dict(state["policy"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
-        target.model.load_state_dict(state["target"])
-        target.step = state["target_step"]
+        target.load(state, "target")
         if ema is not None:
-            ema.model.load_state_dict(state["ema"])
-            ema.step = state["ema_step"]
+            ema.load(state)
         set_rng_state(state["rng"], rng)
         start, gap_init = state["step"], state["gap_init"]
 
     def checkpoint(step: int) -> None:
         save_train_state(state_path, step=step, policy=student.state_dict(), optimizer=optimizer.state_dict(),
-                         schedule=schedule.state_dict(), target=target.model.state_dict(), target_step=target.step,
-                         ema=ema.model.state_dict() if ema else {}, ema_step=ema.step if ema else 0,
+                         schedule=schedule.state_dict(), **target.state("target"), **(ema.state() if ema else {}),
                          rng=rng_state(rng), gap_init=gap_init)
         (ema.model if ema else student).save(run_dir / "checkpoint")
 

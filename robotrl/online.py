@@ -752,15 +752,14 @@ class OnlineStart:
             self.ema.update(self.policy)
 
     def ema_state(self) -> dict[str, Any]:
-        return {} if self.ema is None else {"ema": self.ema.model.state_dict(), "ema_step": self.ema.step}
+        return {} if self.ema is None else self.ema.state()
 
     def load_ema(self, state: dict[str, Any]) -> None:
         if self.ema is not None:
             if "ema" not in state:
                 raise ValueError(f"OnlineConfig.ema: the run in {self.run_dir} was started without an average of "
                                  f"its weights (ema 0); resume it with ema 0, got {self.ema.max_decay}")
-            self.ema.model.load_state_dict(state["ema"])
-            self.ema.step = int(state["ema_step"])
+            self.ema.load(state)
 
 
 def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:

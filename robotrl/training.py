@@ -78,6 +78,15 @@ class EMA:
             ema_b.copy_(b)
         self.step += 1
 
+    def state(self, name: str = "ema") -> dict[str, Any]:
+        """The average and its step for a train state, under `name` and `{name}_step`."""
+        return {name: self.model.state_dict(), f"{name}_step": self.step}
+
+    def load(self, state: dict[str, Any], name: str = "ema") -> None:
+        """Back to what `state(name)` saved."""
+        self.model.load_state_dict(state[name])
+        self.step = int(state[f"{name}_step"])
+
 
 def cosine_lr(step: int, total: int, warmup: int) -> float:
     """Multiplier of the base learning rate: linear warm-up, then a cosine decay to zero at `total`."""
