@@ -172,7 +172,7 @@ class DemoBuffer:
         self.parts: list[dict[str, np.ndarray]] = []
         self.operated: list[bool] = []
         self.text: dict[str, list[str]] = {k: [] for k in text_keys}
-        self.samplers: dict[float, Any] = {}
+        self.samplers: dict[float, SequenceSampler | MixedSampler] = {}
 
     @property
     def steps(self) -> int:
@@ -200,14 +200,13 @@ class DemoBuffer:
     def sample(self, batch: int, rng: np.random.Generator, operator_fraction: float = 0.0) -> dict[str, Any]:
         """Windows of every part alike, or `operator_fraction` of them from the operator's stretches (the rest from
         the seeded demos) when there are both."""
-        mine = [i for i, op in enumerate(self.operated) if op]
-        seeded = [i for i, op in enumerate(self.operated) if not op]
-        fraction = operator_fraction if mine and seeded else 0.0
-        if fraction not in self.samplers:  # rebuilt when stretches were added (once per iteration at most)
-            everything = list(range(len(self.parts)))
-            self.samplers[fraction] = self.sampler(everything) if fraction == 0.0 else \
-                MixedSampler([self.sampler(seeded), self.sampler(mine)], [1.0 - fraction, fraction])
-        return self.samplers[fraction].sample(batch, rng)
+        if operator_fraction not in self.samplers:  # rebuilt when stretches were added (once per iteration at most)
+            mine = [i for i, op in enumerate(self.operated) if op]
+            seeded = [i for i, op in enumerate(self.operated) if not op]
+            self.samplers[operator_fraction] = (
+                MixedSampler([self.sampler(seeded), self.sampler(mine)], [1.0 - operator_fraction, operator_fraction])
+                if operator_fraction > 0 and mine and seeded else self.sampler(list(range(len(self.parts)))))
+        return self.samplers[operator_fraction].sample(batch, rng)
 
 
 class Recorder:
