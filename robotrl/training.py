@@ -72,8 +72,9 @@ class EMA:
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         d = self.decay()
-        for ema, p in zip(self.model.parameters(), model.parameters()):
-            ema.mul_(d).add_(p.detach(), alpha=1 - d)
+        averages, weights = list(self.model.parameters()), [p.detach() for p in model.parameters()]
+        torch._foreach_mul_(averages, d)  # one fused kernel per dtype and device, not two per tensor (GPU runs)
+        torch._foreach_add_(averages, weights, alpha=1 - d)
         for ema_b, b in zip(self.model.buffers(), model.buffers()):
             ema_b.copy_(b)
         self.step += 1
@@ -306,13 +307,32 @@ def finish_iterations(config: RunOptions, log: RunLog, evaluate: Any, weights: P
 
 
 def rng_state(rng: np.random.Generator) -> dict[str, Any]:
-    """The torch and numpy-generator states a run draws from (plain ints and a tensor: no pickle needed)."""
-    return {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
+    """The torch and numpy-generator states a run draws from (plain ints and tensors: no pickle needed); with
+    the GPUs' generators where a run on a GPU drew from them."""
+    state = {"torch": torch.get_rng_state(), "numpy": rng.bit_generator.state}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict[str, Any], rng: np.random.Generator) -> None:
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
     rng.bit_generator.state = state["numpy"]
+
+
+def check_device(device: str, field: str) -> None:
+    """A config's torch device, refused at construction (not hours into a run) where this machine has none."""
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(f"{field}: expected a torch device such as 'cpu' or 'cuda', got {device!r}") from error
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{field}: expected a device this machine has, got {device!r} (torch sees no CUDA GPU: "
+                         f"a CPU build of torch, or no driver)")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"{field}: expected a GPU index below {torch.cuda.device_count()}, got {device!r}")
 
 
 def save_train_state(path: Path, **state: Any) -> None:
@@ -324,7 +344,9 @@ def save_train_state(path: Path, **state: Any) -> None:
 
 
 def load_train_state(path: Path) -> dict[str, Any]:
-    return torch.load(path, weights_only=True)  # tensors and plain containers only: nothing is unpickled
+    # tensors and plain containers only: nothing is unpickled; onto the CPU, whatever device wrote them (a GPU run
+    # resumes on a machine without one; load_state_dict moves each tensor to its module's device)
+    return torch.load(path, weights_only=True, map_location="cpu")
 
 
 def save_run_state(path: Path, step: int, agent: nn.Module, optimizers: dict[str, torch.optim.Optimizer],

@@ -91,6 +91,17 @@ def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
     assert train(small(mixed, tmp_path / "filtered", steps=5, success_only=True)).checkpoint.exists()
 
 
+def test_a_device_this_machine_lacks_is_refused_at_construction(reach_demos: Path, tmp_path: Path) -> None:
+    """`--device cuda` on a machine without a GPU fails before the store is opened, naming the field."""
+    with pytest.raises(ValueError, match=r"BCConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu0'"):
+        small(reach_demos, tmp_path / "run", device="gpu0")
+    missing = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(ValueError, match=rf"BCConfig.device: expected a (device this machine has|GPU index below \d+), "
+                                         rf"got '{missing}'"):
+        small(reach_demos, tmp_path / "run", device=missing)
+    assert not (tmp_path / "run").exists()
+
+
 def test_diffusion_trains_and_round_trips(reach_demos: Path, tmp_path: Path) -> None:
     result = train(small(reach_demos, tmp_path / "diff", policy="diffusion", steps=30))
     policy = load(result.checkpoint)
