@@ -131,9 +131,15 @@ class PipelineConfig:
     """skip the stages already finished in run_dir"""
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"
+    """torch device of the BC stage ("cuda"): PushT's flow policy reaches 98% with a batch a GPU trains in minutes
+    and this machine's cores in hours (bench/RESULTS.md); the other stages run on the CPU"""
     progress: bool = True
 
     def __post_init__(self) -> None:
+        from robotrl.training import check_device  # torch: imported when a pipeline is configured, not with the CLI
+
+        check_device(self.device, "PipelineConfig.device")
         if self.preset not in PRESETS:
             raise ValueError(f"PipelineConfig.preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
         if self.offline_extraction not in ("ppo", "awr"):
@@ -203,7 +209,7 @@ def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Pat
     result = train(BCConfig(store=run_dir / "demos.zarr", policy=policy_kind(config), steps=budget.bc_steps,
                             batch_size=budget.bc_batch, channels=budget.bc_channels, lr=budget.bc_lr,
                             execute=config.execute, warmup=min(500, budget.bc_steps // 10), eval_episodes=0,
-                            run_dir=run_dir / "bc", seed=config.seed, threads=config.threads,
+                            run_dir=run_dir / "bc", seed=config.seed, threads=config.threads, device=config.device,
                             progress=config.progress, checkpoint_every=max(1, budget.bc_steps // 4)))
     return result.checkpoint, 0, {"final_loss": result.final_loss}
 

@@ -139,6 +139,8 @@ def test_bad_config_names_the_field():
         PipelineConfig(bc_steps=0)
     with pytest.raises(ValueError, match=r"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got 'dpo'"):
         PipelineConfig(offline_extraction="dpo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"PipelineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"):
+        PipelineConfig(device="gpu")
     with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: expected >= 0 or None .*got nan"):
         PipelineConfig(demo_noise=float("nan"))
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
