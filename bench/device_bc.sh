@@ -7,21 +7,14 @@
 # at either batch). $OUT gets runs.jsonl (one line per run), stderr.txt, and policies.tar.* (every run's policy,
 # config and metrics, split in 15 MB parts: the device returns files of at most 16 MiB; `cat policies.tar.* | tar
 # x` joins them).
-# Carry .whl (robotrl's dependencies the device image lacks: see bench/device_flow_rl.sh; brax, jaxopt,
-# mujoco_mjx, ml_collections and trimesh are not needed here).
+# Carry .whl (bench/device_env.sh; brax, jaxopt, mujoco_mjx, ml_collections and trimesh are not needed here).
 set -uo pipefail
 OUT=${OUT:-/tmp/robotrl-device-bc}
 mkdir -p "$OUT"
 BC_SECONDS=${BC_SECONDS:-270}
 DEMOS=${DEMOS:-200 800}  # the first store, and the episodes added for the second
-PYTHON=${PYTHON:-python3}
-if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-"$PYTHON" -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/robotrl-site . || exit 1
-export PYTHONPATH=/tmp/robotrl-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+source bench/device_env.sh
+export OMP_NUM_THREADS=1
 # from / : python -c puts the working directory first on sys.path, and the repo's robotrl/ folder is not the package
 robotrl() { (cd / && "$PYTHON" -c 'import sys; from robotrl.cli import main; sys.argv[0] = "robotrl"; main()' "$@"); }
 W=$(mktemp -d /tmp/device-bc.XXXX)

@@ -7,21 +7,13 @@
 #   POLICY       the BC flow checkpoint every run starts from (carry it, e.g. .runs/pp-bc/policy)
 #   BC_SUCCESS   its success on the same held-out episodes (measured once elsewhere: `bench/flow_rl.py --runs`)
 #   METHODS, SEEDS, SECONDS_PER_RUN and any extra arguments (passed to every process) set the grid and budget.
-# The device image lacks a few of robotrl's dependencies: they travel as Python 3.12 wheels in .whl/ (see
-# bench/gpu_ppo.sh for the download command; this bench also needs tyro==1.0.17 docstring_parser==0.18.0
-# typeguard==4.6.1 lz4==4.4.5 cffi==2.1.1 pycparser==3.12 backports.zstd==1.8.0).
+# The device image lacks a few of robotrl's dependencies: carry .whl (bench/device_env.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/robotrl-flow-rl}
 mkdir -p "$OUT"
-PYTHON=${PYTHON:-python3}
-if [ -d .whl ] && [ -z "${NO_WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-  export PYTHONPATH=/tmp/site
-fi
-"$PYTHON" -m pip install -q --no-deps --no-index --no-build-isolation --upgrade --target /tmp/robotrl-site . || exit 1
+source bench/device_env.sh
 nproc | tee "$OUT/nproc.txt"
-export PYTHONPATH=/tmp/robotrl-site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=1
 RUNS=$(mktemp -d /tmp/flow-rl-runs.XXXX)
 mkdir -p "$RUNS"
 for method in ${METHODS:-denoising_mdp flow_sde flow_noise}; do
