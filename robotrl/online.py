@@ -740,6 +740,8 @@ class OnlineStart:
     windows: Windows
     tally: Tally
     ema: EMA | None
+    config_name: str
+    """the run's config class (OnlineConfig, HilConfig): what its errors name"""
 
     @property
     def kept(self) -> FlowPolicy:
@@ -757,7 +759,7 @@ class OnlineStart:
     def load_ema(self, state: dict[str, Any]) -> None:
         if self.ema is not None:
             if "ema" not in state:
-                raise ValueError(f"OnlineConfig.ema: the run in {self.run_dir} was started without an average of "
+                raise ValueError(f"{self.config_name}.ema: the run in {self.run_dir} was started without an average of "
                                  f"its weights (ema 0); resume it with ema 0, got {self.ema.max_decay}")
             self.ema.load(state)
 
@@ -778,7 +780,7 @@ def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
     return OnlineStart(policy, run_dir, state_path, rng, reference, env, agent, optimizer, constant,
                        math.ceil(config.total_steps / (config.num_envs * config.rollout_steps)),
                        Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs),
-                       EMA(policy, config.ema, warmup=False) if config.ema > 0 else None)
+                       EMA(policy, config.ema, warmup=False) if config.ema > 0 else None, name)
 
 
 def train(config: OnlineConfig) -> RLResult:

@@ -219,6 +219,8 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
     train(once)
     with pytest.raises(FileExistsError, match=r"HilConfig.run_dir: .*once already holds a run"):
         train(once)
+    with pytest.raises(ValueError, match=r"HilConfig.ema: the run in .*once was started without an average"):
+        train(replace(once, resume=True, ema=0.5))
 
 
 def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_first_train_state,
