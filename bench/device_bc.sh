@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# PushT BC on the device's GPU in one call (~9 minutes: run it with timeout_s 600): the scripted expert's demos recorded on its CPU cores
-# (200 episodes at noise 0.5 exactly as dev-2c's nominal2.zarr, plus ~800 more from other seeds), then three
-# `bench/gpu_bc.py` processes side by side on the one GPU, each `robotrl train bc --device cuda` fitted to
-# BC_SECONDS and evaluated on 500 held-out seeds: the 200-demo store and the ~1,000-demo store at batch 256 and
-# lr 1e-4, and the ~1,000-demo store at batch 1024 and lr 2e-4 (a small U-Net's step on a GPU costs about the same
-# at either batch). $OUT gets runs.jsonl (one line per run), stderr.txt, and policies.tar.* (every run's policy,
-# config and metrics, split in 15 MB parts: the device returns files of at most 16 MiB; `cat policies.tar.* | tar
-# x` joins them).
+# PushT BC on the device's GPU in one call (~8 minutes: run it with timeout_s 600): the scripted expert's demos
+# recorded on its CPU cores (200 episodes at noise 0.5 exactly as dev-2c's nominal2.zarr, plus ~800 more from other
+# seeds), then three `bench/gpu_bc.py` processes side by side on the one GPU, each `robotrl train bc --device cuda`
+# fitted to BC_SECONDS and evaluated on 500 held-out seeds: the 200-demo store and the ~1,000-demo store at batch 256
+# and lr 1e-4, and the ~1,000-demo store at batch 1024 and lr 2e-4 (a small U-Net's step on a GPU costs about the
+# same at either batch). $OUT gets runs.jsonl (one line per run), stderr.txt, and policies.tar.* (every run's policy,
+# config and metrics, split in 15 MB parts: the device returns files of at most 16 MiB; `cat policies.tar.* | tar x`
+# joins them).
 # Carry .whl (bench/device_env.sh; brax, jaxopt, mujoco_mjx, ml_collections and trimesh are not needed here).
 set -uo pipefail
 OUT=${OUT:-/tmp/robotrl-device-bc}

@@ -4,7 +4,7 @@ PushT's flow policy, where this machine's one core gave 93% after two hours (22,
 One process per store: a short probe of the training step on the device (`probe_steps`, after `warmup_steps`)
 sets the step count that fits `seconds` (rounded down to thousands, at most `max_steps`), then `robotrl train bc
 --device cuda --steps N` runs as a user would run it, and its EMA policy is evaluated on `episodes` held-out seeds
-(the policy on the GPU, the envs in CPU threads). Two processes on one GPU each probe while the other trains, so
+(the policy on the GPU, the envs in CPU threads). Processes started together on one GPU probe it together, so
 each budget counts the sharing. Prints one JSON line; `bench/device_bc.sh` runs the device call.
 
     python bench/gpu_bc.py --store demos.zarr --run-dir runs/gpu-bc --seconds 270
