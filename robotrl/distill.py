@@ -46,7 +46,7 @@ from robotrl.evaluate import ROLLOUT_SEED, not_worse, rollout
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
 from robotrl.training import (
-    EMA, RunLog, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
+    EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
     set_rng_state,
 )
 
@@ -105,9 +105,13 @@ class DistillConfig:
     """end this invocation after this many steps in all (the LR schedule still spans `steps`); resume later"""
     seed: int = 0
     threads: int = 2
+    device: str = "cpu"
+    """torch device of the teacher and the student ("cuda"): the student, like its teacher, learns from the samples
+    it sees, which a GPU's large batches give in minutes; evaluation and the saved weights are the same either way"""
     progress: bool = True
 
     def __post_init__(self) -> None:
+        check_device(self.device, "DistillConfig.device")
         for name in ("steps", "batch_size", "checkpoint_every", "log_every", "gap_batch", "threads",
                      "dagger_episodes"):
             if getattr(self, name) < 1:
@@ -153,8 +157,8 @@ class DistillResult:
     """`gate_episodes`: the start's and the distilled student's success on the gate's episodes, which was kept"""
 
 
-def load_teacher(path: Path) -> Policy:
-    teacher = load(path)
+def load_teacher(path: Path, device: str = "cpu") -> Policy:
+    teacher = load(path, device=device)
     if teacher.name not in TEACHERS:
         raise ValueError(f"distill: teacher {path} is a {teacher.name!r} policy; expected one of {TEACHERS}")
     return teacher.requires_grad_(False).eval()
@@ -182,7 +186,8 @@ class TeacherGap:
         windows = sampler.sample(batch, np.random.default_rng(seed + 1))
         self.obs = student.normalize_obs(windows["obs"])
         generator = torch.Generator().manual_seed(seed + 1)
-        self.noise = torch.randn(batch, student.noise_rows, student.action_dim, generator=generator)
+        self.noise = torch.randn(batch, student.noise_rows, student.action_dim, generator=generator).to(
+            next(student.parameters()).device)
         self.reference = student.teacher_chunk(teacher, self.noise, self.obs)
 
     @torch.no_grad()
@@ -294,7 +299,7 @@ def train(config: DistillConfig) -> DistillResult:
     torch.set_num_threads(config.threads)
 
     # teacher and data
-    teacher = load_teacher(config.teacher)
+    teacher = load_teacher(config.teacher, config.device)
     store = EpisodeStore.open(config.store)
     store.check_spec(teacher.spec, that=f"teacher {config.teacher}")
     tc = teacher.config
@@ -314,7 +319,7 @@ def train(config: DistillConfig) -> DistillResult:
     torch.manual_seed(config.seed)
 
     # student (the teacher's architecture and weights), optimizer, schedule, target network, EMA
-    student = student_for(teacher, config.teacher_steps, channels=config.channels)
+    student = student_for(teacher, config.teacher_steps, channels=config.channels).to(config.device)
     start_policy = copy.deepcopy(student).eval() if config.gate_episodes else None
     gap = TeacherGap(student, teacher, sampler, config.gap_batch, config.seed)
     optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)

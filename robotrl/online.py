@@ -76,6 +76,7 @@ from robotrl.training import (
     RunLog,
     RunOptions,
     TrainClock,
+    check_device,
     check_finite_weights,
     finish_iterations,
     load_run_state,
@@ -169,9 +170,14 @@ class OnlineConfig(RunOptions):
     reward_classifier: Path | None = None
     """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward and success in
     training (a robot's env gives none); evaluation still reports the task's own success"""
+    device: str = "cpu"
+    """torch device of the policy, value and noise networks ("cuda"): the envs step on the CPU; a GPU runs the chain's
+    sampling and the PPO update over a large rollout's thousands of decisions, which PushT's gradient needs (~6,400
+    for a signal-to-noise ratio of 1, bench/RESULTS.md)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check_device(self.device, f"{type(self).__name__}.device")
         self.policy = Path(self.policy)
         if self.reward_classifier is not None:
             self.reward_classifier = Path(self.reward_classifier)
@@ -594,19 +600,19 @@ def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
         if len(cut):
             final = policy.normalize_obs(windows.final(info["final_obs"], cut))
             with torch.no_grad():
-                reward[current[cut]] += disc[cut] * agent.value(final).numpy()
+                reward[current[cut]] += disc[cut] * agent.value(final).cpu().numpy()
         done[current[ended]] = 1.0
         windows.advance(next_obs, ended)
         cursor[ended] = execute
         tally.step(raw_reward, info["success"], ended)
     with torch.no_grad():
-        last_value = agent.value(policy.normalize_obs(windows.frames)).numpy()
+        last_value = agent.value(policy.normalize_obs(windows.frames)).cpu().numpy()
     out = {"obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
            "chain": torch.cat(taken["chain"]), "logp": torch.cat(taken["logp"]), "value": torch.cat(taken["value"]),
            "env": np.concatenate(taken["env"]), "reward": reward[:count], "discount": discount[:count],
            "done": done[:count], "last_value": last_value}
     if operator is not None:
-        out["operated"] = torch.from_numpy(np.concatenate(operated_taken))
+        out["operated"] = torch.from_numpy(np.concatenate(operated_taken)).to(out["value"].device)
     return out
 
 
@@ -627,19 +633,21 @@ def semi_mdp_gae(reward: np.ndarray, discount: np.ndarray, done: np.ndarray, val
 
 def collect(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: int, config: OnlineConfig,
             tally: Tally, operator: Operator | None = None) -> dict[str, Any]:
-    """A rollout (`rollout`) with its decisions' GAE advantages (`adv`) and value targets (`ret`)."""
+    """A rollout (`rollout`) with its decisions' GAE advantages (`adv`) and value targets (`ret`), on the agent's
+    device."""
     data = rollout(agent, env, windows, steps, execute, config.gamma, tally, operator)
-    value = data["value"].numpy()
+    device = data["value"].device
+    value = data["value"].cpu().numpy()
     adv = semi_mdp_gae(data["reward"], data["discount"], data["done"], value, data["env"], data["last_value"],
                        config.gae_lambda)
-    data.update(adv=torch.from_numpy(adv).float(), ret=torch.from_numpy(adv + value).float())
+    data.update(adv=torch.from_numpy(adv).float().to(device), ret=torch.from_numpy(adv + value).float().to(device))
     return data
 
 
 def explained_variance(data: dict[str, Any]) -> float:
     """1 - Var(return - value) / Var(return) over a rollout's decisions: how much of the returns the value network
     (as it was during the rollout) already predicts; near 0 or below, the advantages are mostly its error."""
-    ret, value = data["ret"].numpy(), data["value"].numpy()
+    ret, value = data["ret"].cpu().numpy(), data["value"].cpu().numpy()
     return 1.0 - float(np.var(ret - value) / max(float(np.var(ret)), 1e-12))
 
 
@@ -704,7 +712,7 @@ def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, act
     count, sums = len(data["adv"]), {}
     keys = [k for k in ("chain", "logp", "value", "adv", "ret", "operated") if k in data]
     for _ in range(config.epochs):
-        order = torch.from_numpy(rng.permutation(count))
+        order = torch.from_numpy(rng.permutation(count)).to(data["adv"].device)
         for lo in range(0, count, config.minibatch_size):
             mb = order[lo:lo + config.minibatch_size]
             batch = {k: data[k][mb] for k in keys}
@@ -772,9 +780,9 @@ def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
     run_dir, state_path, rng = start_run(config, algorithm, policy.spec.task, holds="train_state.pt")
     reference = None
     if config.bc_coef > 0:
-        reference = load_flow_policy(config.policy, config.denoise_steps).requires_grad_(False)
+        reference = load_flow_policy(config.policy, config.denoise_steps).requires_grad_(False).to(config.device)
     env = training_env(policy, config)
-    agent = FlowAgent(policy, config, policy.config.steps)  # a learning rate per network
+    agent = FlowAgent(policy, config, policy.config.steps).to(config.device)  # a learning rate per network
     optimizer, constant = make_optimizer(agent, config)
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
     return OnlineStart(policy, run_dir, state_path, rng, reference, env, agent, optimizer, constant,

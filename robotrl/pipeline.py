@@ -132,8 +132,9 @@ class PipelineConfig:
     seed: int = 0
     threads: int = 2
     device: str = "cpu"
-    """torch device of the BC stage ("cuda"): PushT's flow policy reaches 98% with a batch a GPU trains in minutes
-    and this machine's cores in hours (bench/RESULTS.md); the other stages run on the CPU"""
+    """torch device of the BC, online and distill stages ("cuda"; the envs step on the CPU either way): PushT's flow
+    policy reaches 98% with a batch a GPU trains in minutes and this machine's cores in hours (bench/RESULTS.md);
+    the offline stage runs on the CPU"""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -238,7 +239,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
     common: dict[str, Any] = {
         "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
         "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
-        "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "progress": config.progress}
+        "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
+        "progress": config.progress}
     if config.interventions:
         from robotrl.hil import HilConfig
         from robotrl.hil import train as train_hil
@@ -301,8 +303,8 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
                                  dagger_episodes=budget.distill_dagger_episodes,
                                  gate_episodes=budget.distill_gate_episodes, eval_episodes=0,
                                  eval_envs=budget.eval_envs, execute=config.execute, run_dir=run_dir / "distill",
-                                 seed=config.seed, threads=config.threads, progress=config.progress,
-                                 checkpoint_every=max(1, budget.distill_steps // 2)))
+                                 seed=config.seed, threads=config.threads, device=config.device,
+                                 progress=config.progress, checkpoint_every=max(1, budget.distill_steps // 2)))
     return result.checkpoint, result.dagger_env_steps, {"teacher_gap": result.teacher_gap, "store": str(store),
                                                         "dagger_pairs": result.dagger_pairs, "gate": result.gate}
 

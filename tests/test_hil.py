@@ -201,7 +201,8 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
             ({"bc_weight": -1.0}, r"HilConfig.bc_weight: expected >= 0, got -1.0"),
             ({"method": "latent"}, r"HilConfig.method: 'latent' freezes the flow network"),
             ({"method": "residual"}, r"HilConfig.method: 'residual' freezes the flow network"),
-            ({"num_envs": 0}, r"HilConfig.num_envs: expected >= 1, got 0")):
+            ({"num_envs": 0}, r"HilConfig.num_envs: expected >= 1, got 0"),
+            ({"device": "cuda:x"}, r"HilConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'cuda:x'")):
         with pytest.raises(ValueError, match=message):
             small(bc_flow, tmp_path, **overrides)
     device = ScriptedDevice(make("Reach", num_envs=1).task)

@@ -520,7 +520,10 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
               r"for flow_noise, got 0.6")),
             ({"gamma": 0.0}, r"OnlineConfig.gamma / gae_lambda: expected \(0, 1\] and \[0, 1\], got 0.0, 0.9"),
             ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1"),
-            ({"ema": 1.0}, r"OnlineConfig.ema: expected a decay in \[0, 1\), got 1.0")):
+            ({"ema": 1.0}, r"OnlineConfig.ema: expected a decay in \[0, 1\), got 1.0"),
+            ({"device": "gpu"}, r"OnlineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"),
+            ({"device": f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"},
+             r"OnlineConfig.device: expected a (device this machine has|GPU index below)")):
         with pytest.raises(ValueError, match=message):
             small(bc_flow, tmp_path, **overrides)
     with pytest.raises(ValueError, match=r"OnlineConfig.resume: needs run_dir"):

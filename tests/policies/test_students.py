@@ -413,6 +413,10 @@ def test_distill_refuses_a_mismatched_store_or_teacher(teacher_dir: Path, store:
         distill(small(student, store, tmp_path / "run2"))
     with pytest.raises(FileNotFoundError, match="train_state.pt"):
         distill(small(teacher_dir, store, tmp_path / "run3", resume=True))
+    # a device this machine lacks fails at construction, before the teacher is loaded, naming the field
+    missing = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(ValueError, match=r"DistillConfig.device: expected a (device this machine has|GPU index below)"):
+        small(teacher_dir, store, tmp_path / "run4", device=missing)
 
 
 @pytest.mark.slow
