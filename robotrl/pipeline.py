@@ -68,6 +68,7 @@ class Budget:
     online_gate_episodes: int
     """training-seed episodes on which the online policy must not lose to its start to be handed on"""
     distill_steps: int
+    distill_batch: int
     distill_dagger_rounds: int
     distill_dagger_episodes: int
     distill_gate_episodes: int
@@ -80,20 +81,24 @@ PRESETS: dict[str, Budget] = {
     "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), bc_lr=1e-4,
                     offline_iterations=1, offline_critic_steps=50, offline_updates=2, offline_awr_steps=10,
                     offline_rollout_episodes=2, online_steps=512, online_envs=4, online_rollout_steps=64,
-                    online_gate_episodes=2, distill_steps=20, distill_dagger_rounds=1, distill_dagger_episodes=2,
-                    distill_gate_episodes=2,
+                    online_gate_episodes=2, distill_steps=20, distill_batch=16, distill_dagger_rounds=1,
+                    distill_dagger_episodes=2, distill_gate_episodes=2,
                     eval_episodes=4, eval_envs=4),
     "default": Budget(demo_episodes=200, bc_steps=8_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
                       offline_iterations=1, offline_critic_steps=2_000, offline_updates=10, offline_awr_steps=600,
                       offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
-                      online_gate_episodes=30, distill_steps=1_000, distill_dagger_rounds=1, distill_dagger_episodes=25,
-                      distill_gate_episodes=50, eval_episodes=50, eval_envs=25),
+                      online_gate_episodes=30, distill_steps=1_000, distill_batch=64, distill_dagger_rounds=1,
+                      distill_dagger_episodes=25, distill_gate_episodes=50, eval_episodes=50, eval_envs=25),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
                    offline_rollout_episodes=50, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
-                   online_gate_episodes=200, distill_steps=5_000, distill_dagger_rounds=3, distill_dagger_episodes=100,
-                   distill_gate_episodes=200, eval_episodes=500, eval_envs=50),
+                   online_gate_episodes=200, distill_steps=5_000, distill_batch=64, distill_dagger_rounds=3,
+                   distill_dagger_episodes=100, distill_gate_episodes=200, eval_episodes=500, eval_envs=50),
 }
+
+
+#: PipelineConfig's numeric fields that override its preset's Budget field of the same name
+OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "online_steps", "distill_steps", "eval_episodes")
 
 
 @dataclass
@@ -119,6 +124,12 @@ class PipelineConfig:
     student of 22k BC steps: 72.5% against 23%, bench/RESULTS.md)"""
     demo_episodes: int | None = None
     bc_steps: int | None = None
+    bc_batch: int | None = None
+    bc_lr: float | None = None
+    bc_channels: tuple[int, ...] | None = None
+    """the flow policy's U-Net widths. PushT's state flow policy reached 97.2% over 500 held-out seeds on one CPU core
+    in ~55 minutes with `--bc-steps 10000 --bc-batch 256 --bc-lr 1e-3 --bc-channels 32 64 128` (the full preset's
+    BC: 92% in ~2 hours; bench/RESULTS.md)"""
     online_steps: int | None = None
     distill_steps: int | None = None
     eval_episodes: int | None = None
@@ -146,10 +157,12 @@ class PipelineConfig:
         if self.offline_extraction not in ("ppo", "awr"):
             raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
                              f"{self.offline_extraction!r}")
-        for name in ("demo_episodes", "bc_steps", "online_steps", "distill_steps", "eval_episodes"):
+        for name in (*OVERRIDES, "bc_channels"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"PipelineConfig.{name}: expected >= 1, got {value}")
+            if name == "bc_channels" and value is not None:
+                value = min(value, default=0)
+            if value is not None and not value > 0:
+                raise ValueError(f"PipelineConfig.{name}: expected > 0, got {getattr(self, name)}")
         if self.demo_noise is not None and not self.demo_noise >= 0.0:
             raise ValueError(f"PipelineConfig.demo_noise: expected >= 0 or None (the task's), got {self.demo_noise}")
         for name in ("execute", "threads"):
@@ -161,8 +174,9 @@ class PipelineConfig:
             self.run_dir = Path(self.run_dir)
 
     def budget(self) -> Budget:
-        overrides = {k: v for k in ("demo_episodes", "bc_steps", "online_steps", "distill_steps", "eval_episodes")
-                     if (v := getattr(self, k)) is not None}
+        overrides = {k: v for k in (*OVERRIDES, "bc_channels") if (v := getattr(self, k)) is not None}
+        if "bc_channels" in overrides:
+            overrides["bc_channels"] = tuple(overrides["bc_channels"])
         return dataclasses.replace(PRESETS[self.preset], **overrides)
 
 
@@ -299,7 +313,7 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     store = distill_store(run_dir)
     result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=store,
                                  steps=budget.distill_steps, warmup=min(200, budget.distill_steps // 10),
-                                 batch_size=budget.bc_batch, dagger_rounds=budget.distill_dagger_rounds,
+                                 batch_size=budget.distill_batch, dagger_rounds=budget.distill_dagger_rounds,
                                  dagger_episodes=budget.distill_dagger_episodes,
                                  gate_episodes=budget.distill_gate_episodes, eval_episodes=0,
                                  eval_envs=budget.eval_envs, execute=config.execute, run_dir=run_dir / "distill",

@@ -135,8 +135,12 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match=r"PipelineConfig.preset: expected one of .*got 'huge'"):
         PipelineConfig(preset="huge")
-    with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: expected >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: expected > 0, got 0"):
         PipelineConfig(bc_steps=0)
+    with pytest.raises(ValueError, match=r"PipelineConfig.bc_lr: expected > 0, got -0.001"):
+        PipelineConfig(bc_lr=-1e-3)
+    with pytest.raises(ValueError, match=r"PipelineConfig.bc_channels: expected > 0, got \(32, 0, 128\)"):
+        PipelineConfig(bc_channels=(32, 0, 128))
     with pytest.raises(ValueError, match=r"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got 'dpo'"):
         PipelineConfig(offline_extraction="dpo")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PipelineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"):
@@ -144,6 +148,9 @@ def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: expected >= 0 or None .*got nan"):
         PipelineConfig(demo_noise=float("nan"))
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
+    # the BC recipe that took PushT to 97% on one core: the BC stage's options, the distillation's batch unchanged
+    budget = PipelineConfig(preset="full", bc_batch=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
+    assert (budget.bc_batch, budget.bc_lr, budget.bc_channels, budget.distill_batch) == (256, 1e-3, (32, 64, 128), 64)
 
 
 @pytest.mark.parametrize("policy, images", [("flow", False), ("vla", True)])
