@@ -157,12 +157,14 @@ class PipelineConfig:
         if self.offline_extraction not in ("ppo", "awr"):
             raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
                              f"{self.offline_extraction!r}")
-        for name in (*OVERRIDES, "bc_channels"):
+        for name in OVERRIDES:
             value = getattr(self, name)
-            if name == "bc_channels" and value is not None:
-                value = min(value, default=0)
             if value is not None and not value > 0:
-                raise ValueError(f"PipelineConfig.{name}: expected > 0, got {getattr(self, name)}")
+                raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
+        if self.bc_channels is not None:
+            self.bc_channels = tuple(self.bc_channels)
+            if not self.bc_channels or min(self.bc_channels) < 1:
+                raise ValueError(f"PipelineConfig.bc_channels: expected > 0, got {self.bc_channels}")
         if self.demo_noise is not None and not self.demo_noise >= 0.0:
             raise ValueError(f"PipelineConfig.demo_noise: expected >= 0 or None (the task's), got {self.demo_noise}")
         for name in ("execute", "threads"):
@@ -175,8 +177,6 @@ class PipelineConfig:
 
     def budget(self) -> Budget:
         overrides = {k: v for k in (*OVERRIDES, "bc_channels") if (v := getattr(self, k)) is not None}
-        if "bc_channels" in overrides:
-            overrides["bc_channels"] = tuple(overrides["bc_channels"])
         return dataclasses.replace(PRESETS[self.preset], **overrides)
 
 
