@@ -167,6 +167,9 @@ class OnlineConfig(RunOptions):
     residual_bound: float = 0.3
     """residual: the correction stays in [-bound, bound] per chunk element (normalized action units)"""
     reward_type: Literal["dense", "sparse"] = "dense"
+    dense_scale: float = 1.0
+    """the dense reward below success is multiplied by this in training (success stays 1): PushT's shaping scores
+    a near miss at ~0.96 of a success, so with 1.0 the return barely tells them apart"""
     reward_classifier: Path | None = None
     """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward and success in
     training (a robot's env gives none); evaluation still reports the task's own success"""
@@ -217,6 +220,8 @@ class OnlineConfig(RunOptions):
             raise ValueError(f"{name}.advantage_floor: expected a finite number or None, got {self.advantage_floor}")
         if not 0.0 <= self.ema < 1.0:
             raise ValueError(f"{name}.ema: expected a decay in [0, 1), got {self.ema}")
+        if not 0.0 < self.dense_scale <= 1.0:
+            raise ValueError(f"{name}.dense_scale: expected (0, 1], got {self.dense_scale}")
         for field in ("critic_warmup", "bc_coef", "value_coef"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
@@ -550,12 +555,13 @@ class Operator(Protocol):
 
 
 def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: int, gamma: float,
-            tally: Tally, operator: Operator | None = None) -> dict[str, Any]:
+            tally: Tally, operator: Operator | None = None, dense_scale: float = 1.0) -> dict[str, Any]:
     """`steps` env steps in every env. A decision starts when an env's chunk is used up or its episode begins, and
     every env starts afresh at the first step (a decision never spans two rollouts). Per decision, in the order
     they were taken: the normalized window, the chain and its transitions' log-densities, the value, the env, the
     discounted reward of its k steps (a time-limit cut bootstrapped from the final window's value), gamma^k,
-    whether its episode ended; and the value of every env's window after the last step.
+    whether its episode ended; and the value of every env's window after the last step. Rewards below success are
+    scaled by `dense_scale` (the tally keeps the env's own).
 
     With an `operator`, each decision is the policy's or the operator's (`operated`: its actions came from the
     operator, step by step, so `ppo_loss` keeps it out of the ratio; its rewards still count in the returns), and
@@ -592,7 +598,7 @@ def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
         if operator is not None:
             operator.observe(action, operated.copy(), next_obs, raw_reward, terminated, truncated, info)
         cursor += 1
-        reward[current] += disc * raw_reward
+        reward[current] += disc * np.where(info["success"], raw_reward, dense_scale * raw_reward)
         disc *= gamma
         discount[current] = disc
         ended = terminated | truncated
@@ -635,7 +641,7 @@ def collect(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
             tally: Tally, operator: Operator | None = None) -> dict[str, Any]:
     """A rollout (`rollout`) with its decisions' GAE advantages (`adv`) and value targets (`ret`), on the agent's
     device."""
-    data = rollout(agent, env, windows, steps, execute, config.gamma, tally, operator)
+    data = rollout(agent, env, windows, steps, execute, config.gamma, tally, operator, config.dense_scale)
     device = data["value"].device
     value = data["value"].cpu().numpy()
     adv = semi_mdp_gae(data["reward"], data["discount"], data["done"], value, data["env"], data["last_value"],

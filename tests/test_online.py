@@ -32,6 +32,8 @@ from robotrl.online import (
     flow_sde_step,
     load_flow_policy,
     ppo_loss,
+    Tally,
+    rollout,
     semi_mdp_gae,
     train,
 )
@@ -336,6 +338,27 @@ def test_executed_likelihood_scores_only_the_actions_the_env_runs(bc_flow: Path)
         OnlineConfig(policy=bc_flow, likelihood="all")  # type: ignore[arg-type]
 
 
+def test_dense_scale_scales_only_the_rewards_below_success(bc_flow: Path) -> None:
+    """--dense-scale: the same rollout (same chains, same envs) earns a decision exactly `scale` of its dense reward
+    where no step of it succeeded, more where one did (success stays 1); the tally keeps the env's reward."""
+    config = OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5, execute=4)
+    policy = load_flow_policy(bc_flow, 5)
+    agent = FlowAgent(policy, config, 5)
+
+    def run(scale: float) -> tuple[np.ndarray, Tally]:
+        torch.manual_seed(0)
+        env, windows, tally = make("Reach", num_envs=8, seed=3), Windows(("state",), policy.obs_horizon), Tally(8)
+        windows.start(env.reset(seed=3)[0])
+        data = rollout(agent, env, windows, 48, 4, 0.95, tally, dense_scale=scale)
+        return data["reward"], tally
+
+    (full, tally_full), (scaled, tally_scaled) = run(1.0), run(0.25)
+    ratio = scaled / full
+    assert np.all((ratio > 0.25 - 1e-9) & (ratio < 1 + 1e-9))
+    assert np.isclose(ratio, 0.25).any() and (ratio > 0.3).any()  # decisions without and with a success
+    np.testing.assert_array_equal(tally_full.ret, tally_scaled.ret)
+
+
 def gaussian_velocity(mean: float, std: float):
     """The exact rectified-flow velocity E[x1 - x0 | x_t = x] when x1 ~ N(mean, std^2) per element."""
     def v(x: torch.Tensor, t: float) -> torch.Tensor:
@@ -520,6 +543,7 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
               r"for flow_noise, got 0.6")),
             ({"gamma": 0.0}, r"OnlineConfig.gamma / gae_lambda: expected \(0, 1\] and \[0, 1\], got 0.0, 0.9"),
             ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1"),
+            ({"dense_scale": 0.0}, r"OnlineConfig.dense_scale: expected \(0, 1\], got 0.0"),
             ({"ema": 1.0}, r"OnlineConfig.ema: expected a decay in \[0, 1\), got 1.0"),
             ({"device": "gpu"}, r"OnlineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"),
             ({"device": f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"},
