@@ -157,7 +157,8 @@ class OnlineConfig(RunOptions):
     from 79% BC it fell more slowly than the plain update but still fell (bench/RESULTS.md)"""
     bc_coef: float = 0.0
     """weight of ||v - v_start||^2, the velocity's distance to the starting policy's at the chain's points. On PushT
-    from a 79% BC policy the unanchored update fell to 6% in 102k env steps; 1.0 held it at 80% (bench/RESULTS.md)"""
+    from a 79% BC policy the unanchored update fell to 6% in 102k env steps; 1.0 held it at 80%, and from a 53% one
+    raised it to 62% (bench/RESULTS.md)"""
     value_hidden: tuple[int, ...] = (256, 256)
     noise_hidden: tuple[int, ...] = (128, 128)
     """flow_noise: the noise network's hidden widths; latent / residual: the noise prior's / the residual's (a
@@ -169,7 +170,9 @@ class OnlineConfig(RunOptions):
     reward_type: Literal["dense", "sparse"] = "dense"
     dense_scale: float = 1.0
     """the dense reward below success is multiplied by this in training (success stays 1): PushT's shaping scores
-    a near miss at ~0.96 of a success, so with 1.0 the return barely tells them apart"""
+    a near miss at ~0.96 of a success, so with 1.0 the return barely tells them apart. On PushT from a 55% BC
+    policy, 0.1 fell to 5.5% in 51,200 env steps (1.0: 58%); with `advantage_floor` 0, to 47% (bench/RESULTS.md):
+    the rarer the high-return decisions, the more of the update pushes the chain away from its own samples"""
     reward_classifier: Path | None = None
     """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward and success in
     training (a robot's env gives none); evaluation still reports the task's own success"""
