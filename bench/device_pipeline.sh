@@ -72,7 +72,8 @@ timeout "$STAGE_SECONDS" "$W/robotrl" train hil --policy "$BC" --demos "$DEMOS" 
   --run-dir "$W/hil" --no-progress >"$W/hil.log" 2>&1 &
 timeout "$STAGE_SECONDS" "$W/robotrl" distill --teacher "$BC" --store "$DEMOS" --steps "$DISTILL_STEPS" \
   --batch-size "$DISTILL_BATCH" --dagger-rounds 2 --dagger-episodes "$DAGGER_EPISODES" \
-  --gate-episodes "$GATE_EPISODES" --eval-episodes "$EPISODES" --eval-envs "$ENVS" --device "$DEVICE" --threads 4 --run-dir "$W/distill" --no-progress >"$W/distill.log" 2>&1
+  --gate-episodes "$GATE_EPISODES" --eval-episodes "$EPISODES" --eval-envs "$ENVS" --device "$DEVICE" --threads 4 \
+  --run-dir "$W/distill" --no-progress >"$W/distill.log" 2>&1
 mark "distill done (rc $?)"
 wait
 mark "hil done"

@@ -28,11 +28,11 @@ from robotrl.evaluate import evaluate_policy
 from robotrl.online import (
     FlowAgent,
     OnlineConfig,
+    Tally,
     Windows,
     flow_sde_step,
     load_flow_policy,
     ppo_loss,
-    Tally,
     rollout,
     semi_mdp_gae,
     train,
