@@ -3,8 +3,9 @@
 # --device cuda` (every torch stage on the GPU at a tiny budget: the GPU paths of `train hil` and `distill`, which
 # dev-2c cannot run), then from 1,032 PushT demos BC on the GPU at bench/device_bc.sh's 98% recipe (batch 1,024, lr
 # 2e-4), and from its policy, side by side, the online stage with the scripted operator (`train hil --device cuda`)
-# and the one-step distillation (`distill --device cuda` at batch DISTILL_BATCH: the student's share of the samples
-# a GPU gives), each evaluated on the 500 held-out seeds; last the student's ONNX export, evaluated alike.
+# (with the sixteenth session's velocity anchor, --bc-coef 1.0) and the one-step distillation (`distill --device cuda`
+# at batch DISTILL_BATCH: the student's share of the samples a GPU gives), each evaluated on the 500 held-out seeds;
+# last the student's ONNX export, evaluated alike.
 #   DEMOS          a PushT store to carry and use; by default the call records bench/device_bc.sh's 1,032 demos
 #                  (200 from seed 0 with 8 envs, 832 from seed 1 with 64, noise 0.5) on the device's cores while
 #                  the smoke run goes (the store is ~60 MB: too large to carry beside the wheels; DEMO_EPISODES
@@ -67,9 +68,9 @@ result bc
 BC="$W/bc/policy"
 [ -d "$BC" ] || BC="$W/bc/checkpoint"
 timeout "$STAGE_SECONDS" "$W/robotrl" train hil --policy "$BC" --demos "$DEMOS" --method flow_sde --num-envs 16 \
-  --rollout-steps 160 --total-steps "$HIL_STEPS" --ema 0.8 --lr 3e-5 --critic-warmup 1000 --criterion stall \
-  --operator-fraction 0.5 --device "$DEVICE" --threads 4 --eval-episodes "$EPISODES" --eval-envs "$ENVS" \
-  --run-dir "$W/hil" --no-progress >"$W/hil.log" 2>&1 &
+  --rollout-steps 160 --total-steps "$HIL_STEPS" --ema 0.8 --lr 3e-5 --bc-coef 1.0 --critic-warmup 1000 \
+  --criterion stall --operator-fraction 0.5 --device "$DEVICE" --threads 4 --eval-episodes "$EPISODES" \
+  --eval-envs "$ENVS" --run-dir "$W/hil" --no-progress >"$W/hil.log" 2>&1 &
 timeout "$STAGE_SECONDS" "$W/robotrl" distill --teacher "$BC" --store "$DEMOS" --steps "$DISTILL_STEPS" \
   --batch-size "$DISTILL_BATCH" --dagger-rounds 2 --dagger-episodes "$DAGGER_EPISODES" \
   --gate-episodes "$GATE_EPISODES" --eval-episodes "$EPISODES" --eval-envs "$ENVS" --device "$DEVICE" --threads 4 \
