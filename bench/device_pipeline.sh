@@ -11,24 +11,27 @@
 #                  the smoke run goes (the store is ~60 MB: too large to carry beside the wheels; DEMO_EPISODES
 #                  "200 832" sets the two counts)
 #   BC_STEPS, BC_BATCH, DISTILL_STEPS, DISTILL_BATCH, DAGGER_EPISODES, GATE_EPISODES, HIL_STEPS, EPISODES (held-out),
-#   ENVS and STAGE_SECONDS (each stage's time limit) set the budget.
+#   ENVS and STAGE_SECONDS (each stage's time limit) set the budget. EPISODES is 0 by default: the first call
+#   (2026-11-26, bench/RESULTS.md) spent BC's time limit on its 500-episode evaluation and distill's on training, so
+#   the device now only trains and the returned policies are evaluated on dev-2c (`robotrl eval --policy P
+#   --episodes 500 --num-envs 25`); EPISODES > 0 evaluates there too, and the ONNX export of the student.
 # $OUT gets stages.jsonl (each command's result.json or evaluation line), timing.txt, stderr.txt and policies.tar.*
-# (the BC, online and one-step policies in 15 MB parts; `cat policies.tar.* | tar x` joins them). Carry .whl
-# (bench/device_env.sh), and DEMOS where set. Dry run on dev-2c: NO_WHEELS=1 PYTHON=$PWD/.venv/bin/python
-# DEVICE=cpu with small budgets and batches.
+# (the BC, online and one-step policies in 15 MB parts, a stage's checkpoint where its time ran out; `cat
+# policies.tar.* | tar x` joins them). Carry .whl (bench/device_env.sh), and DEMOS where set. Dry run on dev-2c:
+# NO_WHEELS=1 PYTHON=$PWD/.venv/bin/python DEVICE=cpu with small budgets and batches.
 set -uo pipefail
 OUT=${OUT:-/tmp/robotrl-device-pipeline}
 mkdir -p "$OUT"
 DEVICE=${DEVICE:-cuda}
 BC_STEPS=${BC_STEPS:-6000}
 BC_BATCH=${BC_BATCH:-1024}
-DISTILL_STEPS=${DISTILL_STEPS:-4000}
+DISTILL_STEPS=${DISTILL_STEPS:-3500}
 DISTILL_BATCH=${DISTILL_BATCH:-1024}
 HIL_STEPS=${HIL_STEPS:-102400}
-STAGE_SECONDS=${STAGE_SECONDS:-200}  # smoke and demos ~2 min, BC, then hil beside distill: ~9 min with the install
+STAGE_SECONDS=${STAGE_SECONDS:-240}  # demos ~2 min, BC ~3 (6,000 steps), hil ~2 beside distill ~4 (3,500): ~9.5 min
 DAGGER_EPISODES=${DAGGER_EPISODES:-50}
 GATE_EPISODES=${GATE_EPISODES:-100}
-EPISODES=${EPISODES:-500}
+EPISODES=${EPISODES:-0}
 ENVS=${ENVS:-250}
 source bench/device_env.sh
 export OMP_NUM_THREADS=1
@@ -80,7 +83,7 @@ wait
 mark "hil done"
 result hil
 result distill
-if [ -d "$W/distill/policy" ]; then
+if [ -d "$W/distill/policy" ] && [ "$EPISODES" -gt 0 ]; then
   robotrl export --policy "$W/distill/policy" --format onnx >"$W/export.log" 2>&1
   robotrl eval --policy "$W/distill/policy-onnx" --episodes "$EPISODES" --num-envs "$ENVS" 2>>"$W/export.log" \
     | tail -n 1 | sed 's/^{/{"stage": "onnx", /' >>"$OUT/stages.jsonl"
@@ -90,7 +93,9 @@ tail -n 25 "$W"/*.log >"$OUT/stderr.txt"
 keep=()
 # at most 8 files of 16 MiB come back: three policies of ~17 MB in four parts, beside the three text files
 [ -d "$W/bc/policy" ] && keep+=(bc/policy) || { [ -d "$W/bc/checkpoint" ] && keep+=(bc/checkpoint); }
-for p in hil/policy distill/policy; do [ -d "$W/$p" ] && keep+=("$p"); done
+for p in hil distill; do
+  [ -d "$W/$p/policy" ] && keep+=("$p/policy") || { [ -d "$W/$p/checkpoint" ] && keep+=("$p/checkpoint"); }
+done
 for f in bc/metrics.jsonl hil/metrics.jsonl distill/metrics.jsonl smoke/summary.md; do [ -f "$W/$f" ] && keep+=("$f"); done
 (cd "$W" && tar cf - "${keep[@]}") | split -b 15000000 - "$OUT/policies.tar."
 cat "$OUT/timing.txt" "$OUT/stages.jsonl"
