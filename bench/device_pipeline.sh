@@ -11,10 +11,10 @@
 #                  the smoke run goes (the store is ~60 MB: too large to carry beside the wheels; DEMO_EPISODES
 #                  "200 832" sets the two counts)
 #   BC_STEPS, BC_BATCH, DISTILL_STEPS, DISTILL_BATCH, DAGGER_EPISODES, GATE_EPISODES, HIL_STEPS, EPISODES (held-out),
-#   ENVS and STAGE_SECONDS (each stage's time limit) set the budget. EPISODES is 0 by default: the first call
-#   (2026-11-26, bench/RESULTS.md) spent BC's time limit on its 500-episode evaluation and distill's on training, so
-#   the device now only trains and the returned policies are evaluated on dev-2c (`robotrl eval --policy P
-#   --episodes 500 --num-envs 25`); EPISODES > 0 evaluates there too, and the ONNX export of the student.
+#   ENVS and STAGE_SECONDS (each stage's time limit) set the budget. BC_EPISODES (BC's own evaluation) is 0 by
+#   default: the first call (2026-11-26, bench/RESULTS.md) spent BC's 200 s on 6,000 steps and lost its evaluation
+#   (500 episodes take ~20 s there), and distill's on training; BC's policy comes back and is evaluated on dev-2c
+#   (`robotrl eval --policy bc/policy --episodes 500 --num-envs 25`).
 # $OUT gets stages.jsonl (each command's result.json or evaluation line), timing.txt, stderr.txt and policies.tar.*
 # (the BC, online and one-step policies in 15 MB parts, a stage's checkpoint where its time ran out; `cat
 # policies.tar.* | tar x` joins them). Carry .whl (bench/device_env.sh), and DEMOS where set. Dry run on dev-2c:
@@ -28,10 +28,11 @@ BC_BATCH=${BC_BATCH:-1024}
 DISTILL_STEPS=${DISTILL_STEPS:-3500}
 DISTILL_BATCH=${DISTILL_BATCH:-1024}
 HIL_STEPS=${HIL_STEPS:-102400}
-STAGE_SECONDS=${STAGE_SECONDS:-240}  # demos ~2 min, BC ~3 (6,000 steps), hil ~2 beside distill ~4 (3,500): ~9.5 min
+STAGE_SECONDS=${STAGE_SECONDS:-240}  # demos 2 min, BC 3.3 (6,000 steps), hil 2.3 beside distill 3.8: ~9.5 min
 DAGGER_EPISODES=${DAGGER_EPISODES:-50}
 GATE_EPISODES=${GATE_EPISODES:-100}
-EPISODES=${EPISODES:-0}
+EPISODES=${EPISODES:-500}
+BC_EPISODES=${BC_EPISODES:-0}
 ENVS=${ENVS:-250}
 source bench/device_env.sh
 export OMP_NUM_THREADS=1
@@ -64,7 +65,7 @@ timeout 120 "$W/robotrl" run --task Reach --preset smoke --device "$DEVICE" --ru
 wait
 mark "demos ready"
 timeout "$STAGE_SECONDS" "$W/robotrl" train bc --store "$DEMOS" --policy flow --success-only --device "$DEVICE" \
-  --steps "$BC_STEPS" --batch-size "$BC_BATCH" --lr 2e-4 --eval-episodes "$EPISODES" --eval-envs "$ENVS" \
+  --steps "$BC_STEPS" --batch-size "$BC_BATCH" --lr 2e-4 --eval-episodes "$BC_EPISODES" --eval-envs "$ENVS" \
   --checkpoint-every 1000 --run-dir "$W/bc" --no-progress >"$W/bc.log" 2>&1
 mark "bc done (rc $?)"
 result bc
