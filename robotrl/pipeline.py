@@ -131,12 +131,13 @@ class PipelineConfig:
     core in ~55 minutes with `--bc-steps 10000 --bc-batch 256 --bc-lr 1e-3 --bc-channels 32 64 128` (the full
     preset's BC: 92% in ~2 hours; bench/RESULTS.md)"""
     online_steps: int | None = None
-    online_lr: float | None = None
-    """the online stage's learning rate; default: its command's (`train hil` 3e-4, `train online` 3e-5). On PushT
-    hil's 3e-4 took a 55% BC policy to 38% where 3e-5 held it (bench/RESULTS.md)"""
-    online_bc_coef: float = 0.0
-    """the online stage's velocity anchor (`train online|hil --bc-coef`): from a half-trained PushT BC policy, 1.0 at
-    lr 3e-5 raised it from 52.6% to 62% over 500 seeds; PickPlace's +30 points were measured without it"""
+    online_lr: float = 3e-5
+    """the online stage's learning rate (`train hil`'s own default, 3e-4, is for its operator's BC loss: with it a
+    55% PushT policy fell to 38%; bench/RESULTS.md)"""
+    online_bc_coef: float = 1.0
+    """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update). With it at lr 3e-5,
+    153,600 env steps: PickPlace 49.2% -> 61.0% over 500 held-out seeds, PushT level (52.4% -> 51.8%), where the
+    unanchored stage at 3e-4 had taken PushT from 64% to 28% (bench/RESULTS.md)"""
     distill_steps: int | None = None
     eval_episodes: int | None = None
     """held-out episodes each stage is evaluated on (the issue's table: 500)"""
@@ -167,8 +168,8 @@ class PipelineConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
-        if self.online_lr is not None and not self.online_lr > 0:
-            raise ValueError(f"PipelineConfig.online_lr: expected > 0 or None (the stage's), got {self.online_lr}")
+        if not self.online_lr > 0:
+            raise ValueError(f"PipelineConfig.online_lr: expected > 0, got {self.online_lr}")
         if not 0.0 <= self.online_bc_coef < float("inf"):
             raise ValueError(f"PipelineConfig.online_bc_coef: expected >= 0, got {self.online_bc_coef}")
         if self.bc_channels is not None:
@@ -264,9 +265,7 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
         "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
         "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
-        "progress": config.progress, "bc_coef": config.online_bc_coef}
-    if config.online_lr is not None:
-        common["lr"] = config.online_lr
+        "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef}
     if config.interventions:
         from robotrl.hil import HilConfig
         from robotrl.hil import train as train_hil
