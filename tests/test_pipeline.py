@@ -134,6 +134,25 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
     assert (tmp_path / "online" / "rejected_policy" / "model.safetensors").exists()
 
 
+def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reach_bc_flow, tmp_path):
+    """`--no-interventions`: plain online RL, still PPO over the Flow-SDE chain with the velocity anchor (a method
+    that freezes the network would leave the anchor nothing to hold), gated like the operator's stage."""
+    import dataclasses
+    import shutil
+
+    from robotrl.pipeline import PRESETS, stage_online
+
+    shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
+    budget = dataclasses.replace(PRESETS["smoke"], online_steps=256, online_envs=2, online_rollout_steps=64)
+    config = PipelineConfig(task="Reach", execute=4, run_dir=tmp_path, interventions=False, threads=1,
+                            progress=False)
+    weights, steps, extra = stage_online(config, budget, tmp_path)
+    online = json.loads((tmp_path / "online" / "config.json").read_text())
+    assert (online["method"], online["lr"], online["bc_coef"]) == ("flow_sde", 3e-5, 1.0)
+    assert steps >= 256 and extra["gate"]["kept"] in ("online", "start") and weights.exists()
+    assert not (tmp_path / "online" / "hil.zarr").exists()  # no operator, nothing recorded
+
+
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match=r"PipelineConfig.preset: expected one of .*got 'huge'"):
         PipelineConfig(preset="huge")
