@@ -165,12 +165,10 @@ class PipelineConfig:
         if self.offline_extraction not in ("ppo", "awr"):
             raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
                              f"{self.offline_extraction!r}")
-        for name in OVERRIDES:
+        for name in (*OVERRIDES, "online_lr"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
-        if not self.online_lr > 0:
-            raise ValueError(f"PipelineConfig.online_lr: expected > 0, got {self.online_lr}")
         if not 0.0 <= self.online_bc_coef < float("inf"):
             raise ValueError(f"PipelineConfig.online_bc_coef: expected >= 0, got {self.online_bc_coef}")
         if self.bc_channels is not None:
