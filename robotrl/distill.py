@@ -322,7 +322,8 @@ def train(config: DistillConfig) -> DistillResult:
     student = student_for(teacher, config.teacher_steps, channels=config.channels).to(config.device)
     start_policy = copy.deepcopy(student).eval() if config.gate_episodes else None
     gap = TeacherGap(student, teacher, sampler, config.gap_batch, config.seed)
-    optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay,
+                                  fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))
     target = EMA(student, config.target_ema)
     ema = EMA(student, config.ema) if config.ema > 0 else None

@@ -446,7 +446,7 @@ def train(config: OfflineFlowConfig) -> RLResult:
     groups = [{"params": (student or policy).parameters(), "lr": config.lr}]
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
-    opt = {"policy": torch.optim.Adam(groups, eps=1e-5),
+    opt = {"policy": torch.optim.Adam(groups, eps=1e-5, fused=True),
            "value": torch.optim.Adam(critic.value.parameters(), lr=config.critic_lr),
            "critic": torch.optim.Adam(critic.critic.parameters(), lr=config.critic_lr)}
     start = 0

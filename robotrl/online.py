@@ -708,7 +708,7 @@ def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
 
-    optimizer = torch.optim.Adam(groups, eps=1e-5)
+    optimizer = torch.optim.Adam(groups, eps=1e-5, fused=True)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
 
