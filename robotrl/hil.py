@@ -490,7 +490,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         demos_from_store(demos, store, everything=False)  # the interventions recorded so far (in this store)
 
         def evaluate() -> Any:
-            return evaluate_policy(run.kept, config.eval_episodes, config.eval_envs, execute=execute)
+            return evaluate_policy(run.kept, config.eval_episodes, config.eval_envs, config.eval_seed, execute)
 
         def demo_bc() -> tuple[torch.Tensor, dict[str, float]]:
             """The flow-matching BC loss on the demo buffer's windows."""

@@ -63,7 +63,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from robotrl.evaluate import evaluate_policy, make_eval_env
+from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy, make_eval_env
 from robotrl.policies import load
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.generative import GenerativeConfig, NoisePrior
@@ -180,6 +180,9 @@ class OnlineConfig(RunOptions):
     """torch device of the policy, value and noise networks ("cuda"): the envs step on the CPU; a GPU runs the chain's
     sampling and the PPO update over a large rollout's thousands of decisions, which PushT's gradient needs (~6,400
     for a signal-to-noise ratio of 1, bench/RESULTS.md)"""
+    eval_seed: int = HELD_OUT_SEED
+    """first seed of the run's evaluations (periodic and final): the held-out ones by default; `robotrl run` picks
+    the best checkpoint on training seeds, so the seeds its table reports took no part in the choice"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -816,7 +819,7 @@ def train(config: OnlineConfig) -> RLResult:
         windows.start(env.reset(seed=config.seed)[0])
 
     def evaluate() -> Any:
-        return evaluate_policy(run.kept, config.eval_episodes, config.eval_envs, execute=execute)
+        return evaluate_policy(run.kept, config.eval_episodes, config.eval_envs, config.eval_seed, execute)
 
     log = RunLog(run_dir)
     best = BestCheckpoint(run_dir, run.kept.save)

@@ -1,12 +1,14 @@
 """`robotrl run`: the whole pipeline on the default task through the console script, as the README starts it."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from robotrl.pipeline import STAGES, PipelineConfig, read_rows
 
@@ -73,6 +75,16 @@ def test_each_stage_wrote_the_documented_files(smoke):
     assert config["preset"] == "smoke" and config["task"] == "PushT"
     online = json.loads((run_dir / "online" / "config.json").read_text())  # the anchor and rate reach the stage
     assert (online["lr"], online["bc_coef"]) == (config["online_lr"], config["online_bc_coef"]) == (3e-5, 1.0)
+    # the stage chooses among its evaluations on training seeds, not the held-out ones its row reports, and hands
+    # its best on (the gate then judges that one), the last weights kept beside it
+    from robotrl.evaluate import HELD_OUT_SEED, ROLLOUT_SEED
+
+    assert online["eval_every"] == 256 and ROLLOUT_SEED <= online["eval_seed"] < HELD_OUT_SEED
+    row = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}["online"]
+    assert row.extra["best"]["step"] in (256, 512) and (run_dir / "online" / "last_policy").exists()
+    if row.extra["gate"]["kept"] == "online":
+        handed, best = (load(run_dir / "online" / p).state_dict() for p in ("policy", "best_policy"))
+        assert all(torch.equal(handed[k], best[k]) for k in best)
 
 
 def test_resume_skips_finished_stages(smoke):
@@ -82,6 +94,23 @@ def test_resume_skips_finished_stages(smoke):
     assert out.returncode == 0, out.stderr[-3000:]
     assert (run_dir / "stages.jsonl").read_text() == before  # nothing re-run, the table printed from the files
     assert "| export |" in out.stdout
+
+
+def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
+    """A pipeline killed inside its online stage: `--resume` runs that stage again from nothing. Its train state
+    on disk would refuse a fresh start, and its best-checkpoint record would outrank the new run's evaluations."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(smoke[0], run_dir)
+    finished = (run_dir / "stages.jsonl").read_text().splitlines()[:3]  # demos, bc, offline
+    (run_dir / "stages.jsonl").write_text("\n".join(finished) + "\n")
+    assert (run_dir / "online" / "train_state.pt").exists()
+    (run_dir / "online" / "best_policy.json").write_text(json.dumps({"step": 10**9, "success_rate": 2.0}))
+    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_rows(run_dir / "stages.jsonl")
+    assert [r.stage for r in rows] == list(STAGES) and [json.dumps(r.extra) for r in rows[:3]] == \
+        [json.dumps(json.loads(line)["extra"]) for line in finished]
+    assert rows[3].extra["best"]["step"] in (256, 512)  # this run's own evaluations, not the stale record
 
 
 def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
