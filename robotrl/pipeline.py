@@ -90,11 +90,14 @@ PRESETS: dict[str, Budget] = {
                     online_gate_episodes=2, online_eval_every=256, distill_steps=20, distill_batch=16, distill_dagger_rounds=1,
                     distill_dagger_episodes=2, distill_gate_episodes=2,
                     eval_episodes=4, eval_envs=4),
-    "default": Budget(demo_episodes=200, bc_steps=8_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
-                      offline_iterations=1, offline_critic_steps=2_000, offline_updates=10, offline_awr_steps=600,
-                      offline_rollout_episodes=16, online_steps=61_440, online_envs=16, online_rollout_steps=160,
-                      online_gate_episodes=30, online_eval_every=0, distill_steps=1_000, distill_batch=64, distill_dagger_rounds=1,
-                      distill_dagger_episodes=25, distill_gate_episodes=50, eval_episodes=50, eval_envs=25),
+    # sized to 15 minutes on 2 cores: 14 min 45 s on 2026-11-27, where 8,000 BC steps, 61,440 online env steps and
+    # twice the offline critic took 20 min 11 s (bench/RESULTS.md); --bc-steps / --online-steps give them back
+    "default": Budget(demo_episodes=200, bc_steps=6_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
+                      offline_iterations=1, offline_critic_steps=1_000, offline_updates=10, offline_awr_steps=400,
+                      offline_rollout_episodes=10, online_steps=30_720, online_envs=16, online_rollout_steps=160,
+                      online_gate_episodes=20, online_eval_every=0, distill_steps=600, distill_batch=64,
+                      distill_dagger_rounds=1, distill_dagger_episodes=25, distill_gate_episodes=30, eval_episodes=50,
+                      eval_envs=50),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
                    offline_rollout_episodes=50, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
@@ -304,7 +307,7 @@ def hand_on_best(best: Path, online: Path, record: dict[str, float] | None) -> d
 
 def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict[str, Any]:
     """RL-100's acceptance test for the online stage: its policy is handed on only if it does not lose to its start
-    on fresh training-seed episodes (PushT's default run fell from 64% to 28% over its 61,440 env steps); otherwise
+    on fresh training-seed episodes (a PushT default run fell from 64% to 28% over 61,440 env steps); otherwise
     online/policy gets the start's weights and the RL'd ones move to online/rejected_policy."""
     from robotrl.evaluate import ROLLOUT_SEED, not_worse
     from robotrl.policies import load
