@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import ROLLOUT_SEED, not_worse, rollout
+from robotrl.evaluate import not_worse, rollout, training_seed
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
 from robotrl.training import (
@@ -241,7 +241,7 @@ class TeacherLabels:
             chunks.append(np.asarray(teacher.act(window), dtype=np.float32))
             return student.act(window)
 
-        seed = ROLLOUT_SEED + 10_000 * config.seed + step
+        seed = training_seed(config.seed, step)
         stats, steps = rollout(student, config.dagger_episodes, config.eval_envs, seed, config.execute, act)
         new = {k: np.concatenate([w[k] for w in windows]) for k in windows[0]}
         action = np.concatenate(chunks)
@@ -276,7 +276,7 @@ def mixed_batch(sampler: SequenceSampler, labels: TeacherLabels, config: Distill
 def gate(student: Policy, start: Policy, config: DistillConfig) -> tuple[Policy, dict[str, Any]]:
     """The distilled student if it beats (or ties) its start on `gate_episodes` fresh training-seed episodes,
     else the start; with both success rates."""
-    seed = ROLLOUT_SEED + 10_000 * config.seed + config.steps  # after every DAgger round's
+    seed = training_seed(config.seed, config.steps)  # after every DAgger round's
     ok, student_rate, start_rate = not_worse(student, start, config.gate_episodes, config.eval_envs, seed,
                                              config.execute)
     return (student if ok else start), {"start_success": start_rate, "student_success": student_rate,

@@ -27,6 +27,13 @@ HELD_OUT_SEED = 1_000_000
 ROLLOUT_SEED = 500_000
 
 
+def training_seed(run_seed: int, offset: int) -> int:
+    """First seed of a run's training-seed episodes: 10,000 of them per run seed from ROLLOUT_SEED, `offset` into
+    them (distill: its DAgger rounds at their step, its gate at its step count; the pipeline's online stage: its
+    best-checkpoint choice at 8,000, its gate at 9,000)."""
+    return ROLLOUT_SEED + 10_000 * run_seed + offset
+
+
 @dataclass
 class EvalConfig:
     """Evaluate a policy checkpoint (or an exported policy) on its task in the CPU vector env."""

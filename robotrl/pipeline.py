@@ -265,12 +265,12 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
 
 
 def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    from robotrl.evaluate import ROLLOUT_SEED
+    from robotrl.evaluate import training_seed
 
     # with online_eval_every, the run evaluates on training seeds (not the gate's, not the held-out ones) and keeps
     # its best weights: PickPlace's online curve dips and climbs (79.6% -> 68.4% -> 81.0% over 500 seeds)
     selection = {"eval_every": budget.online_eval_every, "eval_episodes": budget.online_gate_episodes,
-                 "eval_seed": ROLLOUT_SEED + 10_000 * config.seed + 8_000} if budget.online_eval_every else {}
+                 "eval_seed": training_seed(config.seed, 8_000)} if budget.online_eval_every else {}
     common: dict[str, Any] = {
         "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
         "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
@@ -309,11 +309,11 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
     """RL-100's acceptance test for the online stage: its policy is handed on only if it does not lose to its start
     on fresh training-seed episodes (a PushT default run fell from 64% to 28% over 61,440 env steps); otherwise
     online/policy gets the start's weights and the RL'd ones move to online/rejected_policy."""
-    from robotrl.evaluate import ROLLOUT_SEED, not_worse
+    from robotrl.evaluate import not_worse, training_seed
     from robotrl.policies import load
 
     start, online = run_dir / "offline" / "policy", run_dir / "online" / "policy"
-    seed = ROLLOUT_SEED + 10_000 * config.seed + 9_000  # none of the distill stage's DAgger and gate seeds
+    seed = training_seed(config.seed, 9_000)  # none of the distill stage's DAgger and gate seeds
     ok, online_rate, start_rate = not_worse(load(online), load(start), budget.online_gate_episodes, budget.eval_envs,
                                             seed, config.execute)
     kept = "online" if ok else "start"

@@ -141,7 +141,6 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
     """The acceptance test on real Reach rollouts: an online policy wrecked (its weights scrambled) loses to its
     ~50% start on the gate's episodes, so online/policy becomes the start's and the wrecked one is set aside."""
     import dataclasses
-    import shutil
 
     import torch
 
@@ -167,7 +166,6 @@ def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reac
     """`--no-interventions`: plain online RL, still PPO over the Flow-SDE chain with the velocity anchor (a method
     that freezes the network would leave the anchor nothing to hold), gated like the operator's stage."""
     import dataclasses
-    import shutil
 
     from robotrl.pipeline import PRESETS, stage_online
 
