@@ -52,7 +52,6 @@ from robotrl.datasets.collect import RateLimiter
 from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
-from robotrl.evaluate import evaluate_policy
 from robotrl.online import HEADS, OnlineConfig, collect, finish_policy_run, ppo_update, start_online
 from robotrl.spec import STRING
 from robotrl.training import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
@@ -490,7 +489,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         demos_from_store(demos, store, everything=False)  # the interventions recorded so far (in this store)
 
         def evaluate() -> Any:
-            return evaluate_policy(run.kept, config.eval_episodes, config.eval_envs, config.eval_seed, execute)
+            return run.evaluate(config, execute)
 
         def demo_bc() -> tuple[torch.Tensor, dict[str, float]]:
             """The flow-matching BC loss on the demo buffer's windows."""

@@ -107,7 +107,8 @@ PRESETS: dict[str, Budget] = {
 
 
 #: PipelineConfig's numeric fields that override its preset's Budget field of the same name
-OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "online_steps", "distill_steps", "eval_episodes")
+OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "online_steps", "online_eval_every",
+             "online_gate_episodes", "distill_steps", "eval_episodes")
 
 
 @dataclass
@@ -148,6 +149,15 @@ class PipelineConfig:
     """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update). With it at lr 3e-5,
     153,600 env steps: PickPlace 49.2% -> 61.0% over 500 held-out seeds, PushT level (52.4% -> 51.8%), where the
     unanchored stage at 3e-4 had taken PushT from 64% to 28% (bench/RESULTS.md)"""
+    online_eval_every: int | None = None
+    """env steps between the online stage's evaluations on training seeds, its best checkpoint handed on (the
+    preset's: default none, full 200,000)"""
+    online_gate_episodes: int | None = None
+    """training-seed episodes of each of the online stage's evaluations and of its gate (default preset: 20)"""
+    online_sampler_steps: int | None = None
+    """Euler steps of the sampler the online stage picks its best checkpoint by and is gated with (default: the
+    policy's own). 1 where the one-step stage keeps the teacher's one-step sampler: on PickPlace it scored 96.2%
+    where the same weights' ten-step samples scored 82.2% (bench/RESULTS.md)"""
     distill_steps: int | None = None
     eval_episodes: int | None = None
     """held-out episodes each stage is evaluated on (the issue's table: 500)"""
@@ -174,7 +184,7 @@ class PipelineConfig:
         if self.offline_extraction not in ("ppo", "awr"):
             raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
                              f"{self.offline_extraction!r}")
-        for name in (*OVERRIDES, "online_lr"):
+        for name in (*OVERRIDES, "online_lr", "online_sampler_steps"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
@@ -270,7 +280,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
     # with online_eval_every, the run evaluates on training seeds (not the gate's, not the held-out ones) and keeps
     # its best weights: PickPlace's online curve dips and climbs (79.6% -> 68.4% -> 81.0% over 500 seeds)
     selection = {"eval_every": budget.online_eval_every, "eval_episodes": budget.online_gate_episodes,
-                 "eval_seed": training_seed(config.seed, 8_000)} if budget.online_eval_every else {}
+                 "eval_seed": training_seed(config.seed, 8_000),
+                 "eval_sampler_steps": config.online_sampler_steps} if budget.online_eval_every else {}
     common: dict[str, Any] = {
         "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
         "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
@@ -314,8 +325,11 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
 
     start, online = run_dir / "offline" / "policy", run_dir / "online" / "policy"
     seed = training_seed(config.seed, 9_000)  # none of the distill stage's DAgger and gate seeds
-    ok, online_rate, start_rate = not_worse(load(online), load(start), budget.online_gate_episodes, budget.eval_envs,
-                                            seed, config.execute)
+    policies = [load(online), load(start)]
+    for policy in policies:
+        policy.config.steps = config.online_sampler_steps or policy.config.steps
+    ok, online_rate, start_rate = not_worse(*policies, budget.online_gate_episodes, budget.eval_envs, seed,
+                                            config.execute)
     kept = "online" if ok else "start"
     if not ok:
         rejected = run_dir / "online" / "rejected_policy"
@@ -462,6 +476,9 @@ def run(config: PipelineConfig) -> list[StageRow]:
     run_dir.mkdir(parents=True, exist_ok=True)
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+    else:  # the stages still to run may run with other options: their config is kept beside the first
+        with (run_dir / "resumed.jsonl").open("a") as f:
+            f.write(json.dumps(jsonable(config)) + "\n")
     rows = read_rows(rows_path)
     done = {r.stage for r in rows}
     for stage in STAGES:

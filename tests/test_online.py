@@ -525,6 +525,19 @@ def test_the_vla_plugs_into_the_same_loop(tmp_path: Path) -> None:
             FlowAgent(tuned, replace(cfg, method=method), 2)
 
 
+def test_run_can_pick_its_best_by_another_sampler_than_it_trains(bc_flow: Path, tmp_path: Path) -> None:
+    """eval_sampler_steps 1: the kept checkpoint's recorded success is its one-step sampler's (it reproduces with
+    one Euler step on the same seeds), and the saved weights still sample with the run's own chain."""
+    result = train(small(bc_flow, tmp_path / "run", total_steps=1_920, eval_every=960, eval_episodes=50,
+                         eval_sampler_steps=1))
+    assert result.best is not None and result.best_weights is not None
+    kept = load(result.best_weights)
+    assert kept.config.steps == 5 and load(result.weights).config.steps == 5
+    own = evaluate_policy(kept, 50, 25, execute=4).success_rate
+    kept.config.steps = 1
+    assert evaluate_policy(kept, 50, 25, execute=4).success_rate == result.best["success_rate"] != own
+
+
 def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) -> None:
     for overrides, message in (
             ({"method": "ddpo"},
@@ -545,6 +558,8 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
             ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1"),
             ({"dense_scale": 0.0}, r"OnlineConfig.dense_scale: expected \(0, 1\], got 0.0"),
             ({"ema": 1.0}, r"OnlineConfig.ema: expected a decay in \[0, 1\), got 1.0"),
+            ({"eval_sampler_steps": 0}, r"OnlineConfig.eval_sampler_steps: expected >= 1 \(or None: the policy's own\), "
+                                        r"got 0"),
             ({"device": "gpu"}, r"OnlineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"),
             ({"device": f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"},
              r"OnlineConfig.device: expected a (device this machine has|GPU index below)")):

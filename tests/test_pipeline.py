@@ -98,19 +98,27 @@ def test_resume_skips_finished_stages(smoke):
 
 def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     """A pipeline killed inside its online stage: `--resume` runs that stage again from nothing. Its train state
-    on disk would refuse a fresh start, and its best-checkpoint record would outrank the new run's evaluations."""
+    on disk would refuse a fresh start, and its best-checkpoint record would outrank the new run's evaluations.
+    The resumed stages run with the resume's options (here: evaluated every 128 env steps by the one-step
+    sampler), recorded beside the first run's config."""
     run_dir = tmp_path / "run"
     shutil.copytree(smoke[0], run_dir)
     finished = (run_dir / "stages.jsonl").read_text().splitlines()[:3]  # demos, bc, offline
     (run_dir / "stages.jsonl").write_text("\n".join(finished) + "\n")
     assert (run_dir / "online" / "train_state.pt").exists()
     (run_dir / "online" / "best_policy.json").write_text(json.dumps({"step": 10**9, "success_rate": 2.0}))
-    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1")
+    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1",
+                  "--online-eval-every", "128", "--online-sampler-steps", "1", "--online-gate-episodes", "3")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_rows(run_dir / "stages.jsonl")
     assert [r.stage for r in rows] == list(STAGES) and [json.dumps(r.extra) for r in rows[:3]] == \
         [json.dumps(json.loads(line)["extra"]) for line in finished]
-    assert rows[3].extra["best"]["step"] in (256, 512)  # this run's own evaluations, not the stale record
+    assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
+    online = json.loads((run_dir / "online" / "config.json").read_text())
+    assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
+    assert rows[3].extra["gate"]["start_success"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    assert json.loads((run_dir / "config.json").read_text())["online_sampler_steps"] is None  # the first run's
+    assert json.loads((run_dir / "resumed.jsonl").read_text())["online_sampler_steps"] == 1
 
 
 def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
@@ -197,6 +205,8 @@ def test_bad_config_names_the_field():
         PipelineConfig(demo_noise=float("nan"))
     with pytest.raises(ValueError, match=r"PipelineConfig.online_lr: expected > 0, got 0.0"):
         PipelineConfig(online_lr=0.0)
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_sampler_steps: expected > 0, got 0"):
+        PipelineConfig(online_sampler_steps=0)
     with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected >= 0, got nan"):
         PipelineConfig(online_bc_coef=float("nan"))
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
