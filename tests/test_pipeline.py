@@ -103,6 +103,8 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     sampler), recorded beside the first run's config."""
     run_dir = tmp_path / "run"
     shutil.copytree(smoke[0], run_dir)
+    resumed = run_dir / "resumed.jsonl"
+    resumed.unlink(missing_ok=True)  # test_resume_skips_finished_stages may have resumed the shared run already
     finished = (run_dir / "stages.jsonl").read_text().splitlines()[:3]  # demos, bc, offline
     (run_dir / "stages.jsonl").write_text("\n".join(finished) + "\n")
     assert (run_dir / "online" / "train_state.pt").exists()
@@ -118,7 +120,7 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
     assert rows[3].extra["gate"]["start_success"] in (0.0, 1 / 3, 2 / 3, 1.0)
     assert json.loads((run_dir / "config.json").read_text())["online_sampler_steps"] is None  # the first run's
-    assert json.loads((run_dir / "resumed.jsonl").read_text())["online_sampler_steps"] == 1
+    assert [json.loads(line)["online_sampler_steps"] for line in resumed.read_text().splitlines()] == [1]
 
 
 def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
