@@ -1,39 +1,45 @@
 #!/usr/bin/env bash
-# PushT stage by stage on the device, in one call (timeout_s 600): first `robotrl run --task Reach --preset smoke
-# --device cuda` (every torch stage on the GPU at a tiny budget: the GPU paths of `train hil` and `distill`, which
-# dev-2c cannot run), then from 1,032 PushT demos BC on the GPU at bench/device_bc.sh's 98% recipe (batch 1,024, lr
-# 2e-4), and from its policy, side by side, the online stage with the scripted operator (`train hil --device cuda`)
-# (with the sixteenth session's velocity anchor, --bc-coef 1.0) and the one-step distillation (`distill --device cuda`
-# at batch DISTILL_BATCH: the student's share of the samples a GPU gives), each evaluated on the 500 held-out seeds;
-# last the student's ONNX export, evaluated alike.
-#   DEMOS          a PushT store to carry and use; by default the call records bench/device_bc.sh's 1,032 demos
-#                  (200 from seed 0 with 8 envs, 832 from seed 1 with 64, noise 0.5) on the device's cores while
-#                  the smoke run goes (the store is ~60 MB: too large to carry beside the wheels; DEMO_EPISODES
-#                  "200 832" sets the two counts)
-#   BC_STEPS, BC_BATCH, DISTILL_STEPS, DISTILL_BATCH, DAGGER_EPISODES, GATE_EPISODES, HIL_STEPS, EPISODES (held-out),
-#   ENVS and STAGE_SECONDS (each stage's time limit) set the budget. BC_EPISODES (BC's own evaluation) is 0 by
-#   default: the first call (2026-11-26, bench/RESULTS.md) spent BC's 200 s on 6,000 steps and lost its evaluation
-#   (500 episodes take ~20 s there), and distill's on training; BC's policy comes back and is evaluated on dev-2c
-#   (`robotrl eval --policy bc/policy --episodes 500 --num-envs 25`).
-# $OUT gets stages.jsonl (each command's result.json or evaluation line), timing.txt, stderr.txt and policies.tar.*
-# (the BC, online and one-step policies in 15 MB parts, a stage's checkpoint where its time ran out; `cat
-# policies.tar.* | tar x` joins them). Carry .whl (bench/device_env.sh), and DEMOS where set. Dry run on dev-2c:
-# NO_WHEELS=1 PYTHON=$PWD/.venv/bin/python DEVICE=cpu with small budgets and batches.
+# PushT as one chain on the device, in one call (timeout_s 600): 1,032 (DEMO_EPISODES) scripted demos recorded on
+# the device's cores -> BC on the GPU at bench/device_bc.sh's recipe (batch 1,024, lr 2e-4) -> the online stage
+# from BC's policy with the scripted operator (`train hil --device cuda`: Flow-SDE PPO with the sixteenth session's
+# velocity anchor, --bc-coef 1.0, the stall criterion, HIL_ENVS envs) -> the one-step distillation of the ONLINE
+# stage's policy (`distill --device cuda` at batch DISTILL_BATCH), so that the student carries what RL changed ->
+# its ONNX export. Each stage waits for the one before (the chain the issue asks for; the seventeenth session ran
+# online and distill side by side from BC).
+#   SMOKE=1        first `robotrl run --task Reach --preset smoke --device cuda` beside the demos (every torch stage's
+#                  GPU path at a tiny budget); 0 skips it
+#   DEMOS          a PushT store to carry and use instead of recording one
+#   BC_STEPS, BC_BATCH, HIL_STEPS, HIL_ENVS, HIL_MINIBATCH, DISTILL_STEPS, DISTILL_BATCH, DAGGER_EPISODES,
+#   GATE_EPISODES, THREADS, and BC_SECONDS / HIL_SECONDS / DISTILL_SECONDS (each stage's time limit; a stage cut by
+#   its limit hands on its last checkpoint) set the budget.
+#   EPISODES       held-out episodes each stage evaluates on the device (default 0: the policies come back and are
+#                  evaluated on dev-2c with `robotrl eval --policy P --episodes 500 --num-envs 25`, off the device's
+#                  clock)
+# $OUT gets stages.jsonl (each command's result.json), timing.txt, stderr.txt and policies.tar.* (the BC, online and
+# one-step policies with their metrics in 15 MB parts, ~17 MB a policy; `cat policies.tar.* | tar x` joins them; the
+# ONNX export, as large again, stays behind: `robotrl export` remakes it from the student). Carry .whl
+# (bench/device_env.sh), and DEMOS where set. Dry run on dev-2c: NO_WHEELS=1 PYTHON=$PWD/.venv/bin/python DEVICE=cpu
+# SMOKE=0 DEMO_EPISODES="4 4" BC_STEPS=20 BC_BATCH=16 HIL_STEPS=2560 HIL_ENVS=4 DISTILL_STEPS=10 DISTILL_BATCH=16
+# DAGGER_EPISODES=2 GATE_EPISODES=2 THREADS=2 bash bench/device_pipeline.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/robotrl-device-pipeline}
 mkdir -p "$OUT"
 DEVICE=${DEVICE:-cuda}
-BC_STEPS=${BC_STEPS:-6000}
+SMOKE=${SMOKE:-1}
+BC_STEPS=${BC_STEPS:-4500}
 BC_BATCH=${BC_BATCH:-1024}
-DISTILL_STEPS=${DISTILL_STEPS:-3500}
+BC_SECONDS=${BC_SECONDS:-170}
+HIL_STEPS=${HIL_STEPS:-307200}
+HIL_ENVS=${HIL_ENVS:-64}
+HIL_MINIBATCH=${HIL_MINIBATCH:-256}
+HIL_SECONDS=${HIL_SECONDS:-170}
+DISTILL_STEPS=${DISTILL_STEPS:-2500}
 DISTILL_BATCH=${DISTILL_BATCH:-1024}
-HIL_STEPS=${HIL_STEPS:-102400}
-STAGE_SECONDS=${STAGE_SECONDS:-240}  # demos 2 min, BC 3.3 (6,000 steps), hil 2.3 beside distill 3.8: ~9.5 min
+DISTILL_SECONDS=${DISTILL_SECONDS:-170}
 DAGGER_EPISODES=${DAGGER_EPISODES:-50}
 GATE_EPISODES=${GATE_EPISODES:-100}
-EPISODES=${EPISODES:-500}
-BC_EPISODES=${BC_EPISODES:-0}
-ENVS=${ENVS:-250}
+EPISODES=${EPISODES:-0}
+THREADS=${THREADS:-12}
 source bench/device_env.sh
 export OMP_NUM_THREADS=1
 W=$(mktemp -d /tmp/device-pipeline.XXXX)
@@ -50,6 +56,12 @@ mark() { echo "$1 at $(($(date +%s) - t0)) s" | tee -a "$OUT/timing.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >>"$OUT/timing.txt" 2>/dev/null
 result() { [ -f "$W/$1/result.json" ] && "$PYTHON" -c "import json, sys; r = json.load(open(sys.argv[1])); \
 print(json.dumps({'stage': sys.argv[2], **r}))" "$W/$1/result.json" "$1" >>"$OUT/stages.jsonl"; }
+# a stage's policy, or its last checkpoint where its time limit cut it
+saved() { if [ -d "$W/$1/policy" ]; then echo "$W/$1/policy"; elif [ -d "$W/$1/checkpoint" ]; then
+  echo "$W/$1/checkpoint"; fi; }
+stage() { local name=$1 seconds=$2; shift 2
+  timeout "$seconds" "$W/robotrl" "$@" --run-dir "$W/$name" --no-progress >"$W/$name.log" 2>&1
+  mark "$name done (rc $?)"; result "$name"; }
 
 if [ -n "${DEMOS:-}" ]; then
   DEMOS=$(realpath "$DEMOS")
@@ -60,43 +72,31 @@ else
     robotrl data record --task PushT --episodes "$DEMOS_B" --num-envs 64 --noise 0.5 --seed 1 --out "$DEMOS") \
     >"$W/record.log" 2>&1 &
 fi
-timeout 120 "$W/robotrl" run --task Reach --preset smoke --device "$DEVICE" --run-dir "$W/smoke" --no-progress \
-  >"$W/smoke.log" 2>&1 && mark "smoke passed" || mark "smoke FAILED (rc $?)"
+if [ "$SMOKE" = 1 ]; then
+  timeout 120 "$W/robotrl" run --task Reach --preset smoke --device "$DEVICE" --run-dir "$W/smoke" --no-progress \
+    >"$W/smoke.log" 2>&1 && mark "smoke passed" || mark "smoke FAILED (rc $?)"
+fi
 wait
 mark "demos ready"
-timeout "$STAGE_SECONDS" "$W/robotrl" train bc --store "$DEMOS" --policy flow --success-only --device "$DEVICE" \
-  --steps "$BC_STEPS" --batch-size "$BC_BATCH" --lr 2e-4 --eval-episodes "$BC_EPISODES" --eval-envs "$ENVS" \
-  --checkpoint-every 1000 --run-dir "$W/bc" --no-progress >"$W/bc.log" 2>&1
-mark "bc done (rc $?)"
-result bc
-BC="$W/bc/policy"
-[ -d "$BC" ] || BC="$W/bc/checkpoint"
-timeout "$STAGE_SECONDS" "$W/robotrl" train hil --policy "$BC" --demos "$DEMOS" --method flow_sde --num-envs 16 \
-  --rollout-steps 160 --total-steps "$HIL_STEPS" --ema 0.8 --lr 3e-5 --bc-coef 1.0 --critic-warmup 1000 \
-  --criterion stall --operator-fraction 0.5 --device "$DEVICE" --threads 4 --eval-episodes "$EPISODES" \
-  --eval-envs "$ENVS" --run-dir "$W/hil" --no-progress >"$W/hil.log" 2>&1 &
-timeout "$STAGE_SECONDS" "$W/robotrl" distill --teacher "$BC" --store "$DEMOS" --steps "$DISTILL_STEPS" \
-  --batch-size "$DISTILL_BATCH" --dagger-rounds 2 --dagger-episodes "$DAGGER_EPISODES" \
-  --gate-episodes "$GATE_EPISODES" --eval-episodes "$EPISODES" --eval-envs "$ENVS" --device "$DEVICE" --threads 4 \
-  --run-dir "$W/distill" --no-progress >"$W/distill.log" 2>&1
-mark "distill done (rc $?)"
-wait
-mark "hil done"
-result hil
-result distill
-if [ -d "$W/distill/policy" ] && [ "$EPISODES" -gt 0 ]; then
-  robotrl export --policy "$W/distill/policy" --format onnx >"$W/export.log" 2>&1
-  robotrl eval --policy "$W/distill/policy-onnx" --episodes "$EPISODES" --num-envs "$ENVS" 2>>"$W/export.log" \
-    | tail -n 1 | sed 's/^{/{"stage": "onnx", /' >>"$OUT/stages.jsonl"
-  mark "onnx evaluated"
+stage bc "$BC_SECONDS" train bc --store "$DEMOS" --policy flow --success-only --device "$DEVICE" --steps "$BC_STEPS" \
+  --batch-size "$BC_BATCH" --lr 2e-4 --eval-episodes "$EPISODES" --eval-envs 250 --checkpoint-every 500
+BC=$(saved bc)
+[ -n "$BC" ] && stage hil "$HIL_SECONDS" train hil --policy "$BC" --demos "$DEMOS" --method flow_sde \
+  --num-envs "$HIL_ENVS" --rollout-steps 160 --minibatch-size "$HIL_MINIBATCH" --total-steps "$HIL_STEPS" --ema 0.8 \
+  --lr 3e-5 --bc-coef 1.0 --critic-warmup 3 --criterion stall --operator-fraction 0.5 --device "$DEVICE" \
+  --threads "$THREADS" --eval-episodes "$EPISODES" --eval-envs 250
+TEACHER=$(saved hil)
+[ -n "$TEACHER" ] && stage distill "$DISTILL_SECONDS" distill --teacher "$TEACHER" --store "$DEMOS" \
+  --steps "$DISTILL_STEPS" --batch-size "$DISTILL_BATCH" --dagger-rounds 2 --dagger-episodes "$DAGGER_EPISODES" \
+  --gate-episodes "$GATE_EPISODES" --eval-episodes "$EPISODES" --eval-envs 250 --device "$DEVICE" \
+  --threads "$THREADS" --checkpoint-every 500
+if [ -d "$W/distill/policy" ]; then
+  robotrl export --policy "$W/distill/policy" --format onnx >"$W/export.log" 2>&1 && mark "onnx exported"
 fi
 tail -n 25 "$W"/*.log >"$OUT/stderr.txt"
 keep=()
-# at most 8 files of 16 MiB come back: three policies of ~17 MB in four parts, beside the three text files
-[ -d "$W/bc/policy" ] && keep+=(bc/policy) || { [ -d "$W/bc/checkpoint" ] && keep+=(bc/checkpoint); }
-for p in hil distill; do
-  [ -d "$W/$p/policy" ] && keep+=("$p/policy") || { [ -d "$W/$p/checkpoint" ] && keep+=("$p/checkpoint"); }
-done
-for f in bc/metrics.jsonl hil/metrics.jsonl distill/metrics.jsonl smoke/summary.md; do [ -f "$W/$f" ] && keep+=("$f"); done
+for p in bc hil distill; do d=$(saved "$p"); [ -n "$d" ] && keep+=("${d#"$W/"}"); done
+for f in bc/metrics.jsonl hil/metrics.jsonl distill/metrics.jsonl distill/result.json smoke/summary.md; do
+  [ -f "$W/$f" ] && keep+=("$f"); done
 (cd "$W" && tar cf - "${keep[@]}") | split -b 15000000 - "$OUT/policies.tar."
 cat "$OUT/timing.txt" "$OUT/stages.jsonl"
