@@ -107,8 +107,8 @@ PRESETS: dict[str, Budget] = {
 
 
 #: PipelineConfig's numeric fields that override its preset's Budget field of the same name
-OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "online_steps", "online_eval_every",
-             "online_gate_episodes", "distill_steps", "eval_episodes")
+OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "online_steps", "online_envs", "online_eval_every",
+             "online_gate_episodes", "distill_steps", "distill_batch", "eval_episodes")
 
 
 @dataclass
@@ -149,6 +149,17 @@ class PipelineConfig:
     """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update). With it at lr 3e-5,
     153,600 env steps: PickPlace 49.2% -> 61.0% over 500 held-out seeds, PushT level (52.4% -> 51.8%), where the
     unanchored stage at 3e-4 had taken PushT from 64% to 28% (bench/RESULTS.md)"""
+    online_envs: int | None = None
+    """parallel envs of the online stage (a GPU's PushT chain: 64, bench/device_pipeline.sh)"""
+    online_minibatch: int | None = None
+    """decisions per PPO minibatch of the online stage (default: `train online`'s 64)"""
+    online_criterion: Literal["stray", "stall"] = "stray"
+    """when the simulated operator takes over (`train hil --criterion`): stray where the policy's actions leave the
+    expert's (PickPlace's gains), stall where the episode makes no progress (PushT, whose policy may push the T from
+    another side than the expert's: stray took over 10-40% of its steps; bench/RESULTS.md)"""
+    online_operator_fraction: float = 0.0
+    """share of the online stage's BC windows drawn from the operator's take-overs (`train hil --operator-fraction`;
+    PushT's GPU chain: 0.5)"""
     online_eval_every: int | None = None
     """env steps between the online stage's evaluations on training seeds, its best checkpoint handed on (the
     preset's: default none, full 200,000)"""
@@ -159,6 +170,8 @@ class PipelineConfig:
     policy's own). 1 where the one-step stage keeps the teacher's one-step sampler: on PickPlace it scored 96.2%
     where the same weights' ten-step samples scored 82.2% (bench/RESULTS.md)"""
     distill_steps: int | None = None
+    distill_batch: int | None = None
+    """the one-step student's batch (PushT's GPU student at 1,024: 96.2% over 1,000 held-out seeds)"""
     eval_episodes: int | None = None
     """held-out episodes each stage is evaluated on (the issue's table: 500)"""
     execute: int = 8
@@ -184,12 +197,17 @@ class PipelineConfig:
         if self.offline_extraction not in ("ppo", "awr"):
             raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
                              f"{self.offline_extraction!r}")
-        for name in (*OVERRIDES, "online_lr", "online_sampler_steps"):
+        for name in (*OVERRIDES, "online_lr", "online_sampler_steps", "online_minibatch"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
         if not 0.0 <= self.online_bc_coef < float("inf"):
             raise ValueError(f"PipelineConfig.online_bc_coef: expected >= 0, got {self.online_bc_coef}")
+        if self.online_criterion not in ("stray", "stall"):
+            raise ValueError(f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}")
+        if not 0.0 <= self.online_operator_fraction <= 1.0:
+            raise ValueError(f"PipelineConfig.online_operator_fraction: expected a share in [0, 1], got "
+                             f"{self.online_operator_fraction}")
         if self.bc_channels is not None:
             self.bc_channels = tuple(self.bc_channels)
             if not self.bc_channels or min(self.bc_channels) < 1:
@@ -286,14 +304,16 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
         "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
         "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
-        "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, **selection}
+        "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, **selection,
+        **({"minibatch_size": config.online_minibatch} if config.online_minibatch else {})}
     extra: dict[str, Any] = {}
     if config.interventions:
         from robotrl.hil import HilConfig
         from robotrl.hil import train as train_hil
 
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
-        result = train_hil(HilConfig(demos=run_dir / "demos.zarr", **common))
+        result = train_hil(HilConfig(demos=run_dir / "demos.zarr", criterion=config.online_criterion,
+                                     operator_fraction=config.online_operator_fraction, **common))
         extra = {"intervention_rate_first": result.first_intervention_rate,
                  "intervention_rate_last": result.last_intervention_rate, "store": str(result.store)}
     else:

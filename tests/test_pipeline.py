@@ -110,7 +110,9 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     assert (run_dir / "online" / "train_state.pt").exists()
     (run_dir / "online" / "best_policy.json").write_text(json.dumps({"step": 10**9, "success_rate": 2.0}))
     out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1",
-                  "--online-eval-every", "128", "--online-sampler-steps", "1", "--online-gate-episodes", "3")
+                  "--online-eval-every", "128", "--online-sampler-steps", "1", "--online-gate-episodes", "3",
+                  "--online-envs", "2", "--online-minibatch", "8", "--online-criterion", "stall",
+                  "--online-operator-fraction", "0.5")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_rows(run_dir / "stages.jsonl")
     assert [r.stage for r in rows] == list(STAGES) and [json.dumps(r.extra) for r in rows[:3]] == \
@@ -118,6 +120,8 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
     online = json.loads((run_dir / "online" / "config.json").read_text())
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
+    assert (online["num_envs"], online["minibatch_size"], online["criterion"], online["operator_fraction"]) == \
+        (2, 8, "stall", 0.5)
     assert rows[3].extra["gate"]["start_success"] in (0.0, 1 / 3, 2 / 3, 1.0)
     assert json.loads((run_dir / "config.json").read_text())["online_sampler_steps"] is None  # the first run's
     assert [json.loads(line)["online_sampler_steps"] for line in resumed.read_text().splitlines()] == [1]
@@ -209,12 +213,23 @@ def test_bad_config_names_the_field():
         PipelineConfig(online_lr=0.0)
     with pytest.raises(ValueError, match=r"PipelineConfig.online_sampler_steps: expected > 0, got 0"):
         PipelineConfig(online_sampler_steps=0)
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_envs: expected > 0, got 0"):
+        PipelineConfig(online_envs=0)
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_minibatch: expected > 0, got -1"):
+        PipelineConfig(online_minibatch=-1)
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_criterion: expected 'stray' or 'stall', got 'lost'"):
+        PipelineConfig(online_criterion="lost")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_operator_fraction: expected a share in \[0, 1\], got 1.5"):
+        PipelineConfig(online_operator_fraction=1.5)
     with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected >= 0, got nan"):
         PipelineConfig(online_bc_coef=float("nan"))
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
     # the BC recipe that took PushT to 97% on one core: the BC stage's options, the distillation's batch unchanged
     budget = PipelineConfig(preset="full", bc_batch=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
     assert (budget.bc_batch, budget.bc_lr, budget.bc_channels, budget.distill_batch) == (256, 1e-3, (32, 64, 128), 64)
+    # the GPU chain's online and student batches (bench/device_pipeline.sh)
+    budget = PipelineConfig(preset="full", online_envs=64, distill_batch=1024).budget()
+    assert (budget.online_envs, budget.distill_batch, budget.online_rollout_steps) == (64, 1024, 160)
 
 
 @pytest.mark.parametrize("policy, images", [("flow", False), ("vla", True)])
