@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# PushT as one chain on the device, in one call (timeout_s 600): 1,032 (DEMO_EPISODES) scripted demos recorded on
-# the device's cores -> BC on the GPU at bench/device_bc.sh's recipe (batch 1,024, lr 2e-4) -> the online stage
-# from BC's policy with the scripted operator (`train hil --device cuda`: Flow-SDE PPO with the sixteenth session's
-# velocity anchor, --bc-coef 1.0, the stall criterion, HIL_ENVS envs) -> the one-step distillation of the ONLINE
-# stage's policy (`distill --device cuda` at batch DISTILL_BATCH), so that the student carries what RL changed ->
-# its ONNX export. Each stage waits for the one before (the chain the issue asks for; the seventeenth session ran
-# online and distill side by side from BC).
+# PushT as one chain on the device, in one call (timeout_s 600): 648 scripted demos recorded on the device's cores
+# (DEMO_EPISODES "200 432": 432 from 64 envs whose episodes end together give 448) -> BC on the GPU at
+# bench/device_bc.sh's recipe (batch 1,024, lr 2e-4) -> the online stage from BC's policy with the scripted
+# operator (`train hil --device cuda`: Flow-SDE PPO with the sixteenth session's velocity anchor, --bc-coef 1.0, the
+# stall criterion, HIL_ENVS envs) -> the one-step distillation of the ONLINE stage's policy (`distill --device cuda`
+# at batch DISTILL_BATCH), so that the student carries what RL changed -> its ONNX export. Each stage waits for the
+# one before (the chain the issue asks for; the seventeenth session ran online and distill side by side from BC).
+# The defaults are the twentieth session's call (bench/RESULTS.md, "PushT in one chain on a GPU"): 546 s on h100,
+# the online stage cut by its 160 s at 296,960 of 307,200 env steps (~2,100 env steps/s).
 #   SMOKE=1        first `robotrl run --task Reach --preset smoke --device cuda` beside the demos (every torch stage's
 #                  GPU path at a tiny budget); 0 skips it
 #   DEMOS          a PushT store to carry and use instead of recording one
@@ -26,16 +28,16 @@ OUT=${OUT:-/tmp/robotrl-device-pipeline}
 mkdir -p "$OUT"
 DEVICE=${DEVICE:-cuda}
 SMOKE=${SMOKE:-1}
-BC_STEPS=${BC_STEPS:-4500}
+BC_STEPS=${BC_STEPS:-4000}
 BC_BATCH=${BC_BATCH:-1024}
-BC_SECONDS=${BC_SECONDS:-170}
+BC_SECONDS=${BC_SECONDS:-150}
 HIL_STEPS=${HIL_STEPS:-307200}
 HIL_ENVS=${HIL_ENVS:-64}
 HIL_MINIBATCH=${HIL_MINIBATCH:-256}
-HIL_SECONDS=${HIL_SECONDS:-170}
-DISTILL_STEPS=${DISTILL_STEPS:-2500}
+HIL_SECONDS=${HIL_SECONDS:-160}
+DISTILL_STEPS=${DISTILL_STEPS:-2200}
 DISTILL_BATCH=${DISTILL_BATCH:-1024}
-DISTILL_SECONDS=${DISTILL_SECONDS:-170}
+DISTILL_SECONDS=${DISTILL_SECONDS:-150}
 DAGGER_EPISODES=${DAGGER_EPISODES:-50}
 GATE_EPISODES=${GATE_EPISODES:-100}
 EPISODES=${EPISODES:-0}
@@ -67,7 +69,7 @@ if [ -n "${DEMOS:-}" ]; then
   DEMOS=$(realpath "$DEMOS")
 else
   DEMOS="$W/demos.zarr"
-  read -r DEMOS_A DEMOS_B <<<"${DEMO_EPISODES:-200 832}"
+  read -r DEMOS_A DEMOS_B <<<"${DEMO_EPISODES:-200 432}"
   (robotrl data record --task PushT --episodes "$DEMOS_A" --num-envs 8 --noise 0.5 --seed 0 --out "$DEMOS" &&
     robotrl data record --task PushT --episodes "$DEMOS_B" --num-envs 64 --noise 0.5 --seed 1 --out "$DEMOS") \
     >"$W/record.log" 2>&1 &
