@@ -221,6 +221,9 @@ def test_bad_config_names_the_field():
         PipelineConfig(online_criterion="lost")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PipelineConfig.online_operator_fraction: expected a share in \[0, 1\], got 1.5"):
         PipelineConfig(online_operator_fraction=1.5)
+    with pytest.raises(ValueError, match=r"PipelineConfig.interventions: the operator's options .*'stall'.*got "
+                                         r"interventions=False"):
+        PipelineConfig(interventions=False, online_criterion="stall")
     with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected >= 0, got nan"):
         PipelineConfig(online_bc_coef=float("nan"))
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
