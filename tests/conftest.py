@@ -5,18 +5,20 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-# MJX under XLA's CPU fusion pass runs orders of magnitude slower and compiles slower (robotrl.ppo_mjx.CPU_XLA_FLAGS,
-# the same flag the MJX training subprocesses get); XLA reads it once, so it is set before anything imports JAX.
-# Measured on dev-2c with a cold compilation cache: tests/envs/test_mjx.py + test_parity.py 354 s -> 179 s.
-if "gpu" not in os.environ.get("JAX_PLATFORMS", "") and "cuda" not in os.environ.get("JAX_PLATFORMS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_disable_hlo_passes=fusion".strip()
-
-import jax  # noqa: E402
+import jax
 import pytest
 import torch
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
+from robotrl.ppo_mjx import CPU_XLA_FLAGS
+
+# MJX under XLA's CPU fusion pass runs orders of magnitude slower and compiles slower: the test process and the MJX
+# training subprocesses it starts (which inherit the variable) get the flag. XLA reads it when the first backend
+# starts, which no import does. Measured on dev-2c with a cold compilation cache: tests/envs/test_mjx.py +
+# test_parity.py 354 s -> 179 s. Not on an accelerator, where fusion is what makes kernels fast.
+if not any(p in os.environ.get("JAX_PLATFORMS", "") for p in ("gpu", "cuda")):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_XLA_FLAGS}".strip()
 
 # MJX tests are dominated by XLA compilation on a 2-core machine; a persistent cache outside the checkout
 # makes every run after the first on the same machine much faster (a clean clone still compiles once).

@@ -3,7 +3,7 @@ MJX backend, resumes exactly after a SIGKILL, stops on a NaN loss keeping the la
 the torch PPO (GAE, loss, gradients, actions of the exported agent) and refuses bad configs.
 
 The MJX runs go through the CLI in subprocesses started with `CPU_XLA_FLAGS` (XLA's CPU fusion makes MJX ~300x
-slower; the flag must be set before JAX starts, which an in-process test cannot guarantee) and this suite's
+slower; the suite's conftest.py sets it for the test process before JAX starts, and they inherit it) and this suite's
 persistent compilation cache: every MJX run here has the same program-shaping config (`MJX_ARGS`), so the first
 one compiles (about a minute and a half on a 2-core machine) and the others load it.
 """
@@ -11,7 +11,6 @@ one compiles (about a minute and a half on a 2-core machine) and the others load
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,6 @@ import torch
 from robotrl.evaluate import evaluate_state_actor
 from robotrl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
 from robotrl import ppo_mjx
-from robotrl.ppo_mjx import CPU_XLA_FLAGS
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 N, HORIZON = 32, 64  # one iteration = 2,048 env steps
@@ -35,8 +33,7 @@ MJX_ARGS = ["train", "ppo", "--backend", "mjx", "--task", "Reach", "--num-envs",
 
 @pytest.fixture
 def mjx_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Subprocesses started in this test get the CPU flags and this suite's compilation cache."""
-    monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} {CPU_XLA_FLAGS}".strip())
+    """Subprocesses started in this test get this suite's compilation cache (and the CPU flags, conftest.py)."""
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(jax.config.jax_compilation_cache_dir))
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
