@@ -27,6 +27,12 @@ _cache.mkdir(parents=True, exist_ok=True)
 jax.config.update("jax_compilation_cache_dir", str(_cache))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
+# A DDS domain block of this test process's own: under pytest-xdist two workers run ROS tests side by side, and nodes
+# of one worker would otherwise see the other's topics. In-process nodes (rclpy.init() reads the variable) and the
+# node executables a test starts use the block's first domain; a test that needs a private one takes
+# ROS_DOMAIN_ID + k, k < 10.
+os.environ["ROS_DOMAIN_ID"] = str(20 + 10 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")))
+
 
 @pytest.fixture(scope="module", autouse=True)
 def _release_jax_caches() -> Iterator[None]:

@@ -3,6 +3,7 @@ DDS's own threads included, so that load on the machine no longer sets the laten
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from robotrl.hardware import nodes
 from robotrl.hardware.deploy import DeployConfig
 from robotrl.hardware.realtime import make_realtime, process_threads, scheduler_of, set_fifo, thread_ids
 
-DOMAIN = 44
+DOMAIN = int(os.environ["ROS_DOMAIN_ID"]) + 4  # apart from the other ROS tests (conftest.py)
 
 
 def schedulers() -> set[str]:
