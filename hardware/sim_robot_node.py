@@ -13,8 +13,9 @@ that seed).
 
 Real time (default): a timer steps the physics every control period with the newest command that is due.
 Lockstep (`lockstep:=true`): one step per command, taken as soon as the command arrives (or after
-`lockstep_timeout` with the last target): the sim then runs exactly as the in-process evaluation does, as fast
-as the policy answers -- for comparing success over ROS 2 with `robotrl eval`.
+`lockstep_timeout` with the last target; while it waits it repeats its status every period): the sim then runs
+exactly as the in-process evaluation does, as fast as the policy answers -- for comparing success over ROS 2 with
+`robotrl eval`.
 """
 
 from __future__ import annotations
@@ -135,10 +136,10 @@ class SimRobotNode(Node):
             self._step(time.monotonic())
 
     def _lockstep_watchdog(self) -> None:
-        if self.done:
-            self._publish_status()
-        elif time.monotonic() - self.awaiting_since > self.config.lockstep_timeout:
+        if not self.done and time.monotonic() - self.awaiting_since > self.config.lockstep_timeout:
             self._step(time.monotonic())
+        else:  # waiting for a command (or finished): whoever starts listening now hears where the sim stands
+            self._publish_status()
 
     def _step(self, now: float) -> None:
         self.sim.step(now)
@@ -147,10 +148,12 @@ class SimRobotNode(Node):
         self.publish()
 
     def publish(self) -> None:
+        # render first, then publish the whole set back to back: a frame rendered between the joint state and the
+        # images made the joint state look up to a render older on arrival (a deploy node drops stale sets)
+        obs = self.sim.observation()
         stamp = self.get_clock().now().to_msg()
         q, dq = self.sim.joint_state()
         self.js_pub.publish(arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))
-        obs = self.sim.observation()
         if "instruction" in obs:
             self.instruction_pub.publish(String(data=str(obs["instruction"])))
         for key, pub in self.image_pubs.items():

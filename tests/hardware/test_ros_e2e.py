@@ -30,7 +30,7 @@ from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.hardware.ros_eval import evaluate_over_ros
 from robotrl.policies import runtime
 
-DOMAIN = 42  # apart from the in-process node tests
+DOMAIN = int(os.environ["ROS_DOMAIN_ID"]) + 1  # apart from the in-process node tests (conftest.py)
 SEED, STEPS, EPISODES = 1_000_003, 60, 3
 
 
@@ -44,6 +44,19 @@ def stop_nodes(procs: dict[str, subprocess.Popen], tmp_path: Path) -> None:
     for key in procs:
         text = (tmp_path / f"{key}.log").read_text()
         assert "Traceback" not in text, f"{key} crashed:\n{text}"
+
+
+def lockstep_robot(name: str, tmp_path: Path) -> str:
+    """The robot file with its motion limits out of the policy's way (the in-process env has none) and the wall
+    clock out of the lockstep: no observation set counts as stale and the sim robot waits for every command (with
+    the sim robot's 1 s and the robot's 0.1 s, a loaded 2-core CI machine could time a step out, and the episode
+    left the in-process one). Staleness on the robot's real limits is the kill test's below."""
+    robot = yaml.safe_load((ROBOTS_DIR / f"{name}.yaml").read_text())
+    joints = len(robot["limits"]["velocity"])
+    robot["limits"].update(velocity=[100.0] * joints, acceleration=[1e5] * joints)
+    robot["max_obs_age"] = 60.0
+    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
+    return str(tmp_path / "robot.yaml")
 
 
 @pytest.fixture
@@ -66,13 +79,11 @@ def policy_and_options(request: pytest.FixtureRequest) -> tuple[Path, dict]:
 @pytest.fixture
 def nodes(policy_and_options: tuple[Path, dict], tmp_path: Path, ros_domain: None) -> Iterator[dict]:
     export_dir, options = policy_and_options
-    robot = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
-    robot["limits"].update(velocity=[100.0] * 7, acceleration=[1e5] * 7)
-    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
+    robot = lockstep_robot("sim_panda", tmp_path)
     procs = start_nodes(tmp_path, {
-        "sim_robot": {"robot": str(tmp_path / "robot.yaml"), "task_options": json.dumps(options),
-                      "lockstep": True, "seed": SEED},
-        "deploy": {"robot": str(tmp_path / "robot.yaml"), "policy": str(export_dir), "trigger": "observation",
+        "sim_robot": {"robot": robot, "task_options": json.dumps(options), "lockstep": True,
+                      "lockstep_timeout": 60.0, "seed": SEED},
+        "deploy": {"robot": robot, "policy": str(export_dir), "trigger": "observation",
                    "seed": SEED, "wait_for_reset": True},
     })
     try:
@@ -105,14 +116,12 @@ def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(pick
     """PickPlace through `sim_panda_hand`: the arm's seven joints and the two fingers in one command, the
     instruction from the sim robot with every step; in lockstep the language-conditioned policy's episodes over
     ROS 2 are the in-process ones, the instruction and the gripper included."""
-    robot = yaml.safe_load((ROBOTS_DIR / "sim_panda_hand.yaml").read_text())
-    robot["limits"].update(velocity=[100.0] * 9, acceleration=[1e5] * 9)
-    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
+    robot = lockstep_robot("sim_panda_hand", tmp_path)
     options = {"episode_steps": 25}
     procs = start_nodes(tmp_path, {
-        "sim_robot": {"robot": str(tmp_path / "robot.yaml"), "task": "PickPlace", "task_options": json.dumps(options),
-                      "lockstep": True, "seed": SEED},
-        "deploy": {"robot": str(tmp_path / "robot.yaml"), "policy": str(pickplace_vla_export),
+        "sim_robot": {"robot": robot, "task": "PickPlace", "task_options": json.dumps(options), "lockstep": True,
+                      "lockstep_timeout": 60.0, "seed": SEED},
+        "deploy": {"robot": robot, "policy": str(pickplace_vla_export),
                    "trigger": "observation", "seed": SEED, "wait_for_reset": True},
     })
     try:
