@@ -11,8 +11,10 @@ one compiles (about a minute and a half on a 2-core machine) and the others load
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -31,11 +33,13 @@ MJX_ARGS = ["train", "ppo", "--backend", "mjx", "--task", "Reach", "--num-envs",
             str(HORIZON), "--no-progress"]
 
 
-@pytest.fixture
-def mjx_subprocesses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Subprocesses started in this test get this suite's compilation cache (and the CPU flags, conftest.py)."""
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(jax.config.jax_compilation_cache_dir))
-    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+@pytest.fixture(scope="module")
+def mjx_subprocesses() -> Iterator[None]:
+    """Subprocesses started in this module get this suite's compilation cache (and the CPU flags, conftest.py)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("JAX_COMPILATION_CACHE_DIR", str(jax.config.jax_compilation_cache_dir))
+        env.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+        yield
 
 
 def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -48,6 +52,14 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def budget(iterations: int, run_dir: Path, *extra: str) -> list[str]:
     return ["--total-steps", str(N * HORIZON * iterations), "--checkpoint-every", str(N * HORIZON),
             "--eval-episodes", "0", "--run-dir", str(run_dir), *extra]
+
+
+@pytest.fixture(scope="module")
+def straight(mjx_subprocesses: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of three iterations never stopped: what the resumed run must equal, and a good train state to blow up."""
+    run_dir = tmp_path_factory.mktemp("mjx") / "straight"
+    run_cli(*budget(3, run_dir))
+    return run_dir
 
 
 def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None) -> None:
@@ -65,13 +77,12 @@ def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None) -> None:
     assert success >= 0.8 and success >= start + 0.6, (start, success)
 
 
-def test_killed_run_resumes_exactly(tmp_path: Path, mjx_subprocesses: None, kill_after_first_train_state) -> None:
-    killed, straight = tmp_path / "killed", tmp_path / "straight"
+def test_killed_run_resumes_exactly(tmp_path: Path, straight: Path, kill_after_first_train_state) -> None:
+    killed = tmp_path / "killed"
     step = kill_after_first_train_state([str(ROBOTRL), *MJX_ARGS, *budget(3, killed)], killed / "train_state.pt",
                                         timeout=600)
     assert 1 <= step < 3, step
     run_cli(*budget(3, killed, "--resume"))
-    run_cli(*budget(3, straight))
     a = torch.load(straight / "agent.pt", weights_only=True)
     b = torch.load(killed / "agent.pt", weights_only=True)
     assert set(a) == set(b)
@@ -83,15 +94,14 @@ def test_killed_run_resumes_exactly(tmp_path: Path, mjx_subprocesses: None, kill
         assert torch.equal(sa[name], sb[name]), name
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path, mjx_subprocesses: None) -> None:
-    run_dir = tmp_path / "nan"
-    run_cli(*budget(1, run_dir))
+def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path, straight: Path) -> None:
+    run_dir = shutil.copytree(straight, tmp_path / "nan")  # the straight run goes on serving the resume test
     before = torch.load(run_dir / "train_state.pt", weights_only=True)
-    proc = run_cli(*budget(3, run_dir, "--resume", "--lr", "1e30"), check=False)  # blows the weights up
+    proc = run_cli(*budget(4, run_dir, "--resume", "--lr", "1e30"), check=False)  # blows the weights up
     assert proc.returncode != 0
-    assert "TrainingDiverged: ppo (mjx) iteration 1: loss or weights are not finite" in proc.stderr, proc.stderr[-2000:]
+    assert "TrainingDiverged: ppo (mjx) iteration 3: loss or weights are not finite" in proc.stderr, proc.stderr[-2000:]
     after = torch.load(run_dir / "train_state.pt", weights_only=True)
-    assert after["step"] == before["step"] == 1
+    assert after["step"] == before["step"] == 3
     for name, v in after["state"].items():
         assert torch.equal(v, before["state"][name]), name
         assert not v.is_floating_point() or torch.isfinite(v).all(), name
