@@ -30,7 +30,8 @@ from robotrl.hardware.sim_robot_node import SimRobotNode, SimRobotNodeConfig
 from robotrl.hardware.teleop_node import INTERVENTION_TOPIC, TeleopNode, TeleopNodeConfig
 from robotrl.spec import SpecMismatchError
 
-DOMAIN, KILL_DOMAIN = int(os.environ["ROS_DOMAIN_ID"]) + 2, int(os.environ["ROS_DOMAIN_ID"]) + 3  # apart from test_ros_e2e
+DOMAIN = int(os.environ["ROS_DOMAIN_ID"]) + 2  # apart from the other ROS tests of this worker (conftest.py)
+KILL_DOMAIN = DOMAIN + 1
 ROBOT = RobotConfig.load("sim_panda")
 STEPS = 40
 OPTIONS = json.dumps({"episode_steps": STEPS})
