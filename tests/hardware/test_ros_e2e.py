@@ -46,17 +46,25 @@ def stop_nodes(procs: dict[str, subprocess.Popen], tmp_path: Path) -> None:
         assert "Traceback" not in text, f"{key} crashed:\n{text}"
 
 
-def lockstep_robot(name: str, tmp_path: Path) -> str:
-    """The robot file with its motion limits out of the policy's way (the in-process env has none) and the wall
-    clock out of the lockstep: no observation set counts as stale and the sim robot waits for every command (with
-    the sim robot's 1 s and the robot's 0.1 s, a loaded 2-core CI machine could time a step out, and the episode
-    left the in-process one). Staleness on the robot's real limits is the kill test's below."""
-    robot = yaml.safe_load((ROBOTS_DIR / f"{name}.yaml").read_text())
+def start_lockstep(tmp_path: Path, robot_name: str, task: str, options: dict,
+                   policy: Path) -> dict[str, subprocess.Popen]:
+    """The sim robot in lockstep and the deploy node stepping on its observations, seeded alike, on a robot file
+    with its motion limits out of the policy's way (the in-process env has none) and the wall clock out of the
+    lockstep: no observation set counts as stale and the sim robot waits for every command (with the sim robot's
+    1 s and the robot's 0.1 s, a loaded 2-core CI machine could time a step out, and the episode left the
+    in-process one). Staleness on the robot's real limits is the kill test's below."""
+    robot = yaml.safe_load((ROBOTS_DIR / f"{robot_name}.yaml").read_text())
     joints = len(robot["limits"]["velocity"])
     robot["limits"].update(velocity=[100.0] * joints, acceleration=[1e5] * joints)
     robot["max_obs_age"] = 60.0
-    (tmp_path / "robot.yaml").write_text(yaml.safe_dump(robot))
-    return str(tmp_path / "robot.yaml")
+    path = tmp_path / "robot.yaml"
+    path.write_text(yaml.safe_dump(robot))
+    return start_nodes(tmp_path, {
+        "sim_robot": {"robot": str(path), "task": task, "task_options": json.dumps(options), "lockstep": True,
+                      "lockstep_timeout": 60.0, "seed": SEED},
+        "deploy": {"robot": str(path), "policy": str(policy), "trigger": "observation", "seed": SEED,
+                   "wait_for_reset": True},
+    })
 
 
 @pytest.fixture
@@ -79,13 +87,7 @@ def policy_and_options(request: pytest.FixtureRequest) -> tuple[Path, dict]:
 @pytest.fixture
 def nodes(policy_and_options: tuple[Path, dict], tmp_path: Path, ros_domain: None) -> Iterator[dict]:
     export_dir, options = policy_and_options
-    robot = lockstep_robot("sim_panda", tmp_path)
-    procs = start_nodes(tmp_path, {
-        "sim_robot": {"robot": robot, "task_options": json.dumps(options), "lockstep": True,
-                      "lockstep_timeout": 60.0, "seed": SEED},
-        "deploy": {"robot": robot, "policy": str(export_dir), "trigger": "observation",
-                   "seed": SEED, "wait_for_reset": True},
-    })
+    procs = start_lockstep(tmp_path, "sim_panda", "PushT", options, export_dir)
     try:
         yield procs
     finally:
@@ -116,14 +118,8 @@ def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(pick
     """PickPlace through `sim_panda_hand`: the arm's seven joints and the two fingers in one command, the
     instruction from the sim robot with every step; in lockstep the language-conditioned policy's episodes over
     ROS 2 are the in-process ones, the instruction and the gripper included."""
-    robot = lockstep_robot("sim_panda_hand", tmp_path)
     options = {"episode_steps": 25}
-    procs = start_nodes(tmp_path, {
-        "sim_robot": {"robot": robot, "task": "PickPlace", "task_options": json.dumps(options), "lockstep": True,
-                      "lockstep_timeout": 60.0, "seed": SEED},
-        "deploy": {"robot": robot, "policy": str(pickplace_vla_export),
-                   "trigger": "observation", "seed": SEED, "wait_for_reset": True},
-    })
+    procs = start_lockstep(tmp_path, "sim_panda_hand", "PickPlace", options, pickplace_vla_export)
     try:
         over_ros = evaluate_over_ros(2, SEED, episode_timeout=60.0)
         assert all(p.poll() is None for p in procs.values()), "a node died"
