@@ -10,7 +10,8 @@ the action into joint targets with the task's own controller and publishes what 
 through, as a JointTrajectory or a Float64MultiArray per the robot's file. The policy runs through
 `robotrl.policies.runtime` (onnxruntime; no training code). Malformed messages are counted and logged, never a
 crash. The e-stop (a `std_msgs/Bool` topic or the `~/estop` service) latches; `~/reset` re-arms it and starts
-a new episode (history and chunks cleared). Diagnostics (`diagnostic_msgs`) carry the safety state, its
+a new episode (history and chunks cleared); it refuses, saying which, while a robot topic is not matched yet.
+Diagnostics (`diagnostic_msgs`) carry the safety state, its
 counters, malformed-message counts and inference times.
 """
 
@@ -135,7 +136,11 @@ class DeployNode(RobotNode):
         return response
 
     def _srv_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
-        """A new episode: the executor starts over; an e-stop is re-armed if the joint states are fresh."""
+        """A new episode: the executor starts over; an e-stop is re-armed if the joint states are fresh. Refused
+        while a robot topic is unmatched (the caller retries): the episode's first observation would go unheard."""
+        if missing := self.unconnected():
+            response.success, response.message = False, "not connected to the robot: " + "; ".join(missing)
+            return response
         now = time.monotonic()
         if not self.started:
             self.policy.rng, self.started = np.random.default_rng(self.config.seed), True

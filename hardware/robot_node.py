@@ -6,6 +6,8 @@ poses from a simulator, perception or motion capture), the cameras, the instruct
 the newest value of each with its arrival time, and counts and logs malformed messages instead of failing on
 them. `observation(now)` is the newest frame of every key, or None when one is missing or older than the robot's
 `max_obs_age`; `publish_command(q)` sends joint positions as the robot's file says (nothing for None).
+`unconnected()` names the robot topics DDS has not matched yet: a node that starts an episode before its inputs
+are matched misses the first observation, which a lockstep robot sends only once.
 """
 
 from __future__ import annotations
@@ -48,25 +50,33 @@ class RobotNode(Node):
         self.malformed: dict[str, int] = {}
         self.instruction = instruction
         topics, name = robot.topics, self.get_name()
-        self.create_subscription(JointState, topics.joint_states, self._on_joint_state, qos_profile_sensor_data)
+        sensor = qos_profile_sensor_data
+        self.inputs = [self.create_subscription(JointState, topics.joint_states, self._on_joint_state, sensor)]
         vector = [k for k in self.obs_keys if not spec.observations[k].is_image]
         if len(vector) > 1:
             raise SpecMismatchError(f"{name}: {spec.task} observes {len(vector)} vectors {vector}; the robot offers "
                                     f"one task-state topic ({topics.task_state})")
         for key in vector:
-            self.create_subscription(Float64MultiArray, topics.task_state, lambda m, k=key: self._on_vector(k, m),
-                                     qos_profile_sensor_data)
+            self.inputs.append(self.create_subscription(Float64MultiArray, topics.task_state,
+                                                        lambda m, k=key: self._on_vector(k, m), sensor))
         for key in self.obs_keys:
             if spec.observations[key].is_image:
                 if key not in topics.images:
                     raise SpecMismatchError(f"{name}: {spec.task} observes camera {key!r}; robot {robot.name} names "
                                             f"cameras {sorted(topics.images)} (topics.images in its file)")
-                self.create_subscription(Image, topics.images[key], lambda m, k=key: self._on_image(k, m),
-                                         qos_profile_sensor_data)
+                self.inputs.append(self.create_subscription(Image, topics.images[key],
+                                                            lambda m, k=key: self._on_image(k, m), sensor))
         self.create_subscription(String, topics.instruction, self._on_instruction, 10)
         self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         msg_type = JointTrajectory if robot.command_type == "joint_trajectory" else Float64MultiArray
         self.command_pub = self.create_publisher(msg_type, topics.command, 10)
+
+    def unconnected(self) -> list[str]:
+        """What DDS has not matched yet: input topics without a publisher, the command topic without a subscriber."""
+        missing = [f"no publisher on {s.topic_name}" for s in self.inputs if s.get_publisher_count() == 0]
+        if self.command_pub.get_subscription_count() == 0:
+            missing.append(f"no subscriber on {self.command_pub.topic_name}")
+        return missing
 
     # --- hooks --------------------------------------------------------------------------------------
     def on_joint_state(self, q: np.ndarray, stamp: float) -> None:

@@ -3,7 +3,8 @@ counted from the sim robot's status topic -- the figure compared with the in-pro
 
     stats = evaluate_over_ros(episodes=50, seed=1_000_000)    # both nodes already running
 
-Each episode: the deploy node's `~/reset` (history and chunks cleared), then the sim robot reset -- to `seed`
+Each episode: the deploy node's `~/reset` (history and chunks cleared; retried while it says its robot topics
+are not matched yet), then the sim robot reset -- to `seed`
 for the first episode, to the next episode of its seeded stream after that, which is the stream a one-env
 `CpuVectorEnv(seed=seed)` draws from -- and the episode runs until the sim robot reports it terminated or
 truncated. Success is "succeeded at any step", as `run_episodes` counts it.
@@ -47,13 +48,22 @@ class EpisodeRunner(Node):
             self.executor_.spin_once(timeout_sec=min(0.01, max(end - time.monotonic(), 0.0)))
 
     def call(self, client: Any, timeout: float = 10.0, discovery: float = 60.0) -> None:
-        """Call a Trigger service; `discovery` allows for a node that is still starting (loading its policy)."""
+        """Call a Trigger service until it succeeds; `discovery` allows for a node that is still starting (loading
+        its policy, its topics not matched yet: the deploy node refuses a reset until they are). A call that timed
+        out is not repeated: it may still run, and a second sim reset would skip an episode of the stream."""
+        end = time.monotonic() + discovery
         if not client.wait_for_service(timeout_sec=discovery):
             raise TimeoutError(f"ros eval: service {client.srv_name} not available within {discovery} s")
-        future = client.call_async(Trigger.Request())
-        self.executor_.spin_until_future_complete(future, timeout_sec=timeout)
-        if not future.done() or not future.result().success:
-            raise RuntimeError(f"ros eval: {client.srv_name} failed: {future.result() if future.done() else 'timeout'}")
+        while True:
+            future = client.call_async(Trigger.Request())
+            self.executor_.spin_until_future_complete(future, timeout_sec=timeout)
+            if not future.done():
+                raise TimeoutError(f"ros eval: {client.srv_name} did not answer within {timeout} s")
+            if future.result().success:
+                return
+            if time.monotonic() > end:
+                raise RuntimeError(f"ros eval: {client.srv_name} refused for {discovery} s: {future.result().message}")
+            self.spin_for(0.1)
 
     def wait_for_status(self, timeout: float = 30.0) -> dict[str, Any]:
         end = time.monotonic() + timeout

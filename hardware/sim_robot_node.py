@@ -13,7 +13,8 @@ that seed).
 
 Real time (default): a timer steps the physics every control period with the newest command that is due.
 Lockstep (`lockstep:=true`): one step per command, taken as soon as the command arrives (or after
-`lockstep_timeout` with the last target; while it waits it repeats its status every period): the sim then runs
+`lockstep_timeout` with the last target; while it waits it repeats its status every period, and the observation
+on any topic that DDS matched to a subscriber since it went out, which that subscriber missed): the sim then runs
 exactly as the in-process evaluation does, as fast as the policy answers -- for comparing success over ROS 2 with
 `robotrl eval`.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rclpy.node import Node
+from rclpy.publisher import Publisher
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, Int64, String
 from std_srvs.srv import Trigger
@@ -82,6 +84,7 @@ class SimRobotNode(Node):
         self.episode, self.malformed = 0, 0
         self.done = False
         self.awaiting_since = time.monotonic()
+        self.sent: list[tuple[Publisher, Any, bool]] = []  # the last observation set: (topic, message, matched then)
         t = self.robot.topics
         self.js_pub = self.create_publisher(JointState, t.joint_states, 10)
         self.state_pub = self.create_publisher(Float64MultiArray, t.task_state, 10)
@@ -139,7 +142,18 @@ class SimRobotNode(Node):
         if not self.done and time.monotonic() - self.awaiting_since > self.config.lockstep_timeout:
             self._step(time.monotonic())
         else:  # waiting for a command (or finished): whoever starts listening now hears where the sim stands
+            if not self.done:
+                self._repeat_to_new_subscribers()
             self._publish_status()
+
+    def _repeat_to_new_subscribers(self) -> None:
+        """A deploy node that started just before the reset may match a topic after its message went out: without
+        the repeat it never completes the observation set and a lockstep sim waits for a command that never comes.
+        Only topics unmatched at publication are repeated, so no subscriber hears an observation twice."""
+        for i, (pub, msg, matched) in enumerate(self.sent):
+            if not matched and pub.get_subscription_count() > 0:
+                pub.publish(msg)
+                self.sent[i] = (pub, msg, True)
 
     def _step(self, now: float) -> None:
         self.sim.step(now)
@@ -153,13 +167,16 @@ class SimRobotNode(Node):
         obs = self.sim.observation()
         stamp = self.get_clock().now().to_msg()
         q, dq = self.sim.joint_state()
-        self.js_pub.publish(arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))
+        messages: list[tuple[Publisher, Any]] = [
+            (self.js_pub, arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))]
         if "instruction" in obs:
-            self.instruction_pub.publish(String(data=str(obs["instruction"])))
-        for key, pub in self.image_pubs.items():
-            pub.publish(array_to_image(obs[key], stamp=stamp, frame_id=key))
+            messages.append((self.instruction_pub, String(data=str(obs["instruction"]))))
+        messages += [(pub, array_to_image(obs[key], stamp=stamp, frame_id=key)) for key, pub in self.image_pubs.items()]
         if "state" in obs:
-            self.state_pub.publish(float_array_to_msg(obs["state"]))
+            messages.append((self.state_pub, float_array_to_msg(obs["state"])))
+        self.sent = [(pub, msg, pub.get_subscription_count() > 0) for pub, msg in messages]
+        for pub, msg in messages:
+            pub.publish(msg)
         self._publish_status()
         self.awaiting_since = time.monotonic()
 

@@ -126,6 +126,44 @@ def test_estop_stops_everything_until_reset(nodes: Any) -> None:
     assert len(robot.commands) > n
 
 
+def test_reset_is_refused_until_the_robot_topics_are_matched(ros: None, pusht_export: Path) -> None:
+    """A lockstep robot sends an episode's first observation once: an episode started before DDS matched the
+    node's topics would wait for it forever, so the reset says what is missing and the caller retries."""
+    deploy = DeployNode(DeployConfig(policy=str(pusht_export), robot="sim_panda"))
+    caller = Node("reset_caller")
+    executor = SingleThreadedExecutor()
+    executor.add_node(deploy)
+    executor.add_node(caller)
+    client = caller.create_client(Trigger, "/robotrl_deploy/reset")
+
+    def reset() -> Trigger.Response:
+        future = client.call_async(Trigger.Request())
+        executor.spin_until_future_complete(future, timeout_sec=5.0)
+        assert future.done(), "~/reset did not answer"
+        return future.result()
+
+    robot = None
+    try:
+        assert client.wait_for_service(timeout_sec=5.0)
+        refused = reset()
+        assert not refused.success
+        for missing in (f"no publisher on {ROBOT.topics.joint_states}", f"no publisher on {ROBOT.topics.task_state}",
+                        f"no subscriber on {ROBOT.topics.command}"):
+            assert missing in refused.message
+        robot = Robot()  # the robot's driver comes up
+        executor.add_node(robot)
+        end = time.monotonic() + 10.0
+        while not (answer := reset()).success and time.monotonic() < end:
+            run(executor, 0.05)
+        assert answer.success, answer.message
+    finally:
+        executor.shutdown()
+        deploy.close()
+        for node in (deploy, caller, robot):
+            if node is not None:
+                node.destroy_node()
+
+
 def test_malformed_messages_are_counted_not_fatal(nodes: Any) -> None:
     deploy, robot, executor = nodes
     wrong_names = arrays_to_joint_state([f"j{i}" for i in range(7)], HOME)

@@ -1,0 +1,78 @@
+"""The sim robot node in lockstep, in-process over real Fast DDS: a subscriber that DDS matched after an observation
+went out to nobody still hears it (once) while the sim waits for a command, and one matched in time hears it exactly
+once -- the two halves of "a deploy node that starts just before an episode neither stalls the lockstep nor acts
+twice on one observation"."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Float64MultiArray, String
+
+from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.sim_robot_node import STATUS_TOPIC, SimRobotNode, SimRobotNodeConfig
+
+ROBOT = RobotConfig.load("sim_panda")
+
+
+class Listener(Node):
+    """Keeps every joint state and task state it hears, and the sim's last status."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.joint_states: list[JointState] = []
+        self.states: list[Float64MultiArray] = []
+        self.status: dict | None = None
+        self.create_subscription(JointState, ROBOT.topics.joint_states, self.joint_states.append, 10)
+        self.create_subscription(Float64MultiArray, ROBOT.topics.task_state, self.states.append, 10)
+        self.create_subscription(String, STATUS_TOPIC, lambda m: setattr(self, "status", json.loads(m.data)), 10)
+
+
+def spin_until(executor: SingleThreadedExecutor, done: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while not done() and time.monotonic() < end:
+        executor.spin_once(timeout_sec=0.02)
+    return done()
+
+
+@pytest.fixture
+def lockstep_sim(ros: None) -> Iterator[tuple[SimRobotNode, SingleThreadedExecutor]]:
+    """No lockstep timeout within the test: only a command (none is sent) or the repeat can publish again."""
+    sim = SimRobotNode(SimRobotNodeConfig(task="PushT", lockstep=True, lockstep_timeout=600.0))
+    executor = SingleThreadedExecutor()
+    executor.add_node(sim)
+    try:
+        yield sim, executor
+    finally:
+        executor.shutdown()
+        sim.close()
+        sim.destroy_node()
+
+
+def test_a_late_subscriber_hears_the_waiting_observation_once(lockstep_sim: tuple) -> None:
+    sim, executor = lockstep_sim
+    executor.spin_once(timeout_sec=0.1)  # the start-up set went out before anyone listened
+    late = Listener("late_listener")
+    executor.add_node(late)
+    assert spin_until(executor, lambda: late.joint_states and late.states, 10.0), \
+        "a subscriber matched after the observation went out never heard it: a lockstep episode would stall"
+    spin_until(executor, lambda: False, 0.5)  # watchdog periods pass: nothing is repeated a second time
+    assert len(late.joint_states) == 1 and len(late.states) == 1
+    assert late.status is not None and late.status["step"] == 0  # nothing stepped the sim
+
+
+def test_a_subscriber_matched_in_time_hears_each_observation_once(lockstep_sim: tuple) -> None:
+    sim, executor = lockstep_sim
+    first = Listener("first_listener")
+    executor.add_node(first)
+    assert spin_until(executor, lambda: first.joint_states and first.states, 10.0)
+    sim.reset(seed=3)  # an episode starts with `first` matched on every topic
+    assert spin_until(executor, lambda: len(first.joint_states) == 2 and len(first.states) == 2, 5.0)
+    spin_until(executor, lambda: False, 0.5)  # watchdog periods pass while the sim waits for a command
+    assert (len(first.joint_states), len(first.states)) == (2, 2)  # a lockstep deploy node would act once
