@@ -11,8 +11,7 @@ through, as a JointTrajectory or a Float64MultiArray per the robot's file. The p
 `robotrl.policies.runtime` (onnxruntime; no training code). Malformed messages are counted and logged, never a
 crash. The e-stop (a `std_msgs/Bool` topic or the `~/estop` service) latches; `~/reset` re-arms it and starts
 a new episode (history and chunks cleared); it refuses, saying which, while a robot topic is not matched yet.
-Diagnostics (`diagnostic_msgs`) carry the safety state, its
-counters, malformed-message counts and inference times.
+Diagnostics (`diagnostic_msgs`) carry the safety state, its counters, malformed-message counts and inference times.
 """
 
 from __future__ import annotations
