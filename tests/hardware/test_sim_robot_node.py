@@ -6,8 +6,7 @@ twice on one observation"."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 from rclpy.executors import SingleThreadedExecutor
@@ -17,6 +16,7 @@ from std_msgs.msg import Float64MultiArray, String
 
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.sim_robot_node import STATUS_TOPIC, SimRobotNode, SimRobotNodeConfig
+from ros_spin import spin_until
 
 ROBOT = RobotConfig.load("sim_panda")
 
@@ -32,13 +32,6 @@ class Listener(Node):
         self.create_subscription(JointState, ROBOT.topics.joint_states, self.joint_states.append, 10)
         self.create_subscription(Float64MultiArray, ROBOT.topics.task_state, self.states.append, 10)
         self.create_subscription(String, STATUS_TOPIC, lambda m: setattr(self, "status", json.loads(m.data)), 10)
-
-
-def spin_until(executor: SingleThreadedExecutor, done: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while not done() and time.monotonic() < end:
-        executor.spin_once(timeout_sec=0.02)
-    return done()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.sim_robot_node import SimRobotNode, SimRobotNodeConfig
 from robotrl.hardware.teleop_node import INTERVENTION_TOPIC, TeleopNode, TeleopNodeConfig
 from robotrl.spec import SpecMismatchError
+from ros_spin import spin_until
 
 DOMAIN = int(os.environ["ROS_DOMAIN_ID"]) + 2  # apart from the other ROS tests of this worker (conftest.py)
 KILL_DOMAIN = DOMAIN + 1
@@ -68,15 +69,6 @@ class Harness(Node):
         action = np.array([0.8 * np.sin(0.3 * self.sent), 0.8 * np.cos(0.3 * self.sent)], dtype=np.float32)
         self.actions.add(action.tobytes())
         self.policy.publish(float_array_to_msg(action.astype(np.float64)))
-
-
-def spin_until(executor: SingleThreadedExecutor, done: Callable[[], bool], timeout: float,
-               each: Callable[[], Any] | None = None) -> None:
-    end = time.monotonic() + timeout
-    while not done() and time.monotonic() < end:
-        if each is not None:
-            each()
-        executor.spin_once(timeout_sec=0.005)
 
 
 @pytest.fixture
