@@ -160,6 +160,9 @@ class PipelineConfig:
     online_operator_fraction: float = 0.0
     """share of the online stage's BC windows drawn from the operator's take-overs (`train hil --operator-fraction`;
     PushT's GPU chain: 0.5)"""
+    online_ema: float = 0.0
+    """decay per update of the online stage's weight average, handed on instead of its last weights (`train online
+    --ema`; 0: the last weights). PushT's chains on a GPU and on this machine's CPU: 0.8 (bench/RESULTS.md)"""
     online_eval_every: int | None = None
     """env steps between the online stage's evaluations on training seeds, its best checkpoint handed on (the
     preset's: default none, full 200,000)"""
@@ -204,6 +207,8 @@ class PipelineConfig:
                 raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
         if not 0.0 <= self.online_bc_coef < float("inf"):
             raise ValueError(f"PipelineConfig.online_bc_coef: expected >= 0, got {self.online_bc_coef}")
+        if not 0.0 <= self.online_ema < 1.0:
+            raise ValueError(f"PipelineConfig.online_ema: expected a decay in [0, 1), got {self.online_ema}")
         if self.online_criterion not in ("stray", "stall"):
             raise ValueError(f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}")
         if not 0.0 <= self.online_operator_fraction <= 1.0:
@@ -309,7 +314,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
         "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
         "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
-        "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, **selection,
+        "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, "ema": config.online_ema,
+        **selection,
         **({"minibatch_size": config.online_minibatch} if config.online_minibatch else {})}
     extra: dict[str, Any] = {}
     if config.interventions:

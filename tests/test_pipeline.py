@@ -112,7 +112,7 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1",
                   "--online-eval-every", "128", "--online-sampler-steps", "1", "--online-gate-episodes", "3",
                   "--online-envs", "2", "--online-minibatch", "8", "--online-criterion", "stall",
-                  "--online-operator-fraction", "0.5")
+                  "--online-operator-fraction", "0.5", "--online-ema", "0.8")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_rows(run_dir / "stages.jsonl")
     assert [r.stage for r in rows] == list(STAGES) and [json.dumps(r.extra) for r in rows[:3]] == \
@@ -120,8 +120,8 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
     online = json.loads((run_dir / "online" / "config.json").read_text())
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
-    assert (online["num_envs"], online["minibatch_size"], online["criterion"], online["operator_fraction"]) == \
-        (2, 8, "stall", 0.5)
+    assert (online["num_envs"], online["minibatch_size"], online["criterion"], online["operator_fraction"],
+            online["ema"]) == (2, 8, "stall", 0.5, 0.8)
     assert rows[3].extra["gate"]["start_success"] in (0.0, 1 / 3, 2 / 3, 1.0)
     assert json.loads((run_dir / "config.json").read_text())["online_sampler_steps"] is None  # the first run's
     assert [json.loads(line)["online_sampler_steps"] for line in resumed.read_text().splitlines()] == [1]
@@ -219,6 +219,8 @@ def test_bad_config_names_the_field():
         PipelineConfig(online_minibatch=-1)
     with pytest.raises(ValueError, match=r"PipelineConfig.online_criterion: expected 'stray' or 'stall', got 'lost'"):
         PipelineConfig(online_criterion="lost")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_ema: expected a decay in \[0, 1\), got 1.0"):
+        PipelineConfig(online_ema=1.0)
     with pytest.raises(ValueError, match=r"PipelineConfig.online_operator_fraction: expected a share in \[0, 1\], got 1.5"):
         PipelineConfig(online_operator_fraction=1.5)
     with pytest.raises(ValueError, match=r"PipelineConfig.interventions: the operator's options .*'stall'.*got "
