@@ -50,6 +50,15 @@ class EvalConfig:
     videos: int = 0
     """also write this many single-env episode videos next to the checkpoint (eval_<i>.mp4)"""
     video_dir: Path | None = None
+    threads: int = 1
+    """the policy's inference threads (torch's, or the runtime's for an exported policy). An evaluation's batches
+    are small: a second thread mostly spin-waits, and beside another job it stalls the evaluation (a one-step
+    PushT student's 2.5x slower at 2 threads than at 1 on the 2-core machine; bench/eval_threads.py)"""
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "num_envs", "execute", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EvalConfig.{name}: expected >= 1, got {getattr(self, name)}")
 
 
 def evaluate_actor(actor: Callable[[dict[str, Any]], np.ndarray], task: str, episodes: int, num_envs: int,
@@ -149,6 +158,19 @@ def not_worse(new: Any, start: Any, episodes: int, num_envs: int, seed: int, exe
 
 
 @contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set for a block and restored after it (a caller's training keeps its own)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextmanager
 def seeded_sampling(policy: Any, seed: int) -> Iterator[None]:
     """A runtime policy's numpy noise generator reset to `seed`; for a torch policy, torch's generator seeded
     inside a fork that is restored afterwards (a training loop's random stream is left as it was)."""
@@ -200,23 +222,24 @@ def load_any(path: Path, threads: int | None = None) -> Any:
 
 
 def run_eval(config: EvalConfig) -> dict[str, Any]:
-    policy = load_any(config.policy)
-    if config.steps is not None:
-        if not hasattr(getattr(policy, "config", None), "steps"):
-            raise ValueError(f"steps: {config.policy} has no sampler step count to override (an exported policy "
-                             "fixes it at export: robotrl export --steps)")
-        policy.config.steps = config.steps
-    stats = evaluate_policy(policy, config.episodes, config.num_envs, config.seed, config.execute)
-    lo, hi = stats.success_ci95()
-    result = {"policy": str(config.policy), "task": policy.spec.task, "episodes": len(stats.success),
-              "success_rate": stats.success_rate, "ci95": [lo, hi], "mean_return": float(np.mean(stats.returns)),
-              "seed": config.seed}
-    if stats.wrong_object is not None:
-        result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
-    if stats.instruction is not None:
-        result["by_instruction"] = stats.by_instruction()
-    if config.videos:
-        result["videos"] = [str(p) for p in record_videos(policy, config.video_dir or config.policy, config.videos,
-                                                           config.seed, config.execute)]
-    print(json.dumps(result))
-    return result
+    with torch_threads(config.threads):
+        policy = load_any(config.policy, threads=config.threads)
+        if config.steps is not None:
+            if not hasattr(getattr(policy, "config", None), "steps"):
+                raise ValueError(f"steps: {config.policy} has no sampler step count to override (an exported policy "
+                                 "fixes it at export: robotrl export --steps)")
+            policy.config.steps = config.steps
+        stats = evaluate_policy(policy, config.episodes, config.num_envs, config.seed, config.execute)
+        lo, hi = stats.success_ci95()
+        result = {"policy": str(config.policy), "task": policy.spec.task, "episodes": len(stats.success),
+                  "success_rate": stats.success_rate, "ci95": [lo, hi], "mean_return": float(np.mean(stats.returns)),
+                  "seed": config.seed}
+        if stats.wrong_object is not None:
+            result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
+        if stats.instruction is not None:
+            result["by_instruction"] = stats.by_instruction()
+        if config.videos:
+            result["videos"] = [str(p) for p in record_videos(policy, config.video_dir or config.policy, config.videos,
+                                                               config.seed, config.execute)]
+        print(json.dumps(result))
+        return result

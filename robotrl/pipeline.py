@@ -448,20 +448,14 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
 
 def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[float, tuple[float, float], float]:
     """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
-    import torch
-
-    from robotrl.evaluate import evaluate_policy, load_any
+    from robotrl.evaluate import evaluate_policy, load_any, torch_threads
     from robotrl.policies.timing import latency
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small batches: a second thread only spins; and deployed inference runs on one
-    try:
+    with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
         stats = evaluate_policy(policy, budget.eval_episodes, budget.eval_envs, execute=config.execute)
         window = one_window(policy, config.seed)
         ms, _ = latency(lambda: policy.act(window), calls=200, warmup=5, max_seconds=5.0)
-    finally:
-        torch.set_num_threads(threads)
     return stats.success_rate, stats.success_ci95(), float(np.percentile(ms, 50))
 
 

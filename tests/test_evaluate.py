@@ -1,0 +1,36 @@
+"""`robotrl eval`: the policy's inference threads for the evaluation only, the caller's restored after it."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import robotrl.evaluate as evaluate
+from robotrl.evaluate import EvalConfig, run_eval
+
+
+def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, monkeypatch) -> None:
+    seen: list[int] = []
+    real = evaluate.evaluate_policy
+
+    def evaluate_policy(*args, **kwargs):  # the real evaluation, its thread count noted as it starts
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "evaluate_policy", evaluate_policy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = run_eval(EvalConfig(policy=reach_bc_flow, episodes=4, num_envs=4, execute=4))
+        assert seen == [1] and torch.get_num_threads() == 2
+        assert result["episodes"] == 4 and 0.0 <= result["success_rate"] <= 1.0
+        run_eval(EvalConfig(policy=reach_bc_flow, episodes=2, num_envs=2, execute=4, threads=2))
+        assert seen == [1, 2]
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("field", ["episodes", "num_envs", "execute", "threads"])
+def test_bad_eval_config_names_the_field(field: str) -> None:
+    with pytest.raises(ValueError, match=rf"EvalConfig.{field}: expected >= 1, got 0"):
+        EvalConfig(policy=Path("p"), **{field: 0})
