@@ -52,8 +52,9 @@ class EvalConfig:
     video_dir: Path | None = None
     threads: int = 1
     """the policy's inference threads (torch's, or the runtime's for an exported policy). An evaluation's batches
-    are small: a second thread mostly spin-waits, and beside another job it stalls the evaluation (a one-step
-    PushT student's 2.5x slower at 2 threads than at 1 on the 2-core machine; bench/eval_threads.py)"""
+    are small: a second thread mostly spin-waits, and beside another job it stalls the evaluation (PushT's
+    one-step student and flow policy 5-6x slower at 2 threads than at 1 on 2 cores, within 10% alone;
+    bench/eval_threads.py)"""
 
     def __post_init__(self) -> None:
         for name in ("episodes", "num_envs", "execute", "threads"):
