@@ -232,9 +232,12 @@ class PipelineConfig:
         if self.run_dir is not None:
             self.run_dir = Path(self.run_dir)
 
+    def overrides(self) -> dict[str, Any]:
+        """The budget fields set on top of the preset."""
+        return {k: v for k in (*OVERRIDES, "bc_channels") if (v := getattr(self, k)) is not None}
+
     def budget(self) -> Budget:
-        overrides = {k: v for k in (*OVERRIDES, "bc_channels") if (v := getattr(self, k)) is not None}
-        return dataclasses.replace(PRESETS[self.preset], **overrides)
+        return dataclasses.replace(PRESETS[self.preset], **self.overrides())
 
 
 @dataclass
@@ -474,7 +477,11 @@ def read_rows(path: Path) -> list[StageRow]:
 
 
 def table(rows: list[StageRow], config: PipelineConfig, budget: Budget) -> str:
-    lines = [f"robotrl run: {config.task}, preset {config.preset}, success over {budget.eval_episodes} held-out episodes",
+    # a run with its budget overridden is not its preset's: the header says which fields it set
+    changed = ", ".join(f"{k}={' '.join(map(str, v)) if isinstance(v, tuple) else v}"
+                        for k, v in config.overrides().items())
+    lines = [f"robotrl run: {config.task}, preset {config.preset}{f' ({changed})' if changed else ''}, success over "
+             f"{budget.eval_episodes} held-out episodes",
              "",
              "| stage | success | 95% CI | env steps | wall-clock (s) | latency p50 (ms) | output |",
              "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -32,6 +32,7 @@ def test_smoke_preset_runs_every_stage_and_prints_the_table(smoke):
     rows = read_rows(run_dir / "stages.jsonl")
     assert [r.stage for r in rows] == list(STAGES)
     table = (run_dir / "summary.md").read_text()
+    assert table.startswith("robotrl run: PushT, preset smoke, success over 4 held-out episodes")  # no overrides
     for stage in STAGES:
         assert f"| {stage} |" in table and f"| {stage} |" in out.stdout
     by = {r.stage: r for r in rows}
@@ -118,6 +119,8 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     assert [r.stage for r in rows] == list(STAGES) and [json.dumps(r.extra) for r in rows[:3]] == \
         [json.dumps(json.loads(line)["extra"]) for line in finished]
     assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
+    # the table's header names the budget fields set on top of the preset
+    assert "preset smoke (online_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" in out.stdout
     online = json.loads((run_dir / "online" / "config.json").read_text())
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
     assert (online["num_envs"], online["minibatch_size"], online["criterion"], online["operator_fraction"],
