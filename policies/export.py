@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from robotrl.policies.base import MANIFEST, Policy, read_manifest, sha256
+from robotrl.policies.timing import torch_threads
 from robotrl.spec import STRING
 
 FILES = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
@@ -218,12 +219,8 @@ def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["on
     file = out_dir / FILES[format]
     tmp = file.with_name(file.name + ".partial")
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tracing is per-op overhead on tiny tensors: 1 thread is faster (and no OMP spin)
-    try:
+    with torch_threads(1):  # tracing is per-op overhead on tiny tensors: 1 thread is faster (and no OMP spin)
         deterministic, error = _write(model, inputs, names, tmp, format, opset, verify, tolerance)
-    finally:
-        torch.set_num_threads(threads)
     seconds = time.perf_counter() - start
     tmp.replace(file)
 

@@ -159,19 +159,6 @@ def not_worse(new: Any, start: Any, episodes: int, num_envs: int, seed: int, exe
 
 
 @contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """torch's intra-op threads set for a block and restored after it (a caller's training keeps its own)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@contextmanager
 def seeded_sampling(policy: Any, seed: int) -> Iterator[None]:
     """A runtime policy's numpy noise generator reset to `seed`; for a torch policy, torch's generator seeded
     inside a fork that is restored afterwards (a training loop's random stream is left as it was)."""
@@ -223,6 +210,8 @@ def load_any(path: Path, threads: int | None = None) -> Any:
 
 
 def run_eval(config: EvalConfig) -> dict[str, Any]:
+    from robotrl.policies.timing import torch_threads
+
     with torch_threads(config.threads):
         policy = load_any(config.policy, threads=config.threads)
         if config.steps is not None:

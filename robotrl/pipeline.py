@@ -451,8 +451,8 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
 
 def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[float, tuple[float, float], float]:
     """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
-    from robotrl.evaluate import evaluate_policy, load_any, torch_threads
-    from robotrl.policies.timing import latency
+    from robotrl.evaluate import evaluate_policy, load_any
+    from robotrl.policies.timing import latency, torch_threads
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one

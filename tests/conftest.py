@@ -11,6 +11,7 @@ import torch
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
+from robotrl.policies.timing import torch_threads
 from robotrl.ppo_mjx import CPU_XLA_FLAGS
 
 # MJX under XLA's CPU fusion pass runs orders of magnitude slower and compiles slower: the test process and the MJX
@@ -94,10 +95,8 @@ def offline_reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def one_thread():
     """Torch on one thread for the test (a second one only spins on a shared 2-core machine), restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def train_bc_flow(store: Path, run_dir: Path) -> Path:

@@ -16,6 +16,7 @@ from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies.export import export
 from robotrl.policies.flow import FlowConfig, FlowPolicy
+from robotrl.policies.timing import torch_threads
 
 
 #: what an image policy must see in the camera rather than read from PushT's state
@@ -39,12 +40,8 @@ def small_flow(store: EpisodeStore, steps: int = 5, **options: object) -> FlowPo
 
 @pytest.fixture(scope="session")
 def pusht_export(pusht_demos: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         return export(small_flow(pusht_demos), tmp_path_factory.mktemp("export") / "flow", "onnx")
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -53,13 +50,9 @@ def pusht_image_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("image")
     store = record_expert(root / "img.zarr", "PushT", episodes=2, num_envs=2, episode_steps=30, progress=False,
                           images=True, image_size=32)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         policy = small_flow(store, obs_keys=("image_top", "state"), state_mask_fields=HIDDEN)
         return export(policy, root / "flow", "onnx")
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
@@ -81,9 +74,7 @@ def pickplace_vla_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("vla")
     store = record_expert(root / "pp.zarr", "PickPlace", episodes=2, num_envs=2, noise=0.0, episode_steps=30,
                           progress=False, render_images=False)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         torch.manual_seed(0)
         config = VLAConfig(width=32, depth=1, heads=2, obs_horizon=1, action_horizon=8, steps=2)
         policy = VLAPolicy(store.spec, config, store.stats())
@@ -96,8 +87,6 @@ def pickplace_vla_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
             loss.backward()
             opt.step()
         return export(policy.eval(), root / "vla", "onnx")
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -8,15 +8,15 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
+from robotrl.policies.timing import torch_threads
+
 
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
     """Small models are per-op overhead: one thread is as fast, and two threads slow down many times over when
     other processes share the two cores of the CI machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def _add_moved_heads(policy, seed: int = 3):  # type: ignore[no-untyped-def]
