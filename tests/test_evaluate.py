@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import robotrl.evaluate as evaluate
-from robotrl.evaluate import EvalConfig, run_eval
+from robotrl.evaluate import EvalConfig, run_eval, success_gain
 
 
 def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, monkeypatch) -> None:
@@ -34,3 +34,14 @@ def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, 
 def test_bad_eval_config_names_the_field(field: str) -> None:
     with pytest.raises(ValueError, match=rf"EvalConfig.{field}: expected >= 1, got 0"):
         EvalConfig(policy=Path("p"), **{field: 0})
+
+
+def test_success_gain_keeps_only_gains_outside_the_gates_noise() -> None:
+    """The offline stage's success gate: PushT's AWR update that won 10/10 against BC's 9/10 scored 1.4 points under
+    BC over 1,000 held-out seeds; one standard error is wider than that one episode, 30 points over 40 episodes is
+    not, and at z = 0 the bound is the measured gain's sign."""
+    gain, lower = success_gain(1.0, 0.9, 10, z=1.0)
+    assert gain == pytest.approx(1 / 12) and lower < 0
+    assert success_gain(0.8, 0.5, 40, z=1.0)[1] > 0
+    assert success_gain(0.96, 0.95, 100, z=0.0)[1] > 0 and success_gain(0.95, 0.95, 100, z=0.0)[1] == 0
+    assert success_gain(1.0, 1.0, 10, z=1.0)[1] < 0  # a tie at the ceiling is no gain

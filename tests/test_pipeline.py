@@ -74,6 +74,13 @@ def test_each_stage_wrote_the_documented_files(smoke):
     assert chunk.shape == (1, exported.action_horizon, *store.spec.action.shape) and np.isfinite(chunk).all()
     config = json.loads((run_dir / "config.json").read_text())
     assert config["preset"] == "smoke" and config["task"] == "PushT"
+    offline = json.loads((run_dir / "offline" / "config.json").read_text())  # the preset's success gate
+    assert (offline["gate_episodes"], offline["gate_z"]) == (2, 1.0)
+    row = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}["offline"]
+    assert all(g["kept"] <= (g["new_success"] > g["start_success"]) for g in row.extra["gates"])
+    if row.extra["kept_updates"] == 0:  # nothing kept: BC's weights are handed on
+        handed, bc = (load(run_dir / s / "policy").state_dict() for s in ("offline", "bc"))
+        assert all(torch.equal(handed[k], bc[k]) for k in bc)
     online = json.loads((run_dir / "online" / "config.json").read_text())  # the anchor and rate reach the stage
     assert (online["lr"], online["bc_coef"]) == (config["online_lr"], config["online_bc_coef"]) == (3e-5, 1.0)
     # the stage chooses among its evaluations on training seeds, not the held-out ones its row reports, and hands
@@ -231,7 +238,10 @@ def test_bad_config_names_the_field():
         PipelineConfig(interventions=False, online_criterion="stall")
     with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected >= 0, got nan"):
         PipelineConfig(online_bc_coef=float("nan"))
+    with pytest.raises(ValueError, match=r"PipelineConfig.offline_gate_episodes: expected > 0, got 0"):
+        PipelineConfig(offline_gate_episodes=0)
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
+    assert PipelineConfig(offline_gate_episodes=100).budget().offline_gate_episodes == 100
     # the BC recipe that took PushT to 97% on one core: the BC stage's options, the distillation's batch unchanged
     budget = PipelineConfig(preset="full", bc_batch=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
     assert (budget.bc_batch, budget.bc_lr, budget.bc_channels, budget.distill_batch) == (256, 1e-3, (32, 64, 128), 64)
