@@ -94,6 +94,7 @@ class DeployNode(RobotNode):
         self.runner = ChunkExecutor(self.policy.act, self.policy.obs_keys, self.policy.obs_horizon, execution,
                                     roll_forward=self.io.roll_forward, text_keys=self.text_keys)
         self.fresh: set[str] = set()  # keys updated since the last command (trigger=observation)
+        self.heard_set = False  # a whole observation set has arrived (trigger=observation)
         self.inference_ms: list[float] = []
         self.ticks = 0
         self.started = not cfg.wait_for_reset
@@ -126,6 +127,7 @@ class DeployNode(RobotNode):
             self.fresh.add(key)
             if {"joint_states", *self.policy.obs_keys, *self.text_keys} <= self.fresh:
                 self.fresh.clear()
+                self.heard_set = True
                 self.tick()
 
     def _srv_estop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
@@ -139,6 +141,11 @@ class DeployNode(RobotNode):
         while a robot topic is unmatched (the caller retries): the episode's first observation would go unheard."""
         if missing := self.unconnected():
             response.success, response.message = False, "not connected to the robot: " + "; ".join(missing)
+            return response
+        if self.config.trigger == "observation" and not self.heard_set:
+            # a lockstep sim robot re-sends its waiting observation set to a subscriber DDS matched late; heard
+            # after the reset, that stale set took a step and the episode ran one action ahead of the in-process one
+            response.success, response.message = False, "no whole observation set from the robot yet"
             return response
         now = time.monotonic()
         if not self.started:

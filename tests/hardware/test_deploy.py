@@ -164,6 +164,41 @@ def test_reset_is_refused_until_the_robot_topics_are_matched(ros: None, pusht_ex
                 node.destroy_node()
 
 
+def test_lockstep_reset_waits_for_the_robots_waiting_observation(ros: None, pusht_export: Path) -> None:
+    """trigger=observation, wait_for_reset (the ROS eval's deploy node): a lockstep sim robot re-sends its waiting
+    observation set to a late-matched subscriber. Heard after the first reset, that stale set took a step and put
+    the episode one action ahead of the in-process one, so the reset is refused until a whole set has arrived; the
+    episode's own set then gets exactly one command."""
+    config = DeployConfig(policy=str(pusht_export), robot="sim_panda", trigger="observation", wait_for_reset=True)
+    with deployed(config) as (deploy, robot, executor):
+        caller = Node("reset_caller")
+        executor.add_node(caller)
+        client = caller.create_client(Trigger, "/robotrl_deploy/reset")
+        try:
+            assert client.wait_for_service(timeout_sec=5.0)
+
+            def reset() -> Trigger.Response:
+                future = client.call_async(Trigger.Request())
+                executor.spin_until_future_complete(future, timeout_sec=5.0)
+                assert future.done(), "~/reset did not answer"
+                return future.result()
+
+            end = time.monotonic() + 10.0
+            while deploy.unconnected() and time.monotonic() < end:
+                run(executor, 0.05)
+            refused = reset()
+            assert not refused.success and refused.message == "no whole observation set from the robot yet"
+            robot.publish()  # the waiting set, heard before the episode starts: no command
+            run(executor, 0.3)
+            assert deploy.heard_set and not robot.commands
+            assert reset().success
+            robot.publish()  # the episode's first set
+            run(executor, 0.3)
+            assert len(robot.commands) == 1 and deploy.ticks == 1
+        finally:
+            caller.destroy_node()
+
+
 def test_malformed_messages_are_counted_not_fatal(nodes: Any) -> None:
     deploy, robot, executor = nodes
     wrong_names = arrays_to_joint_state([f"j{i}" for i in range(7)], HOME)
