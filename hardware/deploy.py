@@ -10,7 +10,8 @@ the action into joint targets with the task's own controller and publishes what 
 through, as a JointTrajectory or a Float64MultiArray per the robot's file. The policy runs through
 `robotrl.policies.runtime` (onnxruntime; no training code). Malformed messages are counted and logged, never a
 crash. The e-stop (a `std_msgs/Bool` topic or the `~/estop` service) latches; `~/reset` re-arms it and starts
-a new episode (history and chunks cleared); it refuses, saying which, while a robot topic is not matched yet.
+a new episode (history and chunks cleared); it refuses, saying which, while a robot topic is not matched yet
+(and, with `trigger:=observation`, until a whole observation set has arrived).
 Diagnostics (`diagnostic_msgs`) carry the safety state, its counters, malformed-message counts and inference times.
 """
 
@@ -138,7 +139,8 @@ class DeployNode(RobotNode):
 
     def _srv_reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         """A new episode: the executor starts over; an e-stop is re-armed if the joint states are fresh. Refused
-        while a robot topic is unmatched (the caller retries): the episode's first observation would go unheard."""
+        while a robot topic is unmatched (the caller retries): the episode's first observation would go unheard;
+        in lockstep also until the robot's waiting observation set has been heard."""
         if missing := self.unconnected():
             response.success, response.message = False, "not connected to the robot: " + "; ".join(missing)
             return response
