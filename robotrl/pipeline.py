@@ -89,29 +89,30 @@ class Budget:
 PRESETS: dict[str, Budget] = {
     "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), bc_lr=1e-4,
                     offline_iterations=1, offline_critic_steps=50, offline_updates=2, offline_awr_steps=10,
-                    offline_rollout_episodes=2, offline_gate_episodes=2, online_steps=512, online_envs=4, online_rollout_steps=64,
-                    online_gate_episodes=2, online_eval_every=256, distill_steps=20, distill_batch=16, distill_dagger_rounds=1,
-                    distill_dagger_episodes=2, distill_gate_episodes=2,
+                    offline_rollout_episodes=2, offline_gate_episodes=2, online_steps=512, online_envs=4,
+                    online_rollout_steps=64, online_gate_episodes=2, online_eval_every=256, distill_steps=20,
+                    distill_batch=16, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
                     eval_episodes=4, eval_envs=4),
     # sized to 15 minutes on 2 cores: 14 min 45 s on 2026-11-27, where 8,000 BC steps, 61,440 online env steps and
     # twice the offline critic took 20 min 11 s (bench/RESULTS.md); --bc-steps / --online-steps give them back
     "default": Budget(demo_episodes=200, bc_steps=6_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
                       offline_iterations=1, offline_critic_steps=1_000, offline_updates=10, offline_awr_steps=400,
-                      offline_rollout_episodes=10, offline_gate_episodes=10, online_steps=30_720, online_envs=16, online_rollout_steps=160,
-                      online_gate_episodes=20, online_eval_every=0, distill_steps=600, distill_batch=64,
-                      distill_dagger_rounds=1, distill_dagger_episodes=25, distill_gate_episodes=30, eval_episodes=50,
-                      eval_envs=50),
+                      offline_rollout_episodes=10, offline_gate_episodes=10, online_steps=30_720, online_envs=16,
+                      online_rollout_steps=160, online_gate_episodes=20, online_eval_every=0, distill_steps=600,
+                      distill_batch=64, distill_dagger_rounds=1, distill_dagger_episodes=25, distill_gate_episodes=30,
+                      eval_episodes=50, eval_envs=50),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
-                   offline_rollout_episodes=50, offline_gate_episodes=100, online_steps=1_000_000, online_envs=32, online_rollout_steps=160,
-                   online_gate_episodes=200, online_eval_every=200_000, distill_steps=5_000, distill_batch=64, distill_dagger_rounds=3,
-                   distill_dagger_episodes=100, distill_gate_episodes=200, eval_episodes=500, eval_envs=50),
+                   offline_rollout_episodes=50, offline_gate_episodes=100, online_steps=1_000_000, online_envs=32,
+                   online_rollout_steps=160, online_gate_episodes=200, online_eval_every=200_000, distill_steps=5_000,
+                   distill_batch=64, distill_dagger_rounds=3, distill_dagger_episodes=100, distill_gate_episodes=200,
+                   eval_episodes=500, eval_envs=50),
 }
 
 
 #: PipelineConfig's numeric fields that override its preset's Budget field of the same name
-OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "offline_gate_episodes", "online_steps", "online_envs", "online_eval_every",
-             "online_gate_episodes", "distill_steps", "distill_batch", "eval_episodes")
+OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "offline_gate_episodes", "online_steps", "online_envs",
+             "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch", "eval_episodes")
 
 
 @dataclass
