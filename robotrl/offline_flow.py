@@ -552,9 +552,10 @@ def train(config: OfflineFlowConfig) -> RLResult:
             if config.success_gate and accepted:
                 new_success = evaluate_policy(policy, gate_episodes, gate_envs, check_seed, execute).success_rate
                 _, lower = success_gain(new_success, start_success, gate_episodes, config.gate_z)
+                kept_gain = lower > 0  # else no gain outside the gate's noise: the iteration's updates are undone
                 log.log((it + 1) * updates, **{"gate/start_success": start_success, "gate/new_success": new_success,
-                                               "gate/gain_lcb": lower})
-                if not lower > 0:  # no gain outside the gate's noise: the iteration's updates are undone
+                                               "gate/gain_lcb": lower, "gate/kept": float(kept_gain)})
+                if not kept_gain:
                     restore(start_state)
                     accepted = 0
 

@@ -313,7 +313,7 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
         env_steps = grown.num_steps - demos.num_steps
     logged = [json.loads(line) for line in (run_dir / "offline" / "metrics.jsonl").read_text().splitlines()]
     gates = [{"start_success": r["gate/start_success"], "new_success": r["gate/new_success"],
-              "kept": r["gate/gain_lcb"] > 0} for r in logged if "gate/gain_lcb" in r]
+              "kept": bool(r["gate/kept"])} for r in logged if "gate/kept" in r]
     kept = sum(int(r["iteration/accepted"]) for r in logged if "iteration/accepted" in r)
     return result.weights, env_steps, {"policy_updates": result.steps, "kept_updates": kept, "gates": gates}
 

@@ -203,7 +203,7 @@ def test_awr_extraction_raises_held_out_success_on_reach(bc_flow: Path, offline_
 def test_success_gate_undoes_an_update_whose_gain_is_inside_its_noise(bc_flow: Path, offline_reach_demos: Path,
                                                                       tmp_path: Path) -> None:
     """The AWR update of the test above passes the OPE gate; asked for a gain of 100 standard errors, the success
-    gate undoes it: the saved policy is the BC checkpoint's weights and the rollouts added to the store are its."""
+    gate undoes it: the saved policy is the BC checkpoint's weights."""
     config = OfflineFlowConfig(policy=bc_flow, store=offline_reach_demos, run_dir=tmp_path / "run", iterations=1,
                                extraction="awr", lr=3e-4, policy_updates=1, epochs=300, windows=32, critic_steps=300,
                                rollout_episodes=4, rollout_envs=4, gate_episodes=20, gate_z=100.0, execute=4,
@@ -212,7 +212,7 @@ def test_success_gate_undoes_an_update_whose_gain_is_inside_its_noise(bc_flow: P
     rows = metrics(tmp_path / "run")
     assert [r["ope/accepted"] for r in rows if "ope/accepted" in r] == [1.0]
     check = next(r for r in rows if "gate/gain_lcb" in r)
-    assert check["gate/gain_lcb"] < 0 and 0.0 <= check["gate/start_success"] <= 1.0
+    assert check["gate/gain_lcb"] < 0 and check["gate/kept"] == 0.0 and 0.0 <= check["gate/start_success"] <= 1.0
     assert next(r for r in rows if "iteration/accepted" in r)["iteration/accepted"] == 0
     saved, start = load(result.weights).state_dict(), load(bc_flow).state_dict()
     assert saved.keys() == start.keys() and all(torch.equal(saved[k], start[k]) for k in start)
@@ -233,7 +233,7 @@ def test_stage_does_not_lower_held_out_success_on_reach(bc_flow: Path, offline_r
     assert len(gate) == 20 and all(r["ope/gain_lcb"] > 0 for r in gate if r["ope/accepted"])
     kept = {r["step"]: r["iteration/accepted"] for r in rows if "iteration/accepted" in r}
     for check in (r for r in rows if "gate/new_success" in r):  # an iteration's updates stay only on a measured gain
-        assert (kept[check["step"]] > 0) == (check["gate/gain_lcb"] > 0), check
+        assert (kept[check["step"]] > 0) == (check["gate/gain_lcb"] > 0) == bool(check["gate/kept"]), check
         assert (check["gate/gain_lcb"] > 0) <= (check["gate/new_success"] > check["gate/start_success"])
     start = rows[0]["eval/success_rate"]
     assert result.success_rate >= start - 0.03, (start, result.success_rate)

@@ -64,6 +64,14 @@ def run(executor: SingleThreadedExecutor, seconds: float, each: Callable[[], Any
         executor.spin_once(timeout_sec=period)
 
 
+def call_reset(executor: SingleThreadedExecutor, client: Any) -> Trigger.Response:
+    """The deploy node's ~/reset answer (success or the refusal's reason)."""
+    future = client.call_async(Trigger.Request())
+    executor.spin_until_future_complete(future, timeout_sec=5.0)
+    assert future.done(), "~/reset did not answer"
+    return future.result()
+
+
 @contextmanager
 def deployed(config: DeployConfig) -> Iterator[tuple[DeployNode, Robot, SingleThreadedExecutor]]:
     """The deploy node and the harness robot in one executor (rclpy initialised by the `ros` fixture)."""
@@ -135,17 +143,10 @@ def test_reset_is_refused_until_the_robot_topics_are_matched(ros: None, pusht_ex
     executor.add_node(deploy)
     executor.add_node(caller)
     client = caller.create_client(Trigger, "/robotrl_deploy/reset")
-
-    def reset() -> Trigger.Response:
-        future = client.call_async(Trigger.Request())
-        executor.spin_until_future_complete(future, timeout_sec=5.0)
-        assert future.done(), "~/reset did not answer"
-        return future.result()
-
     robot = None
     try:
         assert client.wait_for_service(timeout_sec=5.0)
-        refused = reset()
+        refused = call_reset(executor, client)
         assert not refused.success
         for missing in (f"no publisher on {ROBOT.topics.joint_states}", f"no publisher on {ROBOT.topics.task_state}",
                         f"no subscriber on {ROBOT.topics.command}"):
@@ -153,7 +154,7 @@ def test_reset_is_refused_until_the_robot_topics_are_matched(ros: None, pusht_ex
         robot = Robot()  # the robot's driver comes up
         executor.add_node(robot)
         end = time.monotonic() + 10.0
-        while not (answer := reset()).success and time.monotonic() < end:
+        while not (answer := call_reset(executor, client)).success and time.monotonic() < end:
             run(executor, 0.05)
         assert answer.success, answer.message
     finally:
@@ -176,22 +177,15 @@ def test_lockstep_reset_waits_for_the_robots_waiting_observation(ros: None, push
         client = caller.create_client(Trigger, "/robotrl_deploy/reset")
         try:
             assert client.wait_for_service(timeout_sec=5.0)
-
-            def reset() -> Trigger.Response:
-                future = client.call_async(Trigger.Request())
-                executor.spin_until_future_complete(future, timeout_sec=5.0)
-                assert future.done(), "~/reset did not answer"
-                return future.result()
-
             end = time.monotonic() + 10.0
             while deploy.unconnected() and time.monotonic() < end:
                 run(executor, 0.05)
-            refused = reset()
+            refused = call_reset(executor, client)
             assert not refused.success and refused.message == "no whole observation set from the robot yet"
             robot.publish()  # the waiting set, heard before the episode starts: no command
             run(executor, 0.3)
             assert deploy.heard_set and not robot.commands
-            assert reset().success
+            assert call_reset(executor, client).success
             robot.publish()  # the episode's first set
             run(executor, 0.3)
             assert len(robot.commands) == 1 and deploy.ticks == 1
