@@ -284,9 +284,9 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
 
 
 #: the VLA's BC recipe: one frame, batch 32, lr 3e-4. On PickPlace it reached 22.6% over 500 held-out seeds in 22
-#: minutes of two cores (8,000 steps) where the flow policy's (two frames, batch 64, lr 1e-3) reached 12.8% in 54
-#: minutes of one (3,300 steps; bench/RESULTS.md, "The pipeline's VLA recipe")
-VLA_BC = {"obs_horizon": 1, "batch_size": 32, "lr": 3e-4}
+#: minutes of two cores (8,000 steps; 16,000 steps: 47.0%) where the flow policy's (two frames, batch 64, lr 1e-3)
+#: reached 12.8% in 54 minutes of one (3,300 steps; bench/RESULTS.md, "The pipeline's VLA recipe")
+VLA_BC: dict[str, Any] = {"obs_horizon": 1, "batch_size": 32, "lr": 3e-4}
 
 
 def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
