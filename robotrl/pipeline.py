@@ -112,7 +112,8 @@ PRESETS: dict[str, Budget] = {
 
 #: PipelineConfig's numeric fields that override its preset's Budget field of the same name
 OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "offline_gate_episodes", "online_steps", "online_envs",
-             "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch", "eval_episodes")
+             "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch", "distill_gate_episodes",
+             "eval_episodes")
 
 
 @dataclass
@@ -185,6 +186,10 @@ class PipelineConfig:
     distill_batch: int | None = None
     """the one-step student's batch (PushT's GPU students at 1,024: 96.2% of BC over 1,000 held-out seeds, 95.05% of
     the online policy over 2,000; at 64 on the CPU: 94.4%)"""
+    distill_gate_episodes: int | None = None
+    """training-seed episodes on which the one-step student must match its start to be deployed (default preset: 30).
+    Its candidates must differ by more than the gate's noise: PickPlace's ~55% VLA kept its online gain at 100
+    (one-step 57.2%), and at 30 ended under its teacher (bench/RESULTS.md)"""
     eval_episodes: int | None = None
     """held-out episodes each stage is evaluated on (the issue's table: 500)"""
     execute: int = 8

@@ -242,6 +242,9 @@ def test_bad_config_names_the_field():
         PipelineConfig(offline_gate_episodes=0)
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
     assert PipelineConfig(offline_gate_episodes=100).budget().offline_gate_episodes == 100
+    assert PipelineConfig(distill_gate_episodes=100).budget().distill_gate_episodes == 100
+    with pytest.raises(ValueError, match=r"PipelineConfig.distill_gate_episodes: expected > 0, got -1"):
+        PipelineConfig(distill_gate_episodes=-1)
     # the BC recipe that took PushT to 97% on one core: the BC stage's options, the distillation's batch unchanged
     budget = PipelineConfig(preset="full", bc_batch=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
     assert (budget.bc_batch, budget.bc_lr, budget.bc_channels, budget.distill_batch) == (256, 1e-3, (32, 64, 128), 64)
