@@ -188,8 +188,8 @@ class PipelineConfig:
     the online policy over 2,000; at 64 on the CPU: 94.4%)"""
     distill_gate_episodes: int | None = None
     """training-seed episodes on which the one-step student must match its start to be deployed (default preset: 30).
-    Its candidates must differ by more than the gate's noise: PickPlace's ~55% VLA kept its online gain at 100
-    (one-step 57.2%), and at 30 ended under its teacher (bench/RESULTS.md)"""
+    Its candidates must differ by more than the gate's noise: on PickPlace a ~57% VLA kept its online gain at 100
+    (one-step 57.2%), while at 30 a ~30% one's one-step policy ended under its teacher (bench/RESULTS.md)"""
     eval_episodes: int | None = None
     """held-out episodes each stage is evaluated on (the issue's table: 500)"""
     execute: int = 8
