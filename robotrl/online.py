@@ -22,7 +22,8 @@ PPO ratio is recomputed from it under the new weights. Three ways to make the ch
                  gradients from the stored x_0, exogenous noise the likelihood is conditioned on), so the deployed
                  ODE is the exploring policy's mean and the score carries one chunk's noise where the chain methods
                  carry K transitions' (whose late, small stds dominate the gradient's size). On Reach it gains as
-                 flow_sde does (51% -> 96%); on PushT it has no more gradient signal (bench/pg_snr.py).
+                 flow_sde does; on PushT it has no more gradient signal (bench/pg_snr.py; bench/RESULTS.md,
+                 "Why online PPO lowers PushT").
   latent         DSRL (Wagenmaker et al. 2025): the flow network is frozen and PPO trains a Gaussian prior over
                  the chain's initial noise x_0 given the observation (`GenerativeConfig.noise_prior`, starting as
                  N(0, I), i.e. as the BC policy), x_0 -> chunk being the policy's own deterministic Euler ODE. The
@@ -98,8 +99,8 @@ class OnlineConfig(RunOptions):
     """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
     method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent", "residual"] = "latent"
     """how the policy explores and what trains (module docstring): latent learned Reach fastest in bench/flow_rl.py
-    (100% at 43,200 env steps; flow_sde 96.5% at 86,400) and, its flow network frozen, cannot lose what BC learned
-    (flow_sde lowered PushT from 79% to 6%)"""
+    and, its flow network frozen, cannot lose what BC learned, where flow_sde lowered PushT (bench/RESULTS.md,
+    "Steering a frozen flow network" and "PPO over the chain from a strong BC policy")"""
     num_envs: int = 32
     total_steps: int = 300_000
     """environment steps, all envs together"""
@@ -111,9 +112,9 @@ class OnlineConfig(RunOptions):
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
     noise_std: float | None = None
     """denoising_mdp: std of each transition (normalized action units; default 0.1); flow_noise: the noise net's
-    initial std (default 0.2: from 0.1 it gained 12 points on Reach in 86,400 steps, from 0.2 34); ode_noise: the
-    std of the noise on the ODE's chunk (default 0.2); residual: the initial std of the noise on the corrected
-    chunk (default 0.1)"""
+    initial std (default 0.2, which gained more on Reach than 0.1; bench/RESULTS.md, "Measurements behind the
+    code's design"); ode_noise: the std of the noise on the ODE's chunk (default 0.2); residual: the initial std of
+    the noise on the corrected chunk (default 0.1)"""
     noise_std_end: float | None = None
     """denoising_mdp: the std of the last transition, linear from noise_std along the chain (default: constant)"""
     noise_min: float = 0.02
@@ -154,11 +155,12 @@ class OnlineConfig(RunOptions):
     advantage_floor: float | None = None
     """clamp the minibatch-normalized advantages from below (0: only better-than-average decisions move the policy,
     as self-imitation learning does; below-average ones push the chain's mean away from its own samples). On PushT
-    from 79% BC it fell more slowly than the plain update but still fell (bench/RESULTS.md)"""
+    from a strong BC policy it fell more slowly than the plain update but still fell (bench/RESULTS.md, "Why online
+    PPO lowers PushT")"""
     bc_coef: float = 0.0
     """weight of ||v - v_start||^2, the velocity's distance to the starting policy's at the chain's points. On PushT
-    from a 79% BC policy the unanchored update fell to 6% in 102k env steps; 1.0 held it at 80%, and from a 53% one
-    raised it to 62% (bench/RESULTS.md)"""
+    1.0 held a strong BC policy level where the unanchored update lowered it, and raised a half-trained one
+    (bench/RESULTS.md, "PPO over the chain from a strong BC policy" and "The reward's weight on success")"""
     value_hidden: tuple[int, ...] = (256, 256)
     noise_hidden: tuple[int, ...] = (128, 128)
     """flow_noise: the noise network's hidden widths; latent / residual: the noise prior's / the residual's (a
@@ -170,23 +172,25 @@ class OnlineConfig(RunOptions):
     reward_type: Literal["dense", "sparse"] = "dense"
     dense_scale: float = 1.0
     """the dense reward below success is multiplied by this in training (success stays 1): PushT's shaping scores
-    a near miss at ~0.96 of a success, so with 1.0 the return barely tells them apart. On PushT from a 55% BC
-    policy, 0.1 fell to 5.5% in 51,200 env steps (1.0: 58%); with `advantage_floor` 0, to 47% (bench/RESULTS.md):
-    the rarer the high-return decisions, the more of the update pushes the chain away from its own samples"""
+    a near miss at ~0.96 of a success, so with 1.0 the return barely tells them apart. On PushT 0.1 made PPO fall
+    faster than 1.0, and `advantage_floor` 0 took most of that back (bench/RESULTS.md, "The reward's weight on
+    success"): the rarer the high-return decisions, the more of the update pushes the chain away from its own
+    samples"""
     reward_classifier: Path | None = None
     """a success classifier (`robotrl train classifier`) whose verdict replaces the env's reward and success in
     training (a robot's env gives none); evaluation still reports the task's own success"""
     device: str = "cpu"
     """torch device of the policy, value and noise networks ("cuda"): the envs step on the CPU; a GPU runs the chain's
-    sampling and the PPO update over a large rollout's thousands of decisions, which PushT's gradient needs (~6,400
-    for a signal-to-noise ratio of 1, bench/RESULTS.md)"""
+    sampling and the PPO update over a large rollout's thousands of decisions, which PushT's gradient needs for a
+    signal-to-noise ratio of 1 (bench/RESULTS.md, "Why online PPO lowers PushT")"""
     eval_seed: int = HELD_OUT_SEED
     """first seed of the run's evaluations (periodic and final): the held-out ones by default; `robotrl run` picks
     the best checkpoint on training seeds, so the seeds its table reports took no part in the choice"""
     eval_sampler_steps: int | None = None
     """Euler steps of the sampler in the run's evaluations (default: the policy's own), so the best checkpoint kept
     is the best for the sampler that will be deployed: 1 for a task whose one-step stage keeps the teacher's one-step
-    sampler (on PickPlace it scored 96.2% where the same weights' ten-step samples scored 82.2%, bench/RESULTS.md)"""
+    sampler (on PickPlace it beat the same weights' ten-step samples; bench/RESULTS.md, "PickPlace's one-step
+    policy")"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
