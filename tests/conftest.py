@@ -124,6 +124,17 @@ def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def reach_bc_flow_success(reach_bc_flow: Path) -> float:
+    """The half-trained flow policy's held-out success as the RL stages start from it (its 5-step ODE, chunks of 4
+    executed, the same 100 held-out episodes their learning tests evaluate on), measured once per test process."""
+    from robotrl.evaluate import evaluate_policy
+    from robotrl.online import load_flow_policy
+
+    with torch_threads(1):
+        return evaluate_policy(load_flow_policy(reach_bc_flow, 5), 100, 25, execute=4).success_rate
+
+
+@pytest.fixture(scope="session")
 def offline_reach_bc_flow(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same recipe on the offline learners' demos (the offline flow stage's slow test was measured on it)."""
     return train_bc_flow(offline_reach_demos, tmp_path_factory.mktemp("bc") / "run")
@@ -156,3 +167,39 @@ def _assert_same_run(a: Path, b: Path, weights: str = "train_state.pt", store_ke
 @pytest.fixture
 def assert_same_run():
     return _assert_same_run
+
+
+#: the seed a learning test trains with: 0 in the suite; bench/learning_tests.py reruns the `learning` tests with
+#: other seeds to measure the distributions their thresholds are set from
+LEARNING_SEED = int(os.environ.get("ROBOTRL_LEARNING_SEED", "0"))
+
+
+@pytest.fixture(scope="session")
+def learning_seed() -> int:
+    return LEARNING_SEED
+
+
+@pytest.fixture
+def claim(request: pytest.FixtureRequest):
+    """Check a learning test's measured value against its bound: `claim("gain", after - before, lower=0.15,
+    before=..., after=...)`. Every check is appended as a JSON line to $ROBOTRL_CLAIMS when it is set (with the test,
+    the seed and the context given), pass or fail, before it is asserted, so that bench/learning_tests.py can collect
+    the distributions over seeds."""
+    import json
+    import math
+
+    def check(name: str, value: float, lower: float | None = None, upper: float | None = None, **context: object) -> None:
+        assert lower is not None or upper is not None, "a claim needs a bound"
+        eps = 1e-9  # success rates are counts over episodes: 0.97 - 0.95 is 2 points, not 2.0000000000000018
+        ok = math.isfinite(value) and (lower is None or value >= lower - eps) and (upper is None or value <= upper + eps)
+        path = os.environ.get("ROBOTRL_CLAIMS")
+        if path:
+            row = {"test": request.node.nodeid, "claim": name, "seed": LEARNING_SEED, "value": value, "lower": lower,
+                   "upper": upper, "ok": ok, **context}
+            with open(path, "a") as f:
+                f.write(json.dumps(row, default=float) + "\n")
+        bounds = " and ".join(b for b in (lower is not None and f">= {lower:g}" or "",
+                                          upper is not None and f"<= {upper:g}" or "") if b)
+        assert ok, f"{name}: expected {bounds}, got {value:g} ({context})"
+
+    return check

@@ -90,16 +90,19 @@ def test_synchronous_schedule_is_the_same_in_process_and_on_ray(ray_cluster: Any
     assert len({s.tobytes() for s in states.values()}) == 4  # four distinct envs, not copies of one
 
 
+@pytest.mark.learning
 def test_asynchronous_workers_stay_within_the_staleness_bound_and_learn(ray_cluster: Any, reach_demos: Path,
-                                                                        tmp_path: Path) -> None:
+                                                                        tmp_path: Path, claim,
+                                                                        learning_seed: int) -> None:
     """max_staleness=2 on Ray: every stored transition's policy version is at most 2 behind the learner's newest
     when it reached the learner (an upper bound on its staleness when acted), some are behind (the workers do
     run ahead of the learner), and RLPD still takes Reach from the untrained actor (0-10%) to >= 40% in 2,000 env
-    steps with 20 noisy demonstrations, as the one-process run does (measured: 67.5-87.5%)."""
+    steps with 20 noisy demonstrations, as the one-process run does (seeds 0-4: bench/RESULTS.md, "Learning
+    tests")."""
     cfg = ActorLearnerConfig(task="Reach", workers=2, max_staleness=2, transport="ray", total_steps=2000,
                              learning_starts=200, demos=reach_demos, eval_episodes=40, eval_envs=20,
-                             run_dir=tmp_path / "async", progress=False)
-    torch.manual_seed(0)
+                             run_dir=tmp_path / "async", progress=False, seed=learning_seed)
+    torch.manual_seed(learning_seed)
     start = evaluate(Agent(23, 3, -torch.ones(3), torch.ones(3), cfg), cfg).success_rate
     result = train(cfg)
     store = EpisodeStore.open(tmp_path / "async" / "replay.zarr")
@@ -111,7 +114,8 @@ def test_asynchronous_workers_stay_within_the_staleness_bound_and_learn(ray_clus
         versions = np.concatenate([e["policy_version"] for e in store.episodes if e["env"] == env])
         assert (np.diff(versions) >= 0).all() and versions[-1] > 100
     assert result.success_rate is not None
-    assert result.success_rate >= 0.4 and result.success_rate >= start + 0.3, (start, result.success_rate)
+    claim("asynchronous RLPD success", result.success_rate, lower=0.4, start=start)
+    claim("asynchronous RLPD gain", result.success_rate - start, lower=0.3)
 
 
 def test_a_dead_worker_process_is_a_clear_error_and_the_run_resumes_exactly(ray_cluster: Any, tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ from robotrl.policies.vla import VLAConfig, VLAPolicy
 
 from robotrl.evaluate import evaluate_policy
 from robotrl.online import (
+    HEADS,
+    METHODS,
     FlowAgent,
     OnlineConfig,
     Tally,
@@ -64,52 +66,61 @@ def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
     return replace(base, **overrides)
 
 
-@pytest.mark.slow
-def test_flow_sde_fine_tuning_raises_held_out_success(bc_flow: Path, tmp_path: Path) -> None:
-    """Flow-SDE, 28,800 env steps (~45 s here): measured 51% -> 75% on the same 100 held-out episodes (68-80%
-    with other settings and seeds, 50-episode evaluations); asserted >= +15 points, ~2 standard errors of the
-    difference. The fine-tuned checkpoint is the ODE policy `robotrl eval` loads: the same success on the same
-    seeds. (Slow since latent became the default method: its test below is the default suite's learning test.)"""
-    start = load_flow_policy(bc_flow, 5)
-    before = evaluate_policy(start, 100, 25, execute=4).success_rate
-    result = train(small(bc_flow, tmp_path / "run", method="flow_sde", eval_episodes=100))
-    assert result.success_rate is not None and result.success_rate >= before + 0.15, (before, result.success_rate)
-    tuned = load(result.weights)
+#: env steps each method trains for in its default-suite learning test; the test asserts a gain of >= 10 points of
+#: held-out success over the BC start on the same 100 episodes (~2 standard errors of a paired difference at ~50%:
+#: a method that does not learn stays under it). The budgets are set from the spread over seeds 0-4
+#: (bench/learning_tests.py; bench/RESULTS.md, "Learning tests") so that every seed clears the bar.
+BUDGET = {"denoising_mdp": 57_600, "flow_sde": 28_800, "flow_noise": 43_200, "ode_noise": 43_200, "latent": 17_280,
+          "residual": 43_200}
+GAIN = 0.10
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_raises_held_out_success(method: str, bc_flow: Path, reach_bc_flow_success: float,
+                                             tmp_path: Path, claim, learning_seed: int) -> None:
+    """Every method of `robotrl train online` fine-tunes the half-trained Reach flow policy to a higher success on
+    the same 100 held-out episodes within a CI budget. The checkpoint is what `robotrl eval` loads (the same success
+    on the same seeds): the ODE policy with K = 5 Euler steps, or, for the methods that train a head of a frozen flow
+    network, the BC checkpoint's flow network bit for bit with that head added."""
+    steps = BUDGET[method]
+    result = train(small(bc_flow, tmp_path / "run", method=method, total_steps=steps, eval_episodes=100,
+                         seed=learning_seed))
+    assert result.success_rate is not None
+    claim(f"{method} gain over BC", result.success_rate - reach_bc_flow_success, lower=GAIN,
+          before=reach_bc_flow_success, after=result.success_rate, env_steps=steps)
+    tuned, start = load(result.weights), load(bc_flow)
     assert tuned.name == "flow" and tuned.config.steps == 5 and tuned.config.solver == "euler"
-    assert evaluate_policy(tuned, 100, 25, execute=4).success_rate == result.success_rate
+    if method in HEADS:  # only the head moved
+        assert getattr(tuned, HEADS[method]) is not None
+        for name, x in start.state_dict().items():
+            torch.testing.assert_close(tuned.state_dict()[name], x, rtol=0, atol=0, msg=name)
+    if method in ("flow_sde", "latent"):  # the evaluated policy is the saved one (one re-evaluation is enough)
+        assert evaluate_policy(tuned, 100, 25, execute=4).success_rate == result.success_rate
+        assert any((result.run_dir / "tb").iterdir())
+
+
+def test_latent_is_the_default_method() -> None:
+    assert OnlineConfig.method == "latent"
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+@pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"])
+def test_the_chain_methods_gain_more_on_a_longer_budget(bc_flow: Path, reach_bc_flow_success: float,
+                                                        tmp_path: Path, method: str, claim, learning_seed: int) -> None:
+    """86,400 env steps (~2.5 min each): the chain methods go well past their CI-budget gains (bench/RESULTS.md,
+    "Online RL of a flow policy": 82-99% from the 51% start at this budget on seeds 0 and 1); asserted >= +25
+    points, and the training episodes' success rises from the first iterations to the last."""
+    result = train(small(bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100,
+                         seed=learning_seed))
+    assert result.success_rate is not None
+    claim(f"{method} gain over BC at 86,400 steps", result.success_rate - reach_bc_flow_success, lower=0.25,
+          before=reach_bc_flow_success, after=result.success_rate)
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     train_success = [m["train/success_rate"] for m in metrics if "train/success_rate" in m]
-    assert np.mean(train_success[-3:]) > np.mean(train_success[:3]), train_success
-    assert any((result.run_dir / "tb").iterdir())
-
-
-def test_latent_steering_raises_held_out_success_fastest(bc_flow: Path, tmp_path: Path) -> None:
-    """--method latent (the default), 17,280 env steps (~25 s here): measured 51% -> 79% on the same 100 held-out
-    episodes (96% at 28,800, where flow_sde is at 75%); asserted >= +15 points. The checkpoint is what `robotrl
-    eval` loads (the same success on the same seeds), its flow network the BC checkpoint's bit for bit: only the
-    noise prior moved."""
-    before = evaluate_policy(load_flow_policy(bc_flow, 5), 100, 25, execute=4).success_rate
-    result = train(replace(small(bc_flow, tmp_path / "run", total_steps=17_280, eval_episodes=100),
-                           method=OnlineConfig.method))
-    assert result.success_rate is not None and result.success_rate >= before + 0.15, (before, result.success_rate)
-    tuned, start = load(result.weights), load(bc_flow)
-    assert tuned.prior is not None and OnlineConfig.method == "latent"
-    for name, x in start.state_dict().items():
-        torch.testing.assert_close(tuned.state_dict()[name], x, rtol=0, atol=0, msg=name)
-    assert evaluate_policy(tuned, 100, 25, execute=4).success_rate == result.success_rate
-    assert any((result.run_dir / "tb").iterdir())
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["denoising_mdp", "flow_noise", "ode_noise"])
-def test_the_other_methods_raise_held_out_success_on_a_longer_budget(bc_flow: Path, tmp_path: Path,
-                                                                     method: str) -> None:
-    """86,400 env steps (~2.5 min each here): measured 51% -> 82% (denoising_mdp) and 51% -> 85% (flow_noise) on
-    the same 100 held-out episodes; asserted >= +15 points. (At the default suite's 28,800 steps both are still
-    around their start: bench/flow_rl.py.)"""
-    before = evaluate_policy(load_flow_policy(bc_flow, 5), 100, 25, execute=4).success_rate
-    result = train(small(bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100))
-    assert result.success_rate is not None and result.success_rate >= before + 0.15, (before, result.success_rate)
+    claim(f"{method} training success rise", float(np.mean(train_success[-3:]) - np.mean(train_success[:3])),
+          lower=0.05)
 
 
 def test_pg_snr_bench_compares_the_gradients_with_shuffled_advantages(bc_flow: Path) -> None:

@@ -16,15 +16,18 @@ from robotrl.ppo import PpoAgent, PpoConfig, gae, train
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
 
-def test_ppo_learns_reach(tmp_path: Path) -> None:
-    """32 envs, 40,960 env steps (~15 s here): from the untrained agent to >= 80% on held-out episodes."""
+@pytest.mark.learning
+def test_ppo_learns_reach(tmp_path: Path, claim, learning_seed: int) -> None:
+    """32 envs, 40,960 env steps: from the untrained agent to a high success on 40 held-out episodes (seeds 0-4:
+    bench/RESULTS.md, "Learning tests")."""
     cfg = PpoConfig(task="Reach", num_envs=32, total_steps=40_960, eval_episodes=40, run_dir=tmp_path / "run",
-                    progress=False)
-    torch.manual_seed(0)
+                    progress=False, seed=learning_seed)
+    torch.manual_seed(learning_seed)
     start = evaluate_state_actor(PpoAgent(23, 3, cfg).act, "Reach", ("state",), 40, 25).success_rate
     result = train(cfg)
     assert result.success_rate is not None
-    assert result.success_rate >= 0.8 and result.success_rate >= start + 0.6, (start, result.success_rate)
+    claim("PPO success", result.success_rate, lower=0.8, start=start)
+    claim("PPO gain", result.success_rate - start, lower=0.6)
 
 
 def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state, assert_same_run) -> None:

@@ -27,6 +27,7 @@ class ReachConfig(TaskConfig):
     success_radius: float = 0.04  # metres between the tool tip and the target
     max_ee_step: float = 0.05  # metres per control step at |action| = 1 (ee_delta mode)
     init_joint_noise: float = 0.15  # rad, uniform around the home pose
+    images: bool = False  # render the front camera as the observation image_front (pixel policies)
 
 
 class Reach(Task):
@@ -35,6 +36,10 @@ class Reach(Task):
     reset_dims = 7 + 3
     goal_dim = 3
     config: ReachConfig
+
+    def __init__(self, config: ReachConfig | None = None) -> None:
+        super().__init__(config)
+        self.cameras = ("front",) if self.config.images else ()
 
     def mjcf(self) -> str:
         stylus = '<geom type="capsule" fromto="0 0 0 0 0 0.1" size="0.012" rgba="0.2 0.2 0.2 1" contype="0" conaffinity="0"/>'

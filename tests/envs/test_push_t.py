@@ -259,7 +259,10 @@ def test_demo_holds_bench_counts_the_near_miss_steps(pusht_demos):
     inside = row["steps_in_band_before_first_success"] + row["steps_in_band_after"]
     assert 0 < inside <= pusht_demos.num_steps  # low=0: every step under the threshold is in the band
     assert row["slow_in_band_before"] <= row["steps_in_band_before_first_success"]
-    assert 0.0 <= row["share_of_band_after_success"] <= 1.0
+    assert row["share_of_band_after_success"] == round(row["steps_in_band_after"] / inside, 3)
+    # low=0: the band is every step under the threshold, so with the steps at or over it they are every step
+    cov = pusht_demos.load(["state"])["state"][:, STATE_LAYOUT["coverage"][0]]
+    assert inside == int(np.sum(cov < push_t.PushTConfig.success_coverage))
 
 
 def test_model_steps_in_mjx_with_the_pusher_in_contact():

@@ -23,7 +23,7 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
 from robotrl.envs import make
-from robotrl.envs.rollouts import run_episodes
+from robotrl.envs.rollouts import EpisodeStats, run_episodes, wilson_ci95
 from robotrl.evaluate import controller_for, seeded_sampling
 from robotrl.hardware import nodes as nodes_table
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
@@ -94,18 +94,23 @@ def nodes(policy_and_options: tuple[Path, dict], tmp_path: Path, ros_domain: Non
         stop_nodes(procs, tmp_path)
 
 
-def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, policy_and_options: tuple) -> None:
-    export_dir, options = policy_and_options
-    over_ros = evaluate_over_ros(EPISODES, SEED, episode_timeout=60.0)
-    assert all(p.poll() is None for p in nodes.values()), "a node died"
-
+def in_process_episodes(export_dir: Path, options: dict, episodes: int) -> EpisodeStats:
+    """The exported policy's episodes in process, seeded as the lockstep nodes are."""
     policy = runtime.load(export_dir, threads=1)
     env = make("PushT", num_envs=1, seed=SEED, **options)
     controller = controller_for(policy, execute=8)
     controller.reset(1)
     with seeded_sampling(policy, SEED):
-        in_process = run_episodes(env, controller, EPISODES, seed=SEED, on_episode_start=controller.reset_env)
+        stats = run_episodes(env, controller, episodes, seed=SEED, on_episode_start=controller.reset_env)
     env.close()
+    return stats
+
+
+def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, policy_and_options: tuple) -> None:
+    export_dir, options = policy_and_options
+    over_ros = evaluate_over_ros(EPISODES, SEED, episode_timeout=60.0)
+    assert all(p.poll() is None for p in nodes.values()), "a node died"
+    in_process = in_process_episodes(export_dir, options, EPISODES)
 
     np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
@@ -183,4 +188,6 @@ def test_ros_eval_command_line(nodes: dict, policy_and_options: tuple) -> None:
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["episodes"] == 2 and 0.0 <= result["success_rate"] <= 1.0 and len(result["ci95"]) == 2
+    in_process = in_process_episodes(*policy_and_options, 2)
+    assert result["episodes"] == 2 and result["success_rate"] == float(in_process.success.mean())
+    assert result["ci95"] == pytest.approx(list(wilson_ci95(in_process.success)))
