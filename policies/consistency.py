@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
+from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.policies.base import register
 from robotrl.policies.diffusion import cosine_alphas_cumprod
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 from robotrl.policies.vla import VLAConfig, VLAPolicy
-from robotrl.spec import Spec, SpecMismatchError
 
 #: teacher policy types a consistency student can be distilled from
 TEACHERS = ("flow", "diffusion", "vla")

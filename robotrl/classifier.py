@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from robotrl.core.spec import ArraySpec, Spec, SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.policies.base import (
     CheckpointError,
@@ -48,7 +49,6 @@ from robotrl.policies.base import (
     save_weights,
 )
 from robotrl.policies.nets import ImageEncoder, mlp, random_shift
-from robotrl.spec import ArraySpec, Spec, SpecMismatchError
 from robotrl.training import (
     RunLog,
     cosine_lr,
@@ -286,7 +286,7 @@ class SuccessClassifier(nn.Module):
 
 def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:
     """The classifier saved at `path`: weights verified against the manifest's hash, nothing unpickled."""
-    from robotrl.files import MANIFEST, read_manifest
+    from robotrl.core.files import MANIFEST, read_manifest
 
     path = Path(path)
     manifest = read_manifest(path, CheckpointError, "a robotrl classifier",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from robotrl.spec import STRING, Spec
+from robotrl.core.spec import STRING, Spec
 
 #: evaluation seeds start here: demonstrations are recorded from seed 0 upwards, so these are held out
 HELD_OUT_SEED = 1_000_000

@@ -47,13 +47,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from robotrl.core.spec import STRING
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.collect import RateLimiter
 from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.online import HEADS, OnlineConfig, collect, finish_policy_run, ppo_update, start_online
-from robotrl.spec import STRING
 from robotrl.training import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)

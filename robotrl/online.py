@@ -63,12 +63,12 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from robotrl.core.spec import STRING
 from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy, make_eval_env
 from robotrl.policies import load
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
-from robotrl.spec import STRING
 from robotrl.training import (
     EMA,
     BestCheckpoint,

@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from robotrl.spec import STRING
+from robotrl.core.spec import STRING
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
 

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
-from robotrl.spec import Spec
 
 STEP_KEYS = ("action", "reward", "terminated", "truncated")
 

@@ -28,7 +28,7 @@ from robotrl.classifier import (
     load_frames,
     train,
 )
-from robotrl.spec import SpecMismatchError
+from robotrl.core.spec import SpecMismatchError
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:

@@ -21,8 +21,8 @@ from robotrl.datasets.teleop import ScriptedDevice
 from robotrl.envs import make
 from robotrl.policies import load
 
+from robotrl.core.spec import SpecMismatchError
 from robotrl.hil import DemoBuffer, ExpertOperator, HilConfig, Recorder, runs, train
-from robotrl.spec import SpecMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

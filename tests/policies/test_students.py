@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
@@ -28,7 +29,6 @@ from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.flow import FlowConfig, FlowPolicy
 from robotrl.policies.generative import GenerativePolicy
 from robotrl.policies.meanflow import MeanFlowConfig, MeanFlowPolicy
-from robotrl.spec import SpecMismatchError
 from robotrl.training import EMA
 
 H, CHANNELS = 8, (32, 64)
