@@ -42,11 +42,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from robotrl.core.spec import Spec
+from robotrl.core.spec import Spec, flatten_obs
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make, make_task
 from robotrl.policies.gaussian import TanhGaussianActor
-from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
+from robotrl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
 from robotrl.sac import Agent, SacConfig, env_options, evaluate, load_pretrained, sample, task_options, update
 from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
 

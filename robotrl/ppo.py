@@ -25,10 +25,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from robotrl.core.spec import flatten_obs
 from robotrl.envs import make
 from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.nets import mlp
-from robotrl.replay import flatten_obs
 from robotrl.training import (
     RLResult, RunLog, RunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
     save_run_state, start_run,
