@@ -24,8 +24,8 @@ import tyro
 from robotrl.bc import BCConfig, make_policy, train
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import evaluate_policy
 from robotrl.policies import load
+from robotrl.training.evaluate import evaluate_policy
 
 
 @dataclass

@@ -32,9 +32,9 @@ import tyro
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
-from robotrl.evaluate import HELD_OUT_SEED
 from robotrl.sac import SacConfig, train as train_sac
 from robotrl.sb3 import Sb3Config, flatten_batch
+from robotrl.training.evaluate import HELD_OUT_SEED
 
 
 @dataclass

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.evaluate import HELD_OUT_SEED, rollout
 from robotrl.online import FlowAgent, OnlineConfig, load_flow_policy
+from robotrl.training.evaluate import HELD_OUT_SEED, rollout
 
 
 @dataclass

@@ -30,7 +30,7 @@ from robotrl.bc import BCConfig, make_policy
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.training import EMA, cosine_lr, optimizer_step
+from robotrl.training.loop import EMA, cosine_lr, optimizer_step
 
 
 @dataclass

@@ -48,7 +48,7 @@ from robotrl.envs import make, make_task
 from robotrl.policies.gaussian import TanhGaussianActor
 from robotrl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
 from robotrl.sac import Agent, SacConfig, env_options, evaluate, load_pretrained, sample, task_options, update
-from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
+from robotrl.training.loop import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
 
 WORKER_START_TIMEOUT_S = 300.0
 """how long Ray may take to place and start every worker before the run gives up (not a hang)"""

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from robotrl.offline import OfflineOptions, offline_evaluate, offline_loop, offline_start
 from robotrl.sac import Agent, SacConfig, actor_fn, actor_step
-from robotrl.training import RLResult, gradient_step, load_run_state, polyak
+from robotrl.training.loop import RLResult, gradient_step, load_run_state, polyak
 
 
 @dataclass

@@ -49,7 +49,7 @@ from robotrl.policies.base import (
     save_weights,
 )
 from robotrl.policies.nets import ImageEncoder, mlp, random_shift
-from robotrl.training import (
+from robotrl.training.loop import (
     RunLog,
     cosine_lr,
     jsonable,

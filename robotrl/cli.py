@@ -182,7 +182,7 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
         return CollectConfig, run_collect
 
     def evaluate() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.evaluate import EvalConfig, run_eval
+        from robotrl.training.evaluate import EvalConfig, run_eval
 
         return EvalConfig, run_eval
 

@@ -42,10 +42,10 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import not_worse, rollout, training_seed
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
-from robotrl.training import (
+from robotrl.training.evaluate import not_worse, rollout, training_seed
+from robotrl.training.loop import (
     EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
     set_rng_state,
 )
@@ -284,7 +284,7 @@ def gate(student: Policy, start: Policy, config: DistillConfig) -> tuple[Policy,
 
 
 def evaluate(policy: Policy, config: DistillConfig) -> Any:
-    from robotrl.evaluate import evaluate_policy
+    from robotrl.training.evaluate import evaluate_policy
 
     return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=config.execute)
 

@@ -32,13 +32,13 @@ from torch import nn
 from tqdm import tqdm
 
 from robotrl.core.spec import STRING
-from robotrl.evaluate import evaluate_policy
 from robotrl.online import (
     FlowAgent, OnlineConfig, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout, training_env,
 )
 from robotrl.policies.generative import NoisePrior
 from robotrl.sac import Agent, SacConfig, update
-from robotrl.training import (
+from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import (
     BestCheckpoint, RLResult, RunLog, RunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state,
     start_run,
 )

@@ -54,7 +54,7 @@ from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampl
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
 from robotrl.online import HEADS, OnlineConfig, collect, finish_policy_run, ppo_update, start_online
-from robotrl.training import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
+from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)
 

@@ -25,7 +25,7 @@ from robotrl.offline import OfflineOptions, offline_evaluate, offline_loop, offl
 from robotrl.policies.gaussian import CriticEnsemble, TanhGaussianActor
 from robotrl.policies.nets import mlp
 from robotrl.sac import actor_fn
-from robotrl.training import RLResult, gradient_step, load_run_state, polyak
+from robotrl.training.loop import RLResult, gradient_step, load_run_state, polyak
 
 
 @dataclass

@@ -67,13 +67,13 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_policy
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
 from robotrl.iql import critic_update
 from robotrl.online import HEADS, METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.gaussian import CriticEnsemble
 from robotrl.policies.nets import mlp
-from robotrl.training import (
+from robotrl.training.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
+from robotrl.training.loop import (
     RLResult,
     RunLog,
     RunOptions,

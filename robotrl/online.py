@@ -64,12 +64,12 @@ from torch import nn
 from tqdm import tqdm
 
 from robotrl.core.spec import STRING
-from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy, make_eval_env
 from robotrl.policies import load
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
-from robotrl.training import (
+from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy, make_eval_env
+from robotrl.training.loop import (
     EMA,
     BestCheckpoint,
     RLResult,

@@ -207,7 +207,7 @@ class PipelineConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        from robotrl.training import check_device  # torch: imported when a pipeline is configured, not with the CLI
+        from robotrl.training.loop import check_device  # torch: imported when a pipeline is configured, not with the CLI
 
         check_device(self.device, "PipelineConfig.device")
         if self.preset not in PRESETS:
@@ -340,7 +340,7 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
 
 
 def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    from robotrl.evaluate import training_seed
+    from robotrl.training.evaluate import training_seed
 
     # with online_eval_every, the run evaluates on training seeds (not the gate's, not the held-out ones) and keeps
     # its best weights: PickPlace's online curve dips and climbs (79.6% -> 68.4% -> 81.0% over 500 seeds)
@@ -388,8 +388,8 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
     """RL-100's acceptance test for the online stage: its policy is handed on only if it does not lose to its start
     on fresh training-seed episodes (a PushT default run fell from 64% to 28% over 61,440 env steps); otherwise
     online/policy gets the start's weights and the RL'd ones move to online/rejected_policy."""
-    from robotrl.evaluate import not_worse, training_seed
     from robotrl.policies import load
+    from robotrl.training.evaluate import not_worse, training_seed
 
     start, online = run_dir / "offline" / "policy", run_dir / "online" / "policy"
     seed = training_seed(config.seed, 9_000)  # none of the distill stage's DAgger and gate seeds
@@ -471,7 +471,7 @@ def policy_kind(config: PipelineConfig) -> Literal["flow", "vla"]:
 
 def one_window(policy: Any, seed: int) -> dict[str, Any]:
     """A batch-1 observation window from the task's own reset (the first observation repeated over the horizon)."""
-    from robotrl.evaluate import make_eval_env
+    from robotrl.training.evaluate import make_eval_env
 
     env = make_eval_env(policy.spec, tuple(policy.obs_keys), 1, seed)
     try:
@@ -485,8 +485,8 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
 
 def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[float, tuple[float, float], float]:
     """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
-    from robotrl.evaluate import evaluate_policy, load_any
     from robotrl.policies.timing import latency, torch_threads
+    from robotrl.training.evaluate import evaluate_policy, load_any
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
@@ -530,7 +530,7 @@ def table(rows: list[StageRow], config: PipelineConfig, budget: Budget) -> str:
 def run(config: PipelineConfig) -> list[StageRow]:
     import torch
 
-    from robotrl.training import jsonable
+    from robotrl.training.loop import jsonable
 
     torch.set_num_threads(config.threads)
     budget = config.budget()

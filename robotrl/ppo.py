@@ -27,9 +27,9 @@ from tqdm import tqdm
 
 from robotrl.core.spec import flatten_obs
 from robotrl.envs import make
-from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.nets import mlp
-from robotrl.training import (
+from robotrl.training.evaluate import evaluate_state_actor
+from robotrl.training.loop import (
     RLResult, RunLog, RunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
     save_run_state, start_run,
 )

@@ -39,9 +39,9 @@ import optax
 import torch
 from tqdm import tqdm
 
-from robotrl.evaluate import evaluate_state_actor
 from robotrl.ppo import PpoAgent, PpoConfig
-from robotrl.training import (
+from robotrl.training.evaluate import evaluate_state_actor
+from robotrl.training.loop import (
     RLResult, RunLog, TrainClock, TrainingDiverged, finish_run, load_train_state, save_train_state, start_run,
 )
 

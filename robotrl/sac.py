@@ -32,11 +32,11 @@ from tqdm import tqdm
 from robotrl.core.spec import Spec, flatten_obs
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
-from robotrl.evaluate import evaluate_actor
 from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
 from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
-from robotrl.training import (
+from robotrl.training.evaluate import evaluate_actor
+from robotrl.training.loop import (
     RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
     TrainClock, finish_run, save_run_state, start_run,
 )

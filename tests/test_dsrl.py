@@ -17,8 +17,8 @@ from robotrl.policies import load
 from robotrl.policies.generative import NoisePrior
 
 from robotrl.dsrl import DsrlConfig, PriorActor, decisions, train
-from robotrl.evaluate import evaluate_policy
 from robotrl.online import FlowAgent, Tally, Windows, load_flow_policy, rollout, training_env
+from robotrl.training.evaluate import evaluate_policy
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 pytestmark = pytest.mark.usefixtures("one_thread")

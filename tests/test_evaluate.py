@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import robotrl.evaluate as evaluate
-from robotrl.evaluate import EvalConfig, run_eval, success_gain
+import robotrl.training.evaluate as evaluate
+from robotrl.training.evaluate import EvalConfig, run_eval, success_gain
 
 
 def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, monkeypatch) -> None:

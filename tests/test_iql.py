@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from robotrl.iql import IqlAgent, IqlConfig, expectile_loss, train
-from robotrl.evaluate import evaluate_state_actor
 from robotrl.sac import actor_fn
+from robotrl.training.evaluate import evaluate_state_actor
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> IqlConfig:

@@ -18,10 +18,10 @@ from robotrl.datasets import EpisodeStore
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 
-from robotrl.evaluate import evaluate_policy
 from robotrl.offline_flow import OfflineFlowConfig, read_decisions, train
 from robotrl.online import load_flow_policy
-from robotrl.training import TrainingDiverged
+from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import TrainingDiverged
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -24,7 +24,6 @@ from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.export import sample_from_noise
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 
-from robotrl.evaluate import evaluate_policy
 from robotrl.online import (
     FlowAgent,
     OnlineConfig,
@@ -37,7 +36,8 @@ from robotrl.online import (
     semi_mdp_gae,
     train,
 )
-from robotrl.training import BestCheckpoint, TrainingDiverged
+from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import BestCheckpoint, TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 #: the CLI's subprocesses on one torch thread (two threads slow down many times over on a shared 2-core machine)

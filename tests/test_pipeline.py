@@ -85,7 +85,7 @@ def test_each_stage_wrote_the_documented_files(smoke):
     assert (online["lr"], online["bc_coef"]) == (config["online_lr"], config["online_bc_coef"]) == (3e-5, 1.0)
     # the stage chooses among its evaluations on training seeds, not the held-out ones its row reports, and hands
     # its best on (the gate then judges that one), the last weights kept beside it
-    from robotrl.evaluate import HELD_OUT_SEED, ROLLOUT_SEED
+    from robotrl.training.evaluate import HELD_OUT_SEED, ROLLOUT_SEED
 
     assert online["eval_every"] == 256 and ROLLOUT_SEED <= online["eval_seed"] < HELD_OUT_SEED
     row = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}["online"]

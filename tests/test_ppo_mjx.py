@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
 from robotrl import ppo_mjx
+from robotrl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
+from robotrl.training.evaluate import evaluate_state_actor
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 N, HORIZON = 32, 64  # one iteration = 2,048 env steps

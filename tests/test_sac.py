@@ -14,7 +14,7 @@ from robotrl import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.sac import SacConfig, evaluate, train, Agent
-from robotrl.training import TrainingDiverged
+from robotrl.training.loop import TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 

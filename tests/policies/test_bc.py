@@ -18,10 +18,10 @@ from robotrl.bc import BCConfig, train
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
-from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy
 from robotrl.policies import CheckpointError, load
 from robotrl.policies.export import export
 from robotrl.policies.runtime import load as load_runtime
+from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 

@@ -29,7 +29,7 @@ from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.flow import FlowConfig, FlowPolicy
 from robotrl.policies.generative import GenerativePolicy
 from robotrl.policies.meanflow import MeanFlowConfig, MeanFlowPolicy
-from robotrl.training import EMA
+from robotrl.training.loop import EMA
 
 H, CHANNELS = 8, (32, 64)
 
@@ -339,7 +339,7 @@ def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
     """Two DAgger rounds (steps 4 and 8 of 12): the student drives PushT, every window it acts on is stored with
     the teacher's chunk for it (the very chunk the teacher gives there from the round's seeded noise), later
     batches mix them in, and a run stopped between the rounds resumes to identical weights and labels."""
-    from robotrl.evaluate import ROLLOUT_SEED
+    from robotrl.training.evaluate import ROLLOUT_SEED
 
     dagger = {"dagger_rounds": 2, "dagger_episodes": 2, "eval_envs": 2, "execute": 4}
     whole = train(small(teacher_dir, store, tmp_path / "whole", **dagger))
@@ -428,7 +428,7 @@ def test_consistency_student_matches_its_teacher_on_reach(tmp_path: Path) -> Non
     from robotrl.bc import train as train_bc
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes
-    from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy
+    from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
 
     demos = tmp_path / "reach.zarr"
     record_expert(demos, "Reach", episodes=60, num_envs=10, noise=0.3, progress=False)

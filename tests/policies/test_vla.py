@@ -362,7 +362,7 @@ def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, t
     """`robotrl train bc --policy vla` on the PickPlace store (windows carry their episode's instruction, the
     target fields hidden), then `robotrl eval` reports success per instruction and the wrong-cube rate."""
     from robotrl.bc import BCConfig, train
-    from robotrl.evaluate import EvalConfig, run_eval
+    from robotrl.training.evaluate import EvalConfig, run_eval
 
     config = BCConfig(store=store.path, policy="vla", steps=4, batch_size=4, obs_horizon=1, action_horizon=8, execute=8,
                       warmup=1, state_mask_fields=("target", "target_rel"), eval_episodes=2, eval_envs=2,
