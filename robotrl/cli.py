@@ -112,6 +112,18 @@ def run_sb3(config: Sb3Config) -> None:
           f"({result.train_seconds:.0f} s of training); run dir {result.run_dir}")
 
 
+def run_ppo(config: Any) -> Any:
+    """`train ppo`: the torch learner on the CPU backend, or the JAX one with its rollout and update on the
+    accelerator (`--backend mjx`), which builds on the torch one's agent and config."""
+    if config.backend == "mjx":
+        from robotrl.ppo_mjx import train
+    else:
+        from robotrl.ppo import train
+    result = train(config)
+    print(result.summary(f"ppo {config.task}", config.eval_episodes, "env steps"))
+    return result
+
+
 def load_bench() -> Any:
     """`bench/envs.py` of the source checkout (benchmarks live next to the package, not inside it)."""
     path = Path(__file__).resolve().parents[1] / "bench" / "envs.py"
@@ -148,7 +160,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
         from robotrl.iql import IqlConfig, run_train_iql
         from robotrl.offline_flow import OfflineFlowConfig, run_train_offline
         from robotrl.online import OnlineConfig, run_train_online
-        from robotrl.ppo import PpoConfig, run_train_ppo
+        from robotrl.ppo import PpoConfig
         from robotrl.sac import SacConfig, run_train_sac
         from robotrl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
 
@@ -157,7 +169,7 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
                 "hil": (HilConfig, run_train_hil),
                 "classifier": (ClassifierConfig, run_train_classifier), "sac": (SacConfig, run_train_sac),
                 "sac-distributed": (ActorLearnerConfig, run_train_sac_distributed), "iql": (IqlConfig, run_train_iql),
-                "calql": (CalqlConfig, run_train_calql), "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3),
+                "calql": (CalqlConfig, run_train_calql), "ppo": (PpoConfig, run_ppo), "sb3": (Sb3Config, run_sb3),
                 "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3), "sb3:TD3": (Sb3Td3Config, run_sb3)}
 
     def data() -> Commands:

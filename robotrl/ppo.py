@@ -169,10 +169,9 @@ def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_valu
 
 
 def train(config: PpoConfig) -> RLResult:
-    if config.backend == "mjx":
-        from robotrl.ppo_mjx import train as train_mjx
-
-        return train_mjx(config)
+    if config.backend == "mjx":  # robotrl/ppo_mjx.py builds on this module, so this one never imports it
+        raise ValueError("PpoConfig.backend: 'mjx' is trained by robotrl.ppo_mjx.train (as `robotrl train ppo "
+                         "--backend mjx` does); robotrl.ppo.train is the CPU backend's")
     run_dir, state_path, rng = start_run(config, "ppo", config.task)
 
     # envs
@@ -280,9 +279,3 @@ def train(config: PpoConfig) -> RLResult:
         env.close()
     return finish_iterations(config, log, evaluate, run_dir / "agent.pt", clock, run_dir,
                              iterations, start, n * horizon)
-
-
-def run_train_ppo(config: PpoConfig) -> RLResult:
-    result = train(config)
-    print(result.summary(f"ppo {config.task}", config.eval_episodes, "env steps"))
-    return result

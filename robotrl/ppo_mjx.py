@@ -1,7 +1,7 @@
 """PPO with the rollout and the update on the accelerator, for thousands of MJX envs (the Brax regime).
 
     robotrl train ppo --backend mjx --task Quadruped --num-envs 4096 --rollout-steps 16 --total-steps 50000000
-    result = robotrl.ppo.train(PpoConfig(task="Quadruped", backend="mjx", num_envs=4096))   # the same dataclass
+    result = robotrl.ppo_mjx.train(PpoConfig(task="Quadruped", backend="mjx", num_envs=4096))   # the same dataclass
 
 The algorithm and its options are robotrl/ppo.py's (the torch PPO on the threaded CPU backend), option for
 option: running observation normalization, GAE(lambda), a time-limit cut bootstrapped from the value of its
@@ -430,7 +430,7 @@ def program_for(config: PpoConfig) -> Program:
 
 
 def train(config: PpoConfig) -> RLResult:
-    """PPO on the MJX backend; `robotrl.ppo.train` dispatches here for `backend="mjx"`."""
+    """PPO on the MJX backend; `robotrl train ppo` runs it for `backend="mjx"`."""
     run_dir, state_path, _ = start_run(config, "ppo-mjx", config.task)
     if jax.default_backend() == "cpu" and CPU_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
         warnings.warn(f"ppo (mjx) on the CPU: MJX runs orders of magnitude slower under XLA's CPU fusion; start the "
