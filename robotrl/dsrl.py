@@ -12,7 +12,7 @@ the ODE), so an update costs two MLPs and a high update-to-data ratio is cheap.
 
 The pieces are the repo's own: the rollout, windows and the noise prior of `robotrl.online` (the prior, starting as
 N(0, I), i.e. as the BC policy, is SAC's actor: a Gaussian with an exact density, its std state-independent and
-<= 1), and SAC/RLPD's agent and update from `robotrl.sac` (a LayerNorm critic ensemble, REDQ's min over a random
+<= 1), and SAC/RLPD's agent and update from `robotrl.rl.sac` (a LayerNorm critic ensemble, REDQ's min over a random
 subset, the temperature tuned towards a target entropy) with the per-decision discount gamma^execute. A time-limit
 cut is bootstrapped at collection time from the critic's soft value of the final window (as the PPO rollout
 bootstraps from its value network). The result is an ordinary flow policy checkpoint with its trained prior
@@ -36,7 +36,7 @@ from robotrl.online import (
     FlowAgent, OnlineConfig, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout, training_env,
 )
 from robotrl.policies.generative import NoisePrior
-from robotrl.sac import Agent, SacConfig, update
+from robotrl.rl.sac import Agent, SacConfig, update
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import (
     BestCheckpoint, RLResult, RunLog, RunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state,

@@ -7,7 +7,7 @@ fitted to the data, each update gated by offline policy evaluation; then roll ou
 The store is copied to `run_dir/store.zarr` (the input is never written) and every iteration reads it whole:
 
 1. Critic. Decisions are the chunked policy's: a window of To observations and the `execute` actions that followed
-   it. Q(window, executed chunk) and V(window) are IQL's (`robotrl.iql.critic_update`): V an upper expectile of Q
+   it. Q(window, executed chunk) and V(window) are IQL's (`robotrl.rl.iql.critic_update`): V an upper expectile of Q
    over the data's chunks, Q regressed on the discounted reward of the executed steps + gamma^k V(next window),
    cut at termination. A decision that reaches a time-limit cut has no stored successor window and is left out.
 2. Policy. `policy_updates` times: `samples` chains drawn from the current policy for each of `windows` dataset
@@ -67,11 +67,11 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_policy
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.iql import critic_update
 from robotrl.online import HEADS, METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.gaussian import CriticEnsemble
 from robotrl.policies.nets import mlp
+from robotrl.rl.iql import critic_update
 from robotrl.training.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
 from robotrl.training.loop import (
     RLResult,
@@ -305,7 +305,7 @@ def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, f
 
 class ChunkCritic(nn.Module):
     """IQL's critics at the decision level: an ensemble Q(window, executed chunk), its Polyak target, and V(window),
-    over the policy's normalized vector observations (the attribute names `robotrl.iql.critic_update` reads)."""
+    over the policy's normalized vector observations (the attribute names `robotrl.rl.iql.critic_update` reads)."""
 
     def __init__(self, feature_dim: int, chunk_dim: int, config: OfflineFlowConfig) -> None:
         super().__init__()

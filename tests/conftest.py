@@ -12,7 +12,7 @@ import torch
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.policies.timing import torch_threads
-from robotrl.ppo_mjx import CPU_XLA_FLAGS
+from robotrl.rl.ppo_mjx import CPU_XLA_FLAGS
 
 # MJX under XLA's CPU fusion pass runs orders of magnitude slower and compiles slower: the test process and the MJX
 # training subprocesses it starts (which inherit the variable) get the flag. XLA reads it when the first backend

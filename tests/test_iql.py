@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.iql import IqlAgent, IqlConfig, expectile_loss, train
-from robotrl.sac import actor_fn
+from robotrl.rl.iql import IqlAgent, IqlConfig, expectile_loss, train
+from robotrl.rl.sac import actor_fn
 from robotrl.training.evaluate import evaluate_state_actor
 
 

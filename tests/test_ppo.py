@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from robotrl.ppo import PpoAgent, PpoConfig, gae, train
+from robotrl.rl.ppo import PpoAgent, PpoConfig, gae, train
 from robotrl.training.evaluate import evaluate_state_actor
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"

@@ -13,7 +13,7 @@ import torch
 from robotrl import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
-from robotrl.sac import SacConfig, evaluate, train, Agent
+from robotrl.rl.sac import SacConfig, evaluate, train, Agent
 from robotrl.training.loop import TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
@@ -102,7 +102,7 @@ def test_hl_gauss_critic_represents_its_targets(tmp_path: Path) -> None:
 def test_wsrl_fine_tunes_an_offline_iql_agent_online(reach_demos: Path, tmp_path: Path) -> None:
     """WSRL: IQL learns offline from 20 noisy demonstrations; SAC starts from its actor and critics, warms up with
     its rollouts and fine-tunes on online data only, ending well above where the offline agent started (measured: 2.5% -> 72.5%)."""
-    from robotrl.iql import IqlConfig, train as train_iql
+    from robotrl.rl.iql import IqlConfig, train as train_iql
 
     offline = train_iql(IqlConfig(store=reach_demos, steps=1500, eval_episodes=40, eval_envs=20,
                                   run_dir=tmp_path / "iql", progress=False))

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
-from robotrl.replay import DemoTransitions, split_obs_keys
+from robotrl.rl.replay import DemoTransitions, split_obs_keys
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import RLResult, RunLog, RunOptions, TrainClock, finish_run, save_run_state, start_run
 

@@ -2,7 +2,7 @@
 native threads.
 
     robotrl train ppo --task Reach --num-envs 32 --total-steps 300000
-    result = robotrl.ppo.train(PpoConfig(task="Reach"))       # the same dataclass
+    result = robotrl.rl.ppo.train(PpoConfig(task="Reach"))       # the same dataclass
 
 Reads top to bottom (CleanRL's layout): envs -> agent (Gaussian policy with a state-independent std, value
 function) -> (resume) -> per iteration: a rollout of `rollout_steps` in every env, GAE(lambda) advantages, then
@@ -40,7 +40,7 @@ class PpoConfig(RunOptions, TaskOptions):
     """Train a Gaussian policy and a value function with PPO on a task's parallel vector env."""
 
     backend: Literal["cpu", "mjx"] = "cpu"
-    """cpu: torch on the CPU backend's threads; mjx: robotrl/ppo_mjx.py, rollout and update on the accelerator"""
+    """cpu: torch on the CPU backend's threads; mjx: robotrl/rl/ppo_mjx.py, rollout and update on the accelerator"""
     num_envs: int = 32
     total_steps: int = 300_000
     """environment steps, all envs together"""
@@ -169,9 +169,9 @@ def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_valu
 
 
 def train(config: PpoConfig) -> RLResult:
-    if config.backend == "mjx":  # robotrl/ppo_mjx.py builds on this module, so this one never imports it
-        raise ValueError("PpoConfig.backend: 'mjx' is trained by robotrl.ppo_mjx.train (as `robotrl train ppo "
-                         "--backend mjx` does); robotrl.ppo.train is the CPU backend's")
+    if config.backend == "mjx":  # robotrl/rl/ppo_mjx.py builds on this module, so this one never imports it
+        raise ValueError("PpoConfig.backend: 'mjx' is trained by robotrl.rl.ppo_mjx.train (as `robotrl train ppo "
+                         "--backend mjx` does); robotrl.rl.ppo.train is the CPU backend's")
     run_dir, state_path, rng = start_run(config, "ppo", config.task)
 
     # envs
