@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.online import FlowAgent, OnlineConfig, load_flow_policy
+from robotrl.flowrl.online import FlowAgent, OnlineConfig, load_flow_policy
 from robotrl.training.evaluate import HELD_OUT_SEED, rollout
 
 

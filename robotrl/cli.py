@@ -151,18 +151,18 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
                 "bench": (bench.BenchConfig, bench.main)}
 
     def train() -> Commands:
-        from robotrl.bc import BCConfig, run_train_bc
-        from robotrl.classifier import ClassifierConfig, run_train_classifier
-        from robotrl.dsrl import DsrlConfig, run_train_dsrl
-        from robotrl.hil import HilConfig, run_train_hil
-        from robotrl.offline_flow import OfflineFlowConfig, run_train_offline
-        from robotrl.online import OnlineConfig, run_train_online
+        from robotrl.flowrl.classifier import ClassifierConfig, run_train_classifier
+        from robotrl.flowrl.dsrl import DsrlConfig, run_train_dsrl
+        from robotrl.flowrl.hil import HilConfig, run_train_hil
+        from robotrl.flowrl.offline import OfflineFlowConfig, run_train_offline
+        from robotrl.flowrl.online import OnlineConfig, run_train_online
         from robotrl.rl.actor_learner import ActorLearnerConfig, run_train_sac_distributed
         from robotrl.rl.calql import CalqlConfig, run_train_calql
         from robotrl.rl.iql import IqlConfig, run_train_iql
         from robotrl.rl.ppo import PpoConfig
         from robotrl.rl.sac import SacConfig, run_train_sac
         from robotrl.rl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
+        from robotrl.stages.bc import BCConfig, run_train_bc
 
         return {"bc": (BCConfig, run_train_bc), "offline": (OfflineFlowConfig, run_train_offline),
                 "online": (OnlineConfig, run_train_online), "dsrl": (DsrlConfig, run_train_dsrl),
@@ -199,7 +199,7 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
         return EvalConfig, run_eval
 
     def distill() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.distill import DistillConfig, run_distill
+        from robotrl.stages.distill import DistillConfig, run_distill
 
         return DistillConfig, run_distill
 
@@ -209,7 +209,7 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
         return ExportConfig, run_export
 
     def pipeline() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.pipeline import PipelineConfig, run_pipeline
+        from robotrl.stages.pipeline import PipelineConfig, run_pipeline
 
         return PipelineConfig, run_pipeline
 

@@ -1,4 +1,4 @@
-"""Online PPO fine-tuning of a flow policy (robotrl/online.py) from a BC checkpoint trained on real Reach demos:
+"""Online PPO fine-tuning of a flow policy (robotrl/flowrl/online.py) from a BC checkpoint trained on real Reach demos:
 held-out success rises within a CI budget, every method's chain log-likelihood is recomputed exactly from the stored
 chain, Flow-SDE keeps the ODE's marginals, a killed run resumes exactly, a NaN stops with the last good state, and
 the fine-tuned checkpoint goes on to `distill` and `eval` unchanged."""
@@ -24,7 +24,7 @@ from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.export import sample_from_noise
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 
-from robotrl.online import (
+from robotrl.flowrl.online import (
     FlowAgent,
     OnlineConfig,
     Tally,

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from robotrl import SpecMismatchError
-from robotrl.bc import BCConfig, train
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
 from robotrl.policies import CheckpointError, load
 from robotrl.policies.export import export
 from robotrl.policies.runtime import load as load_runtime
+from robotrl.stages.bc import BCConfig, train
 from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
@@ -76,8 +76,8 @@ def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_afte
 
 
 def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
-    from robotrl.bc import successful_episodes
     from robotrl.datasets import EpisodeStore
+    from robotrl.stages.bc import successful_episodes
 
     failed = tmp_path / "failed.zarr"  # two-step episodes: the expert cannot reach the goal
     record_expert(failed, "Reach", episodes=4, num_envs=4, noise=0.0, progress=False, episode_steps=2).close()

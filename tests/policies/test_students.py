@@ -1,7 +1,7 @@
 """The one-step students on real PushT windows: the consistency student keeps its boundary condition, starts as
 its teacher's one-step sampler and moves towards the teacher's multi-step answer as it is distilled; MeanFlow
 learns from the data alone, its JVP target is the finite-difference derivative, and it samples in one call;
-both round-trip through checkpoints; `robotrl.distill` runs end to end and resumes exactly.
+both round-trip through checkpoints; `robotrl.stages.distill` runs end to end and resumes exactly.
 
 Small nets (channels (32, 64), H = 8) and one torch thread: the suite shares two cores, where more threads
 than cores make every step many times slower.
@@ -22,13 +22,13 @@ from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.distill import DistillConfig, distill, train
 from robotrl.policies import load
 from robotrl.policies.consistency import ConsistencyConfig, ConsistencyPolicy
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.flow import FlowConfig, FlowPolicy
 from robotrl.policies.generative import GenerativePolicy
 from robotrl.policies.meanflow import MeanFlowConfig, MeanFlowPolicy
+from robotrl.stages.distill import DistillConfig, distill, train
 from robotrl.training.loop import EMA
 
 H, CHANNELS = 8, (32, 64)
@@ -289,7 +289,7 @@ def test_checkpoint_round_trip(kind: str, teacher: FlowPolicy, store: EpisodeSto
 
 
 # ---------------------------------------------------------------------------------------------------
-# robotrl.distill
+# robotrl.stages.distill
 # ---------------------------------------------------------------------------------------------------
 def small(teacher_dir: Path, store: EpisodeStore, run_dir: Path, **overrides: Any) -> DistillConfig:
     base = DistillConfig(teacher=teacher_dir, store=store.path, steps=12, batch_size=16, warmup=2, lr=3e-4, ema=0.9,
@@ -424,10 +424,10 @@ def test_consistency_student_matches_its_teacher_on_reach(tmp_path: Path) -> Non
     """The must-show claim at test scale: a flow teacher trained by BC on Reach demos and its one-step student
     reach success rates within 2 points of each other over 100 held-out episodes (same seeds, same noise), and
     both beat a random policy by far."""
-    from robotrl.bc import BCConfig
-    from robotrl.bc import train as train_bc
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes
+    from robotrl.stages.bc import BCConfig
+    from robotrl.stages.bc import train as train_bc
     from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
 
     demos = tmp_path / "reach.zarr"

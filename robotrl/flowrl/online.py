@@ -1,7 +1,7 @@
 """Online RL fine-tuning of a flow policy in the parallel vector env: PPO over stochastic denoising chains.
 
     robotrl train online --policy runs/bc-flow/policy --method flow_sde --num-envs 32 --total-steps 300000
-    result = robotrl.online.train(OnlineConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
+    result = robotrl.flowrl.online.train(OnlineConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
 
 The decision is an action chunk. The policy draws it by a stochastic K-step Euler chain x_0 ~ N(0, I), x_{k+1} ~
 N(mean_k, std_k^2 I) from t = 0 (noise) to t = 1 (the chunk), the env executes `execute` actions of it (the
@@ -457,7 +457,7 @@ def training_env(policy: FlowPolicy, config: OnlineConfig) -> Any:
     if config.reward_classifier is None:
         return make_eval_env(policy.spec, tuple(policy.obs_keys), config.num_envs, config.seed,
                              reward_type=config.reward_type)
-    from robotrl.classifier import ClassifierReward, load
+    from robotrl.flowrl.classifier import ClassifierReward, load
 
     classifier = load(config.reward_classifier)
     env = make_eval_env(policy.spec, tuple(policy.obs_keys), config.num_envs, config.seed,
@@ -547,7 +547,7 @@ class Tally:
 
 
 class Operator(Protocol):
-    """Someone who may drive envs instead of the policy during a rollout (robotrl/hil.py: the task's expert or a
+    """Someone who may drive envs instead of the policy during a rollout (robotrl/flowrl/hil.py: the task's expert or a
     teleop device), consulted at every env step: `wants` before it (a change of hands starts a new decision),
     `decide` for the decisions that start (given the policy's proposed first actions), `act` for the actions of
     the envs it drives, and `observe` for the step's outcome."""
@@ -673,7 +673,7 @@ def explained_variance(data: dict[str, Any]) -> float:
 def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: OnlineConfig, actor: bool,
              reference: FlowPolicy | None) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate over chain transitions or whole chains + value regression (+ the velocity regularizer);
-    the value loss alone while the critic warms up. Decisions marked `operated` (an operator's, robotrl/hil.py)
+    the value loss alone while the critic warms up. Decisions marked `operated` (an operator's, robotrl/flowrl/hil.py)
     train the value only: their actions were not drawn from the policy's chain."""
     v = agent.value(batch["obs"])
     value_loss = (v - batch["ret"]).square()
@@ -726,7 +726,7 @@ def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, act
                reference: FlowPolicy | None, optimizer: torch.optim.Optimizer, schedule: Any, rng: np.random.Generator,
                where: str, extra: Any = None) -> dict[str, list[float]]:
     """`config.epochs` passes of shuffled minibatches of a rollout's decisions (with their `adv` and `ret`), one
-    clipped step each; `extra()` -> (loss, stats) is added to every minibatch's loss (robotrl/hil.py: BC on the
+    clipped step each; `extra()` -> (loss, stats) is added to every minibatch's loss (robotrl/flowrl/hil.py: BC on the
     operator's interventions). Returns every step's stats; weights gone non-finite raise `TrainingDiverged`."""
     count, sums = len(data["adv"]), {}
     keys = [k for k in ("chain", "logp", "value", "adv", "ret", "operated") if k in data]

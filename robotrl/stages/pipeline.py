@@ -3,7 +3,7 @@
     robotrl run                                   # PushT, the default preset (<= 15 min on 2 cores)
     robotrl run --preset smoke                    # every stage on a tiny budget (CI)
     robotrl run --task PickPlace --preset full    # the long version; PickPlace trains the VLA
-    robotrl.pipeline.run(PipelineConfig(preset="smoke"))                       # the same dataclass
+    robotrl.stages.pipeline.run(PipelineConfig(preset="smoke"))                       # the same dataclass
 
 Stages, each a command of its own that reads the previous stage's files and writes its own under run_dir:
 
@@ -304,7 +304,7 @@ def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
 
 
 def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    from robotrl.bc import BCConfig, train
+    from robotrl.stages.bc import BCConfig, train
 
     result = train(BCConfig(store=run_dir / "demos.zarr", policy=policy_kind(config), steps=budget.bc_steps,
                             **bc_recipe(config, budget),
@@ -316,7 +316,7 @@ def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Pat
 
 def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.datasets import EpisodeStore
-    from robotrl.offline_flow import OfflineFlowConfig, train
+    from robotrl.flowrl.offline import OfflineFlowConfig, train
 
     extraction: dict[str, Any] = {"policy_updates": budget.offline_updates}
     if config.offline_extraction == "awr":
@@ -356,8 +356,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         **({"minibatch_size": config.online_minibatch} if config.online_minibatch else {})}
     extra: dict[str, Any] = {}
     if config.interventions:
-        from robotrl.hil import HilConfig
-        from robotrl.hil import train as train_hil
+        from robotrl.flowrl.hil import HilConfig
+        from robotrl.flowrl.hil import train as train_hil
 
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
         result = train_hil(HilConfig(demos=run_dir / "demos.zarr", criterion=config.online_criterion,
@@ -365,8 +365,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         extra = {"intervention_rate_first": result.first_intervention_rate,
                  "intervention_rate_last": result.last_intervention_rate, "store": str(result.store)}
     else:
-        from robotrl.online import OnlineConfig
-        from robotrl.online import train as train_online
+        from robotrl.flowrl.online import OnlineConfig
+        from robotrl.flowrl.online import train as train_online
 
         # the hil stage's chain method, without the operator: the anchor needs a method that trains the flow network
         result = train_online(OnlineConfig(method="flow_sde", **common))
@@ -422,7 +422,7 @@ def distill_store(run_dir: Path) -> Path:
 def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     """On the online stage's own store where it has one (the teacher's rollouts and the operator's take-overs:
     PickPlace's student 71.6% against 65.2% from the demos), plus DAgger rounds on the student's own windows."""
-    from robotrl.distill import DistillConfig, train
+    from robotrl.stages.distill import DistillConfig, train
 
     store = distill_store(run_dir)
     result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=store,

@@ -1,7 +1,7 @@
 """DSRL-SAC: soft actor-critic in the initial-noise space of a frozen flow policy (Wagenmaker et al. 2025).
 
     robotrl train dsrl --policy runs/bc-flow/policy --total-steps 100000
-    result = robotrl.dsrl.train(DsrlConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
+    result = robotrl.flowrl.dsrl.train(DsrlConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
 
 `train online --method latent` steers the same frozen flow network by PPO on its noise prior; this is the off-policy
 learner for that latent action space. The action is x_0, the noise the policy's deterministic Euler ODE maps to a
@@ -10,7 +10,7 @@ A critic Q(observation window, x_0) is trained on every decision ever taken, so 
 PPO uses a decision once; and neither the critic nor the actor update touches the U-Net (only the rollout integrates
 the ODE), so an update costs two MLPs and a high update-to-data ratio is cheap.
 
-The pieces are the repo's own: the rollout, windows and the noise prior of `robotrl.online` (the prior, starting as
+The pieces are the repo's own: the rollout, windows and the noise prior of `robotrl.flowrl.online` (the prior, starting as
 N(0, I), i.e. as the BC policy, is SAC's actor: a Gaussian with an exact density, its std state-independent and
 <= 1), and SAC/RLPD's agent and update from `robotrl.rl.sac` (a LayerNorm critic ensemble, REDQ's min over a random
 subset, the temperature tuned towards a target entropy) with the per-decision discount gamma^execute. A time-limit
@@ -32,7 +32,7 @@ from torch import nn
 from tqdm import tqdm
 
 from robotrl.core.spec import STRING
-from robotrl.online import (
+from robotrl.flowrl.online import (
     FlowAgent, OnlineConfig, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout, training_env,
 )
 from robotrl.policies.generative import NoisePrior

@@ -1,7 +1,7 @@
 """Behaviour cloning: from an episode store to a policy checkpoint.
 
     robotrl train bc --store data/pusht.zarr --policy flow --steps 20000
-    result = robotrl.bc.train(BCConfig(store=Path("data/pusht.zarr"), policy="flow"))   # the same dataclass
+    result = robotrl.stages.bc.train(BCConfig(store=Path("data/pusht.zarr"), policy="flow"))   # the same dataclass
 
 Reads top to bottom: data -> policy -> optimizer, LR schedule and EMA -> (resume) -> the loop (sample a
 window batch, loss, step, EMA, log, checkpoint, evaluate) -> the final EMA policy, evaluated and saved.

@@ -1,7 +1,7 @@
 """A success (reward) classifier from camera frames: HIL-SERL's learned reward, for envs (real robots) that give none.
 
     robotrl train classifier --store data/pp.zarr --camera front --steps 2000
-    clf = robotrl.classifier.load("runs/classifier-PickPlace-<time>/classifier"); p = clf.predict(images)
+    clf = robotrl.flowrl.classifier.load("runs/classifier-PickPlace-<time>/classifier"); p = clf.predict(images)
     env = ClassifierReward(make("PickPlace", num_envs=8), clf)   # reward 1 and success where p >= threshold
 
 Reads top to bottom: labels (which stored frames show success) -> episode split -> the network (the policy library's

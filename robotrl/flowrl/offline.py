@@ -2,7 +2,7 @@
 fitted to the data, each update gated by offline policy evaluation; then roll out, add the data, repeat.
 
     robotrl train offline --policy runs/bc-flow/policy --store data/reach.zarr --iterations 5
-    result = robotrl.offline_flow.train(OfflineFlowConfig(policy=Path(...), store=Path(...)))   # the same dataclass
+    result = robotrl.flowrl.offline.train(OfflineFlowConfig(policy=Path(...), store=Path(...)))   # the same dataclass
 
 The store is copied to `run_dir/store.zarr` (the input is never written) and every iteration reads it whole:
 
@@ -67,7 +67,7 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_policy
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.online import HEADS, METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
+from robotrl.flowrl.online import HEADS, METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.gaussian import CriticEnsemble
 from robotrl.policies.nets import mlp
@@ -137,7 +137,7 @@ class OfflineFlowConfig(RunOptions):
     denoise_steps: int | None = None
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
     method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
-    """how the chain is made stochastic (robotrl/online.py)"""
+    """how the chain is made stochastic (robotrl/flowrl/online.py)"""
     noise_std: float | None = None
     """denoising_mdp: each transition's std; flow_noise: the noise net's initial std; ode_noise: the std on the
     ODE's chunk (online.py's defaults)"""

@@ -1,7 +1,7 @@
 """Distillation: a flow, diffusion or VLA teacher checkpoint -> a one-step consistency student checkpoint.
 
     robotrl distill --teacher runs/bc-flow/policy --store data/pusht.zarr --steps 5000
-    student = robotrl.distill.distill(DistillConfig(teacher=Path("runs/bc-flow/policy"),
+    student = robotrl.stages.distill.distill(DistillConfig(teacher=Path("runs/bc-flow/policy"),
                                                     store=Path("data/pusht.zarr")))   # the same dataclass
 
 Reads top to bottom: teacher -> data (the store's spec must equal the teacher's) -> student (the teacher's
