@@ -31,7 +31,8 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.flowrl.online import METHODS, OnlineConfig, collect, explained_variance, ppo_update, start_online
+from robotrl.flowrl.chain import METHODS
+from robotrl.flowrl.online import OnlineConfig, collect, explained_variance, ppo_update, start_online
 
 
 @dataclass

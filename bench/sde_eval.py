@@ -22,7 +22,8 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.flowrl.online import FlowAgent, OnlineConfig, load_flow_policy
+from robotrl.flowrl.chain import FlowAgent, load_flow_policy
+from robotrl.flowrl.online import OnlineConfig
 from robotrl.training.evaluate import HELD_OUT_SEED, rollout
 
 

@@ -202,7 +202,8 @@ def test_proprioception_is_an_input_when_asked_for(pickplace: Path, tmp_path: Pa
 def test_online_rl_trains_on_the_classifiers_reward(trained: ClassifierResult, pickplace: Path, tmp_path: Path) -> None:
     """`train online --reward-classifier`: the env renders the classifier's camera although the policy reads only
     the state, and its reward and success are the classifier's."""
-    from robotrl.flowrl.online import OnlineConfig, load_flow_policy, train as train_online, training_env
+    from robotrl.flowrl.chain import load_flow_policy, training_env
+    from robotrl.flowrl.online import OnlineConfig, train as train_online
     from robotrl.stages.bc import BCConfig, train as train_bc
 
     bc = train_bc(BCConfig(store=pickplace, policy="flow", steps=10, batch_size=8, channels=(8, 16), warmup=1,

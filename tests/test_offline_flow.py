@@ -18,8 +18,8 @@ from robotrl.datasets import EpisodeStore
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 
+from robotrl.flowrl.chain import load_flow_policy
 from robotrl.flowrl.offline import OfflineFlowConfig, read_decisions, train
-from robotrl.flowrl.online import load_flow_policy
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import TrainingDiverged
 

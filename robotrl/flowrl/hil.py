@@ -53,7 +53,8 @@ from robotrl.datasets.collect import RateLimiter
 from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
-from robotrl.flowrl.online import HEADS, OnlineConfig, collect, finish_policy_run, ppo_update, start_online
+from robotrl.flowrl.chain import HEADS, finish_policy_run
+from robotrl.flowrl.online import OnlineConfig, collect, ppo_update, start_online
 from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)
@@ -261,7 +262,7 @@ def demos_from_store(buffer: DemoBuffer, store: EpisodeStore, everything: bool) 
 
 
 # ---------------------------------------------------------------------------------------------------
-# operators (robotrl.flowrl.online.Operator)
+# operators (robotrl.flowrl.chain.Operator)
 # ---------------------------------------------------------------------------------------------------
 def copy_obs(obs: dict[str, Any]) -> dict[str, np.ndarray]:
     return {k: np.array(v, copy=True) for k, v in obs.items()}
