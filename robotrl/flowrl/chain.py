@@ -3,9 +3,11 @@ PPO (robotrl/flowrl/online.py), human-in-the-loop PPO (hil.py), RL-100's offline
 (dsrl.py) import it, never each other's insides.
 
 A decision is an action chunk, drawn by the policy's K-step Euler chain from noise (t = 0) to the chunk (t = 1)
-made stochastic by one of `METHODS` (robotrl/flowrl/online.py's docstring tells them apart). Every stochastic
-transition is Gaussian, so a stored chain's log-likelihood is exact and recomputed under new weights (`FlowAgent`);
-`ppo_loss` is the clipped surrogate on it that online, HIL and offline PPO take. Around the chain: the starting
+made stochastic by one of `METHODS` (robotrl/flowrl/online.py's docstring tells them apart). Each method is one
+class (`CHAIN_METHODS` maps `--method` to it): how it draws a decision's chain, how it recomputes the chain's
+log-likelihood, what of the policy trains. Every stochastic transition is Gaussian, so a stored chain's
+log-likelihood is exact and recomputed under new weights (`FlowAgent`, which asks its method); `ppo_loss` is the
+clipped surrogate on it that online, HIL and offline PPO take. Around the chain: the starting
 checkpoint (`load_flow_policy`), the training env (`training_env`), per-env observation windows (`Windows`),
 episode tallies (`Tally`), an operator who may drive (`Operator`, HIL), the semi-MDP rollout of chunks
 (`rollout`), the settings these read (`ChainConfig`), and the end of a run whose result is a policy
@@ -29,11 +31,6 @@ from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
 from robotrl.training.evaluate import make_eval_env
 from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, RunOptions, TrainClock, finish_iterations
-
-METHODS = ("denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent", "residual")
-#: methods that train a head of a frozen flow network (its prior or residual), with a Gaussian over one action
-HEADS = {"latent": "prior", "residual": "residual"}
-
 
 @dataclass
 class ChainConfig(RunOptions):
@@ -126,9 +123,7 @@ class ChainConfig(RunOptions):
         if not 0 < self.noise_min < self.noise_max:
             raise ValueError(f"{name}.noise_min / noise_max: expected 0 < noise_min < noise_max, got "
                              f"{self.noise_min}, {self.noise_max}")
-        if self.method == "flow_noise" and not self.noise_min < self.initial_std() < self.noise_max:
-            raise ValueError(f"{name}.noise_std: expected the initial std inside (noise_min, noise_max) = "
-                             f"({self.noise_min}, {self.noise_max}) for flow_noise, got {self.initial_std()}")
+        CHAIN_METHODS[self.method].check(self, name)
         if self.advantage_floor is not None and not math.isfinite(self.advantage_floor):
             raise ValueError(f"{name}.advantage_floor: expected a finite number or None, got {self.advantage_floor}")
         for field in ("bc_coef", "value_coef"):
@@ -138,9 +133,7 @@ class ChainConfig(RunOptions):
     def initial_std(self) -> float:
         """`noise_std`, or the method's default (left unresolved in the config, so that `replace(method=...)`
         moves it along)."""
-        if self.noise_std is not None:
-            return self.noise_std
-        return 0.2 if self.method in ("flow_noise", "ode_noise") else 0.1
+        return self.noise_std if self.noise_std is not None else CHAIN_METHODS[self.method].default_std
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -183,38 +176,279 @@ class NoiseNet(nn.Module):
         return (self.low + (self.high - self.low) * torch.sigmoid(h)).reshape(-1, *self.chunk_shape)
 
 
+# ---------------------------------------------------------------------------------------------------
+# the methods (`--method`): one class each, how the chain is drawn and scored and what of the policy trains
+# ---------------------------------------------------------------------------------------------------
+class ChainMethod:
+    """What a method of making the chain stochastic decides, all of it here; `FlowAgent` asks its method (the
+    entry of `CHAIN_METHODS` that the config's `method` names) and branches on no name. The methods are stateless:
+    the networks they read are the agent's (`policy`, `noise_net`, the `schedule` of transition stds)."""
+
+    name: str
+    head: str | None = None
+    """the head of a frozen flow network that trains instead of the network (the policy's `prior` or `residual`),
+    its action one Gaussian with a joint ratio; None: the flow network trains, the log-ratio per chunk element"""
+    draws: tuple[str, ...] = ()
+    """the heads a policy may carry that this method's rollouts draw through (a policy with another is refused)"""
+    default_std = 0.1
+    """the initial exploration std when the config's `noise_std` is None"""
+
+    def check(self, config: ChainConfig, name: str) -> None:
+        """Refuse settings this method cannot start from; `name` is the config class the error names."""
+
+    def prepare(self, policy: FlowPolicy, config: ChainConfig) -> None:
+        """Before the agent's networks are made: give the policy what this method trains."""
+
+    def schedule(self, std: float, end: float, steps: int) -> torch.Tensor:
+        """The std of each of the K transitions: linear from `noise_std` to `noise_std_end` along the chain."""
+        return torch.linspace(std, end, steps)
+
+    def noise_net(self, feature_dim: int, chunk_shape: tuple[int, int], config: ChainConfig,
+                  std: float) -> NoiseNet | None:
+        """The network that learns the transitions' std, for a method that has one."""
+        return None
+
+    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
+               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decision's stochastic chain from the policy's start noise `x`, given the observation windows, their
+        conditioning and features: (the chain, the log-density of each of its stochastic transitions (B, n))."""
+        raise NotImplementedError
+
+    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-densities `sample` returned, recomputed from the stored chain under the current weights, and
+        the mean squared distance of the velocities along it to `reference`'s (0 without one or without any)."""
+        raise NotImplementedError
+
+
+class DenoisingMDP(ChainMethod):
+    """RL-100 / DPPO: each of the K Euler steps a Gaussian transition around x_k + v dt with a fixed exploration
+    std (`schedule`), every transition scored. The other chain methods change its transition or what it scores."""
+
+    name = "denoising_mdp"
+
+    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
+                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of x_{k+1} given x_k, the velocity v at (x_k, t_k) and the step indices k (B,)."""
+        dt = 1.0 / agent.steps
+        mean = x + v * dt
+        return mean, agent.schedule[k].reshape(-1, 1, 1).expand_as(x)
+
+    def stochastic(self, k: int, steps: int) -> bool:
+        """Whether transition k of the chain is stochastic (its log-density part of the decision's)."""
+        return True
+
+    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
+               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x_0 .. x_K (B, K+1, H', A) and the log-density of each stochastic transition (B, K)."""
+        chain, logp = [x], []
+        for k in range(agent.steps):
+            ks = torch.full((x.shape[0],), k, device=x.device)
+            v = agent.policy.velocity(x, ks.to(x.dtype) / agent.steps, cond)
+            mean, std = self.transition(agent, x, v, ks, features)
+            x = mean + std * torch.randn_like(mean)
+            chain.append(x)
+            if self.stochastic(k, agent.steps):
+                logp.append(agent.log_density(x, mean, std))
+        return torch.stack(chain, 1), torch.stack(logp, 1)
+
+    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """All K transitions at once (B, K), and the velocity gap at the chain's points."""
+        policy = agent.policy
+        b, k = chain.shape[0], agent.steps
+        x = chain[:, :-1].reshape(b * k, *chain.shape[2:])
+        ks = torch.arange(k, device=chain.device).repeat(b)
+        cond = policy.encoder(obs).repeat_interleave(k, 0)
+        v = policy.velocity(x, ks.to(x.dtype) / agent.steps, cond)
+        mean, std = self.transition(agent, x, v, ks, agent.features(obs).repeat_interleave(k, 0))
+        logp = agent.log_density(chain[:, 1:].reshape(b * k, *chain.shape[2:]), mean, std).reshape(b, k)
+        gap = torch.zeros((), device=chain.device)
+        if reference is not None:
+            with torch.no_grad():
+                cond_ref = reference.encoder(obs).repeat_interleave(k, 0)
+                v_ref = reference.velocity(x, ks.to(x.dtype) / agent.steps, cond_ref)
+            gap = (v - v_ref).square().mean()
+        return logp, gap
+
+
+class FlowSDE(DenoisingMDP):
+    """pi_RL's Flow-SDE: each transition an Euler-Maruyama step of the SDE with the ODE's marginals
+    (`flow_sde_step`, a = `sde_noise`)."""
+
+    name = "flow_sde"
+
+    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
+                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = 1.0 / agent.steps
+        t = k.to(x.dtype) / agent.steps
+        return flow_sde_step(x, v, t, dt, agent.sde_noise)
+
+
+class FlowNoise(DenoisingMDP):
+    """pi_RL's Flow-Noise: mean x_k + v dt, and a per-element std that a small noise network (`NoiseNet`) learns by
+    the PPO loss, in [noise_min, noise_max]."""
+
+    name = "flow_noise"
+    default_std = 0.2
+
+    def check(self, config: ChainConfig, name: str) -> None:
+        if not config.noise_min < config.initial_std() < config.noise_max:
+            raise ValueError(f"{name}.noise_std: expected the initial std inside (noise_min, noise_max) = "
+                             f"({config.noise_min}, {config.noise_max}) for flow_noise, got {config.initial_std()}")
+
+    def noise_net(self, feature_dim: int, chunk_shape: tuple[int, int], config: ChainConfig,
+                  std: float) -> NoiseNet | None:
+        return NoiseNet(feature_dim, chunk_shape, config.noise_hidden, config.noise_min, config.noise_max, std)
+
+    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
+                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dt = 1.0 / agent.steps
+        t = k.to(x.dtype) / agent.steps
+        mean = x + v * dt
+        assert agent.noise_net is not None
+        return mean, agent.noise_net(features, x, t)
+
+
+class OdeNoise(DenoisingMDP):
+    """The policy's own deterministic Euler ODE from its drawn x_0 (transitions of std 0), and Gaussian noise of std
+    `noise_std` on the chunk it ends in: one scored transition, whose mean, the whole ODE, is recomputed with
+    gradients from the stored x_0."""
+
+    name = "ode_noise"
+    default_std = 0.2
+
+    def schedule(self, std: float, end: float, steps: int) -> torch.Tensor:
+        return torch.zeros(steps).index_fill_(0, torch.tensor([steps - 1]), std)
+
+    def stochastic(self, k: int, steps: int) -> bool:
+        return k == steps - 1
+
+    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drawn chunk's log-density around the ODE's end from the stored x_0 (B, 1), the ODE run step by step
+        so that the gradient reaches every step of it, and the velocity gap along it."""
+        policy = agent.policy
+        cond, dt = policy.encoder(obs), 1.0 / agent.steps
+        with torch.no_grad():
+            cond_ref = reference.encoder(obs) if reference is not None else None
+        x, gaps = chain[:, 0], []
+        for k in range(agent.steps):
+            v = policy.velocity(x, k * dt, cond)
+            if reference is not None:
+                with torch.no_grad():
+                    v_ref = reference.velocity(x, k * dt, cond_ref)
+                gaps.append((v - v_ref).square().mean())
+            x = x + v * dt
+        logp = agent.log_density(chain[:, -1], x, agent.schedule[-1].expand_as(x))[:, None]
+        gap = torch.stack(gaps).mean() if gaps else torch.zeros((), device=chain.device)
+        return logp, gap
+
+
+class FrozenFlowHead(ChainMethod):
+    """A head of a frozen U-Net flow network trains alone (`head`): the policy gets it here unless it has one, and
+    every other weight of the policy stops training."""
+
+    def prepare(self, policy: FlowPolicy, config: ChainConfig) -> None:
+        if not isinstance(policy.config, GenerativeConfig):
+            raise ValueError(f"{type(config).__name__}.method: {config.method!r} trains a {self.head} of a U-Net flow "
+                             f"policy; a {policy.name!r} policy has none (use flow_sde)")
+        self.add_head(policy, config)
+        for name, p in policy.named_parameters():
+            p.requires_grad_(name.startswith(f"{self.head}."))
+
+    def add_head(self, policy: FlowPolicy, config: ChainConfig) -> None:
+        raise NotImplementedError
+
+
+class Latent(FrozenFlowHead):
+    """DSRL: a Gaussian prior over the chain's initial noise x_0 given the observation trains (starting as N(0, I),
+    the BC policy), x_0 -> chunk the policy's own deterministic ODE; the scored action is x_0."""
+
+    name, head, draws = "latent", "prior", ("prior",)
+
+    def add_head(self, policy: FlowPolicy, config: ChainConfig) -> None:
+        if policy.prior is None:
+            policy.add_noise_prior(config.noise_hidden, config.prior_bound)
+
+    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
+               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x_0, chunk) (B, 2, H', A) and x_0's log-density (B, 1)."""
+        mean, std = agent.prior(features)
+        x0 = mean + std * x
+        chunk = agent.policy.integrate(x0, cond, agent.steps)
+        return torch.stack([x0, chunk], 1), gaussian_log_prob(x0, mean, std)[:, None]
+
+    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, std = agent.prior(agent.features(obs))
+        return gaussian_log_prob(chain[:, 0], mean, std)[:, None], torch.zeros((), device=chain.device)
+
+
+class Residual(FrozenFlowHead):
+    """ResiP at the chunk level: a Gaussian correction of the ODE's chunk given the observation trains (mean zero at
+    first, std `noise_std` then learned); the scored action is the corrected chunk."""
+
+    name, head, draws = "residual", "residual", ("prior", "residual")
+
+    def add_head(self, policy: FlowPolicy, config: ChainConfig) -> None:
+        if policy.residual is None:
+            policy.add_action_residual(config.noise_hidden, config.residual_bound, config.initial_std())
+
+    def corrected(self, agent: FlowAgent, base: torch.Tensor,
+                  features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The corrected chunk's Gaussian (mean, std) around the ODE's chunk `base` (B, horizon, A)."""
+        assert agent.policy.residual is not None, "residual: the policy's residual is added in FlowAgent.__init__"
+        mean, std = agent.policy.residual(features)
+        return base + mean, std
+
+    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
+               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the noise's first rows, the ODE's chunk from them, the corrected chunk drawn with the rest of the noise)
+        (B, 3, H', A) and the corrected chunk's log-density (B, 1)."""
+        h = agent.chunk_shape[0]
+        base = agent.policy.integrate(agent.policy.initial_noise(obs, x), cond, agent.steps)
+        mean, std = self.corrected(agent, base, features)
+        chunk = mean + std * x[:, h:]
+        return torch.stack([x[:, :h], base, chunk], 1), agent.log_density(chunk, mean, std)[:, None]
+
+    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
+                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, std = self.corrected(agent, chain[:, 1], agent.features(obs))
+        return agent.log_density(chain[:, 2], mean, std)[:, None], torch.zeros((), device=chain.device)
+
+
+#: `--method` -> the method
+CHAIN_METHODS: dict[str, ChainMethod] = {m.name: m for m in (DenoisingMDP(), FlowSDE(), FlowNoise(), OdeNoise(),
+                                                             Latent(), Residual())}
+METHODS = tuple(CHAIN_METHODS)
+#: methods that train a head of a frozen flow network (its prior or residual), with a Gaussian over one action
+HEADS = {name: m.head for name, m in CHAIN_METHODS.items() if m.head is not None}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the agent, its starting checkpoint and its env
+# ---------------------------------------------------------------------------------------------------
 class FlowAgent(nn.Module):
     """The flow policy being fine-tuned, its value network and (Flow-Noise) its noise network: one module, so that
     the train state holds them together. For `latent` / `residual` the policy gets its noise prior / chunk
-    residual here (unless it has one) and only that head trains."""
+    residual here (unless it has one) and only that head trains. How the chain is drawn and scored is its
+    method's (`method`, an entry of `CHAIN_METHODS`)."""
 
     def __init__(self, policy: FlowPolicy, config: ChainConfig, steps: int) -> None:
         super().__init__()
-        self.policy, self.method, self.steps = policy, config.method, steps
-        head = HEADS.get(config.method)
-        if head is not None:
-            if not isinstance(policy.config, GenerativeConfig):
-                raise ValueError(f"{type(config).__name__}.method: {config.method!r} trains a {head} of a U-Net flow "
-                                 f"policy; a {policy.name!r} policy has none (use flow_sde)")
-            if head == "prior" and policy.prior is None:
-                policy.add_noise_prior(config.noise_hidden, config.prior_bound)
-            if head == "residual" and policy.residual is None:
-                policy.add_action_residual(config.noise_hidden, config.residual_bound, config.initial_std())
-            for name, p in policy.named_parameters():
-                p.requires_grad_(name.startswith(f"{head}."))
-        drawn = {"latent": ("prior",), "residual": ("prior", "residual")}.get(config.method, ())
-        ignored = [h for h in ("residual", "prior") if getattr(policy, h, None) is not None and h not in drawn]
+        self.policy, self.steps = policy, steps
+        self.method = method = CHAIN_METHODS[config.method]
+        method.prepare(policy, config)
+        ignored = [h for h in ("residual", "prior") if getattr(policy, h, None) is not None and h not in method.draws]
         if ignored:  # the rollouts would not draw what the saved policy samples
+            drawing = " or ".join(m.name for m in CHAIN_METHODS.values() if ignored[0] in m.draws)
             raise ValueError(f"{type(config).__name__}.method: {config.method!r} would ignore the {ignored[0]} this "
-                             f"policy was given by online RL; continue it with --method "
-                             f"{'residual' if ignored[0] == 'residual' else 'latent or residual'}")
+                             f"policy was given by online RL; continue it with --method {drawing}")
         self.sde_noise = config.sde_noise
         std = config.initial_std()
         end = std if config.noise_std_end is None else config.noise_std_end
-        schedule = torch.linspace(std, end, steps)
-        if config.method == "ode_noise":  # deterministic Euler steps, then the chunk's noise
-            schedule = torch.zeros(steps).index_fill_(0, torch.tensor([steps - 1]), std)
-        self.register_buffer("schedule", schedule, persistent=False)
+        self.register_buffer("schedule", method.schedule(std, end, steps), persistent=False)
         window = policy.obs_horizon
         #: the value, noise and head networks' input size: `features`
         self.feature_dim = feature_dim = sum(window * policy.spec.observations[k].size for k in policy.vector_keys)
@@ -223,9 +457,8 @@ class FlowAgent(nn.Module):
         #: leading chunk steps whose likelihood the ratio scores (`likelihood`)
         self.scored = policy.horizon if config.likelihood == "chunk" else min(config.execute, policy.horizon)
         #: the log-ratio is divided by this: per chunk element for the chain methods (DPPO), joint for the heads
-        self.ratio_elements = 1 if head is not None else self.scored * policy.action_dim
-        self.noise_net = NoiseNet(feature_dim, self.chunk_shape, config.noise_hidden, config.noise_min,
-                                  config.noise_max, std) if config.method == "flow_noise" else None
+        self.ratio_elements = 1 if method.head is not None else self.scored * policy.action_dim
+        self.noise_net = method.noise_net(feature_dim, self.chunk_shape, config, std)
 
     def features(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         """The value (and noise) network's input: the policy's normalized vector observations, window flattened."""
@@ -236,43 +469,16 @@ class FlowAgent(nn.Module):
 
     def transition(self, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
                    features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std) of x_{k+1} given x_k, the velocity v at (x_k, t_k) and the step indices k (B,)."""
-        dt = 1.0 / self.steps
-        t = k.to(x.dtype) / self.steps
-        if self.method == "flow_sde":
-            return flow_sde_step(x, v, t, dt, self.sde_noise)
-        mean = x + v * dt
-        if self.method == "flow_noise":
-            assert self.noise_net is not None
-            return mean, self.noise_net(features, x, t)
-        return mean, self.schedule[k].reshape(-1, 1, 1).expand_as(x)
+        """(mean, std) of x_{k+1} given x_k, the velocity v at (x_k, t_k) and the step indices k (B,) (the K-step
+        chain methods)."""
+        return self.method.transition(self, x, v, k, features)
 
     @torch.no_grad()
     def sample_chain(self, obs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A stochastic chain for normalized observation windows: (x_0 .. x_K (B, K+1, H', A), the log-density of
-        each transition (B, K))."""
+        """A stochastic chain for normalized observation windows, drawn from the policy's start noise by the method:
+        (x_0 .. x_K (B, K+1, H', A) for the K-step chain methods, the log-density of each stochastic transition)."""
         cond, features = self.policy.encoder(obs), self.features(obs)
-        x = self.policy.noise(cond.shape[0], cond.device)
-        if self.method == "latent":  # x_0 from the prior, then the policy's own ODE
-            mean, std = self.prior(features)
-            x0 = mean + std * x
-            chunk = self.policy.integrate(x0, cond, self.steps)
-            return torch.stack([x0, chunk], 1), gaussian_log_prob(x0, mean, std)[:, None]
-        if self.method == "residual":  # the ODE's chunk from the first rows of the noise, corrected with the rest
-            base = self.policy.integrate(self.policy.initial_noise(obs, x), cond, self.steps)
-            mean, std = self.residual_mean_std(base, features)
-            chunk = mean + std * x[:, self.chunk_shape[0]:]
-            return torch.stack([x[:, : self.chunk_shape[0]], base, chunk], 1), self.log_density(chunk, mean, std)[:, None]
-        chain, logp = [x], []
-        for k in range(self.steps):
-            ks = torch.full((x.shape[0],), k, device=x.device)
-            v = self.policy.velocity(x, ks.to(x.dtype) / self.steps, cond)
-            mean, std = self.transition(x, v, ks, features)
-            x = mean + std * torch.randn_like(mean)
-            chain.append(x)
-            if self.method != "ode_noise" or k == self.steps - 1:  # ode_noise: only the last step is stochastic
-                logp.append(self.log_density(x, mean, std))
-        return torch.stack(chain, 1), torch.stack(logp, 1)
+        return self.method.sample(self, obs, cond, features, self.policy.noise(cond.shape[0], cond.device))
 
     def log_density(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
         """A transition's log-density over the scored chunk steps (B, H', A) -> (B,)."""
@@ -284,58 +490,12 @@ class FlowAgent(nn.Module):
         """The log-density of each stored stochastic transition under the current weights (B, K), all K at once
         (ode_noise: (B, 1), its ODE recomputed from x_0), and the mean squared distance of the velocities there to
         `reference`'s (0 without one)."""
-        if self.method == "ode_noise":
-            return self.ode_log_prob(obs, chain, reference)
-        if self.method == "latent":
-            mean, std = self.prior(self.features(obs))
-            return gaussian_log_prob(chain[:, 0], mean, std)[:, None], torch.zeros((), device=chain.device)
-        if self.method == "residual":
-            mean, std = self.residual_mean_std(chain[:, 1], self.features(obs))
-            return self.log_density(chain[:, 2], mean, std)[:, None], torch.zeros((), device=chain.device)
-        b, k = chain.shape[0], self.steps
-        x = chain[:, :-1].reshape(b * k, *chain.shape[2:])
-        ks = torch.arange(k, device=chain.device).repeat(b)
-        cond = self.policy.encoder(obs).repeat_interleave(k, 0)
-        v = self.policy.velocity(x, ks.to(x.dtype) / self.steps, cond)
-        mean, std = self.transition(x, v, ks, self.features(obs).repeat_interleave(k, 0))
-        logp = self.log_density(chain[:, 1:].reshape(b * k, *chain.shape[2:]), mean, std).reshape(b, k)
-        gap = torch.zeros((), device=chain.device)
-        if reference is not None:
-            with torch.no_grad():
-                cond_ref = reference.encoder(obs).repeat_interleave(k, 0)
-                v_ref = reference.velocity(x, ks.to(x.dtype) / self.steps, cond_ref)
-            gap = (v - v_ref).square().mean()
-        return logp, gap
-
-    def ode_log_prob(self, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                     reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """ode_noise's log-density of the drawn chunk around the ODE's end from the stored x_0 (B, 1), the ODE run
-        step by step so that the gradient reaches every step of it, and the velocity gap along it."""
-        cond, dt = self.policy.encoder(obs), 1.0 / self.steps
-        with torch.no_grad():
-            cond_ref = reference.encoder(obs) if reference is not None else None
-        x, gaps = chain[:, 0], []
-        for k in range(self.steps):
-            v = self.policy.velocity(x, k * dt, cond)
-            if reference is not None:
-                with torch.no_grad():
-                    v_ref = reference.velocity(x, k * dt, cond_ref)
-                gaps.append((v - v_ref).square().mean())
-            x = x + v * dt
-        logp = self.log_density(chain[:, -1], x, self.schedule[-1].expand_as(x))[:, None]
-        gap = torch.stack(gaps).mean() if gaps else torch.zeros((), device=chain.device)
-        return logp, gap
+        return self.method.log_prob(self, obs, chain, reference)
 
     @property
     def prior(self) -> NoisePrior:
         assert self.policy.prior is not None, "latent: the policy's noise prior is added in FlowAgent.__init__"
         return self.policy.prior
-
-    def residual_mean_std(self, base: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """residual: the corrected chunk's Gaussian (mean, std) around the ODE's chunk `base` (B, horizon, A)."""
-        assert self.policy.residual is not None, "residual: the policy's residual is added in FlowAgent.__init__"
-        mean, std = self.policy.residual(features)
-        return base + mean, std
 
     def chunk(self, chain: torch.Tensor) -> np.ndarray:
         """The env's action chunk (B, H, A) from the chain's end: unnormalized and clipped to the action bounds,

@@ -64,7 +64,6 @@ from tqdm import tqdm
 
 from robotrl.core.spec import STRING
 from robotrl.flowrl.chain import (
-    HEADS,
     ChainConfig,
     FlowAgent,
     Operator,
@@ -201,9 +200,8 @@ def explained_variance(data: dict[str, Any]) -> float:
 def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.Adam, Any]:
     """Adam with a learning rate per network (policy, value, noise), and the constant schedule `optimizer_step`
     steps."""
-    head = HEADS.get(config.method)
     policy_group = ({"params": [p for p in agent.policy.parameters() if p.requires_grad], "lr": config.noise_lr}
-                    if head is not None else {"params": agent.policy.parameters(), "lr": config.lr})
+                    if agent.method.head is not None else {"params": agent.policy.parameters(), "lr": config.lr})
     groups = [policy_group,
               {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
     if agent.noise_net is not None:
