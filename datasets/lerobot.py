@@ -29,10 +29,10 @@ spec's task name when it has none.
 Video: the default codec, ``libx264rgb`` at qp 0 (H.264, lossless, RGB without a YUV conversion), makes the
 round trip exact; it decodes everywhere FFmpeg does (PyAV, torchcodec), though not in a browser. LeRobot's
 own choice, ``libsvtav1`` (yuv420p, crf 30), or ``libx264`` (yuv420p, crf 23) are several times smaller and
-lossy: on 64x64 renders a mean absolute pixel error of about 3/255 (the tests bound it at 6/255), with a
-large error on a few pixels at sharp color edges (chroma is stored at half resolution). States, actions and
-every other column are exact whatever the codec. A keyframe every 2 frames, as LeRobot, keeps random access
-(training) cheap.
+lossy: the tests bound the mean absolute pixel error on 64x64 renders at 6/255 (bench/RESULTS.md, "Measurements
+behind the code's design"), with a large error on a few pixels at sharp color edges (chroma is stored at half
+resolution). States, actions and every other column are exact whatever the codec. A keyframe every 2 frames, as
+LeRobot, keeps random access (training) cheap.
 
 Importing a foreign LeRobot dataset (no ``robotrl_spec``): the Spec is built from the features: task = the
 info's ``repo_id`` or else the directory name; observations by the inverse of the mapping above (plus

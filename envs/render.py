@@ -98,8 +98,8 @@ class _Offscreen:
         self.model = copy.copy(model)
         vis = self.model.vis.global_
         vis.offwidth, vis.offheight = max(vis.offwidth, width), max(vis.offheight, height)
-        # the shadow map dominates the cost of software GL (a 4096^2 map: ~70 ms for a 64 px image with
-        # llvmpipe); a map a few times the image size looks the same
+        # the shadow map dominates the cost of software GL (a 4096^2 map with llvmpipe; bench/RESULTS.md,
+        # "Measurements behind the code's design"); a map a few times the image size looks the same
         quality = self.model.vis.quality
         quality.shadowsize = int(min(quality.shadowsize, max(512, 4 * max(height, width))))
         self.height, self.width = height, width
@@ -181,7 +181,8 @@ class BatchRenderer:
     """Renders one image per (env, camera); camera jitter and light scale implement visual randomization.
 
     Per-env models differ only in physics parameters, so one private copy of the nominal model draws all envs.
-    Shadows are off by default: with software GL they cost ~5x the rest of an observation image.
+    Shadows are off by default: with software GL they cost several times the rest of an observation image
+    (bench/RESULTS.md, "Measurements behind the code's design").
     """
 
     def __init__(self, model: mujoco.MjModel, size: int, shadows: bool = False) -> None:

@@ -407,9 +407,9 @@ class PushTExpert(Expert):
     past the stop coverage (the success threshold + 0.04), pushing again if it falls below the success threshold.
     Teleop noise perturbs the motion; a drift observer cancels the slow part.
 
-    Measured over 200 seeded episodes (default config): 100% at noise 0, 100% at 0.5, 99.5% at 0.7, 76% at
-    1.0. Noise costs time more than success: TeleopNoise's drift alone exceeds the action bound on an axis
-    about 30% of the time, when even holding the tip still is impossible; the 30 s limit absorbs that.
+    Its success by noise level: bench/RESULTS.md, "Scripted experts". Noise costs time more than success:
+    TeleopNoise's drift alone at times exceeds the action bound on an axis, when even holding the tip still is
+    impossible; the 30 s limit absorbs that.
     """
 
     task: PushT
@@ -465,9 +465,9 @@ class PushTExpert(Expert):
         p = get["tool_in_block"]
         cov = get["coverage"][:, 0]
         # holds from stop_coverage on, and pushes again only below the success threshold: with a wider band
-        # (it was 0.86) 82% of the demonstrated steps at coverage 0.86-0.9 were holds after a success, and BC,
-        # which cannot tell whether a success came before, learned to stop short there (every failure of a
-        # 84% BC policy peaked at 0.88-0.897)
+        # (it was 0.86) most demonstrated steps at coverage 0.86-0.9 were holds after a success, and BC, which
+        # cannot tell whether a success came before, learned to stop short there (bench/RESULTS.md, "The flow
+        # network frozen (`latent`, `residual`), and the demonstrations' holds")
         self.done = np.where(self.done, cov >= self.task.config.success_coverage, cov >= self.stop_coverage)
 
         step = self.task.config.max_ee_step

@@ -290,7 +290,7 @@ class TrotParams:
     max_stride: float = 0.14  # m: half-stride clamp (keeps the IK in reach)
     level_gain: float = 1.0  # extra leg extension per metre of hip height lost to tilt
     widen: float = 0.02  # m: feet outwards of the standing pose (a wider base resists roll)
-    x_offset: float = -0.04  # m: feet forward of the centre of mass; measured: centred feet still drift backwards
+    x_offset: float = -0.04  # m: feet forward of the centre of mass; centred feet drift backwards
     swing_travel: float = 0.7  # fraction of the swing over which the foot travels forward
     height: float = float(-STAND_FEET[:, 2].mean())  # m: trunk centre above the foot centres
 
@@ -303,7 +303,8 @@ class TrotExpert(Expert):
     the trunk's speed by their sweep); a swing foot arcs forward to the mirrored spot. All feet also shift
     along the velocity error (Raibert), which moves the support towards the side the trunk drifts to. Foot
     targets are at a fixed depth in the trunk frame, extended on the low side by the measured tilt, so a
-    tilted trunk is levelled. Tuned on flat ground at noise 0 (see the task's report for measured numbers).
+    tilted trunk is levelled. Tuned on flat ground at noise 0 (its falls and tracking: bench/RESULTS.md, "Scripted
+    experts").
     """
 
     task: Quadruped

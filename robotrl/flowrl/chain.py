@@ -41,8 +41,8 @@ class ChainConfig(RunOptions):
     """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
     method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent", "residual"] = "latent"
     """how the policy explores and what trains (robotrl/flowrl/online.py's docstring): latent learned Reach fastest
-    in bench/flow_rl.py (100% at 43,200 env steps; flow_sde 96.5% at 86,400) and, its flow network frozen, cannot
-    lose what BC learned (flow_sde lowered PushT from 79% to 6%)"""
+    in bench/flow_rl.py and, its flow network frozen, cannot lose what BC learned, where flow_sde lowered PushT
+    (bench/RESULTS.md, "Steering a frozen flow network" and "PPO over the chain from a strong BC policy")"""
     num_envs: int = 32
     execute: int = 8
     """actions executed from each chunk before the next decision (and at evaluation)"""
@@ -50,9 +50,9 @@ class ChainConfig(RunOptions):
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
     noise_std: float | None = None
     """denoising_mdp: std of each transition (normalized action units; default 0.1); flow_noise: the noise net's
-    initial std (default 0.2: from 0.1 it gained 12 points on Reach in 86,400 steps, from 0.2 34); ode_noise: the
-    std of the noise on the ODE's chunk (default 0.2); residual: the initial std of the noise on the corrected
-    chunk (default 0.1)"""
+    initial std (default 0.2, which gained more on Reach than 0.1; bench/RESULTS.md, "Measurements behind the
+    code's design"); ode_noise: the std of the noise on the ODE's chunk (default 0.2); residual: the initial std of
+    the noise on the corrected chunk (default 0.1)"""
     noise_std_end: float | None = None
     """denoising_mdp: the std of the last transition, linear from noise_std along the chain (default: constant)"""
     noise_min: float = 0.02
@@ -75,11 +75,12 @@ class ChainConfig(RunOptions):
     advantage_floor: float | None = None
     """clamp the minibatch-normalized advantages from below (0: only better-than-average decisions move the policy,
     as self-imitation learning does; below-average ones push the chain's mean away from its own samples). On PushT
-    from 79% BC it fell more slowly than the plain update but still fell (bench/RESULTS.md)"""
+    from a strong BC policy it fell more slowly than the plain update but still fell (bench/RESULTS.md, "Why online
+    PPO lowers PushT")"""
     bc_coef: float = 0.0
     """weight of ||v - v_start||^2, the velocity's distance to the starting policy's at the chain's points. On PushT
-    from a 79% BC policy the unanchored update fell to 6% in 102k env steps; 1.0 held it at 80%, and from a 53% one
-    raised it to 62% (bench/RESULTS.md)"""
+    1.0 held a strong BC policy level where the unanchored update lowered it, and raised a half-trained one
+    (bench/RESULTS.md, "PPO over the chain from a strong BC policy" and "The reward's weight on success")"""
     value_hidden: tuple[int, ...] = (256, 256)
     noise_hidden: tuple[int, ...] = (128, 128)
     """flow_noise: the noise network's hidden widths; latent / residual: the noise prior's / the residual's (a

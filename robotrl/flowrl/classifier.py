@@ -16,8 +16,8 @@ A successful episode whose steps carry no success flag (a teleoperator who only 
 negative. The split is by episode (frames of one episode are near-duplicates), stratified by episode success.
 
 Why a threshold for precision: a false positive pays the RL agent for a state that is not success, and it learns
-to reach that state; a false negative only withholds a reward. Balanced batches move the network's prior to 50%,
-so the raw 0.5 cut means nothing: the threshold is the lowest whose held-out precision reaches `target_precision`
+to reach that state; a false negative only withholds a reward. Balanced batches move the network's prior to even
+odds, so the raw 0.5 cut means nothing: the threshold is the lowest whose held-out precision reaches `target_precision`
 (the most recall at that precision), or, where none does, the one with the best F0.5 (precision weighted over
 recall), marked `target_met: false`. A held-out set that misses the target has confident false positives (on
 PickPlace at 32 px: a cube just outside the bin, or on its wall), which no threshold removes: the cure is more

@@ -60,7 +60,8 @@ class DsrlConfig(RunOptions):
     """Euler steps of the ODE (default: the policy's sampler steps); the saved policy samples with them"""
     gamma: float = 0.95
     """discount per env step (a decision of `execute` steps discounts its successor by gamma^execute); on Reach
-    0.99 let the critic's loss and Q grow and success fall back after a peak, 0.95 held it (bench/RESULTS.md)"""
+    0.99 let the critic's loss and Q grow and success fall back after a peak, 0.95 held it (bench/RESULTS.md,
+    "DSRL-SAC against PPO on the same noise prior")"""
     learning_starts: int = 256
     """decisions collected (from the starting prior, i.e. the BC policy) before the first update"""
     utd: int = 2

@@ -69,7 +69,8 @@ class HilConfig(OnlineConfig):
     train the flow network"""
     lr: float = 3e-4
     """the flow policy's learning rate, for PPO and the BC loss together (online's 3e-5 is for PPO alone: with it
-    the intervention rate on Reach went from 56% to 51% in 28,800 steps, with 3e-4 to 25%)"""
+    the intervention rate on Reach fell far less than with 3e-4; bench/RESULTS.md, "Measurements behind the code's
+    design")"""
     operator: str = "expert"
     """who may take over: 'expert' (the task's scripted expert, by the stray criterion) or a teleop device
     (keyboard, gamepad, spacemouse, scripted: its take-over toggle decides; one env)"""
@@ -77,8 +78,9 @@ class HilConfig(OnlineConfig):
     """the expert's (and the scripted device's) teleop noise when it drives"""
     criterion: Literal["stray", "stall"] = "stray"
     """expert: when it takes over. stray: the policy's actions leave the expert's (on PushT, where the expert pushes
-    one way and the policy may push another, it drove 10-40% of all steps); stall: the episode's reward has not
-    risen for `stall_steps` steps, as a person steps in when a robot is stuck rather than when it acts otherwise"""
+    one way and the policy may push another, it drives a large share of the steps; bench/RESULTS.md, "The operator
+    from a strong BC policy"); stall: the episode's reward has not risen for `stall_steps` steps, as a person steps
+    in when a robot is stuck rather than when it acts otherwise"""
     stray_threshold: float = 0.5
     """expert, stray: RMS distance between a new chunk's first action and the expert's, normalized action units,
     above which the decision strays"""
@@ -97,7 +99,8 @@ class HilConfig(OnlineConfig):
     operator_fraction: float = 0.0
     """share of each BC minibatch drawn from the operator's stretches once there are any, the rest from the seeded
     demos (`demos`), as HIL-SERL and RLPD sample their buffers in fixed shares; 0: every window alike (on PushT the
-    200 seeded demos held 120,000 steps against ~500 of the stall criterion's after 20,000 env steps)"""
+    seeded demos far outnumber the stall criterion's stretches; bench/RESULTS.md, "Measurements behind the code's
+    design")"""
     store: Path | None = None
     """the dataset store every step is recorded to (default: run_dir/hil.zarr); created with the env's spec, or
     appended to when its spec matches"""

@@ -21,28 +21,24 @@ The store is copied to `run_dir/store.zarr` (the input is never written) and eve
    back. The held-out episodes (`ope_fraction` of the store) never feed policy updates, so a policy that games the
    critic at the windows it trains on is caught. Then (`success_gate`) the iteration's kept updates stay only if
    the new policy's success on `gate_episodes` fresh seeds beats the iteration's start policy's on the same
-   seeds by more than `gate_z` standard errors: the critic's gain is biased (below), a measured success is not.
+   seeds by more than `gate_z` standard errors: the critic's gain is biased (below), a success rate is not.
 3. Data. The accepted policy (deterministic, as deployed) runs `rollout_episodes` episodes in the CPU vector env;
    they are appended to the run's store (source "policy", tagged with the iteration).
 4. Held-out success (`evaluate_policy`) is logged per iteration; step 0 is the starting policy.
 
-Reach (BC flow, 40 demos at noise 0.3, K = 5, 4 executed; success of the saved checkpoints on 100 held-out episodes
-and on 200 of another seed). The old gate (new AM-Q >= old, 2 critics) let noise through: one iteration of 10
-updates ended at 24-40% from 51%. A single update moves Q by ~0.01 (Q ~ 15); with every update kept (5 critics),
-success went 51 -> 59% after 7 updates and back to 41% after 12, and the four updates of negative estimated gain
-each cost 2-6 points, so the sign is informative but one update is within the estimate's noise. The lower-bound
-gate (5 critics, ope_z = 2) kept 3 of 10 updates on one BC policy (51% -> 51%; 56% -> 60.5% on 200 episodes of
-another seed) but on the test's BC policy kept 5 updates whose lower bounds were all > 0 and success fell 53 -> 24%:
-the critic's error is a bias shared by its members, not noise, so no critic-only gate is calibrated here. Hence the
-success gate, which makes the stage a measured no-op-or-better on Reach; no PPO setting yet raises success reliably.
+Why a success gate: on Reach one update moves Q by about the estimate's own noise, a gate on new AM-Q >= old lets
+that noise through, and a lower-bound gate over several critics still kept updates that lowered success: the
+critic's error is a bias shared by its members, not noise, so no critic-only gate is calibrated here
+(bench/RESULTS.md, "Measurements behind the code's design"). The success gate makes the stage a
+no-op-or-better; no PPO setting yet raises success reliably.
 
 `--extraction awr` replaces step 2's PPO by IQL's own policy extraction: flow matching on the store's chunks
 weighted by exp(A / T), so the critic only reweights chunks the data holds. Its updates train a student whose EMA
-(`awr_ema`) is the policy that is gated, rolled out and saved: on the Reach BC start above, 40 raw Adam steps
-from the checkpoint's EMA weights cost 16 points (56 -> 40%) before more steps helped, with plain BC as with AWR.
-One iteration of 300 AWR steps raises held-out success 50 -> 78-82% (three seeds). That is what flow-matching BC
-with uniform weights on the same data and schedule does too (bench/offline_flow.py): on demonstrations of a good
-expert the weights have little to tell apart, and a half-trained BC start gains from any further fitting.
+(`awr_ema`) is the policy that is gated, rolled out and saved: raw Adam steps from a BC checkpoint's EMA weights
+lower its success before more steps help, with plain BC as with AWR. From a half-trained BC start, AWR raises
+success as much as flow-matching BC with uniform weights on the same data and schedule does (bench/offline_flow.py;
+bench/RESULTS.md, "The offline stage's policy extraction"): on demonstrations of a good expert the weights have
+little to tell apart, and a half-trained BC start gains from any further fitting.
 
 The result is an ordinary FlowPolicy checkpoint (`run_dir/policy`, sampler = the chain's K Euler steps), so eval,
 `train online`, distill and export take it unchanged. A train state is written after every iteration; `--resume`
@@ -122,7 +118,8 @@ class OfflineFlowConfig(RunOptions):
     """awr: weights are clipped here, then normalized to mean 1"""
     awr_ema: float = 0.99
     """awr: the policy that is gated, rolled out and saved is this EMA of the weights the updates train (raw Adam
-    steps from a BC checkpoint's EMA weights cost 15+ points on Reach before they help)"""
+    steps from a BC checkpoint's EMA weights lower success before they help; bench/RESULTS.md, "Measurements
+    behind the code's design")"""
     advantage: Literal["value", "group"] = "value"
     """A = min Q of a chain's chunk - V(window) (value: IQL's, RL-100's), or - the mean min Q of the window's
     `samples` chains (group: a baseline at the very state, free of V's fitting error; no better on Reach so far)"""
@@ -170,14 +167,13 @@ class OfflineFlowConfig(RunOptions):
     gain over held-out windows minus ope_z standard errors of the gain across held-out episodes"""
     success_gate: bool = True
     """keep an iteration's updates only if the new policy's success beats the iteration's start on the same
-    `gate_episodes` fresh seeds (the critic's gain is biased on Reach: kept updates lost 29 points)"""
+    `gate_episodes` fresh seeds (the critic's gain is biased: on Reach the updates it kept lowered success)"""
     gate_episodes: int | None = None
     """episodes of each policy the success gate compares (default: rollout_episodes)"""
     gate_z: float = 1.0
     """the success gate keeps the updates only when the gain's lower bound, gain - gate_z standard errors
-    (`success_gain`), is > 0 (0: any measured gain). PushT's BC policy at 94.4% over 1,000 held-out seeds: an AWR
-    update kept on 10/10 against 9/10 gate episodes scored 93.0%, and online RL from it ended 2.3 points under
-    online RL from BC (bench/RESULTS.md)"""
+    (`success_gain`), is > 0 (0: any gain). On PushT a 10-episode gate let through an AWR update that lowered BC's
+    success and the online stage's after it (bench/RESULTS.md, "PushT through `robotrl run`")"""
     reward_type: Literal["dense", "sparse"] = "dense"
     """the reward the store was recorded with (rollouts record it too)"""
 
@@ -399,7 +395,8 @@ def improve_awr(student: FlowPolicy, policy: FlowPolicy, critic: ChunkCritic, op
     `windows` training decisions with the data's own chunks, weighted by exp(A / T) of the chunk the data executed
     (A standardized over the batch, clipped at `awr_max_weight`, normalized to mean 1); `policy` follows as the
     students's EMA (`awr_ema`). The learning rate warms up over the first tenth of the steps and decays to zero
-    as BC's does: the start is an annealed BC policy, and a constant rate kicked PushT's from 50% to 6%."""
+    as BC's does: the start is an annealed BC policy, and a constant rate collapsed PushT's (bench/RESULTS.md,
+    "Default preset from noise-0.5 demos")."""
     stats: dict[str, list[float]] = {}
     warmup = max(1, config.epochs // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: cosine_lr(step, config.epochs, warmup))

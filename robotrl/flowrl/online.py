@@ -22,7 +22,8 @@ PPO ratio is recomputed from it under the new weights. Three ways to make the ch
                  gradients from the stored x_0, exogenous noise the likelihood is conditioned on), so the deployed
                  ODE is the exploring policy's mean and the score carries one chunk's noise where the chain methods
                  carry K transitions' (whose late, small stds dominate the gradient's size). On Reach it gains as
-                 flow_sde does (51% -> 96%); on PushT it has no more gradient signal (bench/pg_snr.py).
+                 flow_sde does; on PushT it has no more gradient signal (bench/pg_snr.py; bench/RESULTS.md,
+                 "Why online PPO lowers PushT").
   latent         DSRL (Wagenmaker et al. 2025): the flow network is frozen and PPO trains a Gaussian prior over
                  the chain's initial noise x_0 given the observation (`GenerativeConfig.noise_prior`, starting as
                  N(0, I), i.e. as the BC policy), x_0 -> chunk being the policy's own deterministic Euler ODE. The
@@ -120,20 +121,22 @@ class OnlineConfig(ChainConfig):
     """iterations that train only the value network (its first estimates are random)"""
     dense_scale: float = 1.0
     """the dense reward below success is multiplied by this in training (success stays 1): PushT's shaping scores
-    a near miss at ~0.96 of a success, so with 1.0 the return barely tells them apart. On PushT from a 55% BC
-    policy, 0.1 fell to 5.5% in 51,200 env steps (1.0: 58%); with `advantage_floor` 0, to 47% (bench/RESULTS.md):
-    the rarer the high-return decisions, the more of the update pushes the chain away from its own samples"""
+    a near miss at ~0.96 of a success, so with 1.0 the return barely tells them apart. On PushT 0.1 made PPO fall
+    faster than 1.0, and `advantage_floor` 0 took most of that back (bench/RESULTS.md, "The reward's weight on
+    success"): the rarer the high-return decisions, the more of the update pushes the chain away from its own
+    samples"""
     device: str = "cpu"
     """torch device of the policy, value and noise networks ("cuda"): the envs step on the CPU; a GPU runs the chain's
-    sampling and the PPO update over a large rollout's thousands of decisions, which PushT's gradient needs (~6,400
-    for a signal-to-noise ratio of 1, bench/RESULTS.md)"""
+    sampling and the PPO update over a large rollout's thousands of decisions, which PushT's gradient needs for a
+    signal-to-noise ratio of 1 (bench/RESULTS.md, "Why online PPO lowers PushT")"""
     eval_seed: int = HELD_OUT_SEED
     """first seed of the run's evaluations (periodic and final): the held-out ones by default; `robotrl run` picks
     the best checkpoint on training seeds, so the seeds its table reports took no part in the choice"""
     eval_sampler_steps: int | None = None
     """Euler steps of the sampler in the run's evaluations (default: the policy's own), so the best checkpoint kept
     is the best for the sampler that will be deployed: 1 for a task whose one-step stage keeps the teacher's one-step
-    sampler (on PickPlace it scored 96.2% where the same weights' ten-step samples scored 82.2%, bench/RESULTS.md)"""
+    sampler (on PickPlace it beat the same weights' ten-step samples; bench/RESULTS.md, "PickPlace's one-step
+    policy")"""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -48,7 +48,8 @@ from robotrl.training.loop import (
 NORM_CLIP = 10.0  # RunningNorm's clip of normalized observations
 LOG_2PI = math.log(2 * math.pi)
 #: XLA_FLAGS for MJX on a CPU: XLA's CPU fusion pass turns MJX's kinematics into kernels that recompute their
-#: inputs (mjx.step of Reach: 0.6 s with it, 2 ms without, jax 0.10.2). Set before JAX starts; never on a GPU.
+#: inputs, orders of magnitude slower (bench/RESULTS.md, "Measurements behind the code's design"). Set before
+#: JAX starts; never on a GPU.
 CPU_XLA_FLAGS = "--xla_disable_hlo_passes=fusion"
 
 

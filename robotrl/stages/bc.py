@@ -138,7 +138,7 @@ def train(config: BCConfig) -> BCResult:
     # policy, optimizer, schedule, EMA
     policy = make_policy(config, store).to(config.device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                                  fused=True)  # one kernel for all weights: ~10% of a CPU step (bench/train_step.py)
+                                  fused=True)  # one kernel for all weights (bench/train_step.py)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))
     ema = EMA(policy, config.ema) if config.ema > 0 else None
 

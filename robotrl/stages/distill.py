@@ -23,8 +23,9 @@ student's small errors take it to states no demo holds, where it was never taugh
 `--gate-episodes N` accepts the distilled student only if it beats its own starting point on N fresh training-seed
 episodes, and saves the start otherwise. A same-width student starts as the teacher's one-step Euler sampler,
 which outputs about the teacher's mean chunk rather than a sample of it; on a task where precision beats
-diversity that start can be the better policy (PickPlace's RL'd teacher: 96.2% at one Euler step, 82.2% at ten,
-its distilled student 73.4%), and distillation, which matches the ten-step samples, would give it away.
+diversity that start can be the better policy (PickPlace's RL'd teacher scored higher at one Euler step than at
+ten and than its distilled student; bench/RESULTS.md, "PickPlace's one-step policy"), and distillation, which
+matches the ten-step samples, would give it away.
 """
 
 from __future__ import annotations
@@ -295,7 +296,7 @@ def distill(config: DistillConfig) -> Path:
 
 
 def train(config: DistillConfig) -> DistillResult:
-    """`distill` with everything it measured (also written to run_dir/result.json)."""
+    """`distill` with everything it recorded (also written to run_dir/result.json)."""
     torch.set_num_threads(config.threads)
 
     # teacher and data

@@ -26,7 +26,7 @@ Stages, each a command of its own that reads the previous stage's files and writ
     export   robotrl export            the student as ONNX + manifest for the runtime      -> export/
 
 Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), and
-its batch-1 CPU inference latency measured. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
+its batch-1 CPU inference latency timed. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
 and `run_dir/summary.md` the table; `--resume` skips the stages whose rows are there, so a killed pipeline goes
 on from the stage it was in (that stage starts over).
 """
@@ -93,8 +93,8 @@ PRESETS: dict[str, Budget] = {
                     online_rollout_steps=64, online_gate_episodes=2, online_eval_every=256, distill_steps=20,
                     distill_batch=16, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
                     eval_episodes=4, eval_envs=4),
-    # sized to 15 minutes on 2 cores: 14 min 45 s on 2026-11-27, where 8,000 BC steps, 61,440 online env steps and
-    # twice the offline critic took 20 min 11 s (bench/RESULTS.md); --bc-steps / --online-steps give them back
+    # sized to the issue's 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
+    # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-steps give them back
     "default": Budget(demo_episodes=200, bc_steps=6_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
                       offline_iterations=1, offline_critic_steps=1_000, offline_updates=10, offline_awr_steps=400,
                       offline_rollout_episodes=10, offline_gate_episodes=10, online_steps=30_720, online_envs=16,
@@ -130,35 +130,36 @@ class PipelineConfig:
     (`VLA_BC`: one frame, batch 32, lr 3e-4)"""
     interventions: bool = True
     """online stage with the simulated operator (robotrl train hil); False: plain online RL over the same Flow-SDE
-    chain (on PushT from a 52% BC policy: 60.8% over 500 held-out seeds where the operator's stage held 51.8%)"""
+    chain (on PushT from a half-trained BC policy it gained where the operator's stage held level; bench/RESULTS.md,
+    "PushT and PickPlace with the anchored online stage")"""
     offline_extraction: Literal["ppo", "awr"] = "awr"
     """the offline stage's policy update (`robotrl train offline --extraction`): awr, advantage-weighted flow
-    matching on the store (Reach: +38 points in two iterations), or ppo, RL-100's clipped PPO over the chain
-    (Reach: every update undone by its gates, +0; bench/RESULTS.md)"""
+    matching on the store, or ppo, RL-100's clipped PPO over the chain (on Reach awr raised a half-trained policy
+    and every ppo update was undone by its gates; bench/RESULTS.md, "The offline stage's policy extraction")"""
     demo_noise: float | None = None
     """the scripted expert's noise for the demos; default: the task's demo_noise (its stand-in for a human)
-    capped at 0.5, because BC learns PushT from noise-0.5 demos and barely from noise-1.0 ones (a one-step
-    student of 22k BC steps: 72.5% against 23%, bench/RESULTS.md)"""
+    capped at 0.5, because BC learns PushT from noise-0.5 demos and barely from noise-1.0 ones (bench/RESULTS.md,
+    "Sim-to-real twins over ROS 2")"""
     demo_episodes: int | None = None
     bc_steps: int | None = None
     bc_batch: int | None = None
     bc_lr: float | None = None
     bc_channels: tuple[int, ...] | None = None
-    """the flow policy's U-Net widths. PushT's state flow policy reached 95.5% over 1,000 held-out seeds on one CPU
-    core in ~55 minutes with `--bc-steps 10000 --bc-batch 256 --bc-lr 1e-3 --bc-channels 32 64 128` (the full
-    preset's BC: 92% in ~2 hours; bench/RESULTS.md)"""
+    """the flow policy's U-Net widths. On PushT, `--bc-steps 10000 --bc-batch 256 --bc-lr 1e-3 --bc-channels 32 64
+    128` trains a better state flow policy on one CPU core than the full preset's BC, in under half its time
+    (bench/RESULTS.md, "On this machine's CPU")"""
     offline_gate_episodes: int | None = None
     """training-seed episodes of each policy in the offline stage's success gate (default preset: 10). Its update is
-    kept only on a gain beyond one standard error (`train offline --gate-z`): on PushT an AWR update kept on 10/10
-    against BC's 9/10 scored 1.4 points under BC over 1,000 held-out seeds and cost the online stage 2.3"""
+    kept only on a gain beyond one standard error (`train offline --gate-z`): on PushT 10 gate episodes let through
+    an AWR update that lowered BC and the online stage after it (bench/RESULTS.md, "PushT through `robotrl run`")"""
     online_steps: int | None = None
     online_lr: float = 3e-5
     """the online stage's learning rate (`train hil`'s own default, 3e-4, is for its operator's BC loss: with it a
-    55% PushT policy fell to 38%; bench/RESULTS.md)"""
+    half-trained PushT policy fell; bench/RESULTS.md, "The reward's weight on success")"""
     online_bc_coef: float = 1.0
-    """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update). With it at lr 3e-5,
-    153,600 env steps: PickPlace 49.2% -> 61.0% over 500 held-out seeds, PushT level (52.4% -> 51.8%), where the
-    unanchored stage at 3e-4 had taken PushT from 64% to 28% (bench/RESULTS.md)"""
+    """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update). With it at lr 3e-5
+    the stage raised PickPlace and held PushT level, where the unanchored stage at 3e-4 had lowered PushT
+    (bench/RESULTS.md, "PushT and PickPlace with the anchored online stage")"""
     online_envs: int | None = None
     """parallel envs of the online stage (a GPU's PushT chain: 64, bench/device_pipeline.sh)"""
     online_minibatch: int | None = None
@@ -166,13 +167,15 @@ class PipelineConfig:
     online_criterion: Literal["stray", "stall"] = "stray"
     """when the simulated operator takes over (`train hil --criterion`): stray where the policy's actions leave the
     expert's (PickPlace's gains), stall where the episode makes no progress (PushT, whose policy may push the T from
-    another side than the expert's: stray took over 10-40% of its steps; bench/RESULTS.md)"""
+    another side than the expert's: stray took over a large share of its steps; bench/RESULTS.md, "The operator
+    from a strong BC policy")"""
     online_operator_fraction: float = 0.0
     """share of the online stage's BC windows drawn from the operator's take-overs (`train hil --operator-fraction`;
     PushT's GPU chain: 0.5)"""
     online_ema: float = 0.0
     """decay per update of the online stage's weight average, handed on instead of its last weights (`train online
-    --ema`; 0: the last weights). PushT's chains on a GPU and on this machine's CPU: 0.8 (bench/RESULTS.md)"""
+    --ema`; 0: the last weights). PushT's chains on a GPU and on this machine's CPU: 0.8 (bench/RESULTS.md, "PushT
+    stage by stage")"""
     online_eval_every: int | None = None
     """env steps between the online stage's evaluations on training seeds, its best checkpoint handed on (the
     preset's: default none, full 200,000)"""
@@ -180,16 +183,16 @@ class PipelineConfig:
     """training-seed episodes of each of the online stage's evaluations and of its gate (default preset: 20)"""
     online_sampler_steps: int | None = None
     """Euler steps of the sampler the online stage picks its best checkpoint by and is gated with (default: the
-    policy's own). 1 where the one-step stage keeps the teacher's one-step sampler: on PickPlace it scored 96.2%
-    where the same weights' ten-step samples scored 82.2% (bench/RESULTS.md)"""
+    policy's own). 1 where the one-step stage keeps the teacher's one-step sampler: on PickPlace it beat the same
+    weights' ten-step samples (bench/RESULTS.md, "PickPlace's one-step policy")"""
     distill_steps: int | None = None
     distill_batch: int | None = None
-    """the one-step student's batch (PushT's GPU students at 1,024: 96.2% of BC over 1,000 held-out seeds, 95.05% of
-    the online policy over 2,000; at 64 on the CPU: 94.4%)"""
+    """the one-step student's batch (PushT's students at 1,024 on a GPU lost less to their teacher than at 64 on the
+    CPU; bench/RESULTS.md, "On a GPU, stage by stage")"""
     distill_gate_episodes: int | None = None
     """training-seed episodes on which the one-step student must match its start to be deployed (default preset: 30).
-    Its candidates must differ by more than the gate's noise: on PickPlace a ~57% VLA kept its online gain at 100
-    (one-step 57.2%), while at 30 a ~30% one's one-step policy ended under its teacher (bench/RESULTS.md)"""
+    Its candidates must differ by more than the gate's noise: on PickPlace's VLA 100 episodes kept the online gain
+    where 30 could not tell the candidates apart (bench/RESULTS.md, "The VLA's chain to its one-step policy")"""
     eval_episodes: int | None = None
     """held-out episodes each stage is evaluated on (the issue's table: 500)"""
     execute: int = 8
@@ -202,8 +205,8 @@ class PipelineConfig:
     threads: int = 2
     device: str = "cpu"
     """torch device of the BC, online and distill stages ("cuda"; the envs step on the CPU either way): PushT's flow
-    policy reaches 98% with a batch a GPU trains in minutes and this machine's cores in hours (bench/RESULTS.md);
-    the offline stage runs on the CPU"""
+    policy gains most from a batch a GPU trains in minutes and this machine's cores in hours (bench/RESULTS.md, "BC
+    on a GPU"); the offline stage runs on the CPU"""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -288,9 +291,8 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
                                         "demo_success_rate": float(summary["success_rate"])}
 
 
-#: the VLA's BC recipe: one frame, batch 32, lr 3e-4. On PickPlace it reached 22.6% over 500 held-out seeds in 22
-#: minutes of two cores (8,000 steps; 16,000 steps: 47.0%) where the flow policy's (two frames, batch 64, lr 1e-3)
-#: reached 12.8% in 54 minutes of one (3,300 steps; bench/RESULTS.md, "The pipeline's VLA recipe")
+#: the VLA's BC recipe: one frame, batch 32, lr 3e-4. On PickPlace it trains the VLA further in less time than the
+#: flow policy's (two frames, batch 64, lr 1e-3; bench/RESULTS.md, "The VLA's BC recipe")
 VLA_BC: dict[str, Any] = {"obs_horizon": 1, "batch_size": 32, "lr": 3e-4}
 
 
@@ -343,7 +345,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
     from robotrl.training.evaluate import training_seed
 
     # with online_eval_every, the run evaluates on training seeds (not the gate's, not the held-out ones) and keeps
-    # its best weights: PickPlace's online curve dips and climbs (79.6% -> 68.4% -> 81.0% over 500 seeds)
+    # its best weights: PickPlace's online curve dips and climbs (bench/RESULTS.md, "PickPlace with the state flow
+    # policy")
     selection = {"eval_every": budget.online_eval_every, "eval_episodes": budget.online_gate_episodes,
                  "eval_seed": training_seed(config.seed, 8_000),
                  "eval_sampler_steps": config.online_sampler_steps} if budget.online_eval_every else {}
@@ -386,8 +389,9 @@ def hand_on_best(best: Path, online: Path, record: dict[str, float] | None) -> d
 
 def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict[str, Any]:
     """RL-100's acceptance test for the online stage: its policy is handed on only if it does not lose to its start
-    on fresh training-seed episodes (a PushT default run fell from 64% to 28% over 61,440 env steps); otherwise
-    online/policy gets the start's weights and the RL'd ones move to online/rejected_policy."""
+    on fresh training-seed episodes (a PushT default run's online stage lowered it; bench/RESULTS.md, "PushT default
+    preset with DAgger distillation"); otherwise online/policy gets the start's weights and the RL'd ones move to
+    online/rejected_policy."""
     from robotrl.policies import load
     from robotrl.training.evaluate import not_worse, training_seed
 
@@ -420,8 +424,9 @@ def distill_store(run_dir: Path) -> Path:
 
 
 def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    """On the online stage's own store where it has one (the teacher's rollouts and the operator's take-overs:
-    PickPlace's student 71.6% against 65.2% from the demos), plus DAgger rounds on the student's own windows."""
+    """On the online stage's own store where it has one (the teacher's rollouts and the operator's take-overs, on
+    which PickPlace's student beat the one distilled on the demos; bench/RESULTS.md, "PickPlace with the state flow
+    policy"), plus DAgger rounds on the student's own windows."""
     from robotrl.stages.distill import DistillConfig, train
 
     store = distill_store(run_dir)

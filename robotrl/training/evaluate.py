@@ -53,9 +53,8 @@ class EvalConfig:
     video_dir: Path | None = None
     threads: int = 1
     """the policy's inference threads (torch's, or the runtime's for an exported policy). An evaluation's batches
-    are small: a second thread mostly spin-waits, and beside another job it stalls the evaluation (PushT's
-    one-step student and flow policy 5-6x slower at 2 threads than at 1 on 2 cores, within 10% alone;
-    bench/eval_threads.py)"""
+    are small: a second thread mostly spin-waits, and beside another job it stalls the evaluation
+    (bench/eval_threads.py; bench/RESULTS.md, "An evaluation's inference threads")"""
 
     def __post_init__(self) -> None:
         for name in ("episodes", "num_envs", "execute", "threads"):
@@ -114,8 +113,8 @@ def controller_for(policy: Any, execute: int, act: Any = None) -> Any:
 def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = HELD_OUT_SEED, execute: int = 8) -> Any:
     """`EpisodeStats` of `policy` over `episodes` episodes from held-out seeds. The policy's sampling noise is
     seeded from `seed` as well, so an evaluation repeats exactly and two policies compared on the same seeds
-    also start from the same noise stream (without it, 200-episode success rates of the same policy moved by
-    up to 9 points between runs on Reach)."""
+    also start from the same noise stream (without it, the same policy's success moved from run to run;
+    bench/RESULTS.md, "Imitation")."""
     return rollout(policy, episodes, num_envs, seed, execute)[0]
 
 
@@ -158,11 +157,11 @@ def not_worse(new: Any, start: Any, episodes: int, num_envs: int, seed: int, exe
 
 
 def success_gain(new_rate: float, start_rate: float, episodes: int, z: float) -> tuple[float, float]:
-    """The gain in success of `new` over `start`, each measured on `episodes` episodes, and its lower bound: the
-    Agresti-Caffo difference (one success and one failure added to each side) minus `z` of its standard errors.
-    A gate on the bound keeps a change only when the measured gain is outside the evaluation's noise: at a 95% start
-    a 10-episode gate cannot tell a 1-point loss from a 10-point gain (10/10 against 9/10: bound < 0 at z = 1);
-    z = 0 keeps any measured gain."""
+    """The gain in success of `new` over `start`, each a success rate over `episodes` episodes, and its lower bound:
+    the Agresti-Caffo difference (one success and one failure added to each side) minus `z` of its standard errors.
+    A gate on the bound keeps a change only when the gain is outside the evaluation's noise: near the top of the
+    scale a 10-episode gate cannot tell a 1-point loss from a 10-point gain (10/10 against 9/10: bound < 0 at
+    z = 1); z = 0 keeps any gain."""
     n = episodes + 2
     p_new, p_start = ((rate * episodes + 1) / n for rate in (new_rate, start_rate))
     gain = p_new - p_start

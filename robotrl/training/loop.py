@@ -232,9 +232,10 @@ class RLResult:
 
 class BestCheckpoint:
     """A run's best evaluated weights, kept beside its last ones: online RL of a flow policy does not climb
-    monotonically (PickPlace over 500 seeds: 79.6% -> 68.4% -> 81.0%), so the last checkpoint can be a dip. Chosen on
-    the run's own evaluation seeds, so its success there is biased upwards: report it on other seeds. The record is
-    on disk, so a resumed run compares against what the killed one kept."""
+    monotonically (PickPlace's dips and climbs again; bench/RESULTS.md, "PickPlace with the state flow policy"), so
+    the last checkpoint can be a dip. Chosen on the run's own evaluation seeds, so its success there is biased
+    upwards: report it on other seeds. The record is on disk, so a resumed run compares against what the killed one
+    kept."""
 
     def __init__(self, run_dir: Path, save: Callable[[Path], Any], name: str = "best_policy") -> None:
         self.path, self.record, self.save = run_dir / name, run_dir / f"{name}.json", save
