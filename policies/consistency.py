@@ -176,7 +176,8 @@ class ConsistencyHead:
     # --- training and sampling -----------------------------------------------------------------------
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"{type(self).__name__} is trained by distillation from a teacher: use "
-                           "distill_loss(teacher, target, obs, action, action_is_pad) (robotrl.stages.distill does), not loss()")
+                           "distill_loss(teacher, target, obs, action, action_is_pad) (robotrl.stages.distill does), "
+                           "not loss()")
 
     def distill_loss(self, teacher: Any, target: Any, obs: dict[str, torch.Tensor], action: torch.Tensor,
                      action_is_pad: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ A critic Q(observation window, x_0) is trained on every decision ever taken, so 
 PPO uses a decision once; and neither the critic nor the actor update touches the U-Net (only the rollout integrates
 the ODE), so an update costs two MLPs and a high update-to-data ratio is cheap.
 
-The pieces are the repo's own: the rollout, windows and the noise prior of `robotrl.flowrl.chain` (the prior, starting as
-N(0, I), i.e. as the BC policy, is SAC's actor: a Gaussian with an exact density, its std state-independent and
+The pieces are the repo's own: the rollout, windows and the noise prior of `robotrl.flowrl.chain` (the prior, starting
+as N(0, I), i.e. as the BC policy, is SAC's actor: a Gaussian with an exact density, its std state-independent and
 <= 1), and SAC/RLPD's agent and update from `robotrl.rl.sac` (a LayerNorm critic ensemble, REDQ's min over a random
 subset, the temperature tuned towards a target entropy) with the per-decision discount gamma^execute. A time-limit
 cut is bootstrapped at collection time from the critic's soft value of the final window (as the PPO rollout
@@ -33,7 +33,8 @@ from tqdm import tqdm
 
 from robotrl.core.spec import STRING
 from robotrl.flowrl.chain import (
-    ChainConfig, FlowAgent, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout, training_env,
+    ChainConfig, FlowAgent, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout,
+    training_env,
 )
 from robotrl.policies.generative import NoisePrior
 from robotrl.rl.sac import Agent, SacConfig, update

@@ -2,7 +2,7 @@
 
     robotrl train hil --policy runs/bc-flow/policy --num-envs 32 --total-steps 300000            # simulated operator
     robotrl train hil --policy runs/bc-flow/policy --operator keyboard --num-envs 1 --store data/hil.zarr
-    result = robotrl.flowrl.hil.train(HilConfig(policy=Path("runs/bc-flow/policy")))                     # the same dataclass
+    result = robotrl.flowrl.hil.train(HilConfig(policy=Path("runs/bc-flow/policy")))         # the same dataclass
 
 The policy acts as in `robotrl train online` (decisions are action chunks drawn by the stochastic denoising chain),
 and an operator watches and may take over any env:

@@ -210,7 +210,7 @@ class PipelineConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        from robotrl.training.loop import check_device  # torch: imported when a pipeline is configured, not with the CLI
+        from robotrl.training.loop import check_device  # torch: when a pipeline is configured, not with the CLI
 
         check_device(self.device, "PipelineConfig.device")
         if self.preset not in PRESETS:
