@@ -41,7 +41,7 @@ import tyro
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 
-from robotrl.classifier import (
+from robotrl.flowrl.classifier import (
     ClassifierConfig,
     Frames,
     Metrics,

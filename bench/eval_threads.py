@@ -24,8 +24,8 @@ from pathlib import Path
 
 import tyro
 
-from robotrl.evaluate import evaluate_policy, load_any
 from robotrl.policies.timing import torch_threads
+from robotrl.training.evaluate import evaluate_policy, load_any
 
 HOG = ("import torch, sys\ntorch.set_num_threads(int(sys.argv[1]))\na = torch.randn(128, 128)\n"
        "while True:\n    a = torch.tanh(a @ a)\n")

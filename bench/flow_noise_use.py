@@ -31,8 +31,8 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy, make_eval_env
-from robotrl.online import Windows, load_flow_policy
+from robotrl.flowrl.chain import Windows, load_flow_policy
+from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy, make_eval_env
 
 
 @dataclass

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.bc import BCConfig, make_policy, train
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import evaluate_policy
 from robotrl.policies import load
+from robotrl.stages.bc import BCConfig, make_policy, train
+from robotrl.training.evaluate import evaluate_policy
 
 
 @dataclass

@@ -25,7 +25,7 @@ import tyro
 
 from robotrl.envs import make
 from robotrl.envs.rollouts import evaluate_expert
-from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy, load_any
+from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy, load_any
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Is there a direction in online PPO's policy update? The signal-to-noise of the policy gradient of
-`robotrl train online` (robotrl/online.py) for a flow checkpoint, per `--method`.
+`robotrl train online` (robotrl/flowrl/online.py) for a flow checkpoint, per `--method`.
 
 One rollout of num_envs x rollout_steps env steps is taken after `warmup` value-only iterations (as a run's
 critic warm-up does); its decisions are split into `parts` disjoint groups and each group's policy gradient is
@@ -31,7 +31,8 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.online import METHODS, OnlineConfig, collect, explained_variance, ppo_update, start_online
+from robotrl.flowrl.chain import METHODS
+from robotrl.flowrl.online import OnlineConfig, collect, explained_variance, ppo_update, start_online
 
 
 @dataclass

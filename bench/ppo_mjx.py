@@ -2,7 +2,7 @@
 
 Two benchmarks, in one process, one JSON line each (plus one "curve" line per evaluation):
 
-* `quadruped`: our JAX PPO (robotrl/ppo_mjx.py) on the MJX `Quadruped` task.
+* `quadruped`: our JAX PPO (robotrl/rl/ppo_mjx.py) on the MJX `Quadruped` task.
 * `ant`: our PPO against Brax's own (`brax.training.agents.ppo.train`) on Brax's `ant`, with the same settings:
   num_envs, unroll length (`--rollout-steps`), batch (one unroll of every env per update: Brax's
   batch_size x num_minibatches = num_envs), epochs (num_updates_per_batch), minibatches, the same MLP sizes
@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from robotrl import ppo_mjx
-from robotrl.ppo import PpoConfig
+from robotrl.rl import ppo_mjx
+from robotrl.rl.ppo import PpoConfig
 
 
 def device_put_replicated(x: Any, devices: list[Any]) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-import robotrl.online as online
+import robotrl.flowrl.online as online
 from robotrl.cli import main
 
 real_update = online.ppo_update

@@ -32,9 +32,9 @@ import tyro
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
-from robotrl.evaluate import HELD_OUT_SEED
-from robotrl.sac import SacConfig, train as train_sac
-from robotrl.sb3 import Sb3Config, flatten_batch
+from robotrl.rl.sac import SacConfig, train as train_sac
+from robotrl.rl.sb3 import Sb3Config, flatten_batch
+from robotrl.training.evaluate import HELD_OUT_SEED
 
 
 @dataclass
@@ -91,7 +91,7 @@ def run_sb3(config: SacBenchConfig, run_dir: Path) -> list[tuple[int, float, flo
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from robotrl.sb3 import make_sb3_env
+    from robotrl.rl.sb3 import make_sb3_env
 
     cfg = Sb3Config(task=config.task, algo="sac", total_timesteps=config.total_steps, learning_rate=1e-3, batch_size=256,
                     gamma=0.95, learning_starts=1000, net_arch=(256, 256), seed=config.seed, run_dir=run_dir)

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.evaluate import HELD_OUT_SEED, rollout
-from robotrl.online import FlowAgent, OnlineConfig, load_flow_policy
+from robotrl.flowrl.chain import FlowAgent, load_flow_policy
+from robotrl.flowrl.online import OnlineConfig
+from robotrl.training.evaluate import HELD_OUT_SEED, rollout
 
 
 @dataclass

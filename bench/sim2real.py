@@ -26,9 +26,9 @@ from typing import Any
 import rclpy
 import tyro
 
-from robotrl.evaluate import HELD_OUT_SEED
 from robotrl.hardware import nodes
 from robotrl.hardware.ros_eval import evaluate_over_ros
+from robotrl.training.evaluate import HELD_OUT_SEED
 
 DOMAIN = 58
 

@@ -26,11 +26,11 @@ import numpy as np
 import torch
 import tyro
 
-from robotrl.bc import BCConfig, make_policy
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.training import EMA, cosine_lr, optimizer_step
+from robotrl.stages.bc import BCConfig, make_policy
+from robotrl.training.loop import EMA, cosine_lr, optimizer_step
 
 
 @dataclass
@@ -47,7 +47,7 @@ class BenchConfig:
 
 
 def bc_step(store: EpisodeStore, config: BenchConfig, fused: bool) -> Callable[[], None]:
-    """One step of robotrl.bc's loop, with the optimizer under test."""
+    """One step of robotrl.stages.bc's loop, with the optimizer under test."""
     bc = BCConfig(store=store.path, batch_size=config.batch_size, channels=config.channels, lr=1e-3)
     sampler = SequenceSampler.from_store(store, SequenceConfig(bc.obs_horizon, bc.action_horizon, None))
     policy = make_policy(bc, store)

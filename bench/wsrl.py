@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sac import curve_row, eval_curve  # noqa: E402  (bench/sac.py, the SAC-vs-SB3 bench)
 
 from robotrl.datasets.record import record_expert  # noqa: E402
-from robotrl.sac import SacConfig, train as train_sac  # noqa: E402
+from robotrl.rl.sac import SacConfig, train as train_sac  # noqa: E402
 
 
 @dataclass
@@ -71,11 +71,11 @@ def offline_pretrain(config: WsrlBenchConfig, demos: Path, run_dir: Path) -> tup
                   checkpoint_every=config.offline_steps, log_every=max(1, config.offline_steps // 10), run_dir=run_dir,
                   seed=config.seed, progress=False)
     if config.offline == "iql":
-        from robotrl.iql import IqlConfig, train as train_iql
+        from robotrl.rl.iql import IqlConfig, train as train_iql
 
         result = train_iql(IqlConfig(**common))  # type: ignore[arg-type]
     else:
-        from robotrl.calql import CalqlConfig, train as train_calql
+        from robotrl.rl.calql import CalqlConfig, train as train_calql
 
         result = train_calql(CalqlConfig(**common, cql_alpha=config.cql_alpha))
     assert result.success_rate is not None

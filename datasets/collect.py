@@ -24,11 +24,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.datasets.store import EpisodeStore
 from robotrl.datasets.teleop import (
     DEVICES, EpisodeStatus, TeleopCommand, TeleopDevice, TeleopError, action_axes, command_to_action, make_device,
 )
-from robotrl.spec import Spec, SpecMismatchError
 
 
 @dataclass

@@ -59,9 +59,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from robotrl.core.files import read_json_object
+from robotrl.core.spec import STRING, ArraySpec, Spec, SpecMismatchError
 from robotrl.datasets.store import EpisodeStore, user_meta
-from robotrl.files import read_json_object
-from robotrl.spec import STRING, ArraySpec, Spec, SpecMismatchError
 
 CODEBASE_VERSION = "v3.0"
 CHUNK_FILE = "chunk-{chunk_index:03d}/file-{file_index:03d}"

@@ -47,8 +47,8 @@ from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
 from rosbags.typesys import Stores, get_typestore
 
+from robotrl.core.spec import ArraySpec, Spec, SpecMismatchError
 from robotrl.datasets.store import SOURCES, EpisodeStore, step_arrays, string_keys, user_meta
-from robotrl.spec import ArraySpec, Spec, SpecMismatchError
 
 FORMAT = "robotrl-mcap"
 VERSION = 1

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch.utils.data
 
+from robotrl.core.spec import STRING, SpecMismatchError
 from robotrl.datasets.store import EpisodeStore, string_keys
-from robotrl.spec import STRING, SpecMismatchError
 
 
 class Rows(Protocol):

@@ -36,7 +36,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from robotrl.spec import STRING, ArraySpec, Spec, SpecMismatchError
+from robotrl.core.spec import STRING, ArraySpec, Spec, SpecMismatchError
 
 FORMAT = "robotrl-episodes"
 VERSION = 1

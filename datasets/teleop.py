@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from robotrl.spec import Spec, SpecMismatchError
+from robotrl.core.spec import Spec, SpecMismatchError
 
 if TYPE_CHECKING:
     from robotrl.envs.task import Task

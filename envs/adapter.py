@@ -16,8 +16,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from robotrl.core.spec import STRING, ArraySpec, Spec
 from robotrl.envs.vector import check_actions, check_num_envs, check_output, convert_obs, step_output
-from robotrl.spec import STRING, ArraySpec, Spec
 
 #: the observation key of an env whose observation space is a plain Box
 STATE_KEY = "state"

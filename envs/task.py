@@ -20,8 +20,8 @@ from typing import Any, ClassVar, NamedTuple
 import mujoco
 import numpy as np
 
+from robotrl.core.spec import ArraySpec, Spec
 from robotrl.envs.randomization import Randomization
-from robotrl.spec import ArraySpec, Spec
 
 
 def state_layout(*fields: tuple[str, int]) -> tuple[dict[str, tuple[int, int]], int]:

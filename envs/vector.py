@@ -9,9 +9,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from robotrl.core.spec import STRING, ArraySpec, Spec
 from robotrl.envs.randomization import Randomization
 from robotrl.envs.task import Task
-from robotrl.spec import STRING, ArraySpec, Spec
 
 INSTRUCTION_CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ,.'-"
 

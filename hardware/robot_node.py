@@ -23,13 +23,13 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
+from robotrl.core.spec import STRING, Spec, SpecMismatchError
 from robotrl.hardware.messages import (
     MalformedMessage, float_array_to_msg, image_to_array, joint_state_to_arrays, joint_trajectory, msg_to_float_array,
 )
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.safety import SafetyFilter
 from robotrl.hardware.task_io import TaskIO
-from robotrl.spec import STRING, Spec, SpecMismatchError
 
 #: human-in-the-loop: the policy's task action each step it acts (std_msgs/Float64MultiArray, deploy -> teleop),
 #: and who drives (std_msgs/Bool, True: the operator; teleop -> deploy, every control period)

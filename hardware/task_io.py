@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.hardware.robot import RobotConfig
-from robotrl.spec import Spec, SpecMismatchError
 
 
 class TaskIO:

@@ -49,6 +49,7 @@ import numpy as np
 from std_msgs.msg import Bool, Float64MultiArray, String
 from std_srvs.srv import Trigger
 
+from robotrl.core.spec import STRING, SpecMismatchError
 from robotrl.datasets.collect import check_store
 from robotrl.datasets.store import EpisodeStore
 from robotrl.datasets.teleop import (
@@ -60,7 +61,6 @@ from robotrl.hardware.robot_node import INTERVENTION_TOPIC, RobotNode
 from robotrl.hardware.ros import declare_config, json_object, spin_node
 from robotrl.hardware.safety import SafetyState
 from robotrl.hardware.sim_robot_node import STATUS_TOPIC
-from robotrl.spec import STRING, SpecMismatchError
 
 STATUS_KEYS = ("episode", "success", "reward", "terminated", "truncated")
 

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from robotrl import files
-from robotrl.files import MANIFEST, sha256
-from robotrl.spec import STRING, Spec, SpecMismatchError
+from robotrl.core import files
+from robotrl.core.files import MANIFEST, sha256
+from robotrl.core.spec import STRING, Spec, SpecMismatchError
 
 FORMAT = "robotrl-policy"
 VERSION = 1

@@ -23,7 +23,7 @@ sqrt(ab) ~ 5e-4 at the noisiest point, which no training can condition; v equals
 teacher's weights are a good start there and the features are reused everywhere. Consistency distillation
 (Song et al. 2023) then trains f(x_i, i) towards the target network's f(x_{i+1}, i + 1), where x_{i+1} is one
 teacher ODE step from x_i and the target is an EMA of the student (`distill_loss`; the loop is
-`robotrl.distill`).
+`robotrl.stages.distill`).
 
 A VLA teacher (pi0's layout: a prefix "VLM" and a flow action expert) is a flow teacher with other networks:
 `VLAConsistencyPolicy` is the same student over the VLA's own prefix and expert, starting from its weights, so
@@ -39,11 +39,11 @@ from typing import Any
 
 import torch
 
+from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.policies.base import register
 from robotrl.policies.diffusion import cosine_alphas_cumprod
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 from robotrl.policies.vla import VLAConfig, VLAPolicy
-from robotrl.spec import Spec, SpecMismatchError
 
 #: teacher policy types a consistency student can be distilled from
 TEACHERS = ("flow", "diffusion", "vla")
@@ -176,7 +176,8 @@ class ConsistencyHead:
     # --- training and sampling -----------------------------------------------------------------------
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"{type(self).__name__} is trained by distillation from a teacher: use "
-                           "distill_loss(teacher, target, obs, action, action_is_pad) (robotrl.distill does), not loss()")
+                           "distill_loss(teacher, target, obs, action, action_is_pad) (robotrl.stages.distill does), "
+                           "not loss()")
 
     def distill_loss(self, teacher: Any, target: Any, obs: dict[str, torch.Tensor], action: torch.Tensor,
                      action_is_pad: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from robotrl.core.spec import Spec
 from robotrl.policies.base import register
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
-from robotrl.spec import Spec
 
 
 @dataclass

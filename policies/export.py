@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from robotrl.core.spec import STRING
 from robotrl.policies.base import MANIFEST, Policy, read_manifest, sha256
 from robotrl.policies.timing import torch_threads
-from robotrl.spec import STRING
 
 FILES = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 OPSET = 17

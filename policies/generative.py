@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from robotrl.core.spec import Spec
 from robotrl.policies.base import Policy, PolicyConfig
 from robotrl.policies.nets import ObsEncoder, TemporalUnet, mlp, padded_horizon
-from robotrl.spec import Spec
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from robotrl.spec import SpecMismatchError
+from robotrl.core.spec import SpecMismatchError
 
 if TYPE_CHECKING:
     import torch

@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.func import jvp
 
+from robotrl.core.spec import Spec
 from robotrl.policies.base import register
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 from robotrl.policies.nets import SinusoidalEmbedding, TemporalUnet
-from robotrl.spec import Spec
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Run an exported policy (`robotrl.policies.export`) with no training code: what a robot or a ROS 2 node loads.
 
-Imports only numpy, the standard library and `robotrl.spec` here; onnxruntime (ONNX) or torch.jit (TorchScript)
+Imports only numpy, the standard library and `robotrl.core.spec` here; onnxruntime (ONNX) or torch.jit (TorchScript)
 when a policy of that format is loaded; and, for a language-conditioned policy (a VLA), the frozen sentence
 encoder its manifest names (`robotrl.policies.language`: inference of a pretrained model, no training code),
 loaded on the first instruction and cached per instruction string. `load` refuses a file whose hash differs
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from robotrl.files import MANIFEST, read_manifest, sha256
-from robotrl.spec import STRING, Spec, SpecMismatchError
+from robotrl.core.files import MANIFEST, read_manifest, sha256
+from robotrl.core.spec import STRING, Spec, SpecMismatchError
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
 

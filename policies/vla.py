@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from robotrl.core.spec import STRING, Spec, SpecMismatchError
 from robotrl.policies.base import Policy, PolicyConfig, register
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.language import DEFAULT_LANGUAGE_MODEL, check_instructions, language_encoder, language_model_info
 from robotrl.policies.nets import BasicBlock, SinusoidalEmbedding, mlp
-from robotrl.spec import STRING, Spec, SpecMismatchError
 
 
 @dataclass

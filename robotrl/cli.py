@@ -1,7 +1,7 @@
 """The `robotrl` command line: `robotrl <group> <command> [--options]`.
 
 Every command is a typed dataclass (parsed by tyro), and the same dataclass is the Python API: e.g.
-`robotrl train sb3 --task Reach` is `robotrl.sb3.train(Sb3Config(task="Reach"))`. `--help` works at
+`robotrl train sb3 --task Reach` is `robotrl.rl.sb3.train(Sb3Config(task="Reach"))`. `--help` works at
 every level. Heavy imports (SB3, torch, MuJoCo) happen only once a command runs, so `--help` stays fast.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import tyro
 
-from robotrl.sb3 import Sb3Config
+from robotrl.rl.sb3 import Sb3Config
 
 
 @dataclass
@@ -103,13 +103,25 @@ def run_view(config: EnvsView) -> None:
 
 
 def run_sb3(config: Sb3Config) -> None:
-    from robotrl.sb3 import train
+    from robotrl.rl.sb3 import train
 
     result = train(config)
     lo, hi = result.success_ci95
     print(f"{config.task} {config.algo.upper()}: success rate {result.success_rate:.1%} "
           f"(95% CI {lo:.1%}-{hi:.1%}) over {result.episodes} episodes after {result.timesteps} steps "
           f"({result.train_seconds:.0f} s of training); run dir {result.run_dir}")
+
+
+def run_ppo(config: Any) -> Any:
+    """`train ppo`: the torch learner on the CPU backend, or the JAX one with its rollout and update on the
+    accelerator (`--backend mjx`), which builds on the torch one's agent and config."""
+    if config.backend == "mjx":
+        from robotrl.rl.ppo_mjx import train
+    else:
+        from robotrl.rl.ppo import train
+    result = train(config)
+    print(result.summary(f"ppo {config.task}", config.eval_episodes, "env steps"))
+    return result
 
 
 def load_bench() -> Any:
@@ -139,25 +151,25 @@ def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
                 "bench": (bench.BenchConfig, bench.main)}
 
     def train() -> Commands:
-        from robotrl.actor_learner import ActorLearnerConfig, run_train_sac_distributed
-        from robotrl.bc import BCConfig, run_train_bc
-        from robotrl.calql import CalqlConfig, run_train_calql
-        from robotrl.classifier import ClassifierConfig, run_train_classifier
-        from robotrl.dsrl import DsrlConfig, run_train_dsrl
-        from robotrl.hil import HilConfig, run_train_hil
-        from robotrl.iql import IqlConfig, run_train_iql
-        from robotrl.offline_flow import OfflineFlowConfig, run_train_offline
-        from robotrl.online import OnlineConfig, run_train_online
-        from robotrl.ppo import PpoConfig, run_train_ppo
-        from robotrl.sac import SacConfig, run_train_sac
-        from robotrl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
+        from robotrl.flowrl.classifier import ClassifierConfig, run_train_classifier
+        from robotrl.flowrl.dsrl import DsrlConfig, run_train_dsrl
+        from robotrl.flowrl.hil import HilConfig, run_train_hil
+        from robotrl.flowrl.offline import OfflineFlowConfig, run_train_offline
+        from robotrl.flowrl.online import OnlineConfig, run_train_online
+        from robotrl.rl.actor_learner import ActorLearnerConfig, run_train_sac_distributed
+        from robotrl.rl.calql import CalqlConfig, run_train_calql
+        from robotrl.rl.iql import IqlConfig, run_train_iql
+        from robotrl.rl.ppo import PpoConfig
+        from robotrl.rl.sac import SacConfig, run_train_sac
+        from robotrl.rl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
+        from robotrl.stages.bc import BCConfig, run_train_bc
 
         return {"bc": (BCConfig, run_train_bc), "offline": (OfflineFlowConfig, run_train_offline),
                 "online": (OnlineConfig, run_train_online), "dsrl": (DsrlConfig, run_train_dsrl),
                 "hil": (HilConfig, run_train_hil),
                 "classifier": (ClassifierConfig, run_train_classifier), "sac": (SacConfig, run_train_sac),
                 "sac-distributed": (ActorLearnerConfig, run_train_sac_distributed), "iql": (IqlConfig, run_train_iql),
-                "calql": (CalqlConfig, run_train_calql), "ppo": (PpoConfig, run_train_ppo), "sb3": (Sb3Config, run_sb3),
+                "calql": (CalqlConfig, run_train_calql), "ppo": (PpoConfig, run_ppo), "sb3": (Sb3Config, run_sb3),
                 "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3), "sb3:TD3": (Sb3Td3Config, run_sb3)}
 
     def data() -> Commands:
@@ -182,12 +194,12 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
         return CollectConfig, run_collect
 
     def evaluate() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.evaluate import EvalConfig, run_eval
+        from robotrl.training.evaluate import EvalConfig, run_eval
 
         return EvalConfig, run_eval
 
     def distill() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.distill import DistillConfig, run_distill
+        from robotrl.stages.distill import DistillConfig, run_distill
 
         return DistillConfig, run_distill
 
@@ -197,7 +209,7 @@ def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any],
         return ExportConfig, run_export
 
     def pipeline() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.pipeline import PipelineConfig, run_pipeline
+        from robotrl.stages.pipeline import PipelineConfig, run_pipeline
 
         return PipelineConfig, run_pipeline
 

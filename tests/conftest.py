@@ -12,7 +12,7 @@ import torch
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.policies.timing import torch_threads
-from robotrl.ppo_mjx import CPU_XLA_FLAGS
+from robotrl.rl.ppo_mjx import CPU_XLA_FLAGS
 
 # MJX under XLA's CPU fusion pass runs orders of magnitude slower and compiles slower: the test process and the MJX
 # training subprocesses it starts (which inherit the variable) get the flag. XLA reads it when the first backend
@@ -102,7 +102,7 @@ def one_thread():
 def train_bc_flow(store: Path, run_dir: Path) -> Path:
     """A half-trained flow policy (400 BC steps, (32, 64) U-Net, chunks of 8, 4 executed): about 50% on held-out
     Reach episodes from 40 demos at noise 0.3, room to move either way (the flow RL stages start from it)."""
-    from robotrl.bc import BCConfig, train
+    from robotrl.stages.bc import BCConfig, train
 
     torch.set_num_threads(1)
     return train(BCConfig(store=store, steps=400, batch_size=32, channels=(32, 64), warmup=10, ema=0.99,
@@ -127,8 +127,8 @@ def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFacto
 def reach_bc_flow_success(reach_bc_flow: Path) -> float:
     """The half-trained flow policy's held-out success as the RL stages start from it (its 5-step ODE, chunks of 4
     executed, the same 100 held-out episodes their learning tests evaluate on), measured once per test process."""
-    from robotrl.evaluate import evaluate_policy
-    from robotrl.online import load_flow_policy
+    from robotrl.training.evaluate import evaluate_policy
+    from robotrl.flowrl.chain import load_flow_policy
 
     with torch_threads(1):
         return evaluate_policy(load_flow_policy(reach_bc_flow, 5), 100, 25, execute=4).success_rate

@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.actor_learner import ActorLearnerConfig, WorkerDied, train
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
-from robotrl.replay import ReplayBuffer
-from robotrl.sac import Agent, evaluate
+from robotrl.rl.actor_learner import ActorLearnerConfig, WorkerDied, train
+from robotrl.rl.replay import ReplayBuffer
+from robotrl.rl.sac import Agent, evaluate
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.calql import CalqlConfig, make_agent, train
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.replay import DemoTransitions
-from robotrl.sac import Agent, SacConfig, actor_fn, load_pretrained, train as train_sac
-from robotrl.training import RLResult, TrainingDiverged
+from robotrl.rl.calql import CalqlConfig, make_agent, train
+from robotrl.rl.replay import DemoTransitions
+from robotrl.rl.sac import Agent, SacConfig, actor_fn, load_pretrained, train as train_sac
+from robotrl.training.evaluate import evaluate_state_actor
+from robotrl.training.loop import RLResult, TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 

@@ -17,7 +17,8 @@ from robotrl.datasets.store import user_meta
 from robotrl.envs import make
 from robotrl.policies.base import CheckpointError
 
-from robotrl.classifier import (
+from robotrl.core.spec import SpecMismatchError
+from robotrl.flowrl.classifier import (
     ClassifierConfig,
     ClassifierResult,
     ClassifierReward,
@@ -28,7 +29,6 @@ from robotrl.classifier import (
     load_frames,
     train,
 )
-from robotrl.spec import SpecMismatchError
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:
@@ -174,7 +174,7 @@ def test_reward_wrapper_follows_the_classifier_on_a_rollout(trained: ClassifierR
 
 def test_killed_run_resumes_exactly(pickplace: Path, tmp_path: Path, kill_after_first_train_state) -> None:
     cfg = small(pickplace, tmp_path / "killed", steps=40, checkpoint_every=10, log_every=10)
-    code = (f"from pathlib import Path; from robotrl.classifier import ClassifierConfig, train; "
+    code = (f"from pathlib import Path; from robotrl.flowrl.classifier import ClassifierConfig, train; "
             f"train(ClassifierConfig(store=Path({str(pickplace)!r}), camera='front', steps=40, batch_size=32, "
             f"widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
             f"checkpoint_every=10, log_every=10, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))")
@@ -206,8 +206,9 @@ def test_proprioception_is_an_input_when_asked_for(pickplace: Path, tmp_path: Pa
 def test_online_rl_trains_on_the_classifiers_reward(trained: ClassifierResult, pickplace: Path, tmp_path: Path) -> None:
     """`train online --reward-classifier`: the env renders the classifier's camera although the policy reads only
     the state, and its reward and success are the classifier's."""
-    from robotrl.bc import BCConfig, train as train_bc
-    from robotrl.online import OnlineConfig, load_flow_policy, train as train_online, training_env
+    from robotrl.flowrl.chain import load_flow_policy, training_env
+    from robotrl.flowrl.online import OnlineConfig, train as train_online
+    from robotrl.stages.bc import BCConfig, train as train_bc
 
     bc = train_bc(BCConfig(store=pickplace, policy="flow", steps=10, batch_size=8, channels=(8, 16), warmup=1,
                            obs_keys=("state",), eval_episodes=0, run_dir=tmp_path / "bc", threads=1, progress=False))

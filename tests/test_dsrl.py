@@ -1,4 +1,4 @@
-"""DSRL-SAC (robotrl/dsrl.py) from a BC flow checkpoint trained on real Reach demos: held-out success rises within a
+"""DSRL-SAC (robotrl/flowrl/dsrl.py) from a BC flow checkpoint trained on real Reach demos: held-out success rises within a
 CI budget with the flow network untouched, a rollout's decisions become transitions with the right successors and
 discounts, a killed run resumes exactly, and bad configs are refused with the field named."""
 
@@ -16,9 +16,9 @@ import torch
 from robotrl.policies import load
 from robotrl.policies.generative import NoisePrior
 
-from robotrl.dsrl import DsrlConfig, PriorActor, decisions, train
-from robotrl.evaluate import evaluate_policy
-from robotrl.online import FlowAgent, Tally, Windows, load_flow_policy, rollout, training_env
+from robotrl.flowrl.chain import FlowAgent, Tally, Windows, load_flow_policy, rollout, training_env
+from robotrl.flowrl.dsrl import DsrlConfig, PriorActor, decisions, train
+from robotrl.training.evaluate import evaluate_policy
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 pytestmark = pytest.mark.usefixtures("one_thread")

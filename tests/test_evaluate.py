@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import robotrl.evaluate as evaluate
-from robotrl.evaluate import EvalConfig, run_eval, success_gain
+import robotrl.training.evaluate as evaluate
+from robotrl.training.evaluate import EvalConfig, run_eval, success_gain
 from robotrl.policies import load
 from robotrl.policies.timing import torch_threads
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from robotrl.datasets.record import record_expert
-from robotrl.evaluate import evaluate_policy
+from robotrl.training.evaluate import evaluate_policy
 from robotrl.policies import load
 
 pytestmark = pytest.mark.gpu
@@ -78,7 +78,8 @@ def test_mjx_backend_steps_thousands_of_envs_on_the_device(jax_platform: str) ->
 def test_mjx_ppo_learns_reach_on_the_device(jax_platform: str, tmp_path: Path, claim) -> None:
     """PPO with rollout and update on the device (robotrl/ppo_mjx.py), 4,096 envs: the CPU test's claim (>= 80% on
     held-out Reach episodes, evaluated by the torch agent on the CPU backend) at GPU scale."""
-    from robotrl.ppo import PpoConfig, train
+    from robotrl.rl.ppo import PpoConfig
+    from robotrl.rl.ppo_mjx import train
 
     n = scale(4096, 32)
     result = train(PpoConfig(task="Reach", backend="mjx", num_envs=n, rollout_steps=scale(16, 64),
@@ -93,7 +94,7 @@ def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(device: str, reach_
                                                               claim) -> None:
     """`robotrl train bc --device cuda`: the CPU test's claim (tests/policies/test_bc.py) from the same demos, and a
     checkpoint that a CPU-only machine loads and evaluates to the same success."""
-    from robotrl.bc import BCConfig, train
+    from robotrl.stages.bc import BCConfig, train
 
     result = train(BCConfig(store=reach_demos, steps=1000, batch_size=64, channels=(32, 64), warmup=10, ema=0.99,
                             action_horizon=8, execute=4, lr=3e-4, eval_episodes=100, eval_envs=25, device=device,
@@ -108,11 +109,12 @@ def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(device: str, reach_
 def test_online_rl_and_distillation_on_the_device(device: str, reach_demos: Path, tmp_path: Path, claim) -> None:
     """`robotrl train online --device cuda` (Flow-SDE) raises a half-trained Reach policy as its CPU test does, and
     `robotrl distill --device cuda` gives a one-step student within 2 points of that teacher."""
-    from robotrl.bc import BCConfig
-    from robotrl.bc import train as train_bc
-    from robotrl.distill import DistillConfig, distill
-    from robotrl.online import OnlineConfig, load_flow_policy
-    from robotrl.online import train as train_online
+    from robotrl.stages.bc import BCConfig
+    from robotrl.stages.bc import train as train_bc
+    from robotrl.stages.distill import DistillConfig, distill
+    from robotrl.flowrl.chain import load_flow_policy
+    from robotrl.flowrl.online import OnlineConfig
+    from robotrl.flowrl.online import train as train_online
 
     start = train_bc(BCConfig(store=reach_demos, steps=400, batch_size=32, channels=(32, 64), warmup=10, ema=0.99,
                               action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, run_dir=tmp_path / "bc",

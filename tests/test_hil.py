@@ -1,4 +1,4 @@
-"""Human-in-the-loop online RL (robotrl/hil.py) on Reach with real MuJoCo envs, a real BC flow checkpoint and real
+"""Human-in-the-loop online RL (robotrl/flowrl/hil.py) on Reach with real MuJoCo envs, a real BC flow checkpoint and real
 zarr stores: the scripted expert takes over by its stated criterion, every step lands in the store with the
 intervention mask, the BC loss on the interventions moves the policy, a teleop device drives through the same
 path, a killed run resumes exactly, and (slow) the intervention rate falls over training."""
@@ -21,8 +21,8 @@ from robotrl.datasets.teleop import ScriptedDevice
 from robotrl.envs import make
 from robotrl.policies import load
 
-from robotrl.hil import DemoBuffer, ExpertOperator, HilConfig, Recorder, runs, train
-from robotrl.spec import SpecMismatchError
+from robotrl.core.spec import SpecMismatchError
+from robotrl.flowrl.hil import DemoBuffer, ExpertOperator, HilConfig, Recorder, runs, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -231,7 +231,7 @@ def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_fi
     average's too) and the store of a run that was never stopped."""
     overrides = {"num_envs": 4, "rollout_steps": 20, "total_steps": 400, "checkpoint_every": 80, "log_every": 80,
                  "critic_warmup": 1, "operator_noise": 0.5, "ema": 0.5}
-    code = ("import sys, torch; torch.set_num_threads(1); from pathlib import Path; from robotrl.hil import HilConfig, "
+    code = ("import sys, torch; torch.set_num_threads(1); from pathlib import Path; from robotrl.flowrl.hil import HilConfig, "
             f"train; train(HilConfig(policy=Path({str(bc_flow)!r}), execute=4, denoise_steps=5, eval_episodes=0, "
             f"progress=False, run_dir=Path({str(tmp_path / 'killed')!r}), "
             + ", ".join(f"{k}={v!r}" for k, v in overrides.items()) + "))")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.iql import IqlAgent, IqlConfig, expectile_loss, train
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.sac import actor_fn
+from robotrl.rl.iql import IqlAgent, IqlConfig, expectile_loss, train
+from robotrl.rl.sac import actor_fn
+from robotrl.training.evaluate import evaluate_state_actor
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> IqlConfig:

@@ -1,4 +1,4 @@
-"""RL-100's iterative offline stage for flow policies (robotrl/offline_flow.py), from a BC flow checkpoint trained on
+"""RL-100's iterative offline stage for flow policies (robotrl/flowrl/offline.py), from a BC flow checkpoint trained on
 real Reach demos: the stage runs end to end into an ordinary flow checkpoint and a grown store, the store's decisions
 are the chunked policy's, the OPE gate rolls a bad update back, a stopped run resumes exactly, a NaN stops with the
 last good train state, bad configs are refused naming the field, and (slow) held-out success rises."""
@@ -18,10 +18,10 @@ from robotrl.datasets import EpisodeStore
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 
-from robotrl.evaluate import evaluate_policy
-from robotrl.offline_flow import OfflineFlowConfig, read_decisions, train
-from robotrl.online import load_flow_policy
-from robotrl.training import TrainingDiverged
+from robotrl.flowrl.chain import load_flow_policy
+from robotrl.flowrl.offline import OfflineFlowConfig, read_decisions, train
+from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import TrainingDiverged
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Online PPO fine-tuning of a flow policy (robotrl/online.py) from a BC checkpoint trained on real Reach demos:
+"""Online PPO fine-tuning of a flow policy (robotrl/flowrl/online.py) from a BC checkpoint trained on real Reach demos:
 held-out success rises within a CI budget, every method's chain log-likelihood is recomputed exactly from the stored
 chain, Flow-SDE keeps the ODE's marginals, a killed run resumes exactly, a NaN stops with the last good state, and
 the fine-tuned checkpoint goes on to `distill` and `eval` unchanged."""
@@ -24,22 +24,10 @@ from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.export import sample_from_noise
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 
-from robotrl.evaluate import evaluate_policy
-from robotrl.online import (
-    HEADS,
-    METHODS,
-    FlowAgent,
-    OnlineConfig,
-    Tally,
-    Windows,
-    flow_sde_step,
-    load_flow_policy,
-    ppo_loss,
-    rollout,
-    semi_mdp_gae,
-    train,
-)
-from robotrl.training import BestCheckpoint, TrainingDiverged
+from robotrl.flowrl.chain import HEADS, METHODS, FlowAgent, Tally, Windows, flow_sde_step, load_flow_policy, ppo_loss, rollout
+from robotrl.flowrl.online import OnlineConfig, semi_mdp_gae, train
+from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import BestCheckpoint, TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 #: the CLI's subprocesses on one torch thread (two threads slow down many times over on a shared 2-core machine)

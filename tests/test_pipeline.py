@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.pipeline import STAGES, PipelineConfig, read_rows
+from robotrl.stages.pipeline import STAGES, PipelineConfig, read_rows
 
 ROBOTRL = str(Path(sys.executable).parent / "robotrl")
 
@@ -48,7 +48,7 @@ def test_smoke_preset_runs_every_stage_and_prints_the_table(smoke):
     gate = by["online"].extra["gate"]
     assert gate["kept"] == ("online" if gate["online_success"] >= gate["start_success"] else "start")
     assert (run_dir / "online" / "rejected_policy").exists() == (gate["kept"] == "start")
-    from robotrl.evaluate import evaluate_policy, load_any
+    from robotrl.training.evaluate import evaluate_policy, load_any
 
     for r in rows[1:]:  # every policy stage evaluated on the same held-out episodes, its latency measured
         policy = load_any(Path(r.output), threads=1)
@@ -90,7 +90,7 @@ def test_each_stage_wrote_the_documented_files(smoke):
     assert (online["lr"], online["bc_coef"]) == (config["online_lr"], config["online_bc_coef"]) == (3e-5, 1.0)
     # the stage chooses among its evaluations on training seeds, not the held-out ones its row reports, and hands
     # its best on (the gate then judges that one), the last weights kept beside it
-    from robotrl.evaluate import HELD_OUT_SEED, ROLLOUT_SEED
+    from robotrl.training.evaluate import HELD_OUT_SEED, ROLLOUT_SEED
 
     assert online["eval_every"] == 256 and ROLLOUT_SEED <= online["eval_seed"] < HELD_OUT_SEED
     row = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}["online"]
@@ -151,7 +151,7 @@ def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
 def test_distill_store_is_the_online_one_once_it_outweighs_the_demos(tmp_path):
     from robotrl.datasets import EpisodeStore
     from robotrl.datasets.record import record_expert
-    from robotrl.pipeline import distill_store
+    from robotrl.stages.pipeline import distill_store
 
     record_expert(tmp_path / "demos.zarr", "Reach", episodes=3, num_envs=3, episode_steps=20, progress=False).close()
     demo_steps = EpisodeStore.open(tmp_path / "demos.zarr").num_steps
@@ -173,8 +173,8 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
 
     import torch
 
-    from robotrl.pipeline import PRESETS, accept_online
     from robotrl.policies import load
+    from robotrl.stages.pipeline import PRESETS, accept_online
 
     shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
     wrecked = load(reach_bc_flow)
@@ -196,7 +196,7 @@ def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reac
     that freezes the network would leave the anchor nothing to hold), gated like the operator's stage."""
     import dataclasses
 
-    from robotrl.pipeline import PRESETS, stage_online
+    from robotrl.stages.pipeline import PRESETS, stage_online
 
     shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
     budget = dataclasses.replace(PRESETS["smoke"], online_steps=256, online_envs=2, online_rollout_steps=64)
@@ -263,7 +263,7 @@ def test_demos_carry_camera_images_only_for_the_vla(tmp_path, policy, images):
     """The pipeline's flow policy is the state one: on a camera task its demos (and so its BC, rollouts and
     evaluations) skip rendering; the VLA's demos keep both cameras."""
     from robotrl.datasets import EpisodeStore
-    from robotrl.pipeline import stage_demos
+    from robotrl.stages.pipeline import stage_demos
 
     config = PipelineConfig(task="PickPlace", preset="smoke", policy=policy, demo_episodes=1, progress=False)  # type: ignore[arg-type]
     out, steps, _ = stage_demos(config, config.budget(), tmp_path)
@@ -276,8 +276,8 @@ def test_demos_carry_camera_images_only_for_the_vla(tmp_path, policy, images):
 def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
     """The VLA's BC stage takes one frame at batch 32 and lr 3e-4 (the flow policy's two frames at batch 64 and
     lr 1e-3 gave it 12.8% where this recipe gave 22.6%, bench/RESULTS.md); the flow policy keeps the preset's."""
-    from robotrl.pipeline import VLA_BC, bc_recipe, stage_bc, stage_demos
     from robotrl.policies import load
+    from robotrl.stages.pipeline import VLA_BC, bc_recipe, stage_bc, stage_demos
 
     vla = PipelineConfig(task="PickPlace", preset="default", progress=False)
     assert bc_recipe(vla, vla.budget()) == {"obs_horizon": 1, "batch_size": 32, "lr": 3e-4} == VLA_BC

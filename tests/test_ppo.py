@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.ppo import PpoAgent, PpoConfig, gae, train
+from robotrl.rl.ppo import PpoAgent, PpoConfig, gae, train
+from robotrl.training.evaluate import evaluate_state_actor
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 

@@ -1,4 +1,4 @@
-"""PPO with the rollout and the update on the accelerator (robotrl/ppo_mjx.py), on CPU JAX: learns Reach on the
+"""PPO with the rollout and the update on the accelerator (robotrl/rl/ppo_mjx.py), on CPU JAX: learns Reach on the
 MJX backend, resumes exactly after a SIGKILL, stops on a NaN loss keeping the last good train state, agrees with
 the torch PPO (GAE, loss, gradients, actions of the exported agent) and refuses bad configs.
 
@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
-from robotrl import ppo_mjx
+from robotrl.rl import ppo_mjx
+from robotrl.rl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
+from robotrl.training.evaluate import evaluate_state_actor
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 N, HORIZON = 32, 64  # one iteration = 2,048 env steps

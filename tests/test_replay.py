@@ -11,7 +11,7 @@ import numpy as np
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
-from robotrl.replay import DemoTransitions, ReplayBuffer
+from robotrl.rl.replay import DemoTransitions, ReplayBuffer
 
 
 def rollout(buffer: ReplayBuffer, env: object, obs: dict, steps: int, rng: np.random.Generator,

@@ -13,8 +13,8 @@ import torch
 from robotrl import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
-from robotrl.sac import SacConfig, evaluate, train, Agent
-from robotrl.training import TrainingDiverged
+from robotrl.rl.sac import SacConfig, evaluate, train, Agent
+from robotrl.training.loop import TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -111,7 +111,7 @@ def test_wsrl_fine_tunes_an_offline_iql_agent_online(reach_demos: Path, tmp_path
     """WSRL: IQL learns offline from 20 noisy demonstrations; SAC starts from its actor and critics, warms up with
     its rollouts and fine-tunes on online data only, ending well above where the offline agent started (seeds 0-4:
     bench/RESULTS.md, "Learning tests")."""
-    from robotrl.iql import IqlConfig, train as train_iql
+    from robotrl.rl.iql import IqlConfig, train as train_iql
 
     offline = train_iql(IqlConfig(store=reach_demos, steps=1500, eval_episodes=40, eval_envs=20,
                                   run_dir=tmp_path / "iql", progress=False, seed=learning_seed))

@@ -15,7 +15,7 @@ from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.policies.nets import random_shift
-from robotrl.sac import SacConfig, build_agent, env_options, evaluate, train
+from robotrl.rl.sac import SacConfig, build_agent, env_options, evaluate, train
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 

@@ -1,4 +1,4 @@
-"""Stable-Baselines3 on robotrl tasks, unmodified: SAC and PPO learn on the registered env; `robotrl.sb3.train`."""
+"""Stable-Baselines3 on robotrl tasks, unmodified: SAC and PPO learn on the registered env; `robotrl.rl.sb3.train`."""
 
 import json
 
@@ -11,8 +11,8 @@ from stable_baselines3.common.env_util import make_vec_env
 
 import robotrl.envs  # noqa: F401  (registers robotrl/<Task>-v0)
 from robotrl.envs.rollouts import run_episodes
-from robotrl.evaluate import HELD_OUT_SEED
-from robotrl.sb3 import Sb3Config, flatten_batch, train
+from robotrl.rl.sb3 import Sb3Config, flatten_batch, train
+from robotrl.training.evaluate import HELD_OUT_SEED
 
 torch.set_num_threads(1)
 
@@ -67,7 +67,7 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     result = train(config)
     assert result.episodes == 4 and result.timesteps == 600
     from stable_baselines3 import SAC as Sac  # the saved model is the evaluated one: the same success on the same seeds
-    from robotrl.sb3 import evaluate
+    from robotrl.rl.sb3 import evaluate
 
     again = evaluate(Sac.load(tmp_path / "run" / "model.zip"), config, ("state",))
     assert again.success_rate == result.success_rate and again.returns.mean() == pytest.approx(result.mean_return)
@@ -80,7 +80,7 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     assert json.loads((run / "result.json").read_text())["success_rate"] == result.success_rate
     assert json.loads((run / "config.json").read_text())["task"] == "Reach"
 
-    from robotrl.sb3 import replay_buffer_path
+    from robotrl.rl.sb3 import replay_buffer_path
 
     assert replay_buffer_path(run / "checkpoints" / "model_600_steps.zip").exists()
     resumed = train(Sb3Config(**{**config.__dict__, "total_timesteps": 200, "run_dir": tmp_path / "resumed",
@@ -89,7 +89,7 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
 
 
 def test_flatten_batch_matches_what_sb3_sees():
-    from robotrl.sb3 import make_sb3_env
+    from robotrl.rl.sb3 import make_sb3_env
 
     config = Sb3Config()
     obs, _ = make_sb3_env(config, seed=4).reset(seed=4)
@@ -103,7 +103,7 @@ def test_config_errors_name_the_field():
         Sb3Config(algo="dqn")
     with pytest.raises(ValueError, match="total_timesteps: expected a positive integer, got 0"):
         Sb3Config(total_timesteps=0)
-    from robotrl.sb3 import make_sb3_env
+    from robotrl.rl.sb3 import make_sb3_env
 
     with pytest.raises(ValueError, match="obs_keys: Reach has keys \\['state'\\]; got \\['pixels'\\]"):
         make_sb3_env(Sb3Config(obs_keys=("pixels",)))

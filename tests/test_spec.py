@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from robotrl.spec import ArraySpec, Spec, SpecMismatchError
+from robotrl.core.spec import ArraySpec, Spec, SpecMismatchError
 
 
 def make_spec(**overrides):

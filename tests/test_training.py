@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from robotrl.training import EMA, TrainingDiverged, cosine_lr, optimizer_step
+from robotrl.training.loop import EMA, TrainingDiverged, cosine_lr, optimizer_step
 
 
 def test_nan_loss_stops_before_any_weight_changes() -> None:

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from robotrl.core.spec import ArraySpec
 from robotrl.envs.task import (
     Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout, state_spec,
 )
 from robotrl.envs.tasks import arm
-from robotrl.spec import ArraySpec
 
 COLORS: tuple[str, ...] = ("red", "green", "blue")
 RGBA = ("0.85 0.15 0.15 1", "0.15 0.7 0.2 1", "0.15 0.3 0.9 1")

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from robotrl.core.spec import ArraySpec
 from robotrl.envs.task import (
     Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout, state_spec,
 )
 from robotrl.envs.tasks import arm
-from robotrl.spec import ArraySpec
 
 # --- the T (block frame: origin at the area centroid, bar along x, stem towards -y) --------------------
 UNIT = 0.03  # the T is a 4x1 bar over a 1x3 stem in units of 3 cm (the Push-T proportions)

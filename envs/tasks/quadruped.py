@@ -23,11 +23,11 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from robotrl.core.spec import ArraySpec
 from robotrl.envs.randomization import Randomization
 from robotrl.envs.task import (
     Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout, state_spec,
 )
-from robotrl.spec import ArraySpec
 
 # --- geometry (metres, kg) ---------------------------------------------------------------------------
 TRUNK_HALF = (0.19, 0.095, 0.055)

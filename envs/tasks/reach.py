@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from robotrl.core.spec import ArraySpec
 from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout, state_spec
 from robotrl.envs.tasks import arm
-from robotrl.spec import ArraySpec
 
 #: layout of the "state" observation (joint positions and velocities first, as on every arm task)
 STATE_LAYOUT, STATE_DIM = state_layout(

@@ -12,11 +12,11 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import pytest
 
+from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets.collect import CollectConfig, RateLimiter, collect, run_collect
 from robotrl.datasets.store import EpisodeStore, validate
 from robotrl.datasets.teleop import EpisodeStatus, ScriptedDevice, TeleopCommand, TeleopError
 from robotrl.envs import make_task
-from robotrl.spec import SpecMismatchError
 
 
 def test_scripted_pusht_writes_a_valid_store_with_success_labels(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

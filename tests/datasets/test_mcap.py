@@ -13,10 +13,10 @@ from mcap_ros2.decoder import DecoderFactory
 from mcap_ros2.writer import Writer as Ros2Writer
 from rosbags.typesys import Stores, get_typestore
 
+from robotrl.core.spec import ArraySpec, Spec
 from robotrl.datasets.mcap import McapError, TopicMap, export_mcap, import_mcap
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.store import EpisodeStore, user_meta
-from robotrl.spec import ArraySpec, Spec
 
 ARM = tuple(f"joint{i}" for i in range(1, 8))
 ROS_TYPES = get_typestore(Stores.ROS2_HUMBLE)

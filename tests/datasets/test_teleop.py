@@ -19,12 +19,12 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
+from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets.teleop import (
     DEVICES, EpisodeStatus, GamepadDevice, GamepadLayout, KeyboardDevice, ScriptedDevice, SpaceMouseDevice,
     TeleopCommand, TeleopError, action_axes, apply_deadzone, command_to_action, make_device,
 )
 from robotrl.envs import make_task
-from robotrl.spec import SpecMismatchError
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 3.0) -> Any:

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from robotrl.core.spec import SpecMismatchError
 from robotrl.envs import Randomization, make
-from robotrl.spec import SpecMismatchError
 
 
 def rollout(env, actions, seed=0):

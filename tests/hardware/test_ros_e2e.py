@@ -24,11 +24,11 @@ from std_msgs.msg import Float64MultiArray
 
 from robotrl.envs import make
 from robotrl.envs.rollouts import EpisodeStats, run_episodes, wilson_ci95
-from robotrl.evaluate import controller_for, seeded_sampling
 from robotrl.hardware import nodes as nodes_table
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.hardware.ros_eval import evaluate_over_ros
 from robotrl.policies import runtime
+from robotrl.training.evaluate import controller_for, seeded_sampling
 
 DOMAIN = int(os.environ["ROS_DOMAIN_ID"]) + 1  # apart from the in-process node tests (conftest.py)
 SEED, STEPS, EPISODES = 1_000_003, 60, 3

@@ -22,13 +22,13 @@ from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from std_msgs.msg import Bool, Float64MultiArray
 
+from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets.store import EpisodeStore, StoreError, validate
 from robotrl.envs import make_task
 from robotrl.hardware.messages import float_array_to_msg
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.sim_robot_node import SimRobotNode, SimRobotNodeConfig
 from robotrl.hardware.teleop_node import INTERVENTION_TOPIC, TeleopNode, TeleopNodeConfig
-from robotrl.spec import SpecMismatchError
 from ros_spin import spin_until
 
 DOMAIN = int(os.environ["ROS_DOMAIN_ID"]) + 2  # apart from the other ROS tests of this worker (conftest.py)

@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from robotrl import SpecMismatchError
-from robotrl.bc import BCConfig, BCResult, train
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
-from robotrl.evaluate import HELD_OUT_SEED, evaluate_policy
 from robotrl.policies import CheckpointError, load
 from robotrl.policies.export import export
 from robotrl.policies.runtime import load as load_runtime
+from robotrl.stages.bc import BCConfig, train
+from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -81,7 +81,7 @@ def test_one_step_student_is_within_two_points_of_its_teacher(reach_teacher: BCR
     """The one-step consistency student distilled from the Reach flow teacher (300 steps on the teacher's demos)
     succeeds within 2 points of it on the same 100 held-out episodes (same seeds, same noise), the claim the
     pipeline's last stage rests on; its spread over seeds 0-4 is in bench/RESULTS.md, "Learning tests"."""
-    from robotrl.distill import DistillConfig, distill
+    from robotrl.stages.distill import DistillConfig, distill
 
     student = distill(DistillConfig(teacher=reach_teacher.checkpoint, store=reach_demos, steps=300, batch_size=64,
                                     warmup=20, ema=0.99, execute=4, eval_episodes=0, run_dir=tmp_path / "distill",
@@ -111,8 +111,8 @@ def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_afte
 
 
 def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
-    from robotrl.bc import successful_episodes
     from robotrl.datasets import EpisodeStore
+    from robotrl.stages.bc import successful_episodes
 
     failed = tmp_path / "failed.zarr"  # two-step episodes: the expert cannot reach the goal
     record_expert(failed, "Reach", episodes=4, num_envs=4, noise=0.0, progress=False, episode_steps=2).close()

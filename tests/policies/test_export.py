@@ -244,7 +244,7 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
         from robotrl.policies import runtime
         training = ["robotrl.policies.base", "robotrl.policies.flow", "robotrl.policies.diffusion",
                     "robotrl.policies.generative", "robotrl.policies.nets", "robotrl.policies.export",
-                    "robotrl.training", "robotrl.bc", "robotrl.datasets", "robotrl.envs"]
+                    "robotrl.training", "robotrl.stages.bc", "robotrl.datasets", "robotrl.envs"]
         state = np.load({str(tmp_path / "state.npy")!r})
         chunk = runtime.load({str(exports[("flow", "onnx")])!r}, threads=1).act({{"state": state}})
         assert chunk.shape == (5, 16, 2), chunk.shape

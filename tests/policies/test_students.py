@@ -1,7 +1,7 @@
 """The one-step students on real PushT windows: the consistency student keeps its boundary condition, starts as
 its teacher's one-step sampler and moves towards the teacher's multi-step answer as it is distilled; MeanFlow
 learns from the data alone, its JVP target is the finite-difference derivative, and it samples in one call;
-both round-trip through checkpoints; `robotrl.distill` runs end to end and resumes exactly.
+both round-trip through checkpoints; `robotrl.stages.distill` runs end to end and resumes exactly.
 
 Small nets (channels (32, 64), H = 8) and one torch thread: the suite shares two cores, where more threads
 than cores make every step many times slower.
@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 import torch
 
+from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.distill import DistillConfig, distill, train
 from robotrl.policies import load
 from robotrl.policies.consistency import ConsistencyConfig, ConsistencyPolicy
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.flow import FlowConfig, FlowPolicy
 from robotrl.policies.generative import GenerativePolicy
 from robotrl.policies.meanflow import MeanFlowConfig, MeanFlowPolicy
-from robotrl.spec import SpecMismatchError
-from robotrl.training import EMA
+from robotrl.stages.distill import DistillConfig, distill, train
+from robotrl.training.loop import EMA
 
 H, CHANNELS = 8, (32, 64)
 
@@ -289,7 +289,7 @@ def test_checkpoint_round_trip(kind: str, teacher: FlowPolicy, store: EpisodeSto
 
 
 # ---------------------------------------------------------------------------------------------------
-# robotrl.distill
+# robotrl.stages.distill
 # ---------------------------------------------------------------------------------------------------
 def small(teacher_dir: Path, store: EpisodeStore, run_dir: Path, **overrides: Any) -> DistillConfig:
     base = DistillConfig(teacher=teacher_dir, store=store.path, steps=12, batch_size=16, warmup=2, lr=3e-4, ema=0.9,
@@ -339,7 +339,7 @@ def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
     """Two DAgger rounds (steps 4 and 8 of 12): the student drives PushT, every window it acts on is stored with
     the teacher's chunk for it (the very chunk the teacher gives there from the round's seeded noise), later
     batches mix them in, and a run stopped between the rounds resumes to identical weights and labels."""
-    from robotrl.evaluate import ROLLOUT_SEED
+    from robotrl.training.evaluate import ROLLOUT_SEED
 
     dagger = {"dagger_rounds": 2, "dagger_episodes": 2, "eval_envs": 2, "execute": 4}
     whole = train(small(teacher_dir, store, tmp_path / "whole", **dagger))

@@ -332,7 +332,7 @@ def test_export_takes_the_instruction_embedding_and_matches_torch(store: Episode
         chunk = rt.act(obs, noise=np.load({str(tmp_path / "noise.npy")!r}))
         np.save({str(tmp_path / "chunk.npy")!r}, chunk)
         training = ["robotrl.policies.vla", "robotrl.policies.base", "robotrl.policies.flow", "robotrl.policies.nets",
-                    "robotrl.policies.export", "robotrl.training", "robotrl.bc", "robotrl.datasets", "robotrl.envs"]
+                    "robotrl.policies.export", "robotrl.training", "robotrl.stages.bc", "robotrl.datasets", "robotrl.envs"]
         loaded = [m for m in training if m in sys.modules]
         assert not loaded, f"runtime imported {{loaded}}"
         print("ok")
@@ -361,8 +361,8 @@ def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, t
                                                           capsys: pytest.CaptureFixture) -> None:
     """`robotrl train bc --policy vla` on the PickPlace store (windows carry their episode's instruction, the
     target fields hidden), then `robotrl eval` reports success per instruction and the wrong-cube rate."""
-    from robotrl.bc import BCConfig, train
-    from robotrl.evaluate import EvalConfig, run_eval
+    from robotrl.stages.bc import BCConfig, train
+    from robotrl.training.evaluate import EvalConfig, run_eval
 
     config = BCConfig(store=store.path, policy="vla", steps=4, batch_size=4, obs_horizon=1, action_horizon=8, execute=8,
                       warmup=1, state_mask_fields=("target", "target_rel"), eval_episodes=2, eval_envs=2,
@@ -420,10 +420,10 @@ def test_distill_vla_to_one_step_export_and_runtime(store: EpisodeStore, tmp_pat
     """`robotrl distill` takes a VLA teacher: the student's one-step chunk moves towards the teacher's four-step
     chunk on the same noise, the checkpoint reloads as `vla_consistency`, and its ONNX export takes the
     instruction embedding and matches torch in the runtime."""
-    from robotrl.distill import DistillConfig, train
     from robotrl.policies import runtime
     from robotrl.policies.consistency import VLAConsistencyPolicy
     from robotrl.policies.export import export
+    from robotrl.stages.distill import DistillConfig, train
 
     torch.manual_seed(0)
     teacher = VLAPolicy(store.spec, VLAConfig(**SMALL, steps=4), store.stats())

@@ -3,7 +3,7 @@ policy staleness (as AReaL decouples rollout from training), in this process or 
 
     robotrl train sac-distributed --task Reach --workers 2 --num-envs 4                       # in process (default)
     robotrl train sac-distributed --task Reach --workers 4 --transport ray --max-staleness 2  # one process per worker
-    result = robotrl.actor_learner.train(ActorLearnerConfig(task="Reach", workers=2))        # the same dataclass
+    result = robotrl.rl.actor_learner.train(ActorLearnerConfig(task="Reach", workers=2))        # the same dataclass
 
 A worker owns a CPU vector env and a copy of the actor; a call steps its envs `rollout_steps` times with the
 newest weights it was sent and returns the transitions. The learner adds them to the replay (one row per env of
@@ -42,13 +42,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from robotrl.core.spec import Spec, flatten_obs
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make, make_task
 from robotrl.policies.gaussian import TanhGaussianActor
-from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
-from robotrl.sac import Agent, SacConfig, env_options, evaluate, load_pretrained, sample, task_options, update
-from robotrl.spec import Spec
-from robotrl.training import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
+from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
+from robotrl.rl.sac import Agent, SacConfig, env_options, evaluate, load_pretrained, sample, task_options, update
+from robotrl.training.loop import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
 
 WORKER_START_TIMEOUT_S = 300.0
 """how long Ray may take to place and start every worker before the run gives up (not a hang)"""

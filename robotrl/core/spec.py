@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -222,3 +223,11 @@ def _first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None
                 return (where, a, b) if not isinstance(x, (dict, list)) else d
         return None
     return None if a == b else (where, a, b)
+
+
+def flatten_obs(obs: Mapping[str, Any], keys: Sequence[str], n: int | None = None) -> np.ndarray:
+    """The numeric observation keys an actor-critic sees, flattened and concatenated per env: (N, D) float32
+    (D = 0 without keys: then `n` gives N)."""
+    if not keys:
+        return np.zeros((n if n is not None else len(next(iter(obs.values()))), 0), np.float32)
+    return np.concatenate([np.asarray(obs[k], np.float32).reshape(len(np.asarray(obs[k])), -1) for k in keys], axis=1)

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.replay import DemoTransitions, split_obs_keys
-from robotrl.spec import Spec
-from robotrl.training import RLResult, RunLog, RunOptions, TrainClock, finish_run, save_run_state, start_run
+from robotrl.rl.replay import DemoTransitions, split_obs_keys
+from robotrl.training.evaluate import evaluate_state_actor
+from robotrl.training.loop import RLResult, RunLog, RunOptions, TrainClock, finish_run, save_run_state, start_run
 
 
 @dataclass

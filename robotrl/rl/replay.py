@@ -26,18 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from robotrl.core.spec import Spec, flatten_obs
 from robotrl.datasets import EpisodeStore
-from robotrl.spec import Spec
 
 STEP_KEYS = ("action", "reward", "terminated", "truncated")
-
-
-def flatten_obs(obs: Mapping[str, Any], keys: Sequence[str], n: int | None = None) -> np.ndarray:
-    """The numeric observation keys an actor-critic sees, flattened and concatenated per env: (N, D) float32
-    (D = 0 without keys: then `n` gives N)."""
-    if not keys:
-        return np.zeros((n if n is not None else len(next(iter(obs.values()))), 0), np.float32)
-    return np.concatenate([np.asarray(obs[k], np.float32).reshape(len(np.asarray(obs[k])), -1) for k in keys], axis=1)
 
 
 def split_obs_keys(spec: Spec, keys: Sequence[str], where: str,

@@ -4,7 +4,7 @@ This is the smallest end-to-end check that the task suite is learnable with an o
 changes to it: SB3 sees the registered gymnasium env (`robotrl/<Task>-v0`) with the chosen observation keys
 flattened into one vector; evaluation runs the trained policy in the batched CPU env over seeded episodes.
 
-    from robotrl.sb3 import Sb3Config, train
+    from robotrl.rl.sb3 import Sb3Config, train
     result = train(Sb3Config(task="Reach"))        # the same dataclass is `robotrl train sb3`
     print(result.success_rate)
 """

@@ -3,7 +3,7 @@ starting point of online fine-tuning.
 
     robotrl train calql --store data/reach.zarr --steps 20000
     robotrl train sac --init runs/calql-Reach-...        # WSRL: fine-tune it online without the offline data
-    result = robotrl.calql.train(CalqlConfig(store=Path("data/reach.zarr")))      # the same dataclass
+    result = robotrl.rl.calql.train(CalqlConfig(store=Path("data/reach.zarr")))      # the same dataclass
 
 CQL (Kumar et al. 2020) is SAC plus a regularizer on the critic, cql_alpha * (logsumexp over actions of Q(s, a)
 - Q(s, a_data)), the logsumexp over actions sampled uniformly and from the current policy at s and s' (all scored
@@ -15,8 +15,8 @@ below by the Monte-Carlo return-to-go of the data's episode from s (the value of
 collected it), so the regularizer never pushes the learned policy's values below those of the data's policy.
 `calibrate=False` is plain CQL, the ablation.
 
-Reads top to bottom: data (the store's transitions with their returns-to-go, `robotrl.replay.DemoTransitions`)
--> networks (the modules of `robotrl.sac.Agent`, so `sac --init` loads them) -> (resume) -> the loop (critics
+Reads top to bottom: data (the store's transitions with their returns-to-go, `robotrl.rl.replay.DemoTransitions`)
+-> networks (the modules of `robotrl.rl.sac.Agent`, so `sac --init` loads them) -> (resume) -> the loop (critics
 on TD + the calibrated regularizer, actor and temperature as in SAC, Polyak target critics), log, evaluate,
 checkpoint. `--resume` continues exactly.
 """
@@ -29,9 +29,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from robotrl.offline import OfflineOptions, offline_evaluate, offline_loop, offline_start
-from robotrl.sac import Agent, SacConfig, actor_fn, actor_step
-from robotrl.training import RLResult, gradient_step, load_run_state, polyak
+from robotrl.rl.offline import OfflineOptions, offline_evaluate, offline_loop, offline_start
+from robotrl.rl.sac import Agent, SacConfig, actor_fn, actor_step
+from robotrl.training.loop import RLResult, gradient_step, load_run_state, polyak
 
 
 @dataclass

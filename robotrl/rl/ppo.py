@@ -2,7 +2,7 @@
 native threads.
 
     robotrl train ppo --task Reach --num-envs 32 --total-steps 300000
-    result = robotrl.ppo.train(PpoConfig(task="Reach"))       # the same dataclass
+    result = robotrl.rl.ppo.train(PpoConfig(task="Reach"))       # the same dataclass
 
 Reads top to bottom (CleanRL's layout): envs -> agent (Gaussian policy with a state-independent std, value
 function) -> (resume) -> per iteration: a rollout of `rollout_steps` in every env, GAE(lambda) advantages, then
@@ -25,11 +25,11 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from robotrl.core.spec import flatten_obs
 from robotrl.envs import make
-from robotrl.evaluate import evaluate_state_actor
 from robotrl.policies.nets import mlp
-from robotrl.replay import flatten_obs
-from robotrl.training import (
+from robotrl.training.evaluate import evaluate_state_actor
+from robotrl.training.loop import (
     RLResult, RunLog, RunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
     save_run_state, start_run,
 )
@@ -40,7 +40,7 @@ class PpoConfig(RunOptions, TaskOptions):
     """Train a Gaussian policy and a value function with PPO on a task's parallel vector env."""
 
     backend: Literal["cpu", "mjx"] = "cpu"
-    """cpu: torch on the CPU backend's threads; mjx: robotrl/ppo_mjx.py, rollout and update on the accelerator"""
+    """cpu: torch on the CPU backend's threads; mjx: robotrl/rl/ppo_mjx.py, rollout and update on the accelerator"""
     num_envs: int = 32
     total_steps: int = 300_000
     """environment steps, all envs together"""
@@ -169,10 +169,9 @@ def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_valu
 
 
 def train(config: PpoConfig) -> RLResult:
-    if config.backend == "mjx":
-        from robotrl.ppo_mjx import train as train_mjx
-
-        return train_mjx(config)
+    if config.backend == "mjx":  # robotrl/rl/ppo_mjx.py builds on this module, so this one never imports it
+        raise ValueError("PpoConfig.backend: 'mjx' is trained by robotrl.rl.ppo_mjx.train (as `robotrl train ppo "
+                         "--backend mjx` does); robotrl.rl.ppo.train is the CPU backend's")
     run_dir, state_path, rng = start_run(config, "ppo", config.task)
 
     # envs
@@ -280,9 +279,3 @@ def train(config: PpoConfig) -> RLResult:
         env.close()
     return finish_iterations(config, log, evaluate, run_dir / "agent.pt", clock, run_dir,
                              iterations, start, n * horizon)
-
-
-def run_train_ppo(config: PpoConfig) -> RLResult:
-    result = train(config)
-    print(result.summary(f"ppo {config.task}", config.eval_episodes, "env steps"))
-    return result

@@ -2,7 +2,7 @@
 
     robotrl train sac --task Reach --total-steps 20000
     robotrl train sac --task PushT --demos data/pusht.zarr --critics 10 --utd 10     # RLPD
-    result = robotrl.sac.train(SacConfig(task="Reach"))                               # the same dataclass
+    result = robotrl.rl.sac.train(SacConfig(task="Reach"))                               # the same dataclass
 
 RLPD on top of SAC: symmetric sampling (half of every batch from demonstrations, half from online data, when
 `demos` is given), an ensemble of LayerNorm critics whose TD target is the minimum over a random subset of them
@@ -12,7 +12,7 @@ image_top`) go through the policy library's image encoder, trained by the critic
 detached, with DrQ's per-sample random shifts on every batch (as SERL trains from pixels).
 
 Reads top to bottom: envs, buffers, networks -> (resume) -> the loop: act (uniform at random before
-`learning_starts`), step the vector env, add to replay (on disk as episodes, `robotrl.replay`), update critics,
+`learning_starts`), step the vector env, add to replay (on disk as episodes, `robotrl.rl.replay`), update critics,
 actor and temperature, log, evaluate, checkpoint. A killed run resumes exactly (`--resume`): networks, optimizers,
 RNGs, the envs mid-episode and the replay rebuilt from its store.
 """
@@ -29,14 +29,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from robotrl.core.spec import Spec, flatten_obs
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
-from robotrl.evaluate import evaluate_actor
 from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
 from robotrl.policies.nets import ImageEncoder, random_shift
-from robotrl.replay import DemoTransitions, ReplayBuffer, flatten_obs, split_obs_keys
-from robotrl.spec import Spec
-from robotrl.training import (
+from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
+from robotrl.training.evaluate import evaluate_actor
+from robotrl.training.loop import (
     RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
     TrainClock, finish_run, save_run_state, start_run,
 )

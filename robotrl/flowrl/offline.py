@@ -2,18 +2,18 @@
 fitted to the data, each update gated by offline policy evaluation; then roll out, add the data, repeat.
 
     robotrl train offline --policy runs/bc-flow/policy --store data/reach.zarr --iterations 5
-    result = robotrl.offline_flow.train(OfflineFlowConfig(policy=Path(...), store=Path(...)))   # the same dataclass
+    result = robotrl.flowrl.offline.train(OfflineFlowConfig(policy=Path(...), store=Path(...)))   # the same dataclass
 
 The store is copied to `run_dir/store.zarr` (the input is never written) and every iteration reads it whole:
 
 1. Critic. Decisions are the chunked policy's: a window of To observations and the `execute` actions that followed
-   it. Q(window, executed chunk) and V(window) are IQL's (`robotrl.iql.critic_update`): V an upper expectile of Q
+   it. Q(window, executed chunk) and V(window) are IQL's (`robotrl.rl.iql.critic_update`): V an upper expectile of Q
    over the data's chunks, Q regressed on the discounted reward of the executed steps + gamma^k V(next window),
    cut at termination. A decision that reaches a time-limit cut has no stored successor window and is left out.
 2. Policy. `policy_updates` times: `samples` chains drawn from the current policy for each of `windows` dataset
-   windows with online.py's stochastic chain (`FlowAgent`, `--method`), the executed part of each chain's chunk
+   windows with chain.py's stochastic chain (`FlowAgent`, `--method`), the executed part of each chain's chunk
    scored with A = min Q - V (or a per-window group baseline, `--advantage`), and `epochs` clipped PPO passes on the
-   chains' exact log-likelihood ratios (online.py's `ppo_loss`, advantages normalized per minibatch). The gate
+   chains' exact log-likelihood ratios (chain.py's `ppo_loss`, advantages normalized per minibatch). The gate
    (AM-Q) scores the deterministic ODE chunks of the new and the current policy at windows of held-out episodes
    (the same start noise for both) with every critic member, and keeps the update only if its gain's lower bound
    is > 0: the most pessimistic member's mean gain minus `ope_z` standard errors across held-out episodes (one
@@ -63,13 +63,13 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_policy
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
-from robotrl.iql import critic_update
-from robotrl.online import HEADS, METHODS, FlowAgent, OnlineConfig, load_flow_policy, ppo_loss
+from robotrl.flowrl.chain import HEADS, METHODS, ChainConfig, FlowAgent, load_flow_policy, ppo_loss
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.gaussian import CriticEnsemble
 from robotrl.policies.nets import mlp
-from robotrl.training import (
+from robotrl.rl.iql import critic_update
+from robotrl.training.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
+from robotrl.training.loop import (
     RLResult,
     RunLog,
     RunOptions,
@@ -134,14 +134,14 @@ class OfflineFlowConfig(RunOptions):
     denoise_steps: int | None = None
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
     method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
-    """how the chain is made stochastic (robotrl/online.py)"""
+    """how the chain is made stochastic (robotrl/flowrl/online.py)"""
     noise_std: float | None = None
     """denoising_mdp: each transition's std; flow_noise: the noise net's initial std; ode_noise: the std on the
-    ODE's chunk (online.py's defaults)"""
+    ODE's chunk (chain.py's defaults)"""
     sde_noise: float = 0.5
     """flow_sde: a in g(t)^2 = a^2 (1 - t) / t"""
     ratio: Literal["chain", "step"] = "chain"
-    """PPO's unit: a whole chain per decision, or each chain transition (online.py)"""
+    """PPO's unit: a whole chain per decision, or each chain transition (chain.py)"""
     clip: float = 0.1
     lr: float = 3e-5
     """the flow policy's learning rate"""
@@ -224,12 +224,11 @@ class OfflineFlowConfig(RunOptions):
         if not 0.0 < self.ope_fraction < 1.0:
             raise ValueError(f"{name}.ope_fraction: expected a value in (0, 1), got {self.ope_fraction}")
 
-    def chain_config(self) -> OnlineConfig:
-        """online.py's config for the chain (FlowAgent) and the clipped loss (ppo_loss): its value loss off."""
-        return OnlineConfig(policy=self.policy, method=self.method, noise_std=self.noise_std, sde_noise=self.sde_noise,
-                            ratio=self.ratio, clip=self.clip, lr=self.lr, noise_lr=self.noise_lr,
-                            bc_coef=self.bc_coef, max_grad_norm=self.max_grad_norm, value_coef=0.0,
-                            execute=self.execute, eval_episodes=0, progress=False)
+    def chain_config(self) -> ChainConfig:
+        """The settings of the chain (FlowAgent) and its clipped loss (ppo_loss), the value loss off."""
+        return ChainConfig(policy=self.policy, method=self.method, noise_std=self.noise_std, sde_noise=self.sde_noise,
+                           ratio=self.ratio, clip=self.clip, bc_coef=self.bc_coef, value_coef=0.0,
+                           execute=self.execute, eval_episodes=0, progress=False)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -301,7 +300,7 @@ def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, f
 
 class ChunkCritic(nn.Module):
     """IQL's critics at the decision level: an ensemble Q(window, executed chunk), its Polyak target, and V(window),
-    over the policy's normalized vector observations (the attribute names `robotrl.iql.critic_update` reads)."""
+    over the policy's normalized vector observations (the attribute names `robotrl.rl.iql.critic_update` reads)."""
 
     def __init__(self, feature_dim: int, chunk_dim: int, config: OfflineFlowConfig) -> None:
         super().__init__()
@@ -357,7 +356,7 @@ def ope_gate(critic: ChunkCritic, features: torch.Tensor, old: torch.Tensor, new
 
 
 def improve(agent: FlowAgent, critic: ChunkCritic, optimizer: torch.optim.Optimizer, obs: dict[str, torch.Tensor],
-            config: OfflineFlowConfig, chain_config: OnlineConfig, reference: FlowPolicy | None,
+            config: OfflineFlowConfig, chain_config: ChainConfig, reference: FlowPolicy | None,
             rng: np.random.Generator, where: str) -> dict[str, float]:
     """One policy update (module docstring, step 2) on windows drawn from `obs`: `samples` chains of the current
     policy per window, the advantage of their executed chunks (`config.advantage`), `epochs` clipped PPO passes."""
@@ -444,7 +443,7 @@ def train(config: OfflineFlowConfig) -> RLResult:
     reference = load_flow_policy(config.policy, config.denoise_steps, f"{name}.policy").requires_grad_(False) \
         if config.bc_coef > 0 else None
 
-    # the chain (online.py's FlowAgent; its value net is unused), the critic, their optimizers
+    # the chain (chain.py's FlowAgent; its value net is unused), the critic, their optimizers
     agent = FlowAgent(policy, chain_config, policy.config.steps)
     feature_dim = sum(policy.obs_horizon * policy.spec.observations[k].size for k in policy.vector_keys)
     critic = ChunkCritic(feature_dim, execute * policy.action_dim, config)

@@ -1,7 +1,7 @@
 """Behaviour cloning: from an episode store to a policy checkpoint.
 
     robotrl train bc --store data/pusht.zarr --policy flow --steps 20000
-    result = robotrl.bc.train(BCConfig(store=Path("data/pusht.zarr"), policy="flow"))   # the same dataclass
+    result = robotrl.stages.bc.train(BCConfig(store=Path("data/pusht.zarr"), policy="flow"))   # the same dataclass
 
 Reads top to bottom: data -> policy -> optimizer, LR schedule and EMA -> (resume) -> the loop (sample a
 window batch, loss, step, EMA, log, checkpoint, evaluate) -> the final EMA policy, evaluated and saved.
@@ -25,7 +25,7 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies import POLICIES, Policy
-from robotrl.training import (
+from robotrl.training.loop import (
     EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
     set_rng_state,
 )
@@ -115,7 +115,7 @@ def successful_episodes(store: EpisodeStore) -> list[int]:
 
 
 def evaluate(policy: Policy, config: BCConfig) -> Any:
-    from robotrl.evaluate import evaluate_policy
+    from robotrl.training.evaluate import evaluate_policy
 
     return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=config.execute)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from robotrl.spec import STRING, Spec
+from robotrl.core.spec import STRING, Spec, flatten_obs
 
 #: evaluation seeds start here: demonstrations are recorded from seed 0 upwards, so these are held out
 HELD_OUT_SEED = 1_000_000
@@ -78,8 +78,6 @@ def evaluate_actor(actor: Callable[[dict[str, Any]], np.ndarray], task: str, epi
 def evaluate_state_actor(actor: Callable[[np.ndarray], np.ndarray], task: str, obs_keys: Sequence[str], episodes: int,
                          num_envs: int, **options: Any) -> Any:
     """Held-out success of an actor-critic's actor: flattened state observations (N, D) -> actions (N, A)."""
-    from robotrl.replay import flatten_obs
-
     return evaluate_actor(lambda obs: actor(flatten_obs(obs, obs_keys)), task, episodes, num_envs, **options)
 
 

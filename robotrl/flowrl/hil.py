@@ -1,8 +1,8 @@
-"""Human-in-the-loop online RL of a flow policy (HIL-SERL's interventions on robotrl/online.py's PPO).
+"""Human-in-the-loop online RL of a flow policy (HIL-SERL's interventions on robotrl/flowrl/online.py's PPO).
 
     robotrl train hil --policy runs/bc-flow/policy --num-envs 32 --total-steps 300000            # simulated operator
     robotrl train hil --policy runs/bc-flow/policy --operator keyboard --num-envs 1 --store data/hil.zarr
-    result = robotrl.hil.train(HilConfig(policy=Path("runs/bc-flow/policy")))                     # the same dataclass
+    result = robotrl.flowrl.hil.train(HilConfig(policy=Path("runs/bc-flow/policy")))         # the same dataclass
 
 The policy acts as in `robotrl train online` (decisions are action chunks drawn by the stochastic denoising chain),
 and an operator watches and may take over any env:
@@ -47,14 +47,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from robotrl.core.spec import STRING
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.collect import RateLimiter
 from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
-from robotrl.online import HEADS, OnlineConfig, collect, finish_policy_run, ppo_update, start_online
-from robotrl.spec import STRING
-from robotrl.training import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
+from robotrl.flowrl.chain import HEADS, finish_policy_run
+from robotrl.flowrl.online import OnlineConfig, collect, ppo_update, start_online
+from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, TrainClock, load_run_state, save_run_state
 
 OPERATORS = ("expert", *DEVICES)
 
@@ -64,7 +65,7 @@ class HilConfig(OnlineConfig):
     """Online RL of a flow policy with an operator who takes over when it strays (HIL-SERL); every step recorded."""
 
     method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
-    """how the chain is made stochastic (robotrl/online.py): a chain method, since the operator's interventions
+    """how the chain is made stochastic (robotrl/flowrl/online.py): a chain method, since the operator's interventions
     train the flow network"""
     lr: float = 3e-4
     """the flow policy's learning rate, for PPO and the BC loss together (online's 3e-5 is for PPO alone: with it
@@ -264,7 +265,7 @@ def demos_from_store(buffer: DemoBuffer, store: EpisodeStore, everything: bool) 
 
 
 # ---------------------------------------------------------------------------------------------------
-# operators (robotrl.online.Operator)
+# operators (robotrl.flowrl.chain.Operator)
 # ---------------------------------------------------------------------------------------------------
 def copy_obs(obs: dict[str, Any]) -> dict[str, np.ndarray]:
     return {k: np.array(v, copy=True) for k, v in obs.items()}

@@ -1,7 +1,7 @@
 """A success (reward) classifier from camera frames: HIL-SERL's learned reward, for envs (real robots) that give none.
 
     robotrl train classifier --store data/pp.zarr --camera front --steps 2000
-    clf = robotrl.classifier.load("runs/classifier-PickPlace-<time>/classifier"); p = clf.predict(images)
+    clf = robotrl.flowrl.classifier.load("runs/classifier-PickPlace-<time>/classifier"); p = clf.predict(images)
     env = ClassifierReward(make("PickPlace", num_envs=8), clf)   # reward 1 and success where p >= threshold
 
 Reads top to bottom: labels (which stored frames show success) -> episode split -> the network (the policy library's
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from robotrl.core.spec import ArraySpec, Spec, SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.policies.base import (
     CheckpointError,
@@ -48,8 +49,7 @@ from robotrl.policies.base import (
     save_weights,
 )
 from robotrl.policies.nets import ImageEncoder, mlp, random_shift
-from robotrl.spec import ArraySpec, Spec, SpecMismatchError
-from robotrl.training import (
+from robotrl.training.loop import (
     RunLog,
     cosine_lr,
     jsonable,
@@ -286,7 +286,7 @@ class SuccessClassifier(nn.Module):
 
 def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:
     """The classifier saved at `path`: weights verified against the manifest's hash, nothing unpickled."""
-    from robotrl.files import MANIFEST, read_manifest
+    from robotrl.core.files import MANIFEST, read_manifest
 
     path = Path(path)
     manifest = read_manifest(path, CheckpointError, "a robotrl classifier",

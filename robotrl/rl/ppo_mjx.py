@@ -1,9 +1,9 @@
 """PPO with the rollout and the update on the accelerator, for thousands of MJX envs (the Brax regime).
 
     robotrl train ppo --backend mjx --task Quadruped --num-envs 4096 --rollout-steps 16 --total-steps 50000000
-    result = robotrl.ppo.train(PpoConfig(task="Quadruped", backend="mjx", num_envs=4096))   # the same dataclass
+    result = robotrl.rl.ppo_mjx.train(PpoConfig(task="Quadruped", backend="mjx", num_envs=4096))   # the same dataclass
 
-The algorithm and its options are robotrl/ppo.py's (the torch PPO on the threaded CPU backend), option for
+The algorithm and its options are robotrl/rl/ppo.py's (the torch PPO on the threaded CPU backend), option for
 option: running observation normalization, GAE(lambda), a time-limit cut bootstrapped from the value of its
 final observation, advantage normalization, optional value clipping, an entropy bonus, grad-norm clipping, a
 linearly annealed learning rate. What differs is where it runs: one jitted `iteration` holds the rollout (a
@@ -39,9 +39,9 @@ import optax
 import torch
 from tqdm import tqdm
 
-from robotrl.evaluate import evaluate_state_actor
-from robotrl.ppo import PpoAgent, PpoConfig
-from robotrl.training import (
+from robotrl.rl.ppo import PpoAgent, PpoConfig
+from robotrl.training.evaluate import evaluate_state_actor
+from robotrl.training.loop import (
     RLResult, RunLog, TrainClock, TrainingDiverged, finish_run, load_train_state, save_train_state, start_run,
 )
 
@@ -227,7 +227,7 @@ def act(params: Params, norm: Norm, obs: jax.Array, normalize: bool) -> jax.Arra
 # --- the algorithm --------------------------------------------------------------------------------
 def gae(reward: jax.Array, value_: jax.Array, done: jax.Array, last_value: jax.Array, gamma: float,
         lam: float) -> jax.Array:
-    """GAE(lambda) over a (T, N) rollout, as robotrl.ppo.gae: `done` cuts the recursion at episode ends."""
+    """GAE(lambda) over a (T, N) rollout, as robotrl.rl.ppo.gae: `done` cuts the recursion at episode ends."""
 
     Carry = tuple[jax.Array, jax.Array]  # (running advantage, value of the next step)
 
@@ -243,7 +243,7 @@ def gae(reward: jax.Array, value_: jax.Array, done: jax.Array, last_value: jax.A
 
 
 def ppo_loss(params: Params, norm: Norm, batch: dict[str, jax.Array], config: PpoConfig) -> tuple[jax.Array, dict]:
-    """Clipped surrogate + (clipped) value regression - entropy bonus on one minibatch (robotrl.ppo.ppo_loss)."""
+    """Clipped surrogate + (clipped) value regression - entropy bonus on one minibatch (robotrl.rl.ppo.ppo_loss)."""
     x = features(norm, batch["obs"], config.normalize_obs)
     logp = log_prob(actor_mean(params, x), params["log_std"], batch["action"])
     ratio = jnp.exp(logp - batch["logp"])
@@ -431,7 +431,7 @@ def program_for(config: PpoConfig) -> Program:
 
 
 def train(config: PpoConfig) -> RLResult:
-    """PPO on the MJX backend; `robotrl.ppo.train` dispatches here for `backend="mjx"`."""
+    """PPO on the MJX backend; `robotrl train ppo` runs it for `backend="mjx"`."""
     run_dir, state_path, _ = start_run(config, "ppo-mjx", config.task)
     if jax.default_backend() == "cpu" and CPU_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
         warnings.warn(f"ppo (mjx) on the CPU: MJX runs orders of magnitude slower under XLA's CPU fusion; start the "

@@ -1,7 +1,7 @@
 """DSRL-SAC: soft actor-critic in the initial-noise space of a frozen flow policy (Wagenmaker et al. 2025).
 
     robotrl train dsrl --policy runs/bc-flow/policy --total-steps 100000
-    result = robotrl.dsrl.train(DsrlConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
+    result = robotrl.flowrl.dsrl.train(DsrlConfig(policy=Path("runs/bc-flow/policy")))     # the same dataclass
 
 `train online --method latent` steers the same frozen flow network by PPO on its noise prior; this is the off-policy
 learner for that latent action space. The action is x_0, the noise the policy's deterministic Euler ODE maps to a
@@ -10,9 +10,9 @@ A critic Q(observation window, x_0) is trained on every decision ever taken, so 
 PPO uses a decision once; and neither the critic nor the actor update touches the U-Net (only the rollout integrates
 the ODE), so an update costs two MLPs and a high update-to-data ratio is cheap.
 
-The pieces are the repo's own: the rollout, windows and the noise prior of `robotrl.online` (the prior, starting as
-N(0, I), i.e. as the BC policy, is SAC's actor: a Gaussian with an exact density, its std state-independent and
-<= 1), and SAC/RLPD's agent and update from `robotrl.sac` (a LayerNorm critic ensemble, REDQ's min over a random
+The pieces are the repo's own: the rollout, windows and the noise prior of `robotrl.flowrl.chain` (the prior, starting
+as N(0, I), i.e. as the BC policy, is SAC's actor: a Gaussian with an exact density, its std state-independent and
+<= 1), and SAC/RLPD's agent and update from `robotrl.rl.sac` (a LayerNorm critic ensemble, REDQ's min over a random
 subset, the temperature tuned towards a target entropy) with the per-decision discount gamma^execute. A time-limit
 cut is bootstrapped at collection time from the critic's soft value of the final window (as the PPO rollout
 bootstraps from its value network). The result is an ordinary flow policy checkpoint with its trained prior
@@ -31,14 +31,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from robotrl.evaluate import evaluate_policy
-from robotrl.online import (
-    FlowAgent, OnlineConfig, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout, training_env,
+from robotrl.core.spec import STRING
+from robotrl.flowrl.chain import (
+    ChainConfig, FlowAgent, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout,
+    training_env,
 )
 from robotrl.policies.generative import NoisePrior
-from robotrl.sac import Agent, SacConfig, update
-from robotrl.spec import STRING
-from robotrl.training import (
+from robotrl.rl.sac import Agent, SacConfig, update
+from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import (
     BestCheckpoint, RLResult, RunLog, RunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state,
     start_run,
 )
@@ -117,12 +118,12 @@ class DsrlConfig(RunOptions):
             raise ValueError(f"{name}.target_std: expected in (0, 1] (the prior's std is at most 1), got "
                              f"{self.target_std}")
 
-    def online(self) -> OnlineConfig:
-        """The rollout's settings in the PPO stage's terms: its latent method draws x_0 from the prior."""
-        return OnlineConfig(policy=self.policy, method="latent", num_envs=self.num_envs, execute=self.execute,
-                            denoise_steps=self.denoise_steps, gamma=self.gamma, noise_hidden=self.prior_hidden,
-                            prior_bound=self.prior_bound, reward_type=self.reward_type,
-                            reward_classifier=self.reward_classifier, seed=self.seed, eval_episodes=0)
+    def online(self) -> ChainConfig:
+        """The rollout's settings in the chain's terms: its latent method draws x_0 from the prior."""
+        return ChainConfig(policy=self.policy, method="latent", num_envs=self.num_envs, execute=self.execute,
+                           denoise_steps=self.denoise_steps, noise_hidden=self.prior_hidden,
+                           prior_bound=self.prior_bound, reward_type=self.reward_type,
+                           reward_classifier=self.reward_classifier, seed=self.seed, eval_episodes=0)
 
     def sac(self, task: str, execute: int) -> SacConfig:
         """The critic and temperature settings in SAC's terms, discounting per decision."""

@@ -3,7 +3,7 @@
     robotrl run                                   # PushT, the default preset (<= 15 min on 2 cores)
     robotrl run --preset smoke                    # every stage on a tiny budget (CI)
     robotrl run --task PickPlace --preset full    # the long version; PickPlace trains the VLA
-    robotrl.pipeline.run(PipelineConfig(preset="smoke"))                       # the same dataclass
+    robotrl.stages.pipeline.run(PipelineConfig(preset="smoke"))                       # the same dataclass
 
 Stages, each a command of its own that reads the previous stage's files and writes its own under run_dir:
 
@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from robotrl.spec import STRING
+from robotrl.core.spec import STRING
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
 
@@ -210,7 +210,7 @@ class PipelineConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        from robotrl.training import check_device  # torch: imported when a pipeline is configured, not with the CLI
+        from robotrl.training.loop import check_device  # torch: when a pipeline is configured, not with the CLI
 
         check_device(self.device, "PipelineConfig.device")
         if self.preset not in PRESETS:
@@ -306,7 +306,7 @@ def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
 
 
 def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    from robotrl.bc import BCConfig, train
+    from robotrl.stages.bc import BCConfig, train
 
     result = train(BCConfig(store=run_dir / "demos.zarr", policy=policy_kind(config), steps=budget.bc_steps,
                             **bc_recipe(config, budget),
@@ -318,7 +318,7 @@ def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Pat
 
 def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.datasets import EpisodeStore
-    from robotrl.offline_flow import OfflineFlowConfig, train
+    from robotrl.flowrl.offline import OfflineFlowConfig, train
 
     extraction: dict[str, Any] = {"policy_updates": budget.offline_updates}
     if config.offline_extraction == "awr":
@@ -342,7 +342,7 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
 
 
 def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    from robotrl.evaluate import training_seed
+    from robotrl.training.evaluate import training_seed
 
     # with online_eval_every, the run evaluates on training seeds (not the gate's, not the held-out ones) and keeps
     # its best weights: PickPlace's online curve dips and climbs (bench/RESULTS.md, "PickPlace with the state flow
@@ -359,8 +359,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         **({"minibatch_size": config.online_minibatch} if config.online_minibatch else {})}
     extra: dict[str, Any] = {}
     if config.interventions:
-        from robotrl.hil import HilConfig
-        from robotrl.hil import train as train_hil
+        from robotrl.flowrl.hil import HilConfig
+        from robotrl.flowrl.hil import train as train_hil
 
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
         result = train_hil(HilConfig(demos=run_dir / "demos.zarr", criterion=config.online_criterion,
@@ -368,8 +368,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         extra = {"intervention_rate_first": result.first_intervention_rate,
                  "intervention_rate_last": result.last_intervention_rate, "store": str(result.store)}
     else:
-        from robotrl.online import OnlineConfig
-        from robotrl.online import train as train_online
+        from robotrl.flowrl.online import OnlineConfig
+        from robotrl.flowrl.online import train as train_online
 
         # the hil stage's chain method, without the operator: the anchor needs a method that trains the flow network
         result = train_online(OnlineConfig(method="flow_sde", **common))
@@ -392,8 +392,8 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
     on fresh training-seed episodes (a PushT default run's online stage lowered it; bench/RESULTS.md, "PushT default
     preset with DAgger distillation"); otherwise online/policy gets the start's weights and the RL'd ones move to
     online/rejected_policy."""
-    from robotrl.evaluate import not_worse, training_seed
     from robotrl.policies import load
+    from robotrl.training.evaluate import not_worse, training_seed
 
     start, online = run_dir / "offline" / "policy", run_dir / "online" / "policy"
     seed = training_seed(config.seed, 9_000)  # none of the distill stage's DAgger and gate seeds
@@ -427,7 +427,7 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     """On the online stage's own store where it has one (the teacher's rollouts and the operator's take-overs, on
     which PickPlace's student beat the one distilled on the demos; bench/RESULTS.md, "PickPlace with the state flow
     policy"), plus DAgger rounds on the student's own windows."""
-    from robotrl.distill import DistillConfig, train
+    from robotrl.stages.distill import DistillConfig, train
 
     store = distill_store(run_dir)
     result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=store,
@@ -476,7 +476,7 @@ def policy_kind(config: PipelineConfig) -> Literal["flow", "vla"]:
 
 def one_window(policy: Any, seed: int) -> dict[str, Any]:
     """A batch-1 observation window from the task's own reset (the first observation repeated over the horizon)."""
-    from robotrl.evaluate import make_eval_env
+    from robotrl.training.evaluate import make_eval_env
 
     env = make_eval_env(policy.spec, tuple(policy.obs_keys), 1, seed)
     try:
@@ -490,8 +490,8 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
 
 def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[float, tuple[float, float], float]:
     """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
-    from robotrl.evaluate import evaluate_policy, load_any
     from robotrl.policies.timing import latency, torch_threads
+    from robotrl.training.evaluate import evaluate_policy, load_any
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
@@ -535,7 +535,7 @@ def table(rows: list[StageRow], config: PipelineConfig, budget: Budget) -> str:
 def run(config: PipelineConfig) -> list[StageRow]:
     import torch
 
-    from robotrl.training import jsonable
+    from robotrl.training.loop import jsonable
 
     torch.set_num_threads(config.threads)
     budget = config.budget()

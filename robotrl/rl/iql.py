@@ -1,14 +1,14 @@
 """Implicit Q-learning (Kostrikov et al. 2022): an offline actor-critic learned from an episode store alone.
 
     robotrl train iql --store data/reach.zarr --steps 20000
-    result = robotrl.iql.train(IqlConfig(store=Path("data/reach.zarr")))      # the same dataclass
+    result = robotrl.rl.iql.train(IqlConfig(store=Path("data/reach.zarr")))      # the same dataclass
 
 IQL never queries the critic on actions outside the data: V(s) is an upper expectile of Q(s, a) over the data's
 actions (`expectile` > 0.5 leans towards the best of them), Q regresses on r + gamma V(s'), and the actor is
 advantage-weighted regression (AWR) onto the data's actions with weights exp(beta (Q - V)). That makes it the
 usual offline stage before online fine-tuning, and a critic for policy evaluation of other policies.
 
-Reads top to bottom: data (transitions of the store, `robotrl.replay.DemoTransitions`) -> networks -> (resume)
+Reads top to bottom: data (transitions of the store, `robotrl.rl.replay.DemoTransitions`) -> networks -> (resume)
 -> the loop (V, Q, actor updates; Polyak target critics), log, evaluate, checkpoint. `--resume` continues
 exactly.
 """
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from robotrl.offline import OfflineOptions, offline_evaluate, offline_loop, offline_start
 from robotrl.policies.gaussian import CriticEnsemble, TanhGaussianActor
 from robotrl.policies.nets import mlp
-from robotrl.sac import actor_fn
-from robotrl.training import RLResult, gradient_step, load_run_state, polyak
+from robotrl.rl.offline import OfflineOptions, offline_evaluate, offline_loop, offline_start
+from robotrl.rl.sac import actor_fn
+from robotrl.training.loop import RLResult, gradient_step, load_run_state, polyak
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Distillation: a flow, diffusion or VLA teacher checkpoint -> a one-step consistency student checkpoint.
 
     robotrl distill --teacher runs/bc-flow/policy --store data/pusht.zarr --steps 5000
-    student = robotrl.distill.distill(DistillConfig(teacher=Path("runs/bc-flow/policy"),
+    student = robotrl.stages.distill.distill(DistillConfig(teacher=Path("runs/bc-flow/policy"),
                                                     store=Path("data/pusht.zarr")))   # the same dataclass
 
 Reads top to bottom: teacher -> data (the store's spec must equal the teacher's) -> student (the teacher's
@@ -43,10 +43,10 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.evaluate import not_worse, rollout, training_seed
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
-from robotrl.training import (
+from robotrl.training.evaluate import not_worse, rollout, training_seed
+from robotrl.training.loop import (
     EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
     set_rng_state,
 )
@@ -285,7 +285,7 @@ def gate(student: Policy, start: Policy, config: DistillConfig) -> tuple[Policy,
 
 
 def evaluate(policy: Policy, config: DistillConfig) -> Any:
-    from robotrl.evaluate import evaluate_policy
+    from robotrl.training.evaluate import evaluate_policy
 
     return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=config.execute)
 
