@@ -29,14 +29,15 @@ from robotrl.datasets.store import EpisodeStore
 from robotrl.datasets.teleop import (
     DEVICES, EpisodeStatus, TeleopCommand, TeleopDevice, TeleopError, action_axes, command_to_action, make_device,
 )
+from robotrl.envs.tasks import DEFAULT_TASK
 
 
 @dataclass
 class CollectConfig:
     """Teleoperate (or script) a task and record the episodes the operator keeps into an episode store."""
 
-    task: str = "PushT"
-    """task name: Reach, PushT, PickPlace (Quadruped with the scripted device only)"""
+    task: str = DEFAULT_TASK
+    """task name (`robotrl envs list`); a human device needs a task that declares its teleop axes"""
     device: str = "scripted"
     """teleop device: keyboard, gamepad, spacemouse or scripted (the task's expert)"""
     out: Path = Path("data/pusht.zarr")

@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from robotrl.datasets.store import EpisodeStore, VectorRecorder
+from robotrl.envs.tasks import DEFAULT_TASK
 
 
 def record_policy(
@@ -76,7 +77,7 @@ def record_expert(
 class DataRecord:
     """Record demonstrations of a task's scripted expert (a noisy stand-in for a teleoperator) into a store."""
 
-    task: str = "PushT"
+    task: str = DEFAULT_TASK
     out: Path = Path("data/pusht.zarr")
     """store to create, or to append to when its spec matches"""
     episodes: int = 100

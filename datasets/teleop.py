@@ -48,12 +48,6 @@ if TYPE_CHECKING:
 
 #: the twist's axes, in order
 TWIST_AXES: tuple[str, ...] = ("x", "y", "z", "roll", "pitch", "yaw")
-#: which command axis drives each element of a task's ee_delta action (in action order)
-TASK_ACTION_AXES: dict[str, tuple[str, ...]] = {
-    "Reach": ("x", "y", "z"),
-    "PushT": ("x", "y"),
-    "PickPlace": ("x", "y", "z", "yaw", "gripper"),
-}
 INSTALL_HINT = "pip install 'robotrl[teleop]' (pynput, pygame, pyspacemouse)"
 
 
@@ -111,6 +105,14 @@ class EpisodeStatus:
     any_success: bool = False  # some step of this episode succeeded
 
 
+def teleop_axes(task: str) -> tuple[str, ...] | None:
+    """The command axis behind each element of `task`'s ee_delta action, as its Task class declares them (None
+    for a task it does not declare them for, or a task of no registered class: e.g. a foreign dataset's)."""
+    from robotrl.envs.tasks import TASKS, task_class
+
+    return task_class(task).teleop_axes if task in TASKS else None
+
+
 def action_axes(spec: Spec) -> tuple[str, ...]:
     """The command axis behind each element of `spec`'s action; a clear error for tasks a twist cannot drive."""
     if spec.action_mode != "ee_delta":
@@ -118,9 +120,13 @@ def action_axes(spec: Spec) -> tuple[str, ...]:
             f"{spec.task}: action_mode: expected 'ee_delta' for a teleop device, got {spec.action_mode!r}; "
             "a twist cannot drive joint targets (use device='scripted', or the task's ee_delta mode)"
         )
-    axes = TASK_ACTION_AXES.get(spec.task)
+    axes = teleop_axes(spec.task)
     if axes is None:
-        raise TeleopError(f"task: no teleop mapping for {spec.task!r}; expected one of {sorted(TASK_ACTION_AXES)}")
+        from robotrl.envs.tasks import TASKS
+
+        drivable = [name for name in sorted(TASKS) if teleop_axes(name) is not None]
+        raise TeleopError(f"task: no teleop mapping for {spec.task!r} (its Task class sets no teleop_axes); expected "
+                          f"one of {drivable}")
     if spec.action.shape != (len(axes),):
         raise SpecMismatchError(
             f"{spec.task}: action shape: the teleop mapping {axes} expects ({len(axes)},), the spec has {spec.action.shape}"

@@ -86,6 +86,9 @@ class Task(abc.ABC):
     goal_dim: ClassVar[int] = 0
     #: expert noise at which it stands in for a human demonstrator (imperfect, still mostly successful)
     demo_noise: ClassVar[float] = 1.0
+    #: which teleop command axis ("x", "y", "z", "roll", "pitch", "yaw", "gripper") drives each element of the
+    #: ee_delta action, in action order (`robotrl.datasets.teleop`); None: a twist cannot drive this task
+    teleop_axes: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, config: TaskConfig | None = None) -> None:
         self.config = config if config is not None else self.config_cls()

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import importlib
 
+#: the task every command takes when none is given
+DEFAULT_TASK = "PushT"
+
 TASKS: dict[str, str] = {
     "Reach": "robotrl.envs.tasks.reach:Reach",
     "PushT": "robotrl.envs.tasks.push_t:PushT",

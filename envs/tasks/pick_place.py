@@ -59,6 +59,7 @@ class PickPlaceConfig(TaskConfig):
 
 class PickPlace(Task):
     name = "PickPlace"
+    teleop_axes = ("x", "y", "z", "yaw", "gripper")
     demo_noise = 0.5  # see the expert docstring for success against noise
     config_cls = PickPlaceConfig
     cameras = ("front", "wrist")

@@ -168,6 +168,7 @@ class PushTConfig(TaskConfig):
 
 class PushT(Task):
     name = "PushT"
+    teleop_axes = ("x", "y")
     config_cls = PushTConfig
     control_hz = 20.0
     # block offset (2), turn magnitude and sign (2), arm joint noise (7)

@@ -32,6 +32,7 @@ class ReachConfig(TaskConfig):
 
 class Reach(Task):
     name = "Reach"
+    teleop_axes = ("x", "y", "z")
     config_cls = ReachConfig
     reset_dims = 7 + 3
     goal_dim = 3

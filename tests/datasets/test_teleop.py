@@ -59,6 +59,19 @@ def test_command_maps_onto_each_tasks_ee_delta_action(task: str, expected: list[
     assert len(action_axes(spec)) == spec.action.shape[0]
 
 
+def test_the_axes_are_the_tasks_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task declares its teleop axes on its class (datasets/ names no task): changing them there changes the
+    mapping, and a task that declares none (or a foreign dataset's task) is refused naming the drivable ones."""
+    from robotrl.envs.tasks import task_class
+
+    spec = make_task("PushT").spec()
+    monkeypatch.setattr(task_class("PushT"), "teleop_axes", ("y", "x"))
+    np.testing.assert_allclose(command_to_action(TeleopCommand(twist=TWIST), spec), TWIST[[1, 0]], atol=1e-6)
+    monkeypatch.setattr(task_class("PushT"), "teleop_axes", None)
+    with pytest.raises(TeleopError, match=r"no teleop mapping for 'PushT'.*expected one of \['PickPlace', 'Reach'\]"):
+        action_axes(spec)
+
+
 def test_command_is_clipped_to_the_action_bounds() -> None:
     spec = make_task("PickPlace").spec()
     cmd = TeleopCommand(twist=[3.0, -3.0, 0, 0, 0, 1.5], gripper=9.0)
