@@ -48,7 +48,8 @@ def steps_per_second(config: BCConfig, warmup_steps: int, probe_steps: int) -> f
     """The training step's rate on the device: the loss, backward and AdamW step of the run's own policy and
     batch size (its EMA update, about a tenth more, is left out; the budget's rounding absorbs it)."""
     store = EpisodeStore.open(config.store)
-    sampler = SequenceSampler.from_store(store, SequenceConfig(config.obs_horizon, config.action_horizon, None))
+    sampler = SequenceSampler.from_store(store, SequenceConfig(config.policy.obs_horizon, config.policy.action_horizon,
+                                                               None))
     policy = make_policy(config, store).to(config.device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr)
     rng = np.random.default_rng(0)

@@ -29,6 +29,7 @@ import tyro
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.policies.flow import FlowConfig
 from robotrl.stages.bc import BCConfig, make_policy
 from robotrl.training.loop import EMA, cosine_lr, optimizer_step
 
@@ -48,8 +49,8 @@ class BenchConfig:
 
 def bc_step(store: EpisodeStore, config: BenchConfig, fused: bool) -> Callable[[], None]:
     """One step of robotrl.stages.bc's loop, with the optimizer under test."""
-    bc = BCConfig(store=store.path, batch_size=config.batch_size, channels=config.channels, lr=1e-3)
-    sampler = SequenceSampler.from_store(store, SequenceConfig(bc.obs_horizon, bc.action_horizon, None))
+    bc = BCConfig(store=store.path, policy=FlowConfig(channels=config.channels), batch_size=config.batch_size, lr=1e-3)
+    sampler = SequenceSampler.from_store(store, SequenceConfig(bc.policy.obs_horizon, bc.policy.action_horizon, None))
     policy = make_policy(bc, store)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=bc.lr, weight_decay=bc.weight_decay,
                                   **({"fused": True} if fused else {}))

@@ -127,8 +127,32 @@ POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow", "vla")
 
 
 def register(cls: type["Policy"]) -> type["Policy"]:
+    """Add a policy class to the registry under its `name`: `load`, `robotrl train bc policy:<name>`, distillation
+    and the pipeline find it there. Its config class must be its own (a config names its policy: `policy_name`)."""
+    for name, other in POLICIES.items():
+        if other.config_cls is cls.config_cls and name != cls.name:
+            raise TypeError(f"register: {cls.__name__}.config_cls {cls.config_cls.__name__} is already {name!r}'s; "
+                            "expected a config class of its own")
     POLICIES[cls.name] = cls
     return cls
+
+
+def policy_class(config: PolicyConfig) -> type["Policy"]:
+    """The registered policy whose config class `config` is an instance of (exactly)."""
+    register_all()
+    for cls in POLICIES.values():
+        if type(config) is cls.config_cls:
+            return cls
+    raise TypeError(f"policy: {type(config).__name__} is the config of no registered policy; expected one of "
+                    f"{sorted(c.config_cls.__name__ for c in POLICIES.values())}")
+
+
+def policy_config(name: str) -> PolicyConfig:
+    """The default config of the registered policy `name`, refused naming the registered ones."""
+    register_all()
+    if name not in POLICIES:
+        raise ValueError(f"policy: expected one of {sorted(POLICIES)}, got {name!r}")
+    return POLICIES[name].config_cls()
 
 
 def register_all() -> dict[str, type["Policy"]]:
@@ -148,6 +172,11 @@ class Policy(nn.Module):
 
     name: ClassVar[str] = "policy"
     config_cls: ClassVar[type[PolicyConfig]] = PolicyConfig
+    #: learns from an episode store's windows (`robotrl train bc`); False: a student, learned from a teacher
+    learns_from_data: ClassVar[bool] = True
+    #: the registry name of the one-step student this policy is distilled into (`robotrl policy distill`), whose
+    #: class builds it with `from_teacher`; None: the policy is no teacher
+    student: ClassVar[str | None] = None
 
     def __init__(self, spec: Spec, config: PolicyConfig | None = None,
                  stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:

@@ -40,13 +40,22 @@ from typing import Any
 import torch
 
 from robotrl.core.spec import Spec, SpecMismatchError
-from robotrl.policies.base import register
-from robotrl.policies.diffusion import cosine_alphas_cumprod
+from robotrl.policies.base import register, register_all
+from robotrl.policies.diffusion import DiffusionPolicy, cosine_alphas_cumprod
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 
-#: teacher policy types a consistency student can be distilled from
-TEACHERS = ("flow", "diffusion", "vla")
+def teachers() -> list[str]:
+    """The registered policies that are distilled into a student (their class names it: `Policy.student`)."""
+    return sorted(name for name, cls in register_all().items() if cls.student is not None)
+
+
+def ode_kind(teacher: Any) -> str | None:
+    """Which ODE grid a teacher's sampler walks: 'flow' (a `FlowPolicy`, the VLA among them), 'diffusion' (a
+    `DiffusionPolicy`'s DDIM grid), or None."""
+    from robotrl.policies.flow import FlowPolicy
+
+    return "flow" if isinstance(teacher, FlowPolicy) else "diffusion" if isinstance(teacher, DiffusionPolicy) else None
 
 
 def check_grid(config: Any) -> None:
@@ -88,7 +97,7 @@ class ConsistencyHead:
     `teacher_solver`."""
 
     teacher_kind: str
-    #: the teacher policy type (`Policy.name`) this student is distilled from
+    #: the kind of teacher this student is distilled from, as its errors name it
     teacher_name: str
     config: Any
     times: torch.Tensor
@@ -109,8 +118,9 @@ class ConsistencyHead:
         self.register_buffer("alpha_bar", alpha_bar, persistent=False)  # type: ignore[attr-defined]
 
     def check_teacher(self, teacher: Any) -> None:
-        """Refuse a teacher this student was not built for (type, spec, windows, architecture)."""
-        if teacher.name != self.teacher_name:
+        """Refuse a teacher this student was not built for (type, spec, windows, architecture): a teacher whose
+        class names this student (`Policy.student`), on this student's ODE grid."""
+        if teacher.student != self.name or ode_kind(teacher) != self.teacher_kind:  # type: ignore[attr-defined]
             raise TypeError(f"{self.name}: built for a {self.teacher_name!r} teacher, got {teacher.name!r}")  # type: ignore[attr-defined]
         teacher.spec.check(self.spec, this="teacher", that=f"{self.name} student")  # type: ignore[attr-defined]
         for f in dataclasses.fields(self.shared_config):
@@ -224,6 +234,7 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
 
     name = "consistency"
     config_cls = ConsistencyConfig
+    learns_from_data = False
     shared_config = GenerativeConfig
 
     @property  # type: ignore[override]
@@ -254,9 +265,11 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
         `channels` other than the teacher's gives a narrower (faster) student: one call of the teacher's own
         network can be at most ~10x cheaper than ten. Its U-Net starts fresh (only the observation encoder is
         the teacher's), so it needs more distillation steps than a student that starts as the teacher."""
-        if teacher.name not in ("flow", "diffusion"):
-            raise TypeError(f"ConsistencyPolicy.from_teacher: expected a 'flow' or 'diffusion' teacher, got "
-                            f"{teacher.name!r} ({type(teacher).__name__}); student_for(teacher) picks the student")
+        kind = ode_kind(teacher)
+        if teacher.student != cls.name or kind is None:
+            raise TypeError(f"ConsistencyPolicy.from_teacher: expected a flow or diffusion teacher whose student is "
+                            f"{cls.name!r}, got {teacher.name!r} ({type(teacher).__name__}, student "
+                            f"{teacher.student!r}); student_for(teacher) picks the student")
         tc = teacher.config
         shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(GenerativeConfig)}
         if channels is not None:
@@ -265,7 +278,7 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
                                  f"as the teacher's {tc.channels} (the padded chunk length depends on them), got "
                                  f"{tuple(channels)}")
             shared["channels"] = tuple(channels)
-        config = ConsistencyConfig(**shared, teacher=teacher.name,
+        config = ConsistencyConfig(**shared, teacher=kind,
                                    teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
                                    teacher_solver=teacher_solver or getattr(tc, "solver", "euler"),
                                    train_steps=getattr(tc, "train_steps", ConsistencyConfig.train_steps))
@@ -303,6 +316,8 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
 
     name = "vla_consistency"
     config_cls = VLAConsistencyConfig
+    learns_from_data = False
+    student = None
     config: VLAConsistencyConfig
     teacher_kind = "flow"
     teacher_name = "vla"
@@ -314,12 +329,15 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
         self.init_grid()
 
     @classmethod
-    def from_teacher(cls, teacher: VLAPolicy, teacher_steps: int | None = None,
-                     teacher_solver: str | None = None) -> "VLAConsistencyPolicy":
+    def from_teacher(cls, teacher: VLAPolicy, teacher_steps: int | None = None, teacher_solver: str | None = None,
+                     channels: tuple[int, ...] | None = None) -> "VLAConsistencyPolicy":
         """The student of a VLA teacher: its spec, normalization, config and weights; untrained, it is the
-        teacher's one-step Euler sampler."""
-        if teacher.name != "vla":
+        teacher's one-step Euler sampler. It keeps the teacher's transformer (`channels` narrows U-Nets only)."""
+        if not isinstance(teacher, VLAPolicy) or teacher.student != cls.name:
             raise TypeError(f"VLAConsistencyPolicy.from_teacher: expected a 'vla' teacher, got {teacher.name!r}")
+        if channels is not None:
+            raise ValueError(f"student_for: channels={tuple(channels)} narrows a U-Net student; a VLA's student keeps "
+                             "its teacher's transformer (leave channels unset)")
         tc = teacher.config
         shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(VLAConfig)}
         config = VLAConsistencyConfig(**shared, teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
@@ -331,13 +349,9 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
 
 def student_for(teacher: Any, teacher_steps: int | None = None, teacher_solver: str | None = None,
                 channels: tuple[int, ...] | None = None) -> ConsistencyHead:
-    """The consistency student of any teacher in TEACHERS (`channels`: a narrower U-Net, U-Net teachers only)."""
-    if teacher.name == "vla":
-        if channels is not None:
-            raise ValueError(f"student_for: channels={tuple(channels)} narrows a U-Net student; a VLA's student keeps "
-                             "its teacher's transformer (leave channels unset)")
-        return VLAConsistencyPolicy.from_teacher(teacher, teacher_steps, teacher_solver)
-    if teacher.name in ("flow", "diffusion"):
-        return ConsistencyPolicy.from_teacher(teacher, teacher_steps, teacher_solver, channels)
-    raise TypeError(f"student_for: expected a teacher of type {TEACHERS}, got {teacher.name!r} "
-                    f"({type(teacher).__name__})")
+    """The one-step student of a teacher, of the registered class its own class names (`Policy.student`);
+    `channels`: a narrower U-Net (U-Net teachers only)."""
+    if teacher.student is None:
+        raise TypeError(f"student_for: expected a teacher, one of {teachers()}, got {teacher.name!r} "
+                        f"({type(teacher).__name__}, which names no student)")
+    return register_all()[teacher.student].from_teacher(teacher, teacher_steps, teacher_solver, channels)

@@ -32,6 +32,7 @@ class FlowPolicy(GenerativePolicy):
 
     name = "flow"
     config_cls = FlowConfig
+    student = "consistency"
     time_scale = 100.0  # t in [0, 1]: spread it over the embedding's frequencies
 
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor,

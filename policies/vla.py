@@ -266,6 +266,7 @@ class VLAPolicy(FlowPolicy):
 
     name = "vla"
     config_cls = VLAConfig
+    student = "vla_consistency"
     config: VLAConfig
 
     def __init__(self, spec: Spec, config: VLAConfig | None = None,

@@ -102,11 +102,12 @@ def one_thread():
 def train_bc_flow(store: Path, run_dir: Path) -> Path:
     """A half-trained flow policy (400 BC steps, (32, 64) U-Net, chunks of 8, 4 executed): about 50% on held-out
     Reach episodes from 40 demos at noise 0.3, room to move either way (the flow RL stages start from it)."""
+    from robotrl.policies import FlowConfig
     from robotrl.stages.bc import BCConfig, train
 
     torch.set_num_threads(1)
-    return train(BCConfig(store=store, steps=400, batch_size=32, channels=(32, 64), warmup=10, ema=0.99,
-                          action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400, threads=1,
+    return train(BCConfig(store=store, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=400,
+                          batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400, threads=1,
                           run_dir=run_dir, progress=False)).checkpoint
 
 

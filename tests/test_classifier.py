@@ -16,6 +16,7 @@ from robotrl.datasets.record import record_expert
 from robotrl.datasets.store import user_meta
 from robotrl.envs import make
 from robotrl.policies.base import CheckpointError
+from robotrl.policies.flow import FlowConfig
 
 from robotrl.core.spec import SpecMismatchError
 from robotrl.flowrl.classifier import (
@@ -210,8 +211,8 @@ def test_online_rl_trains_on_the_classifiers_reward(trained: ClassifierResult, p
     from robotrl.flowrl.online import OnlineConfig, train as train_online
     from robotrl.stages.bc import BCConfig, train as train_bc
 
-    bc = train_bc(BCConfig(store=pickplace, policy="flow", steps=10, batch_size=8, channels=(8, 16), warmup=1,
-                           obs_keys=("state",), eval_episodes=0, run_dir=tmp_path / "bc", threads=1, progress=False))
+    bc = train_bc(BCConfig(store=pickplace, policy=FlowConfig(channels=(8, 16), obs_keys=("state",)), steps=10,
+                           batch_size=8, warmup=1, eval_episodes=0, run_dir=tmp_path / "bc", threads=1, progress=False))
     config = OnlineConfig(policy=bc.checkpoint, reward_classifier=trained.classifier, num_envs=2, total_steps=96,
                           rollout_steps=48, execute=8, denoise_steps=2, eval_episodes=0, threads=1,
                           run_dir=tmp_path / "online", progress=False)

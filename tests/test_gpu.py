@@ -19,7 +19,7 @@ import torch
 
 from robotrl.datasets.record import record_expert
 from robotrl.training.evaluate import evaluate_policy
-from robotrl.policies import load
+from robotrl.policies import FlowConfig, load
 
 pytestmark = pytest.mark.gpu
 ON_CPU = bool(os.environ.get("ROBOTRL_GPU_TESTS_ON_CPU"))
@@ -96,8 +96,8 @@ def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(device: str, reach_
     checkpoint that a CPU-only machine loads and evaluates to the same success."""
     from robotrl.stages.bc import BCConfig, train
 
-    result = train(BCConfig(store=reach_demos, steps=1000, batch_size=64, channels=(32, 64), warmup=10, ema=0.99,
-                            action_horizon=8, execute=4, lr=3e-4, eval_episodes=100, eval_envs=25, device=device,
+    result = train(BCConfig(store=reach_demos, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=1000,
+                            batch_size=64, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=100, eval_envs=25, device=device,
                             run_dir=tmp_path / "bc", progress=False, threads=1))
     assert result.success_rate is not None
     claim("BC success on the device", result.success_rate, lower=0.85)
@@ -116,8 +116,8 @@ def test_online_rl_and_distillation_on_the_device(device: str, reach_demos: Path
     from robotrl.flowrl.online import OnlineConfig
     from robotrl.flowrl.online import train as train_online
 
-    start = train_bc(BCConfig(store=reach_demos, steps=400, batch_size=32, channels=(32, 64), warmup=10, ema=0.99,
-                              action_horizon=8, execute=4, lr=3e-4, eval_episodes=0, run_dir=tmp_path / "bc",
+    start = train_bc(BCConfig(store=reach_demos, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=400,
+                              batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, run_dir=tmp_path / "bc",
                               progress=False, threads=1)).checkpoint
     before = evaluate_policy(load_flow_policy(start, 5), 100, 25, execute=4).success_rate
     online = train_online(OnlineConfig(policy=start, method="flow_sde", num_envs=16, rollout_steps=60, execute=4,

@@ -276,15 +276,15 @@ def test_demos_carry_camera_images_only_for_the_vla(tmp_path, policy, images):
 def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
     """The VLA's BC stage takes one frame at batch 32 and lr 3e-4 (the flow policy's two frames at batch 64 and
     lr 1e-3 gave it 12.8% where this recipe gave 22.6%, bench/RESULTS.md); the flow policy keeps the preset's."""
-    from robotrl.policies import load
-    from robotrl.stages.pipeline import VLA_BC, bc_recipe, stage_bc, stage_demos
+    from robotrl.policies import FlowConfig, VLAConfig, load
+    from robotrl.stages.pipeline import bc_recipe, stage_bc, stage_demos
 
     vla = PipelineConfig(task="PickPlace", preset="default", progress=False)
-    assert bc_recipe(vla, vla.budget()) == {"obs_horizon": 1, "batch_size": 32, "lr": 3e-4} == VLA_BC
+    assert bc_recipe(vla, vla.budget()) == {"batch_size": 32, "lr": 3e-4, "policy": VLAConfig(obs_horizon=1)}
     mine = PipelineConfig(task="PickPlace", preset="default", bc_batch=48, bc_lr=1e-4)
-    assert bc_recipe(mine, mine.budget()) == {"obs_horizon": 1, "batch_size": 48, "lr": 1e-4}
+    assert bc_recipe(mine, mine.budget()) == {"batch_size": 48, "lr": 1e-4, "policy": VLAConfig(obs_horizon=1)}
     flow = PipelineConfig(task="PickPlace", preset="default", policy="flow")
-    assert bc_recipe(flow, flow.budget()) == {"batch_size": 64, "lr": 1e-3, "channels": (32, 64, 128)}
+    assert bc_recipe(flow, flow.budget()) == {"batch_size": 64, "lr": 1e-3, "policy": FlowConfig(channels=(32, 64, 128))}
 
     smoke = PipelineConfig(task="PickPlace", preset="smoke", demo_episodes=1, bc_steps=2, threads=1, progress=False)
     assert bc_recipe(smoke, smoke.budget())["batch_size"] == 16  # smoke's batch stays small
@@ -293,4 +293,4 @@ def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
     policy = load(checkpoint)
     assert policy.name == "vla" and policy.config.obs_horizon == 1
     trained = json.loads((tmp_path / "bc" / "config.json").read_text())
-    assert (trained["batch_size"], trained["lr"], trained["obs_horizon"]) == (16, 3e-4, 1)
+    assert (trained["batch_size"], trained["lr"], trained["policy"]["obs_horizon"]) == (16, 3e-4, 1)

@@ -1,7 +1,11 @@
 """Behaviour cloning: from an episode store to a policy checkpoint.
 
-    robotrl train bc --store data/pusht.zarr --policy flow --steps 20000
-    result = robotrl.stages.bc.train(BCConfig(store=Path("data/pusht.zarr"), policy="flow"))   # the same dataclass
+    robotrl train bc --store data/pusht.zarr --steps 20000 policy:diffusion --policy.sampler ddpm
+    result = robotrl.stages.bc.train(BCConfig(store=Path("data/pusht.zarr"), policy=DiffusionConfig(sampler="ddpm")))
+
+The policy is any registered one that learns from data (`robotrl.policies.POLICIES`, `@register`), with every
+field of its own config: on the command line `policy:<name>` picks it and `--policy.<field>` sets its fields; in
+Python `policy` is its config (or its registered name, for its defaults).
 
 Reads top to bottom: data -> policy -> optimizer, LR schedule and EMA -> (resume) -> the loop (sample a
 window batch, loss, step, EMA, log, checkpoint, evaluate) -> the final EMA policy, evaluated and saved.
@@ -11,12 +15,11 @@ was never stopped.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +27,7 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.policies import POLICIES, Policy
+from robotrl.policies.base import Policy, PolicyConfig, policy_class, policy_config, register_all
 from robotrl.training.loop import (
     EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
     set_rng_state,
@@ -36,9 +39,10 @@ class BCConfig:
     """Train a policy by behaviour cloning on an episode store; evaluates it in the vector env."""
 
     store: Path = Path("data/pusht.zarr")
-    policy: Literal["flow", "diffusion", "meanflow", "vla"] = "flow"
-    """flow or diffusion (multi-step samplers), meanflow (one step, learned from the data alone), or vla (images +
-    language instruction + state through a transformer with a flow action expert; needs a store with instructions)"""
+    policy: PolicyConfig | str = "flow"
+    """the policy and its config (`policy:<name>`, then `--policy.<field>`): flow or diffusion (multi-step samplers),
+    meanflow (one step, learned from the data alone), vla (images + language instruction + state through a
+    transformer with a flow action expert; needs a store with instructions), or any other registered policy"""
     steps: int = 20_000
     batch_size: int = 256
     lr: float = 1e-4
@@ -50,12 +54,6 @@ class BCConfig:
     action_horizon: int = 16
     execute: int = 8
     """actions executed per predicted chunk at evaluation"""
-    channels: tuple[int, ...] = (64, 128, 256)
-    obs_keys: tuple[str, ...] | None = None
-    """observations used (default: every numeric one in the store)"""
-    state_mask_fields: tuple[str, ...] = ()
-    """named state fields hidden from the policy (PickPlace VLA: target target_rel, so that only the instruction
-    says which cube to take; PushT from images: block_pose block_vel pose_error tool_in_block coverage)"""
     success_only: bool = False
     """train on the episodes in which the task succeeded (filtered BC: demonstrations recorded under heavy noise or
     domain randomization fail often, and cloning the failures teaches them)"""
@@ -77,6 +75,13 @@ class BCConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.policy, str):
+            self.policy = policy_config(self.policy)
+        cls = policy_class(self.policy)
+        if not cls.learns_from_data:
+            trainable = sorted(name for name, c in register_all().items() if c.learns_from_data)
+            raise ValueError(f"BCConfig.policy: {cls.name!r} learns from a teacher (robotrl policy distill), not "
+                             f"from data; expected one of {trainable}")
         for name in ("steps", "batch_size", "checkpoint_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BCConfig.{name}: expected >= 1, got {getattr(self, name)}")
@@ -99,11 +104,10 @@ class BCResult:
 
 
 def make_policy(config: BCConfig, store: EpisodeStore) -> Policy:
-    cls = POLICIES[config.policy]
-    fields = {f.name for f in dataclasses.fields(cls.config_cls)}
-    options = {"obs_horizon": config.obs_horizon, "action_horizon": config.action_horizon, "obs_keys": config.obs_keys,
-               "channels": config.channels, "state_mask_fields": config.state_mask_fields}
-    return cls(store.spec, cls.config_cls(**{k: v for k, v in options.items() if k in fields}), store.stats())
+    """The registered policy of `config.policy`'s class, built with that config on the store's spec and
+    statistics."""
+    assert isinstance(config.policy, PolicyConfig)
+    return policy_class(config.policy)(store.spec, config.policy, store.stats())
 
 
 def successful_episodes(store: EpisodeStore) -> list[int]:
@@ -123,14 +127,18 @@ def evaluate(policy: Policy, config: BCConfig) -> Any:
 def train(config: BCConfig) -> BCResult:
     torch.set_num_threads(config.threads)
     store = EpisodeStore.open(config.store)
-    run_dir = Path(config.run_dir or f"runs/bc-{config.policy}-{store.spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    policy_config_ = config.policy
+    assert isinstance(policy_config_, PolicyConfig)
+    name = policy_class(policy_config_).name
+    run_dir = Path(config.run_dir or f"runs/bc-{name}-{store.spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     state_path = run_dir / "train_state.pt"
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
 
     # data
-    sampler = SequenceSampler.from_store(store, SequenceConfig(config.obs_horizon, config.action_horizon, config.obs_keys),
+    windows = SequenceConfig(policy_config_.obs_horizon, policy_config_.action_horizon, policy_config_.obs_keys)
+    sampler = SequenceSampler.from_store(store, windows,
                                          episodes=successful_episodes(store) if config.success_only else None)
     rng = np.random.default_rng(config.seed)
     torch.manual_seed(config.seed)
@@ -161,7 +169,7 @@ def train(config: BCConfig) -> BCResult:
         (ema.model if ema else policy).save(run_dir / "checkpoint")
 
     log = RunLog(run_dir)
-    bar = tqdm(total=config.steps, initial=start, desc=f"bc {config.policy}", unit="step", disable=not config.progress,
+    bar = tqdm(total=config.steps, initial=start, desc=f"bc {name}", unit="step", disable=not config.progress,
                dynamic_ncols=True)
     began = time.perf_counter()
     loss_value = float("nan")
@@ -204,6 +212,6 @@ def run_train_bc(config: BCConfig) -> BCResult:
     ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
     success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
         if result.success_rate is not None else ""
-    print(f"bc {config.policy}: {success}{result.steps} steps in {result.train_seconds:.0f} s; "
+    print(f"bc {policy_class(config.policy).name}: {success}{result.steps} steps in {result.train_seconds:.0f} s; "
           f"policy {result.checkpoint}")
     return result

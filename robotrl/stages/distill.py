@@ -44,7 +44,7 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies import Policy, load
-from robotrl.policies.consistency import TEACHERS, ConsistencyHead, student_for
+from robotrl.policies.consistency import ConsistencyHead, student_for, teachers
 from robotrl.training.evaluate import not_worse, rollout, training_seed
 from robotrl.training.loop import (
     EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
@@ -160,8 +160,9 @@ class DistillResult:
 
 def load_teacher(path: Path, device: str = "cpu") -> Policy:
     teacher = load(path, device=device)
-    if teacher.name not in TEACHERS:
-        raise ValueError(f"distill: teacher {path} is a {teacher.name!r} policy; expected one of {TEACHERS}")
+    if teacher.student is None:
+        raise ValueError(f"DistillConfig.teacher: {path} is a {teacher.name!r} policy, which names no student; "
+                         f"expected a checkpoint of one of {teachers()}")
     return teacher.requires_grad_(False).eval()
 
 

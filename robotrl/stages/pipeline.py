@@ -123,11 +123,11 @@ class PipelineConfig:
     task: str = "PushT"
     preset: Literal["smoke", "default", "full"] = "default"
     """the stages' budget (PRESETS); any of the options below that is set overrides its preset value"""
-    policy: Literal["flow", "vla"] | None = None
-    """the BC policy (default: vla for a task with a language instruction, flow otherwise); flow is the state
-    policy: its demos are recorded without camera images, so a camera task (PickPlace) trains and evaluates on
-    its state vector (which names the target) and nothing is rendered; the VLA trains by its own BC recipe
-    (`VLA_BC`: one frame, batch 32, lr 3e-4)"""
+    policy: str | None = None
+    """the BC policy: a registered flow policy that learns from data and names a student (default: vla for a task
+    with a language instruction, flow otherwise); flow is the state policy: its demos are recorded without camera
+    images, so a camera task (PickPlace) trains and evaluates on its state vector (which names the target) and
+    nothing is rendered; the VLA trains by its own BC recipe (`BC_RECIPES`: one frame, batch 32, lr 3e-4)"""
     interventions: bool = True
     """online stage with the simulated operator (robotrl train hil); False: plain online RL over the same Flow-SDE
     chain (on PushT from a half-trained BC policy it gained where the operator's stage held level; bench/RESULTS.md,
@@ -213,6 +213,8 @@ class PipelineConfig:
         from robotrl.training.loop import check_device  # torch: when a pipeline is configured, not with the CLI
 
         check_device(self.device, "PipelineConfig.device")
+        if self.policy is not None:
+            check_policy(self.policy)
         if self.preset not in PRESETS:
             raise ValueError(f"PipelineConfig.preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
         if self.offline_extraction not in ("ppo", "awr"):
@@ -284,32 +286,57 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
     out = run_dir / "demos.zarr"
     store = record_expert(out, config.task, budget.demo_episodes, num_envs=min(8, budget.demo_episodes),
                           noise=demo_noise(config), seed=config.seed, progress=config.progress,
-                          render_images=policy_kind(config) == "vla")
+                          render_images=policy_kind(config) != STATE_POLICY)
     summary = store.summary()
     store.close()
     return out, int(summary["steps"]), {"episodes": int(summary["episodes"]),
                                         "demo_success_rate": float(summary["success_rate"])}
 
 
-#: the VLA's BC recipe: one frame, batch 32, lr 3e-4. On PickPlace it trains the VLA further in less time than the
-#: flow policy's (two frames, batch 64, lr 1e-3; bench/RESULTS.md, "The VLA's BC recipe")
-VLA_BC: dict[str, Any] = {"obs_horizon": 1, "batch_size": 32, "lr": 3e-4}
+#: the state policy: its demos are recorded without camera images (any other policy's with them)
+STATE_POLICY = "flow"
+#: BC recipes of policies that train better by their own than by the preset's batch, lr and U-Net widths: BCConfig's
+#: fields, and their policy config's under "policy". The VLA's, one frame, batch 32, lr 3e-4, trains it further on
+#: PickPlace in less time than the flow policy's (two frames, batch 64, lr 1e-3; bench/RESULTS.md, "The VLA's BC
+#: recipe")
+BC_RECIPES: dict[str, dict[str, Any]] = {"vla": {"batch_size": 32, "lr": 3e-4, "policy": {"obs_horizon": 1}}}
+
+
+def check_policy(name: str) -> None:
+    """A policy every stage can take: registered, learning from data (BC), a flow policy (offline and online RL
+    train its chain) and a teacher (distillation)."""
+    from robotrl.policies.base import register_all
+    from robotrl.policies.flow import FlowPolicy
+
+    fits = sorted(n for n, c in register_all().items() if c.learns_from_data and issubclass(c, FlowPolicy)
+                  and c.student is not None)
+    if name not in fits:
+        raise ValueError(f"PipelineConfig.policy: expected a registered flow policy that learns from data and names "
+                         f"a student, one of {fits}, got {name!r}")
 
 
 def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
-    """BCConfig's options of the BC stage: the preset's for the flow policy, VLA_BC for the VLA (at most the
-    preset's batch: smoke's stays small); --bc-batch and --bc-lr override either."""
-    if policy_kind(config) == "flow":
-        return {"batch_size": budget.bc_batch, "lr": budget.bc_lr, "channels": budget.bc_channels}
-    return {**VLA_BC, "batch_size": config.bc_batch or min(VLA_BC["batch_size"], budget.bc_batch),
-            "lr": config.bc_lr or VLA_BC["lr"]}
+    """BCConfig's options of the BC stage, its policy config under "policy": the preset's batch, lr and U-Net
+    widths, or the policy's own BC recipe (at most the preset's batch: smoke's stays small); --bc-batch-size and
+    --bc-lr override either."""
+    from dataclasses import fields, replace
+
+    from robotrl.policies.base import policy_config
+
+    name = policy_kind(config)
+    recipe = BC_RECIPES.get(name)
+    policy = policy_config(name)
+    if recipe is None:
+        widths = {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
+        return {"batch_size": budget.bc_batch, "lr": budget.bc_lr, "policy": replace(policy, **widths)}
+    return {"batch_size": config.bc_batch or min(recipe["batch_size"], budget.bc_batch),
+            "lr": config.bc_lr or recipe["lr"], "policy": replace(policy, **recipe.get("policy", {}))}
 
 
 def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.stages.bc import BCConfig, train
 
-    result = train(BCConfig(store=run_dir / "demos.zarr", policy=policy_kind(config), steps=budget.bc_steps,
-                            **bc_recipe(config, budget),
+    result = train(BCConfig(store=run_dir / "demos.zarr", steps=budget.bc_steps, **bc_recipe(config, budget),
                             execute=config.execute, warmup=min(500, budget.bc_steps // 10), eval_episodes=0,
                             run_dir=run_dir / "bc", seed=config.seed, threads=config.threads, device=config.device,
                             progress=config.progress, checkpoint_every=max(1, budget.bc_steps // 4)))
@@ -462,13 +489,15 @@ def demo_noise(config: PipelineConfig) -> float:
     return min(0.5, make_task(config.task).demo_noise)
 
 
-def policy_kind(config: PipelineConfig) -> Literal["flow", "vla"]:
+def policy_kind(config: PipelineConfig) -> str:
+    """The BC policy's registry name: the config's, else vla for a task with a language instruction, else the state
+    policy."""
     if config.policy is not None:
         return config.policy
     from robotrl.envs import make_task
 
     spec = make_task(config.task).spec()
-    return "vla" if any(v.dtype == STRING for v in spec.observations.values()) else "flow"
+    return "vla" if any(v.dtype == STRING for v in spec.observations.values()) else STATE_POLICY
 
 
 # ---------------------------------------------------------------------------------------------------

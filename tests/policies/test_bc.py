@@ -17,7 +17,7 @@ from robotrl import SpecMismatchError
 from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.envs.rollouts import run_episodes
-from robotrl.policies import CheckpointError, load
+from robotrl.policies import CheckpointError, DiffusionConfig, FlowConfig, load
 from robotrl.policies.export import export
 from robotrl.policies.runtime import load as load_runtime
 from robotrl.stages.bc import BCConfig, train
@@ -34,8 +34,8 @@ def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> BCConfig:
-    base = BCConfig(store=store, steps=40, batch_size=32, channels=(32, 64), warmup=10, ema=0.99, action_horizon=8,
-                    execute=4, lr=3e-4, eval_episodes=0, run_dir=run_dir, progress=False, checkpoint_every=20, log_every=10,
+    base = BCConfig(store=store, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=40, batch_size=32,
+                    warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, run_dir=run_dir, progress=False, checkpoint_every=20, log_every=10,
                     threads=1)  # a second torch thread only spins on a shared 2-core machine (10x slower under load)
     return replace(base, **overrides)
 
@@ -138,7 +138,8 @@ def test_a_device_this_machine_lacks_is_refused_at_construction(reach_demos: Pat
 
 
 def test_diffusion_trains_and_round_trips(reach_demos: Path, tmp_path: Path) -> None:
-    result = train(small(reach_demos, tmp_path / "diff", policy="diffusion", steps=30))
+    result = train(small(reach_demos, tmp_path / "diff", policy=DiffusionConfig(channels=(32, 64), action_horizon=8),
+                         steps=30))
     policy = load(result.checkpoint)
     obs = {"state": np.zeros((3, 2, 23), np.float32)}
     again = load(result.checkpoint)

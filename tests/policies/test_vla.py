@@ -364,8 +364,9 @@ def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, t
     from robotrl.stages.bc import BCConfig, train
     from robotrl.training.evaluate import EvalConfig, run_eval
 
-    config = BCConfig(store=store.path, policy="vla", steps=4, batch_size=4, obs_horizon=1, action_horizon=8, execute=8,
-                      warmup=1, state_mask_fields=("target", "target_rel"), eval_episodes=2, eval_envs=2,
+    config = BCConfig(store=store.path, policy=VLAConfig(obs_horizon=1, action_horizon=8,
+                                                         state_mask_fields=("target", "target_rel")),
+                      steps=4, batch_size=4, execute=8, warmup=1, eval_episodes=2, eval_envs=2,
                       run_dir=tmp_path / "run", progress=False, threads=1)
     result = train(config)
     policy = load(result.checkpoint)
