@@ -30,10 +30,10 @@ from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
 from robotrl.training.evaluate import make_eval_env
-from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, RunOptions, TrainClock, finish_iterations
+from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, PolicyRunOptions, TrainClock, finish_iterations
 
 @dataclass
-class ChainConfig(RunOptions):
+class ChainConfig(PolicyRunOptions):
     """The settings of a flow-RL run that the chain, its PPO loss and its training env read (`train online` and
     `train hil` take them all; DSRL and the offline stage fill in theirs)."""
 
@@ -732,7 +732,7 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: ChainConfig, actor
     return loss, stats
 
 
-def finish_policy_run(config: RunOptions, log: RunLog, evaluate: Any, policy: FlowPolicy, clock: TrainClock,
+def finish_policy_run(config: PolicyRunOptions, log: RunLog, evaluate: Any, policy: FlowPolicy, clock: TrainClock,
                       run_dir: Path, iterations: int, start: int, per_iteration: int,
                       best: BestCheckpoint) -> RLResult:
     """`finish_iterations` for a run whose result is `run_dir/policy` (its last weights; `best` keeps the best

@@ -51,6 +51,7 @@ from robotrl.policies.base import (
 from robotrl.policies.nets import ImageEncoder, mlp, random_shift
 from robotrl.training.loop import (
     RunLog,
+    RunOptions,
     cosine_lr,
     jsonable,
     load_train_state,
@@ -58,6 +59,7 @@ from robotrl.training.loop import (
     rng_state,
     save_train_state,
     set_rng_state,
+    start_run,
 )
 
 FORMAT = "robotrl-classifier"
@@ -312,7 +314,7 @@ def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:
 # training
 # ---------------------------------------------------------------------------------------------------
 @dataclass
-class ClassifierConfig:
+class ClassifierConfig(RunOptions):
     """Train a success classifier on a store's camera frames (successful and failed episodes), for a reward."""
 
     store: Path = Path("data/pickplace.zarr")
@@ -340,22 +342,20 @@ class ClassifierConfig:
     eval_every: int = 500
     """held-out metrics every N steps (0: only at the end)"""
     checkpoint_every: int = 500
+    """gradient steps between train states"""
     log_every: int = 50
-    run_dir: Path | None = None
-    """default: runs/classifier-<task>-<time>"""
-    resume: bool = False
-    """continue the run in run_dir exactly from its last train state"""
-    seed: int = 0
+    """gradient steps between metrics rows"""
     threads: int = 2
-    progress: bool = True
+    """torch CPU threads (the image encoder's convolutions use a second core)"""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.store = Path(self.store)
         self.proprio, self.widths, self.hidden = tuple(self.proprio), tuple(self.widths), tuple(self.hidden)
-        for name in ("steps", "batch_size", "checkpoint_every", "log_every", "success_frames"):
+        for name in ("steps", "batch_size", "success_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ClassifierConfig.{name}: expected >= 1, got {getattr(self, name)}")
-        for name in ("eval_every", "augment_pad", "warmup"):
+        for name in ("augment_pad", "warmup"):
             if getattr(self, name) < 0:
                 raise ValueError(f"ClassifierConfig.{name}: expected >= 0, got {getattr(self, name)}")
         if self.batch_size < 2:
@@ -364,8 +364,6 @@ class ClassifierConfig:
             raise ValueError(f"ClassifierConfig.holdout: expected a fraction in (0, 1), got {self.holdout}")
         if not 0.0 < self.target_precision <= 1.0:
             raise ValueError(f"ClassifierConfig.target_precision: expected a value in (0, 1], got {self.target_precision}")
-        if self.resume and self.run_dir is None:
-            raise ValueError("ClassifierConfig.resume: needs run_dir (the run to continue)")
 
 
 @dataclass
@@ -388,7 +386,6 @@ def _scores(model: SuccessClassifier, frames: Frames) -> np.ndarray:
 
 
 def train(config: ClassifierConfig) -> ClassifierResult:
-    torch.set_num_threads(config.threads)
     store = EpisodeStore.open(config.store)
     spec = store.spec
     camera = image_key(spec, config.camera, "ClassifierConfig.camera")
@@ -397,15 +394,7 @@ def train(config: ClassifierConfig) -> ClassifierResult:
     if unknown:
         vectors = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "str"]
         raise SpecMismatchError(f"ClassifierConfig.proprio: expected some of the vector observations {vectors}, got {unknown}")
-    run_dir = Path(config.run_dir or f"runs/classifier-{spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_path = run_dir / "train_state.pt"
-    if config.resume and not state_path.exists():
-        raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
-    if not config.resume:
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
-    rng = np.random.default_rng(config.seed)
-    torch.manual_seed(config.seed)
+    run_dir, state_path, rng = start_run(config, "classifier", spec.task)
 
     # data: labelled frames, split by episode
     frames = load_frames(store, camera, config.proprio, config.success_frames)

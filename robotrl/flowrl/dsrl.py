@@ -40,13 +40,13 @@ from robotrl.policies.generative import NoisePrior
 from robotrl.rl.sac import Agent, SacConfig, update
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import (
-    BestCheckpoint, RLResult, RunLog, RunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state,
+    BestCheckpoint, RLResult, RunLog, PolicyRunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state,
     start_run,
 )
 
 
 @dataclass
-class DsrlConfig(RunOptions):
+class DsrlConfig(PolicyRunOptions):
     """Steer a frozen flow policy with SAC on the initial noise of its ODE (DSRL-SAC) in the parallel vector env."""
 
     policy: Path = Path("runs/bc-flow/policy")

@@ -72,7 +72,7 @@ from robotrl.training.evaluate import controller_for, evaluate_policy, make_eval
 from robotrl.training.loop import (
     RLResult,
     RunLog,
-    RunOptions,
+    PolicyRunOptions,
     TrainingDiverged,
     cosine_lr,
     finish_run,
@@ -88,7 +88,7 @@ CRITIC_STATS = {"loss/value": "critic/value_loss", "loss/critic": "critic/q_loss
 
 
 @dataclass
-class OfflineFlowConfig(RunOptions):
+class OfflineFlowConfig(PolicyRunOptions):
     """Improve a flow policy checkpoint offline (RL-100): an IQL critic from a store, clipped PPO over the denoising
     chain, an OPE gate on every update, and rounds of rollouts added to the data. Evaluates every iteration;
     a train state is written after every iteration (`checkpoint_every`, `log_every`, `eval_every` are unused)."""

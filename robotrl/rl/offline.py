@@ -17,11 +17,11 @@ from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
 from robotrl.rl.replay import DemoTransitions, split_obs_keys
 from robotrl.training.evaluate import evaluate_state_actor
-from robotrl.training.loop import RLResult, RunLog, RunOptions, TrainClock, finish_run, save_run_state, start_run
+from robotrl.training.loop import RLResult, RunLog, PolicyRunOptions, TrainClock, finish_run, save_run_state, start_run
 
 
 @dataclass
-class OfflineOptions(RunOptions):
+class OfflineOptions(PolicyRunOptions):
     """What an offline actor-critic run (IQL, Cal-QL) reads and how it updates: its config's shared fields."""
 
     store: Path = Path("data/reach.zarr")

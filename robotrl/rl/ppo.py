@@ -30,13 +30,13 @@ from robotrl.envs import make
 from robotrl.policies.nets import mlp
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, RunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
+    RLResult, RunLog, PolicyRunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
     save_run_state, start_run,
 )
 
 
 @dataclass
-class PpoConfig(RunOptions, TaskOptions):
+class PpoConfig(PolicyRunOptions, TaskOptions):
     """Train a Gaussian policy and a value function with PPO on a task's parallel vector env."""
 
     backend: Literal["cpu", "mjx"] = "cpu"

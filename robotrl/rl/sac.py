@@ -37,13 +37,13 @@ from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
 from robotrl.training.evaluate import evaluate_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, RunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
+    RLResult, RunLog, PolicyRunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
     TrainClock, finish_run, save_run_state, start_run,
 )
 
 
 @dataclass
-class SacConfig(RunOptions, TaskOptions):
+class SacConfig(PolicyRunOptions, TaskOptions):
     """Train a tanh-Gaussian actor and a critic ensemble online on a task's vector env (SAC / RLPD)."""
 
     num_envs: int = 1

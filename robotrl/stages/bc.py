@@ -29,13 +29,13 @@ from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies.base import Policy, PolicyConfig, policy_class, policy_config, register_all
 from robotrl.training.loop import (
-    EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
-    set_rng_state,
+    EMA, PolicyRunOptions, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state,
+    save_train_state, set_rng_state, start_run,
 )
 
 
 @dataclass
-class BCConfig:
+class BCConfig(PolicyRunOptions):
     """Train a policy by behaviour cloning on an episode store; evaluates it in the vector env."""
 
     store: Path = Path("data/pusht.zarr")
@@ -50,31 +50,23 @@ class BCConfig:
     warmup: int = 500
     ema: float = 0.999
     """EMA decay of the weights that are evaluated and saved (0 turns EMA off)"""
-    obs_horizon: int = 2
-    action_horizon: int = 16
     execute: int = 8
     """actions executed per predicted chunk at evaluation"""
     success_only: bool = False
     """train on the episodes in which the task succeeded (filtered BC: demonstrations recorded under heavy noise or
     domain randomization fail often, and cloning the failures teaches them)"""
-    eval_every: int = 0
-    """evaluate every N steps (0: only at the end)"""
-    eval_episodes: int = 20
-    eval_envs: int = 10
-    checkpoint_every: int = 1000
-    log_every: int = 50
-    run_dir: Path | None = None
-    """default: runs/bc-<policy>-<task>-<time>"""
-    resume: bool = False
-    """continue the run in run_dir from its last train state"""
-    seed: int = 0
-    threads: int = 2
     device: str = "cpu"
     """torch device the policy trains on ("cuda", "cuda:1"); evaluation and the saved weights are the same either
     way (checkpoints hold CPU tensors). A GPU trains PushT's U-Net tens of times faster than this machine's cores"""
-    progress: bool = True
+    checkpoint_every: int = 1000
+    """gradient steps between train states"""
+    log_every: int = 50
+    """gradient steps between metrics rows"""
+    threads: int = 2
+    """torch CPU threads (a U-Net's convolutions use a second core)"""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.policy, str):
             self.policy = policy_config(self.policy)
         cls = policy_class(self.policy)
@@ -82,11 +74,9 @@ class BCConfig:
             trainable = sorted(name for name, c in register_all().items() if c.learns_from_data)
             raise ValueError(f"BCConfig.policy: {cls.name!r} learns from a teacher (robotrl policy distill), not "
                              f"from data; expected one of {trainable}")
-        for name in ("steps", "batch_size", "checkpoint_every", "log_every"):
+        for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BCConfig.{name}: expected >= 1, got {getattr(self, name)}")
-        if self.resume and self.run_dir is None:
-            raise ValueError("BCConfig.resume: needs run_dir (the run to continue)")
         if not 0.0 <= self.ema < 1.0:
             raise ValueError(f"BCConfig.ema: expected a decay in [0, 1), got {self.ema}")
         check_device(self.device, "BCConfig.device")
@@ -125,23 +115,16 @@ def evaluate(policy: Policy, config: BCConfig) -> Any:
 
 
 def train(config: BCConfig) -> BCResult:
-    torch.set_num_threads(config.threads)
     store = EpisodeStore.open(config.store)
-    policy_config_ = config.policy
-    assert isinstance(policy_config_, PolicyConfig)
-    name = policy_class(policy_config_).name
-    run_dir = Path(config.run_dir or f"runs/bc-{name}-{store.spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_path = run_dir / "train_state.pt"
-    if not config.resume:
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+    chosen = config.policy
+    assert isinstance(chosen, PolicyConfig)
+    name = policy_class(chosen).name
+    run_dir, state_path, rng = start_run(config, f"bc-{name}", store.spec.task, holds="train_state.pt")
 
     # data
-    windows = SequenceConfig(policy_config_.obs_horizon, policy_config_.action_horizon, policy_config_.obs_keys)
+    windows = SequenceConfig(chosen.obs_horizon, chosen.action_horizon, chosen.obs_keys)
     sampler = SequenceSampler.from_store(store, windows,
                                          episodes=successful_episodes(store) if config.success_only else None)
-    rng = np.random.default_rng(config.seed)
-    torch.manual_seed(config.seed)
 
     # policy, optimizer, schedule, EMA
     policy = make_policy(config, store).to(config.device)
@@ -152,8 +135,6 @@ def train(config: BCConfig) -> BCResult:
 
     start = 0
     if config.resume:
-        if not state_path.exists():
-            raise FileNotFoundError(f"resume: {state_path} does not exist (no checkpoint was written in {run_dir})")
         state = load_train_state(state_path)
         policy.load_state_dict(state["policy"])
         optimizer.load_state_dict(state["optimizer"])

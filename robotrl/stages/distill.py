@@ -47,8 +47,8 @@ from robotrl.policies import Policy, load
 from robotrl.policies.consistency import ConsistencyHead, student_for, teachers
 from robotrl.training.evaluate import not_worse, rollout, training_seed
 from robotrl.training.loop import (
-    EMA, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state, save_train_state,
-    set_rng_state,
+    EMA, PolicyRunOptions, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state,
+    save_train_state, set_rng_state, start_run,
 )
 
 #: config fields that do not change what a run computes: they may differ between a run and its resumption
@@ -57,8 +57,9 @@ NOT_RESULT = ("run_dir", "resume", "stop_after", "progress", "log_every", "check
 
 
 @dataclass
-class DistillConfig:
-    """Distill a flow, diffusion or VLA policy into a one-step consistency policy on the teacher's training data."""
+class DistillConfig(PolicyRunOptions):
+    """Distill a flow, diffusion or VLA policy into a one-step consistency policy on the teacher's training data
+    (the teacher is evaluated on the student's held-out episodes too)."""
 
     teacher: Path = Path("runs/bc-flow/policy")
     """the teacher's checkpoint directory (`robotrl train bc` output)"""
@@ -80,11 +81,6 @@ class DistillConfig:
     levels) give a faster student whose U-Net starts fresh and needs more steps (U-Net teachers only)"""
     gap_batch: int = 64
     """training windows on which the student-teacher gap is logged"""
-    eval_every: int = 0
-    """evaluate the student in the vector env every N steps (0: only at the end)"""
-    eval_episodes: int = 20
-    """held-out episodes of the final evaluation (0: none); the teacher is evaluated on the same seeds"""
-    eval_envs: int = 10
     execute: int = 8
     """actions executed per predicted chunk at evaluation"""
     dagger_rounds: int = 0
@@ -96,25 +92,22 @@ class DistillConfig:
     gate_episodes: int = 0
     """fresh training-seed episodes on which the distilled student must beat its starting point (for a same-width
     student, the teacher's one-step Euler sampler) to be saved as the policy; else the start is (0: no gate)"""
-    checkpoint_every: int = 1000
-    log_every: int = 50
-    run_dir: Path | None = None
-    """default: runs/distill-<teacher type>-<task>-<time>"""
-    resume: bool = False
-    """continue the run in run_dir from its last train state"""
     stop_after: int | None = None
     """end this invocation after this many steps in all (the LR schedule still spans `steps`); resume later"""
-    seed: int = 0
-    threads: int = 2
     device: str = "cpu"
     """torch device of the teacher and the student ("cuda"): the student, like its teacher, learns from the samples
     it sees, which a GPU's large batches give in minutes; evaluation and the saved weights are the same either way"""
-    progress: bool = True
+    checkpoint_every: int = 1000
+    """gradient steps between train states"""
+    log_every: int = 50
+    """gradient steps between metrics rows"""
+    threads: int = 2
+    """torch CPU threads (a U-Net's convolutions use a second core)"""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_device(self.device, "DistillConfig.device")
-        for name in ("steps", "batch_size", "checkpoint_every", "log_every", "gap_batch", "threads",
-                     "dagger_episodes"):
+        for name in ("steps", "batch_size", "gap_batch", "dagger_episodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DistillConfig.{name}: expected >= 1, got {getattr(self, name)}")
         for name in ("ema", "target_ema"):
@@ -130,8 +123,6 @@ class DistillConfig:
             raise ValueError(f"DistillConfig.teacher_steps: expected >= 1, got {self.teacher_steps}")
         if self.stop_after is not None and self.stop_after < 1:
             raise ValueError(f"DistillConfig.stop_after: expected >= 1, got {self.stop_after}")
-        if self.resume and self.run_dir is None:
-            raise ValueError("DistillConfig.resume: needs run_dir (the run to continue)")
         self.teacher, self.store = Path(self.teacher), Path(self.store)
 
 
@@ -298,7 +289,6 @@ def distill(config: DistillConfig) -> Path:
 
 def train(config: DistillConfig) -> DistillResult:
     """`distill` with everything it recorded (also written to run_dir/result.json)."""
-    torch.set_num_threads(config.threads)
 
     # teacher and data
     teacher = load_teacher(config.teacher, config.device)
@@ -308,17 +298,9 @@ def train(config: DistillConfig) -> DistillResult:
     windows = SequenceConfig(tc.obs_horizon, tc.action_horizon, tuple(teacher.obs_keys))
     sampler = SequenceSampler.from_store(store, windows)
 
-    run_dir = Path(config.run_dir or f"runs/distill-{teacher.name}-{store.spec.task}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state_path = run_dir / "train_state.pt"
+    run_dir, state_path, rng = start_run(config, f"distill-{teacher.name}", store.spec.task, holds="train_state.pt")
     if config.resume:
-        if not state_path.exists():
-            raise FileNotFoundError(f"resume: {state_path} does not exist (no checkpoint was written in {run_dir})")
         check_resumable(json.loads((run_dir / "config.json").read_text()), config, run_dir)
-    else:
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
-    rng = np.random.default_rng(config.seed)
-    torch.manual_seed(config.seed)
 
     # student (the teacher's architecture and weights), optimizer, schedule, target network, EMA
     student = student_for(teacher, config.teacher_steps, channels=config.channels).to(config.device)

@@ -148,34 +148,54 @@ class TaskOptions:
 
 @dataclass
 class RunOptions:
-    """Evaluation, logging, train states and the run directory: what every RL run's config shares."""
+    """The run directory, its train states, logging, seed and threads: what every training run's config shares
+    (BC, distillation, the classifier and every RL run); `start_run` sets a run up from them."""
 
-    eval_every: int = 0
-    """evaluate every N steps (0: only at the end)"""
-    eval_episodes: int = 50
-    """held-out episodes of the final evaluation (0: none)"""
-    eval_envs: int = 25
-    checkpoint_every: int = 5_000
-    """steps between train states"""
-    log_every: int = 1_000
     run_dir: Path | None = None
     """default: runs/<algorithm>-<task>-<time>"""
     resume: bool = False
     """continue the run in run_dir exactly from its last train state"""
     seed: int = 0
     threads: int = 1
+    """torch CPU threads"""
     progress: bool = True
+    """show a progress bar"""
+    checkpoint_every: int = 5_000
+    """steps between train states"""
+    log_every: int = 1_000
+    """steps between metrics rows"""
+    eval_every: int = 0
+    """evaluate every N steps (0: only at the end)"""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        for field in ("eval_envs", "checkpoint_every", "log_every"):
+        for field in ("checkpoint_every", "log_every", "threads"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
-        for field in ("eval_every", "eval_episodes"):
-            if getattr(self, field) < 0:
-                raise ValueError(f"{name}.{field}: expected >= 0, got {getattr(self, field)}")
+        if self.eval_every < 0:
+            raise ValueError(f"{name}.eval_every: expected >= 0, got {self.eval_every}")
         if self.resume and self.run_dir is None:
             raise ValueError(f"{name}.resume: needs run_dir (the run to continue)")
+        if self.run_dir is not None:
+            self.run_dir = Path(self.run_dir)
+
+
+@dataclass
+class PolicyRunOptions(RunOptions):
+    """`RunOptions` of a run that ends with a policy evaluated on held-out episodes in the vector env."""
+
+    eval_episodes: int = 50
+    """held-out episodes of the final evaluation (0: none)"""
+    eval_envs: int = 25
+    """parallel envs of the evaluations"""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        name = type(self).__name__
+        if self.eval_envs < 1:
+            raise ValueError(f"{name}.eval_envs: expected >= 1, got {self.eval_envs}")
+        if self.eval_episodes < 0:
+            raise ValueError(f"{name}.eval_episodes: expected >= 0, got {self.eval_episodes}")
 
 
 def start_run(config: RunOptions, algorithm: str, task: str,
@@ -266,7 +286,7 @@ class TrainClock:
         """Seconds of training so far, evaluation excluded."""
         return time.perf_counter() - self.began - self.eval_seconds
 
-    def evaluate_every(self, config: RunOptions, log: RunLog, evaluate: Any, now: int, before: int, last: bool,
+    def evaluate_every(self, config: PolicyRunOptions, log: RunLog, evaluate: Any, now: int, before: int, last: bool,
                        best: BestCheckpoint | None = None) -> None:
         """Evaluate and log when the step count went past a multiple of `eval_every` between `before` and `now`
         (not on the `last` step: the final evaluation follows); offer the weights to `best`."""
@@ -281,7 +301,7 @@ class TrainClock:
         self.eval_seconds += time.perf_counter() - t0
 
 
-def finish_run(config: RunOptions, log: RunLog, evaluate: Any, weights: Path, steps: int, seconds: float,
+def finish_run(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Path, steps: int, seconds: float,
                run_dir: Path, steps_per_second: float | None = None, best: BestCheckpoint | None = None) -> RLResult:
     """An RL run's end: the final held-out evaluation (if `eval_episodes`), logged at `steps` with the training
     seconds and offered to `best`, the log closed, and the result saved in the run directory."""
@@ -298,7 +318,7 @@ def finish_run(config: RunOptions, log: RunLog, evaluate: Any, weights: Path, st
                     best_weights=best.path if kept else None, best=kept).save()
 
 
-def finish_iterations(config: RunOptions, log: RunLog, evaluate: Any, weights: Path, clock: TrainClock, run_dir: Path,
+def finish_iterations(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Path, clock: TrainClock, run_dir: Path,
                       iterations: int, start: int, per_iteration: int, best: BestCheckpoint | None = None) -> RLResult:
     """`finish_run` for an on-policy run of `iterations` rollouts of `per_iteration` env steps, resumed after
     `start` of them: its env steps per training second count only the steps this process took."""
