@@ -64,7 +64,7 @@ class FlowRLBenchConfig:
     num_envs: int = 16
     rollout_steps: int = 60
     execute: int = 4
-    denoise_steps: int = 5
+    sampler_steps: int = 5
     total_steps: int = 28_800
     eval_every: int = 5_760
     eval_episodes: int = 100
@@ -99,13 +99,13 @@ def main(config: FlowRLBenchConfig) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(config.out_dir or tmp)
         policy = bc_checkpoint(config, out)
-        start = load_flow_policy(policy, config.denoise_steps)
+        start = load_flow_policy(policy, config.sampler_steps)
         bc = config.bc_success
         if bc is None:
             bc = evaluate_policy(start, config.eval_episodes, 25, execute=config.execute).success_rate
         task = start.spec.task
         base = {"bench": "flow_rl", "task": task, "total_steps": config.total_steps, "num_envs": config.num_envs,
-                "denoise_steps": config.denoise_steps, "target": config.target}
+                "sampler_steps": config.sampler_steps, "target": config.target}
         row = {**base, "run": "bc", "seed": None, **curve_summary([(0, bc, 0.0)], config.target)}
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -115,7 +115,7 @@ def main(config: FlowRLBenchConfig) -> list[dict[str, Any]]:
                 began = time.perf_counter()
                 run_dir = out / f"{run}-{seed}"
                 shared = {"policy": policy, "num_envs": config.num_envs, "execute": config.execute,
-                          "denoise_steps": config.denoise_steps, "total_steps": config.total_steps,
+                          "sampler_steps": config.sampler_steps, "total_steps": config.total_steps,
                           "eval_every": config.eval_every, "eval_episodes": config.eval_episodes,
                           "checkpoint_every": config.total_steps, "log_every": config.eval_every, "run_dir": run_dir,
                           "seed": seed, "progress": False}

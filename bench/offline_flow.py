@@ -71,7 +71,7 @@ def main(config: OfflineFlowBenchConfig) -> list[dict[str, Any]]:
                 began = time.perf_counter()
                 run_dir = out / f"{run}-{seed}"
                 train(OfflineFlowConfig(policy=policy, store=demos, run_dir=run_dir, iterations=config.iterations,
-                                        execute=4, denoise_steps=5, eval_episodes=config.eval_episodes, eval_envs=25,
+                                        execute=4, sampler_steps=5, eval_episodes=config.eval_episodes, eval_envs=25,
                                         seed=seed, progress=False, **variant(run, config)))
                 metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
                 curve = [r["eval/success_rate"] for r in metrics if "eval/success_rate" in r and "iteration/accepted" in r]

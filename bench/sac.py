@@ -44,7 +44,7 @@ class SacBenchConfig:
     eval_every: int = 1_000
     eval_episodes: int = 50
     target: float = 0.9
-    runs: tuple[str, ...] = ("sb3:SAC", "sac", "rlpd")
+    runs: tuple[str, ...] = ("sb3-sac", "sac", "rlpd")
     demos: Path | None = None
     """RLPD's demonstrations (default: 20 episodes of the task's noisy expert, recorded here)"""
     rlpd_utd: int = 4
@@ -93,8 +93,8 @@ def run_sb3(config: SacBenchConfig, run_dir: Path) -> list[tuple[int, float, flo
 
     from robotrl.rl.sb3 import make_sb3_env
 
-    cfg = Sb3Config(task=config.task, algo="sac", total_timesteps=config.total_steps, learning_rate=1e-3, batch_size=256,
-                    gamma=0.95, learning_starts=1000, net_arch=(256, 256), seed=config.seed, run_dir=run_dir)
+    cfg = Sb3Config(task=config.task, algo="sac", total_steps=config.total_steps, lr=1e-3, batch_size=256,
+                    gamma=0.95, learning_starts=1000, hidden=(256, 256), seed=config.seed, run_dir=run_dir)
     env = make_sb3_env(cfg, config.seed)
     keys = tuple(env.env.observation_space.spaces)  # type: ignore[attr-defined]
     model = SAC("MlpPolicy", env, seed=config.seed, device="cpu", verbose=0, learning_rate=1e-3, batch_size=256,
@@ -135,14 +135,14 @@ def main(config: SacBenchConfig) -> list[dict[str, Any]]:
             record_expert(demos, config.task, episodes=20, num_envs=10, progress=False).close()
         for run in config.runs:
             began = time.perf_counter()
-            if run == "sb3:SAC":
+            if run == "sb3-sac":
                 curve = run_sb3(config, Path(tmp) / "sb3")
             elif run in ("sac", "rlpd"):
                 curve = run_ours(config, demos if run == "rlpd" else None, Path(tmp) / run)
             else:
-                raise ValueError(f"bench: unknown run {run!r}; expected sb3:SAC, sac or rlpd")
+                raise ValueError(f"bench: unknown run {run!r}; expected sb3-sac, sac or rlpd")
             row = curve_row("sac", config.task, run, config.target, config.total_steps, curve, began, baseline, "sb3")
-            if run == "sb3:SAC":
+            if run == "sb3-sac":
                 baseline = row
             print(json.dumps(row), flush=True)
             rows.append(row)

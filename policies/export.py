@@ -324,17 +324,17 @@ class ExportConfig:
     format: Literal["onnx", "torchscript"] = "onnx"
     out: Path | None = None
     """export directory (default: next to the checkpoint, '<checkpoint>-<format>')"""
-    steps: int | None = None
-    """override the policy's inference steps (flow, DDIM) before exporting; the graph unrolls them"""
+    sampler_steps: int | None = None
+    """override the policy's sampler steps (flow, DDIM) before exporting; the graph unrolls them"""
 
 
 def run_export(config: ExportConfig) -> Path:
-    """`robotrl export`: export, then print one JSON line (file, hash, parity)."""
+    """`robotrl policy export`: export, then print one JSON line (file, hash, parity)."""
     out = config.out
     if out is None:
         policy = config.policy.resolve()
         out = policy.with_name(f"{policy.name}-{config.format}")
-    out = export(config.policy, out, config.format, steps=config.steps)
+    out = export(config.policy, out, config.format, steps=config.sampler_steps)
     manifest = json.loads((out / MANIFEST).read_text())
     info = manifest["export"]
     print(json.dumps({"path": str(out / info["file"]), "format": config.format, "policy": manifest["policy"],

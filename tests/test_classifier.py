@@ -33,8 +33,8 @@ from robotrl.flowrl.classifier import (
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:
-    base = ClassifierConfig(store=store, camera="front", steps=300, batch_size=32, widths=(8, 16, 32), encoder_dim=32,
-                            hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, checkpoint_every=100,
+    base = ClassifierConfig(store=store, camera="front", steps=300, batch_size=32, encoder_widths=(8, 16, 32),
+                            encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, checkpoint_every=100,
                             log_every=50, threads=1, run_dir=run_dir, progress=False)
     return replace(base, **overrides)
 
@@ -177,7 +177,7 @@ def test_killed_run_resumes_exactly(pickplace: Path, tmp_path: Path, kill_after_
     cfg = small(pickplace, tmp_path / "killed", steps=40, checkpoint_every=10, log_every=10)
     code = (f"from pathlib import Path; from robotrl.flowrl.classifier import ClassifierConfig, train; "
             f"train(ClassifierConfig(store=Path({str(pickplace)!r}), camera='front', steps=40, batch_size=32, "
-            f"widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
+            f"encoder_widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
             f"checkpoint_every=10, log_every=10, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))")
     step = kill_after_first_train_state([sys.executable, "-c", code], cfg.run_dir / "train_state.pt")
     assert 10 <= step < 40, step
@@ -214,7 +214,7 @@ def test_online_rl_trains_on_the_classifiers_reward(trained: ClassifierResult, p
     bc = train_bc(BCConfig(store=pickplace, policy=FlowConfig(channels=(8, 16), obs_keys=("state",)), steps=10,
                            batch_size=8, warmup=1, eval_episodes=0, run_dir=tmp_path / "bc", threads=1, progress=False))
     config = OnlineConfig(policy=bc.checkpoint, reward_classifier=trained.classifier, num_envs=2, total_steps=96,
-                          rollout_steps=48, execute=8, denoise_steps=2, eval_episodes=0, threads=1,
+                          rollout_steps=48, execute=8, sampler_steps=2, eval_episodes=0, threads=1,
                           run_dir=tmp_path / "online", progress=False)
     env = training_env(load_flow_policy(bc.checkpoint, 2), config)
     assert isinstance(env, ClassifierReward) and "image_front" in env.reset(seed=0)[0]

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> DsrlConfig:
     """CI-sized: 16 envs, chunks of 4 executed, a 5-step ODE, 200 decisions from the BC prior before updates."""
-    base = DsrlConfig(policy=policy, num_envs=16, execute=4, denoise_steps=5, total_steps=11_520, learning_starts=200,
+    base = DsrlConfig(policy=policy, num_envs=16, execute=4, sampler_steps=5, total_steps=11_520, learning_starts=200,
                       eval_episodes=0, checkpoint_every=1920, log_every=1920, run_dir=run_dir, progress=False)
     return replace(base, **overrides)
 
@@ -93,7 +93,7 @@ def test_killed_run_resumes_exactly(reach_bc_flow: Path, tmp_path: Path, kill_af
     cfg = small(reach_bc_flow, tmp_path / "killed", num_envs=4, total_steps=4 * 4 * 10, learning_starts=8,
                 batch_size=16, checkpoint_every=32, log_every=32)
     args = [str(ROBOTRL), "train", "dsrl", "--policy", str(reach_bc_flow), "--num-envs", "4", "--execute", "4",
-            "--denoise-steps", "5", "--total-steps", "160", "--learning-starts", "8", "--batch-size", "16",
+            "--sampler-steps", "5", "--total-steps", "160", "--learning-starts", "8", "--batch-size", "16",
             "--checkpoint-every", "32", "--log-every", "32", "--eval-episodes", "0", "--run-dir",
             str(cfg.run_dir), "--no-progress"]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")

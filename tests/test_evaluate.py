@@ -23,18 +23,18 @@ def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, 
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        result = run_eval(EvalConfig(policy=reach_bc_flow, episodes=4, num_envs=4, execute=4))
+        result = run_eval(EvalConfig(policy=reach_bc_flow, eval_episodes=4, eval_envs=4, execute=4))
         assert seen == [1] and torch.get_num_threads() == 2
         assert result["episodes"] == 4
         with torch_threads(1):  # the same episodes evaluated directly: the command reports them as they are
             assert result["success_rate"] == real(load(reach_bc_flow), 4, 4, execute=4).success_rate
-        run_eval(EvalConfig(policy=reach_bc_flow, episodes=2, num_envs=2, execute=4, threads=2))
+        run_eval(EvalConfig(policy=reach_bc_flow, eval_episodes=2, eval_envs=2, execute=4, threads=2))
         assert seen == [1, 2]
     finally:
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("field", ["episodes", "num_envs", "execute", "threads"])
+@pytest.mark.parametrize("field", ["eval_episodes", "eval_envs", "execute", "threads"])
 def test_bad_eval_config_names_the_field(field: str) -> None:
     with pytest.raises(ValueError, match=rf"EvalConfig.{field}: expected >= 1, got 0"):
         EvalConfig(policy=Path("p"), **{field: 0})

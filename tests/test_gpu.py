@@ -121,7 +121,7 @@ def test_online_rl_and_distillation_on_the_device(device: str, reach_demos: Path
                               progress=False, threads=1)).checkpoint
     before = evaluate_policy(load_flow_policy(start, 5), 100, 25, execute=4).success_rate
     online = train_online(OnlineConfig(policy=start, method="flow_sde", num_envs=16, rollout_steps=60, execute=4,
-                                       denoise_steps=5, total_steps=scale(28_800, 1_920), eval_episodes=100,
+                                       sampler_steps=5, total_steps=scale(28_800, 1_920), eval_episodes=100,
                                        checkpoint_every=960, log_every=960, device=device, run_dir=tmp_path / "online",
                                        progress=False))
     assert online.success_rate is not None

@@ -34,7 +34,7 @@ def bc_flow(reach_bc_flow: Path) -> Path:
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> HilConfig:
     """CI-sized: 8 envs, one 60-step episode per env per iteration, chunks of 4 executed, a 5-step chain."""
-    base = HilConfig(policy=policy, num_envs=8, rollout_steps=60, execute=4, denoise_steps=5, total_steps=960,
+    base = HilConfig(policy=policy, num_envs=8, rollout_steps=60, execute=4, sampler_steps=5, total_steps=960,
                      eval_episodes=0, checkpoint_every=480, log_every=480, run_dir=run_dir, progress=False)
     return replace(base, **overrides)
 
@@ -43,7 +43,7 @@ def test_interventions_are_recorded_and_the_bc_loss_learns_from_them(bc_flow: Pa
     """Two iterations with the critic warming up all along and no value loss, so only the BC loss on the
     operator's stretches moves the policy: the expert takes over, the store holds every step with the mask, and the
     flow loss on the recorded interventions falls."""
-    cfg = small(bc_flow, tmp_path / "run", critic_warmup=100, value_coef=0.0, bc_weight=1.0, epochs=8)
+    cfg = small(bc_flow, tmp_path / "run", critic_warmup=100, value_coef=0.0, bc_loss_coef=1.0, epochs=8)
     start = load(bc_flow)
     result = train(cfg)
     rates = result.intervention_rates
@@ -198,7 +198,7 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
             ({"stray_threshold": 0.0}, r"HilConfig.stray_threshold: expected > 0, got 0.0"),
             ({"stray_patience": 0}, r"HilConfig.stray_patience: expected >= 1, got 0"),
             ({"takeover_steps": 0}, r"HilConfig.takeover_steps: expected >= 1, got 0"),
-            ({"bc_weight": -1.0}, r"HilConfig.bc_weight: expected >= 0, got -1.0"),
+            ({"bc_loss_coef": -1.0}, r"HilConfig.bc_loss_coef: expected >= 0, got -1.0"),
             ({"method": "latent"}, r"HilConfig.method: 'latent' freezes the flow network"),
             ({"method": "residual"}, r"HilConfig.method: 'residual' freezes the flow network"),
             ({"num_envs": 0}, r"HilConfig.num_envs: expected >= 1, got 0"),
@@ -232,7 +232,7 @@ def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_fi
     overrides = {"num_envs": 4, "rollout_steps": 20, "total_steps": 400, "checkpoint_every": 80, "log_every": 80,
                  "critic_warmup": 1, "operator_noise": 0.5, "ema": 0.5}
     code = ("import sys, torch; torch.set_num_threads(1); from pathlib import Path; from robotrl.flowrl.hil import HilConfig, "
-            f"train; train(HilConfig(policy=Path({str(bc_flow)!r}), execute=4, denoise_steps=5, eval_episodes=0, "
+            f"train; train(HilConfig(policy=Path({str(bc_flow)!r}), execute=4, sampler_steps=5, eval_episodes=0, "
             f"progress=False, run_dir=Path({str(tmp_path / 'killed')!r}), "
             + ", ".join(f"{k}={v!r}" for k, v in overrides.items()) + "))")
     step = kill_after_first_train_state([sys.executable, "-c", code], tmp_path / "killed" / "train_state.pt")

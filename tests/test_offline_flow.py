@@ -36,7 +36,7 @@ def tiny(policy: Path, store: Path, run_dir: Path, **overrides: object) -> Offli
     per iteration, 4 rollout episodes."""
     base = OfflineFlowConfig(policy=policy, store=store, run_dir=run_dir, iterations=1, critic_steps=100,
                              policy_updates=2, windows=16, samples=4, minibatch_size=32, epochs=2, rollout_episodes=4,
-                             rollout_envs=4, execute=4, denoise_steps=5, eval_episodes=4, eval_envs=4, progress=False)
+                             rollout_envs=4, execute=4, sampler_steps=5, eval_episodes=4, eval_envs=4, progress=False)
     return replace(base, **overrides)
 
 
@@ -187,7 +187,7 @@ def test_awr_extraction_raises_held_out_success_on_reach(bc_flow: Path, offline_
     bench/RESULTS.md, "Learning tests"); the saved policy is the gated EMA, not the trained weights."""
     config = OfflineFlowConfig(policy=bc_flow, store=offline_reach_demos, run_dir=tmp_path / "run", iterations=1,
                                extraction="awr", lr=3e-4, policy_updates=1, epochs=300, windows=32, critic_steps=300,
-                               rollout_episodes=40, rollout_envs=20, execute=4, denoise_steps=5, eval_episodes=50,
+                               rollout_episodes=40, rollout_envs=20, execute=4, sampler_steps=5, eval_episodes=50,
                                eval_envs=25, progress=False, seed=learning_seed)
     result = train(config)
     rows = metrics(tmp_path / "run")
@@ -208,7 +208,7 @@ def test_success_gate_undoes_an_update_whose_gain_is_inside_its_noise(bc_flow: P
     config = OfflineFlowConfig(policy=bc_flow, store=offline_reach_demos, run_dir=tmp_path / "run", iterations=1,
                                extraction="awr", lr=3e-4, policy_updates=1, epochs=300, windows=32, critic_steps=300,
                                rollout_episodes=4, rollout_envs=4, gate_episodes=20, gate_z=100.0, execute=4,
-                               denoise_steps=5, eval_episodes=0, progress=False)
+                               sampler_steps=5, eval_episodes=0, progress=False)
     result = train(config)
     rows = metrics(tmp_path / "run")
     assert [r["ope/accepted"] for r in rows if "ope/accepted" in r] == [1.0]
@@ -228,7 +228,7 @@ def test_stage_does_no_harm_to_held_out_success_on_reach(bc_flow: Path, offline_
     paired episodes ends no more than 3 points below the BC start (seeds 0-4: bench/RESULTS.md, "Learning tests")."""
     result = train(OfflineFlowConfig(policy=bc_flow, store=offline_reach_demos, run_dir=tmp_path / "run", iterations=2,
                                      critic_steps=500, critics=2, critic_hidden=(128, 128), policy_updates=4,
-                                     windows=32, rollout_episodes=10, gate_episodes=50, execute=4, denoise_steps=5,
+                                     windows=32, rollout_episodes=10, gate_episodes=50, execute=4, sampler_steps=5,
                                      eval_episodes=100, eval_envs=25, progress=False, seed=learning_seed))
     assert_gates_decided_by_their_bounds(tmp_path / "run", updates=8)
     start = metrics(tmp_path / "run")[0]["eval/success_rate"]
@@ -255,7 +255,7 @@ def test_stage_does_not_lower_held_out_success_on_reach(bc_flow: Path, offline_r
     success over 100 paired episodes ends no more than 3 points below the BC start (bench/RESULTS.md, "Measurements
     behind the code's design")."""
     result = train(OfflineFlowConfig(policy=bc_flow, store=offline_reach_demos, run_dir=tmp_path / "run", iterations=2,
-                                     execute=4, denoise_steps=5, eval_episodes=100, eval_envs=25, progress=False,
+                                     execute=4, sampler_steps=5, eval_episodes=100, eval_envs=25, progress=False,
                                      seed=learning_seed))
     assert_gates_decided_by_their_bounds(tmp_path / "run", updates=20)
     start = metrics(tmp_path / "run")[0]["eval/success_rate"]

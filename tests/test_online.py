@@ -48,7 +48,7 @@ def bc_flow(reach_bc_flow: Path) -> Path:
 def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
     """CI-sized: 16 envs, one 60-step episode per env per iteration, chunks of 4 executed, a 5-step chain; Flow-SDE
     unless `method` says otherwise."""
-    base = OnlineConfig(policy=policy, method="flow_sde", num_envs=16, rollout_steps=60, execute=4, denoise_steps=5,
+    base = OnlineConfig(policy=policy, method="flow_sde", num_envs=16, rollout_steps=60, execute=4, sampler_steps=5,
                         total_steps=28_800, eval_episodes=0, checkpoint_every=960, log_every=960, run_dir=run_dir,
                         progress=False)
     return replace(base, **overrides)
@@ -154,7 +154,7 @@ def start_chains(bc_flow: Path, method: str, num_envs: int = 256, **overrides: A
     """An agent of `method` on the Reach BC policy (a 5-step chain), fresh Reach windows, and the chains it draws
     for them."""
     torch.manual_seed(0)
-    config = OnlineConfig(policy=bc_flow, method=method, denoise_steps=5, **overrides)  # type: ignore[arg-type]
+    config = OnlineConfig(policy=bc_flow, method=method, sampler_steps=5, **overrides)  # type: ignore[arg-type]
     policy = load_flow_policy(bc_flow, 5)
     agent = FlowAgent(policy, config, 5)
     env = make("Reach", num_envs=num_envs, seed=3)
@@ -290,14 +290,14 @@ def test_advantage_floor_keeps_below_average_decisions_out_of_the_policy_update(
     adv = torch.linspace(-1.0, 1.0, 32)  # the first 16 are below the minibatch's mean
 
     def policy_grad(floor: float | None, chain: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
-        config = OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5, advantage_floor=floor)
+        config = OnlineConfig(policy=bc_flow, method="flow_sde", sampler_steps=5, advantage_floor=floor)
         agent.zero_grad()
         batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(32), "adv": adv,
                  "ret": torch.zeros(32)}
         ppo_loss(agent, batch, config, actor=True, reference=None)[0].backward()
         return torch.cat([p.grad.flatten() for p in agent.policy.parameters() if p.grad is not None])
 
-    agent = FlowAgent(policy, OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5), 5)
+    agent = FlowAgent(policy, OnlineConfig(policy=bc_flow, method="flow_sde", sampler_steps=5), 5)
     (chain, logp), (other, other_logp) = agent.sample_chain(obs), agent.sample_chain(obs)
     below = torch.arange(32) < 16
     mixed = torch.where(below[:, None, None, None], other, chain)
@@ -314,7 +314,7 @@ def test_executed_likelihood_scores_only_the_actions_the_env_runs(bc_flow: Path)
     """--likelihood executed: the chain's log-density ignores the chunk steps past `execute` (they never act), and
     the rollout's stored density is the one PPO recomputes."""
     torch.manual_seed(0)
-    config = OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5, execute=2, likelihood="executed")
+    config = OnlineConfig(policy=bc_flow, method="flow_sde", sampler_steps=5, execute=2, likelihood="executed")
     policy = load_flow_policy(bc_flow, 5)
     agent, full = FlowAgent(policy, config, 5), FlowAgent(policy, replace(config, likelihood="chunk"), 5)
     assert agent.scored == 2 and full.scored == policy.horizon > 2
@@ -340,7 +340,7 @@ def test_executed_likelihood_scores_only_the_actions_the_env_runs(bc_flow: Path)
 def test_dense_scale_scales_only_the_rewards_below_success(bc_flow: Path) -> None:
     """--dense-scale: the same rollout (same chains, same envs) earns a decision exactly `scale` of its dense reward
     where no step of it succeeded, more where one did (success stays 1); the tally keeps the env's reward."""
-    config = OnlineConfig(policy=bc_flow, method="flow_sde", denoise_steps=5, execute=4)
+    config = OnlineConfig(policy=bc_flow, method="flow_sde", sampler_steps=5, execute=4)
     policy = load_flow_policy(bc_flow, 5)
     agent = FlowAgent(policy, config, 5)
 
@@ -415,7 +415,7 @@ def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_fi
                 checkpoint_every=80, log_every=80, critic_warmup=1, ema=0.9)
     args = [str(ROBOTRL), "train", "online", "--policy", str(bc_flow), "--method", "flow_noise", "--num-envs", "4",
             "--ema", "0.9",
-            "--rollout-steps", "20", "--execute", "4", "--denoise-steps", "5", "--total-steps", "400",
+            "--rollout-steps", "20", "--execute", "4", "--sampler-steps", "5", "--total-steps", "400",
             "--checkpoint-every", "80", "--log-every", "80", "--critic-warmup", "1", "--eval-episodes", "0",
             "--run-dir", str(cfg.run_dir), "--no-progress"]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
@@ -546,7 +546,7 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
             ({"residual_bound": -1.0}, r"OnlineConfig.residual_bound: expected > 0, got -1.0"),
             ({"ratio": "token"}, r"OnlineConfig.ratio: expected 'chain' or 'step', got 'token'"),
             ({"num_envs": 0}, r"OnlineConfig.num_envs: expected >= 1, got 0"),
-            ({"denoise_steps": 0}, r"OnlineConfig.denoise_steps: expected >= 1, got 0"),
+            ({"sampler_steps": 0}, r"OnlineConfig.sampler_steps: expected >= 1, got 0"),
             ({"clip": 0.0}, r"OnlineConfig.clip: expected > 0, got 0.0"),
             ({"noise_min": 0.6},
              r"OnlineConfig.noise_min / noise_max: expected 0 < noise_min < noise_max, got 0.6, 0.5"),

@@ -124,7 +124,7 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     (run_dir / "online" / "best_policy.json").write_text(json.dumps({"step": 10**9, "success_rate": 2.0}))
     out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1",
                   "--online-eval-every", "128", "--online-sampler-steps", "1", "--online-gate-episodes", "3",
-                  "--online-envs", "2", "--online-minibatch", "8", "--online-criterion", "stall",
+                  "--online-num-envs", "2", "--online-minibatch-size", "8", "--online-criterion", "stall",
                   "--online-operator-fraction", "0.5", "--online-ema", "0.8")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_rows(run_dir / "stages.jsonl")
@@ -132,7 +132,7 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
         [json.dumps(json.loads(line)["extra"]) for line in finished]
     assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
     # the table's header names the budget fields set on top of the preset
-    assert "preset smoke (online_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" in out.stdout
+    assert "preset smoke (online_num_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" in out.stdout
     online = json.loads((run_dir / "online" / "config.json").read_text())
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
     assert (online["num_envs"], online["minibatch_size"], online["criterion"], online["operator_fraction"],
@@ -199,7 +199,7 @@ def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reac
     from robotrl.stages.pipeline import PRESETS, stage_online
 
     shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
-    budget = dataclasses.replace(PRESETS["smoke"], online_steps=256, online_envs=2, online_rollout_steps=64)
+    budget = dataclasses.replace(PRESETS["smoke"], online_total_steps=256, online_num_envs=2, online_rollout_steps=64)
     config = PipelineConfig(task="Reach", execute=4, run_dir=tmp_path, interventions=False, threads=1,
                             progress=False)
     weights, steps, extra = stage_online(config, budget, tmp_path)
@@ -228,10 +228,10 @@ def test_bad_config_names_the_field():
         PipelineConfig(online_lr=0.0)
     with pytest.raises(ValueError, match=r"PipelineConfig.online_sampler_steps: expected > 0, got 0"):
         PipelineConfig(online_sampler_steps=0)
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_envs: expected > 0, got 0"):
-        PipelineConfig(online_envs=0)
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_minibatch: expected > 0, got -1"):
-        PipelineConfig(online_minibatch=-1)
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_num_envs: expected > 0, got 0"):
+        PipelineConfig(online_num_envs=0)
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_minibatch_size: expected > 0, got -1"):
+        PipelineConfig(online_minibatch_size=-1)
     with pytest.raises(ValueError, match=r"PipelineConfig.online_criterion: expected 'stray' or 'stall', got 'lost'"):
         PipelineConfig(online_criterion="lost")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PipelineConfig.online_ema: expected a decay in \[0, 1\), got 1.0"):
@@ -251,11 +251,11 @@ def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match=r"PipelineConfig.distill_gate_episodes: expected > 0, got -1"):
         PipelineConfig(distill_gate_episodes=-1)
     # the BC recipe that took PushT to 97% on one core: the BC stage's options, the distillation's batch unchanged
-    budget = PipelineConfig(preset="full", bc_batch=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
-    assert (budget.bc_batch, budget.bc_lr, budget.bc_channels, budget.distill_batch) == (256, 1e-3, (32, 64, 128), 64)
+    budget = PipelineConfig(preset="full", bc_batch_size=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
+    assert (budget.bc_batch_size, budget.bc_lr, budget.bc_channels, budget.distill_batch_size) == (256, 1e-3, (32, 64, 128), 64)
     # the GPU chain's online and student batches (bench/device_pipeline.sh)
-    budget = PipelineConfig(preset="full", online_envs=64, distill_batch=1024).budget()
-    assert (budget.online_envs, budget.distill_batch, budget.online_rollout_steps) == (64, 1024, 160)
+    budget = PipelineConfig(preset="full", online_num_envs=64, distill_batch_size=1024).budget()
+    assert (budget.online_num_envs, budget.distill_batch_size, budget.online_rollout_steps) == (64, 1024, 160)
 
 
 @pytest.mark.parametrize("policy, images", [("flow", False), ("vla", True)])
@@ -281,7 +281,7 @@ def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
 
     vla = PipelineConfig(task="PickPlace", preset="default", progress=False)
     assert bc_recipe(vla, vla.budget()) == {"batch_size": 32, "lr": 3e-4, "policy": VLAConfig(obs_horizon=1)}
-    mine = PipelineConfig(task="PickPlace", preset="default", bc_batch=48, bc_lr=1e-4)
+    mine = PipelineConfig(task="PickPlace", preset="default", bc_batch_size=48, bc_lr=1e-4)
     assert bc_recipe(mine, mine.budget()) == {"batch_size": 48, "lr": 1e-4, "policy": VLAConfig(obs_horizon=1)}
     flow = PipelineConfig(task="PickPlace", preset="default", policy="flow")
     assert bc_recipe(flow, flow.budget()) == {"batch_size": 64, "lr": 1e-3, "policy": FlowConfig(channels=(32, 64, 128))}

@@ -181,9 +181,10 @@ def test_bad_configs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"PpoConfig.backend: expected 'cpu' or 'mjx', got 'gpu'"):
         PpoConfig(backend="gpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PpoConfig.obs_keys: \['nope'\] are not numeric state observations of Reach"):
-        ppo_mjx.train(PpoConfig(backend="mjx", obs_keys=("nope",), run_dir=tmp_path / "keys", progress=False))
+        ppo_mjx.train(PpoConfig(task="Reach", backend="mjx", obs_keys=("nope",), run_dir=tmp_path / "keys",
+                                progress=False))
     with pytest.raises(FileNotFoundError, match="train_state.pt does not exist"):
-        ppo_mjx.train(PpoConfig(backend="mjx", resume=True, run_dir=tmp_path / "none", progress=False))
+        ppo_mjx.train(PpoConfig(task="Reach", backend="mjx", resume=True, run_dir=tmp_path / "none", progress=False))
     template = {"params['log_std']": torch.zeros(4)}
     state = ppo_mjx.TrainState({"log_std": jnp.zeros(3)}, (), ppo_mjx.Norm(*jnp.zeros((3, 1))), (), jnp.zeros(1),
                                jnp.zeros(2, jnp.uint32), jnp.zeros(1), jnp.zeros(1, bool))

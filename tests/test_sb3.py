@@ -1,6 +1,7 @@
 """Stable-Baselines3 on robotrl tasks, unmodified: SAC and PPO learn on the registered env; `robotrl.rl.sb3.train`."""
 
 import json
+from dataclasses import replace
 
 import gymnasium as gym
 import numpy as np
@@ -62,8 +63,8 @@ def test_sb3_ppo_trains_on_the_registered_vector_env() -> None:
 
 
 def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
-    config = Sb3Config(total_timesteps=600, learning_starts=300, net_arch=(32, 32), batch_size=64, eval_episodes=4,
-                       eval_envs=4, run_dir=tmp_path / "run", checkpoint_every=300, progress=False)
+    config = Sb3Config(task="Reach", total_steps=600, learning_starts=300, hidden=(32, 32), batch_size=64,
+                       eval_episodes=4, eval_envs=4, run_dir=tmp_path / "run", checkpoint_every=300, progress=False)
     result = train(config)
     assert result.episodes == 4 and result.timesteps == 600
     from stable_baselines3 import SAC as Sac  # the saved model is the evaluated one: the same success on the same seeds
@@ -83,15 +84,15 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     from robotrl.rl.sb3 import replay_buffer_path
 
     assert replay_buffer_path(run / "checkpoints" / "model_600_steps.zip").exists()
-    resumed = train(Sb3Config(**{**config.__dict__, "total_timesteps": 200, "run_dir": tmp_path / "resumed",
-                                 "resume": run / "checkpoints" / "model_600_steps.zip"}))
-    assert resumed.timesteps == 800  # continued from the checkpoint's step count
+    resumed = train(replace(config, total_steps=800, resume=True))
+    assert resumed.timesteps == 800  # continued from the last checkpoint's step count (600) up to total_steps
+    assert (run / "checkpoints" / "model_800_steps.zip").exists()
 
 
 def test_flatten_batch_matches_what_sb3_sees():
     from robotrl.rl.sb3 import make_sb3_env
 
-    config = Sb3Config()
+    config = Sb3Config(task="Reach")
     obs, _ = make_sb3_env(config, seed=4).reset(seed=4)
     vec = robotrl.envs.make("Reach", num_envs=1, autoreset=False)
     batch, _ = vec.reset(seed=4)
@@ -99,20 +100,22 @@ def test_flatten_batch_matches_what_sb3_sees():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ValueError, match="algo: expected one of \\('sac', 'ppo', 'td3'\\), got 'dqn'"):
+    with pytest.raises(ValueError, match="Sb3Config.algo: expected one of \\('sac', 'ppo', 'td3'\\), got 'dqn'"):
         Sb3Config(algo="dqn")
-    with pytest.raises(ValueError, match="total_timesteps: expected a positive integer, got 0"):
-        Sb3Config(total_timesteps=0)
+    with pytest.raises(ValueError, match="Sb3Config.total_steps: expected a positive integer, got 0"):
+        Sb3Config(total_steps=0)
+    with pytest.raises(ValueError, match="Sb3Config.resume: needs run_dir"):
+        Sb3Config(resume=True)
     from robotrl.rl.sb3 import make_sb3_env
 
     with pytest.raises(ValueError, match="obs_keys: Reach has keys \\['state'\\]; got \\['pixels'\\]"):
-        make_sb3_env(Sb3Config(obs_keys=("pixels",)))
+        make_sb3_env(Sb3Config(task="Reach", obs_keys=("pixels",)))
 
 
 @pytest.mark.slow
 def test_default_config_learns_reach(tmp_path):
     """The README's main job: the default SAC config reaches a clearly non-trivial success rate on Reach."""
-    result = train(Sb3Config(run_dir=tmp_path, progress=False))
+    result = train(Sb3Config(task="Reach", run_dir=tmp_path, progress=False))
     assert result.success_rate >= 0.8, result
 
 

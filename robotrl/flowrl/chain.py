@@ -46,7 +46,7 @@ class ChainConfig(PolicyRunOptions):
     num_envs: int = 32
     execute: int = 8
     """actions executed from each chunk before the next decision (and at evaluation)"""
-    denoise_steps: int | None = None
+    sampler_steps: int | None = None
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
     noise_std: float | None = None
     """denoising_mdp: std of each transition (normalized action units; default 0.1); flow_noise: the noise net's
@@ -112,8 +112,8 @@ class ChainConfig(PolicyRunOptions):
         for field in ("num_envs", "execute"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
-        if self.denoise_steps is not None and self.denoise_steps < 1:
-            raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
+        if self.sampler_steps is not None and self.sampler_steps < 1:
+            raise ValueError(f"{name}.sampler_steps: expected >= 1, got {self.sampler_steps}")
         for field in ("sde_noise", "clip", "prior_bound", "residual_bound"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")

@@ -317,9 +317,10 @@ def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:
 class ClassifierConfig(RunOptions):
     """Train a success classifier on a store's camera frames (successful and failed episodes), for a reward."""
 
-    store: Path = Path("data/pickplace.zarr")
-    camera: str = "image_front"
-    """the image observation ('image_front' or 'front')"""
+    store: Path = Path("data/pusht.zarr")
+    """episodes with camera frames, successful and failed (e.g. `robotrl data record --images`)"""
+    camera: str = "image_top"
+    """the image observation ('image_top' or 'top': PushT's overhead camera; PickPlace's: 'front', 'wrist')"""
     proprio: tuple[str, ...] = ()
     """vector observations also fed to the classifier (default none: the camera alone, as HIL-SERL)"""
     steps: int = 2_000
@@ -330,7 +331,8 @@ class ClassifierConfig(RunOptions):
     warmup: int = 100
     augment_pad: int = 4
     """DrQ random shift in pixels (0: none)"""
-    widths: tuple[int, ...] = (16, 32, 64)
+    encoder_widths: tuple[int, ...] = (16, 32, 64)
+    """the image encoder's ResNet stage widths"""
     encoder_dim: int = 64
     hidden: tuple[int, ...] = (256,)
     holdout: float = 0.25
@@ -351,7 +353,7 @@ class ClassifierConfig(RunOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.store = Path(self.store)
-        self.proprio, self.widths, self.hidden = tuple(self.proprio), tuple(self.widths), tuple(self.hidden)
+        self.proprio, self.encoder_widths, self.hidden = tuple(self.proprio), tuple(self.encoder_widths), tuple(self.hidden)
         for name in ("steps", "batch_size", "success_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ClassifierConfig.{name}: expected >= 1, got {getattr(self, name)}")
@@ -408,7 +410,7 @@ def train(config: ClassifierConfig) -> ClassifierResult:
     positives, negatives = np.flatnonzero(train_set.labels), np.flatnonzero(~train_set.labels)
 
     # network, optimizer, schedule
-    net = ClassifierNet(camera, config.proprio, config.widths, config.encoder_dim, config.hidden)
+    net = ClassifierNet(camera, config.proprio, config.encoder_widths, config.encoder_dim, config.hidden)
     stats = {k: v for k, v in store.stats().items() if k in config.proprio}
     model = SuccessClassifier(net, {k: spec.observations[k] for k in (camera, *config.proprio)}, stats, task=spec.task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)

@@ -57,7 +57,7 @@ class DsrlConfig(PolicyRunOptions):
     """environment steps, all envs together"""
     execute: int = 8
     """actions executed from each chunk before the next decision (and at evaluation)"""
-    denoise_steps: int | None = None
+    sampler_steps: int | None = None
     """Euler steps of the ODE (default: the policy's sampler steps); the saved policy samples with them"""
     gamma: float = 0.95
     """discount per env step (a decision of `execute` steps discounts its successor by gamma^execute); on Reach
@@ -121,7 +121,7 @@ class DsrlConfig(PolicyRunOptions):
     def online(self) -> ChainConfig:
         """The rollout's settings in the chain's terms: its latent method draws x_0 from the prior."""
         return ChainConfig(policy=self.policy, method="latent", num_envs=self.num_envs, execute=self.execute,
-                           denoise_steps=self.denoise_steps, noise_hidden=self.prior_hidden,
+                           sampler_steps=self.sampler_steps, noise_hidden=self.prior_hidden,
                            prior_bound=self.prior_bound, reward_type=self.reward_type,
                            reward_classifier=self.reward_classifier, seed=self.seed, eval_episodes=0)
 
@@ -215,7 +215,7 @@ def decisions(flow: FlowAgent, data: dict[str, Any], windows: Windows, discount:
 
 def train(config: DsrlConfig) -> RLResult:
     online = config.online()
-    policy = load_flow_policy(config.policy, config.denoise_steps, field="DsrlConfig.policy")
+    policy = load_flow_policy(config.policy, config.sampler_steps, field="DsrlConfig.policy")
     run_dir, state_path, rng = start_run(config, "dsrl", policy.spec.task, holds="train_state.pt")
 
     # the rollout's agent (its prior is the actor) and SAC's agent around the same prior

@@ -92,7 +92,7 @@ class HilConfig(OnlineConfig):
     """expert, stall: how far a step's reward must rise above its level at the last progress to count as progress"""
     takeover_steps: int = 16
     """expert: env steps it drives once it has taken over (fewer if the episode ends)"""
-    bc_weight: float = 1.0
+    bc_loss_coef: float = 1.0
     """weight of the flow-matching BC loss on the demo buffer (the operator's interventions) in every minibatch"""
     bc_batch_size: int = 64
     """demo windows per minibatch"""
@@ -101,8 +101,8 @@ class HilConfig(OnlineConfig):
     demos (`demos`), as HIL-SERL and RLPD sample their buffers in fixed shares; 0: every window alike (on PushT the
     seeded demos far outnumber the stall criterion's stretches; bench/RESULTS.md, "Measurements behind the code's
     design")"""
-    store: Path | None = None
-    """the dataset store every step is recorded to (default: run_dir/hil.zarr); created with the env's spec, or
+    out: Path | None = None
+    """the episode store every step is recorded to (default: run_dir/hil.zarr); created with the env's spec, or
     appended to when its spec matches"""
     demos: Path | None = None
     """a store whose episodes seed the demo buffer (e.g. the BC demonstrations); default: interventions only"""
@@ -126,12 +126,12 @@ class HilConfig(OnlineConfig):
                 raise ValueError(f"{name}.{f}: expected >= 1, got {getattr(self, f)}")
         if not self.stray_threshold > 0:
             raise ValueError(f"{name}.stray_threshold: expected > 0, got {self.stray_threshold}")
-        for f in ("operator_noise", "bc_weight", "stall_margin"):
+        for f in ("operator_noise", "bc_loss_coef", "stall_margin"):
             if not getattr(self, f) >= 0:
                 raise ValueError(f"{name}.{f}: expected >= 0, got {getattr(self, f)}")
         if not 0.0 <= self.operator_fraction <= 1.0:
             raise ValueError(f"{name}.operator_fraction: expected a share in [0, 1], got {self.operator_fraction}")
-        self.store = None if self.store is None else Path(self.store)
+        self.out = None if self.out is None else Path(self.out)
         self.demos = None if self.demos is None else Path(self.demos)
 
 
@@ -453,7 +453,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
     if device is not None and n != 1:
         env.close()
         raise ValueError(f"HilConfig.num_envs: expected 1 when a teleop device drives ({device.name}), got {n}")
-    store_path = config.store or run_dir / "hil.zarr"
+    store_path = config.out or run_dir / "hil.zarr"
     store = EpisodeStore.create(store_path, env.task_spec, exist_ok=True)
     try:
         demos = DemoBuffer(tuple(policy.obs_keys), text, SequenceConfig(policy.obs_horizon, policy.action_horizon))
@@ -498,7 +498,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         def demo_bc() -> tuple[torch.Tensor, dict[str, float]]:
             """The flow-matching BC loss on the demo buffer's windows."""
             loss = policy.compute_loss(demos.sample(config.bc_batch_size, rng, config.operator_fraction))
-            return config.bc_weight * loss, {"loss/demo_bc": loss.item()}
+            return config.bc_loss_coef * loss, {"loss/demo_bc": loss.item()}
 
         log = RunLog(run_dir)
         best = BestCheckpoint(run_dir, run.kept.save)
@@ -508,7 +508,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         try:
             for it in range(start, iterations):
                 data = collect(agent, env, windows, horizon, execute, config, tally, operator)
-                use_demos = config.bc_weight > 0 and bool(demos.parts)
+                use_demos = config.bc_loss_coef > 0 and bool(demos.parts)
                 sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant,
                                   rng, f"hil iteration {it} (last train state: {state_path})",
                                   demo_bc if use_demos else None)

@@ -95,7 +95,7 @@ class OfflineFlowConfig(PolicyRunOptions):
 
     policy: Path = Path("runs/bc-flow/policy")
     """the flow policy checkpoint to start from (`robotrl train bc --policy flow` or `train online` output)"""
-    store: Path = Path("data/reach.zarr")
+    store: Path = Path("data/pusht.zarr")
     """episodes with rewards (demonstrations of the task); copied to run_dir/store.zarr, which grows"""
     iterations: int = 5
     """rounds of critic fit -> gated policy updates -> rollouts added to the store -> evaluation"""
@@ -131,7 +131,7 @@ class OfflineFlowConfig(PolicyRunOptions):
     rollout_envs: int = 10
     execute: int = 8
     """actions executed from each chunk: the decision the critic scores, and at rollouts and evaluation"""
-    denoise_steps: int | None = None
+    sampler_steps: int | None = None
     """K: Euler steps of the chain (default: the policy's sampler steps); the saved policy samples with K too"""
     method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"] = "flow_sde"
     """how the chain is made stochastic (robotrl/flowrl/online.py)"""
@@ -154,7 +154,7 @@ class OfflineFlowConfig(PolicyRunOptions):
     """discount per env step (a decision of k steps discounts by gamma^k)"""
     expectile: float = 0.7
     critic_lr: float = 3e-4
-    critic_batch: int = 256
+    critic_batch_size: int = 256
     critics: int = 5
     critic_hidden: tuple[int, ...] = (256, 256)
     tau: float = 0.005
@@ -195,15 +195,15 @@ class OfflineFlowConfig(PolicyRunOptions):
         if self.advantage == "group" and self.samples < 2:
             raise ValueError(f"{name}.samples: expected >= 2 for advantage 'group', got {self.samples}")
         for field in ("iterations", "critic_steps", "policy_updates", "windows", "samples", "epochs", "minibatch_size",
-                      "rollout_episodes", "rollout_envs", "execute", "critic_batch", "critics", "ope_windows"):
+                      "rollout_episodes", "rollout_envs", "execute", "critic_batch_size", "critics", "ope_windows"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         if self.gate_episodes is not None and self.gate_episodes < 1:
             raise ValueError(f"{name}.gate_episodes: expected >= 1, got {self.gate_episodes}")
         if not 0.0 <= self.gate_z < float("inf"):
             raise ValueError(f"{name}.gate_z: expected >= 0, got {self.gate_z}")
-        if self.denoise_steps is not None and self.denoise_steps < 1:
-            raise ValueError(f"{name}.denoise_steps: expected >= 1, got {self.denoise_steps}")
+        if self.sampler_steps is not None and self.sampler_steps < 1:
+            raise ValueError(f"{name}.sampler_steps: expected >= 1, got {self.sampler_steps}")
         for field in ("clip", "lr", "noise_lr", "max_grad_norm", "sde_noise", "critic_lr", "awr_temperature",
                       "awr_max_weight"):
             if not getattr(self, field) > 0:
@@ -428,7 +428,7 @@ class _NoSchedule:
 # ---------------------------------------------------------------------------------------------------
 def train(config: OfflineFlowConfig) -> RLResult:
     name = type(config).__name__
-    policy = load_flow_policy(config.policy, config.denoise_steps, f"{name}.policy")
+    policy = load_flow_policy(config.policy, config.sampler_steps, f"{name}.policy")
     if not config.store.exists():
         raise FileNotFoundError(f"{name}.store: {config.store} does not exist (record demos: robotrl data record)")
     run_dir, state_path, rng = start_run(config, f"offline-{config.method}", policy.spec.task, holds="train_state.pt")
@@ -440,7 +440,7 @@ def train(config: OfflineFlowConfig) -> RLResult:
         shutil.copytree(config.store, store_path)
     execute = min(config.execute, policy.action_horizon)
     chain_config = config.chain_config()
-    reference = load_flow_policy(config.policy, config.denoise_steps, f"{name}.policy").requires_grad_(False) \
+    reference = load_flow_policy(config.policy, config.sampler_steps, f"{name}.policy").requires_grad_(False) \
         if config.bc_coef > 0 else None
 
     # the chain (chain.py's FlowAgent; its value net is unused), the critic, their optimizers
@@ -499,7 +499,7 @@ def train(config: OfflineFlowConfig) -> RLResult:
             features, next_features = agent.features(data.obs), agent.features(data.next_obs)
             stats: dict[str, list[float]] = {}
             for _ in range(config.critic_steps):
-                k = torch.from_numpy(rng.integers(0, len(data), config.critic_batch))
+                k = torch.from_numpy(rng.integers(0, len(data), config.critic_batch_size))
                 batch = {"obs": features[k], "action": data.action[k], "reward": data.reward[k],
                          "done": torch.zeros(len(k)), "next_obs": next_features[k]}
                 _, _, s = critic_update(critic, opt, batch, config.expectile, data.discount[k], f"{where}: critic")

@@ -297,11 +297,11 @@ def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
     """The starting policy (and its frozen copy for the velocity regularizer), the run directory (refused if a fresh
     run would overwrite one), the envs on training seeds, agent and optimizer, observation windows and tallies."""
     name = type(config).__name__
-    policy = load_flow_policy(config.policy, config.denoise_steps, field=f"{name}.policy")
+    policy = load_flow_policy(config.policy, config.sampler_steps, field=f"{name}.policy")
     run_dir, state_path, rng = start_run(config, algorithm, policy.spec.task, holds="train_state.pt")
     reference = None
     if config.bc_coef > 0:
-        reference = load_flow_policy(config.policy, config.denoise_steps).requires_grad_(False).to(config.device)
+        reference = load_flow_policy(config.policy, config.sampler_steps).requires_grad_(False).to(config.device)
     env = training_env(policy, config)
     agent = FlowAgent(policy, config, policy.config.steps).to(config.device)  # a learning rate per network
     optimizer, constant = make_optimizer(agent, config)

@@ -24,7 +24,7 @@ from robotrl.training.loop import RLResult, RunLog, PolicyRunOptions, TrainClock
 class OfflineOptions(PolicyRunOptions):
     """What an offline actor-critic run (IQL, Cal-QL) reads and how it updates: its config's shared fields."""
 
-    store: Path = Path("data/reach.zarr")
+    store: Path = Path("data/pusht.zarr")
     """episodes to learn from (demonstrations, earlier runs)"""
     obs_keys: tuple[str, ...] = ("state",)
     steps: int = 20_000

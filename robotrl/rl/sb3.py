@@ -4,8 +4,8 @@ This is the smallest end-to-end check that the task suite is learnable with an o
 changes to it: SB3 sees the registered gymnasium env (`robotrl/<Task>-v0`) with the chosen observation keys
 flattened into one vector; evaluation runs the trained policy in the batched CPU env over seeded episodes.
 
-    from robotrl.rl.sb3 import Sb3Config, train
-    result = train(Sb3Config(task="Reach"))        # the same dataclass is `robotrl train sb3`
+    from robotrl.rl.sb3 import Sb3SacConfig, train
+    result = train(Sb3SacConfig(task="Reach"))        # the same dataclass is `robotrl train sb3-sac --task Reach`
     print(result.success_rate)
 """
 
@@ -22,55 +22,68 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from robotrl.envs.tasks import DEFAULT_TASK
+
 ALGOS = ("sac", "ppo", "td3")
 OFF_POLICY = ("sac", "td3")
 
 
 @dataclass
 class Sb3Config:
-    """Train an SB3 agent on a robotrl task and report its success rate over seeded evaluation episodes."""
+    """Train an SB3 agent on a robotrl task and report its success rate over seeded evaluation episodes. The
+    fields are named as robotrl's own runs name them (SB3's: total_timesteps, n_envs, learning_rate, net_arch)."""
 
-    task: str = "Reach"
+    task: str = DEFAULT_TASK
     """task name (see `robotrl envs list`)"""
     algo: Literal["sac", "ppo", "td3"] = "sac"
     """SAC (sample-efficient, the default), PPO or TD3"""
     action_mode: str = "ee_delta"
     """the task's action mode"""
     reward_type: Literal["dense", "sparse"] = "dense"
-    total_timesteps: int = 12_000
+    total_steps: int = 12_000
     """environment steps of training (all envs together)"""
-    n_envs: int = 1
+    num_envs: int = 1
     """parallel training envs (SAC: 1 is enough; PPO wants 8 or more)"""
     obs_keys: tuple[str, ...] = ("state",)
     """observation keys given to the policy, flattened in this order (images and text are not supported)"""
-    net_arch: tuple[int, ...] = (256, 256)
-    learning_rate: float = 1e-3
+    hidden: tuple[int, ...] = (256, 256)
+    """hidden widths of the policy and value networks"""
+    lr: float = 1e-3
     batch_size: int = 256
     gamma: float = 0.95
     """short horizon: Reach episodes are 60 steps and the reward is dense"""
     learning_starts: int = 1_000
     """SAC: random-action steps before the first update"""
     eval_episodes: int = 100
+    """held-out episodes of the final evaluation"""
     eval_envs: int = 20
+    """parallel envs of the evaluation"""
     seed: int = 0
     run_dir: Path | None = None
-    """where the model, TensorBoard events and metrics.jsonl go (default: runs/sb3-<task>-<algo>-<time>)"""
+    """where the model, TensorBoard events and metrics.jsonl go (default: runs/sb3-<algo>-<task>-<time>)"""
     checkpoint_every: int = 5_000
     """save a checkpoint (model + SAC replay buffer) every this many steps; 0 disables"""
-    resume: Path | None = None
-    """continue training from this checkpoint (.zip) instead of from scratch"""
+    resume: bool = False
+    """continue the run in run_dir from its last checkpoint (checkpoints/model_<steps>_steps.zip, with its replay
+    buffer) up to total_steps"""
     progress: bool = True
-    torch_threads: int = 1
+    """show a progress bar"""
+    threads: int = 1
     """torch CPU threads; 1 is fastest for these small networks on a shared machine"""
 
     def __post_init__(self) -> None:
+        name = type(self).__name__
         if self.algo not in ALGOS:
-            raise ValueError(f"algo: expected one of {ALGOS}, got {self.algo!r}")
-        for name in ("total_timesteps", "n_envs", "eval_episodes", "eval_envs", "batch_size", "torch_threads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+            raise ValueError(f"{name}.algo: expected one of {ALGOS}, got {self.algo!r}")
+        for field in ("total_steps", "num_envs", "eval_episodes", "eval_envs", "batch_size", "threads"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{name}.{field}: expected a positive integer, got {getattr(self, field)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"{name}.checkpoint_every: expected >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         if not self.obs_keys:
-            raise ValueError("obs_keys: expected at least one observation key, got ()")
+            raise ValueError(f"{name}.obs_keys: expected at least one observation key, got ()")
+        if self.resume and self.run_dir is None:
+            raise ValueError(f"{name}.resume: needs run_dir (the run to continue)")
 
 
 @dataclass(frozen=True)
@@ -100,7 +113,7 @@ class Sb3PpoConfig(Sb3Config):
     """Stable-Baselines3's PPO on a robotrl task."""
 
     algo: Literal["sac", "ppo", "td3"] = "ppo"
-    n_envs: int = 8
+    num_envs: int = 8
 
 
 @dataclass
@@ -159,29 +172,32 @@ def train(config: Sb3Config) -> Sb3Result:
     from stable_baselines3.common.logger import JSONOutputFormat, Logger, TensorBoardOutputFormat
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
-    torch.set_num_threads(config.torch_threads)
-    run_dir = Path(config.run_dir or f"runs/sb3-{config.task}-{config.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    torch.set_num_threads(config.threads)
+    run_dir = Path(config.run_dir or f"runs/sb3-{config.algo}-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(config)), indent=2))
+    last = last_checkpoint(run_dir) if config.resume else None
+    if not config.resume:
+        (run_dir / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(config)), indent=2))
 
-    venv = VecMonitor(DummyVecEnv([lambda i=i: make_sb3_env(config, config.seed + i) for i in range(config.n_envs)]),
+    venv = VecMonitor(DummyVecEnv([lambda i=i: make_sb3_env(config, config.seed + i) for i in range(config.num_envs)]),
                       info_keywords=("success",))
     keys = tuple(venv.envs[0].env.observation_space.spaces)  # FlattenObservation(FilterObservation): its key order
     algo_cls = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
-    if config.resume is not None:
-        model = algo_cls.load(config.resume, env=venv, device="cpu")
-        if config.algo in OFF_POLICY and replay_buffer_path(Path(config.resume)).exists():
-            model.load_replay_buffer(replay_buffer_path(Path(config.resume)))
+    if last is not None:
+        model = algo_cls.load(last, env=venv, device="cpu")
+        if config.algo in OFF_POLICY and replay_buffer_path(last).exists():
+            model.load_replay_buffer(replay_buffer_path(last))
     else:
         model = algo_cls("MlpPolicy", venv, seed=config.seed, device="cpu", verbose=0, **_algo_kwargs(config))
     model.set_logger(Logger(str(run_dir), [JSONOutputFormat(str(run_dir / "metrics.jsonl")), TensorBoardOutputFormat(str(run_dir / "tb"))]))
 
-    callbacks: list[Any] = [progress_bar(config.total_timesteps, config.progress)]
+    remaining = max(config.total_steps - model.num_timesteps, 0)
+    callbacks: list[Any] = [progress_bar(remaining, config.progress)]
     if config.checkpoint_every > 0:
-        callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.n_envs, 1), str(run_dir / "checkpoints"),
+        callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.num_envs, 1), str(run_dir / "checkpoints"),
                                             name_prefix="model", save_replay_buffer=config.algo in OFF_POLICY))
     start = time.perf_counter()
-    model.learn(config.total_timesteps, callback=CallbackList(callbacks), reset_num_timesteps=config.resume is None,
+    model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=last is None,
                 log_interval=10 if config.algo in OFF_POLICY else 1)
     seconds = time.perf_counter() - start
     model_path = run_dir / "model.zip"
@@ -202,11 +218,11 @@ def train(config: Sb3Config) -> Sb3Result:
 
 
 def _algo_kwargs(config: Sb3Config) -> dict[str, Any]:
-    common = {"learning_rate": config.learning_rate, "batch_size": config.batch_size, "gamma": config.gamma,
-              "policy_kwargs": {"net_arch": list(config.net_arch)}}
+    common = {"learning_rate": config.lr, "batch_size": config.batch_size, "gamma": config.gamma,
+              "policy_kwargs": {"net_arch": list(config.hidden)}}
     if config.algo in OFF_POLICY:
-        return {**common, "learning_starts": config.learning_starts, "buffer_size": max(config.total_timesteps, 1)}
-    return {**common, "n_steps": max(2048 // config.n_envs, 8)}
+        return {**common, "learning_starts": config.learning_starts, "buffer_size": max(config.total_steps, 1)}
+    return {**common, "n_steps": max(2048 // config.num_envs, 8)}
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +246,16 @@ def progress_bar(total: int, enabled: bool = True) -> Any:
             self.bar.close()
 
     return ProgressBar()
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint with the most steps in run_dir/checkpoints (what `resume` continues from)."""
+    found = {int(m[1]): p for p in (run_dir / "checkpoints").glob("model_*_steps.zip")
+             if (m := re.fullmatch(r"model_(\d+)_steps\.zip", p.name))}
+    if not found:
+        raise FileNotFoundError(f"Sb3Config.resume: no checkpoint in {run_dir / 'checkpoints'} (model_<steps>_steps.zip; "
+                                "was checkpoint_every 0?)")
+    return found[max(found)]
 
 
 def replay_buffer_path(checkpoint: Path) -> Path:

@@ -55,12 +55,12 @@ class Budget:
 
     demo_episodes: int
     bc_steps: int
-    bc_batch: int
+    bc_batch_size: int
     bc_channels: tuple[int, ...]
     bc_lr: float
     offline_iterations: int
     offline_critic_steps: int
-    offline_updates: int
+    offline_policy_updates: int
     """ppo extraction: OPE-gated updates per iteration"""
     offline_awr_steps: int
     """awr extraction: advantage-weighted flow-matching steps per iteration (one gated update)"""
@@ -68,8 +68,8 @@ class Budget:
     offline_gate_episodes: int
     """training-seed episodes of each policy on which the offline update must gain (beyond one standard error) to
     be kept"""
-    online_steps: int
-    online_envs: int
+    online_total_steps: int
+    online_num_envs: int
     online_rollout_steps: int
     online_gate_episodes: int
     """training-seed episodes on which the online policy must not lose to its start to be handed on"""
@@ -77,7 +77,7 @@ class Budget:
     """env steps between the online stage's evaluations on online_gate_episodes training-seed episodes (other seeds
     than the gate's); the best evaluated weights are handed on (0: the last weights)"""
     distill_steps: int
-    distill_batch: int
+    distill_batch_size: int
     distill_dagger_rounds: int
     distill_dagger_episodes: int
     distill_gate_episodes: int
@@ -87,32 +87,32 @@ class Budget:
 
 
 PRESETS: dict[str, Budget] = {
-    "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch=16, bc_channels=(16, 32), bc_lr=1e-4,
-                    offline_iterations=1, offline_critic_steps=50, offline_updates=2, offline_awr_steps=10,
-                    offline_rollout_episodes=2, offline_gate_episodes=2, online_steps=512, online_envs=4,
+    "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch_size=16, bc_channels=(16, 32), bc_lr=1e-4,
+                    offline_iterations=1, offline_critic_steps=50, offline_policy_updates=2, offline_awr_steps=10,
+                    offline_rollout_episodes=2, offline_gate_episodes=2, online_total_steps=512, online_num_envs=4,
                     online_rollout_steps=64, online_gate_episodes=2, online_eval_every=256, distill_steps=20,
-                    distill_batch=16, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
+                    distill_batch_size=16, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
                     eval_episodes=4, eval_envs=4),
     # sized to the issue's 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
-    # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-steps give them back
-    "default": Budget(demo_episodes=200, bc_steps=6_000, bc_batch=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
-                      offline_iterations=1, offline_critic_steps=1_000, offline_updates=10, offline_awr_steps=400,
-                      offline_rollout_episodes=10, offline_gate_episodes=10, online_steps=30_720, online_envs=16,
+    # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-total-steps give them back
+    "default": Budget(demo_episodes=200, bc_steps=6_000, bc_batch_size=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
+                      offline_iterations=1, offline_critic_steps=1_000, offline_policy_updates=10, offline_awr_steps=400,
+                      offline_rollout_episodes=10, offline_gate_episodes=10, online_total_steps=30_720, online_num_envs=16,
                       online_rollout_steps=160, online_gate_episodes=20, online_eval_every=0, distill_steps=600,
-                      distill_batch=64, distill_dagger_rounds=1, distill_dagger_episodes=25, distill_gate_episodes=30,
+                      distill_batch_size=64, distill_dagger_rounds=1, distill_dagger_episodes=25, distill_gate_episodes=30,
                       eval_episodes=50, eval_envs=50),
-    "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
-                   offline_iterations=5, offline_critic_steps=5_000, offline_updates=10, offline_awr_steps=3_000,
-                   offline_rollout_episodes=50, offline_gate_episodes=100, online_steps=1_000_000, online_envs=32,
+    "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch_size=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
+                   offline_iterations=5, offline_critic_steps=5_000, offline_policy_updates=10, offline_awr_steps=3_000,
+                   offline_rollout_episodes=50, offline_gate_episodes=100, online_total_steps=1_000_000, online_num_envs=32,
                    online_rollout_steps=160, online_gate_episodes=200, online_eval_every=200_000, distill_steps=5_000,
-                   distill_batch=64, distill_dagger_rounds=3, distill_dagger_episodes=100, distill_gate_episodes=200,
+                   distill_batch_size=64, distill_dagger_rounds=3, distill_dagger_episodes=100, distill_gate_episodes=200,
                    eval_episodes=500, eval_envs=50),
 }
 
 
 #: PipelineConfig's numeric fields that override its preset's Budget field of the same name
-OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch", "bc_lr", "offline_gate_episodes", "online_steps", "online_envs",
-             "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch", "distill_gate_episodes",
+OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch_size", "bc_lr", "offline_gate_episodes", "online_total_steps", "online_num_envs",
+             "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch_size", "distill_gate_episodes",
              "eval_episodes")
 
 
@@ -142,17 +142,17 @@ class PipelineConfig:
     "Sim-to-real twins over ROS 2")"""
     demo_episodes: int | None = None
     bc_steps: int | None = None
-    bc_batch: int | None = None
+    bc_batch_size: int | None = None
     bc_lr: float | None = None
     bc_channels: tuple[int, ...] | None = None
-    """the flow policy's U-Net widths. On PushT, `--bc-steps 10000 --bc-batch 256 --bc-lr 1e-3 --bc-channels 32 64
+    """the flow policy's U-Net widths. On PushT, `--bc-steps 10000 --bc-batch-size 256 --bc-lr 1e-3 --bc-channels 32 64
     128` trains a better state flow policy on one CPU core than the full preset's BC, in under half its time
     (bench/RESULTS.md, "On this machine's CPU")"""
     offline_gate_episodes: int | None = None
     """training-seed episodes of each policy in the offline stage's success gate (default preset: 10). Its update is
     kept only on a gain beyond one standard error (`train offline --gate-z`): on PushT 10 gate episodes let through
     an AWR update that lowered BC and the online stage after it (bench/RESULTS.md, "PushT through `robotrl run`")"""
-    online_steps: int | None = None
+    online_total_steps: int | None = None
     online_lr: float = 3e-5
     """the online stage's learning rate (`train hil`'s own default, 3e-4, is for its operator's BC loss: with it a
     half-trained PushT policy fell; bench/RESULTS.md, "The reward's weight on success")"""
@@ -160,9 +160,9 @@ class PipelineConfig:
     """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update). With it at lr 3e-5
     the stage raised PickPlace and held PushT level, where the unanchored stage at 3e-4 had lowered PushT
     (bench/RESULTS.md, "PushT and PickPlace with the anchored online stage")"""
-    online_envs: int | None = None
+    online_num_envs: int | None = None
     """parallel envs of the online stage (a GPU's PushT chain: 64, bench/device_pipeline.sh)"""
-    online_minibatch: int | None = None
+    online_minibatch_size: int | None = None
     """decisions per PPO minibatch of the online stage (default: `train online`'s 64)"""
     online_criterion: Literal["stray", "stall"] = "stray"
     """when the simulated operator takes over (`train hil --criterion`): stray where the policy's actions leave the
@@ -186,7 +186,7 @@ class PipelineConfig:
     policy's own). 1 where the one-step stage keeps the teacher's one-step sampler: on PickPlace it beat the same
     weights' ten-step samples (bench/RESULTS.md, "PickPlace's one-step policy")"""
     distill_steps: int | None = None
-    distill_batch: int | None = None
+    distill_batch_size: int | None = None
     """the one-step student's batch (PushT's students at 1,024 on a GPU lost less to their teacher than at 64 on the
     CPU; bench/RESULTS.md, "On a GPU, stage by stage")"""
     distill_gate_episodes: int | None = None
@@ -220,7 +220,7 @@ class PipelineConfig:
         if self.offline_extraction not in ("ppo", "awr"):
             raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
                              f"{self.offline_extraction!r}")
-        for name in (*OVERRIDES, "online_lr", "online_sampler_steps", "online_minibatch"):
+        for name in (*OVERRIDES, "online_lr", "online_sampler_steps", "online_minibatch_size"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
@@ -317,7 +317,7 @@ def check_policy(name: str) -> None:
 
 def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
     """BCConfig's options of the BC stage, its policy config under "policy": the preset's batch, lr and U-Net
-    widths, or the policy's own BC recipe (at most the preset's batch: smoke's stays small); --bc-batch-size and
+    widths, or the policy's own BC recipe (at most the preset's batch: smoke's stays small); --bc-batch-size-size and
     --bc-lr override either."""
     from dataclasses import fields, replace
 
@@ -328,8 +328,8 @@ def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
     policy = policy_config(name)
     if recipe is None:
         widths = {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
-        return {"batch_size": budget.bc_batch, "lr": budget.bc_lr, "policy": replace(policy, **widths)}
-    return {"batch_size": config.bc_batch or min(recipe["batch_size"], budget.bc_batch),
+        return {"batch_size": budget.bc_batch_size, "lr": budget.bc_lr, "policy": replace(policy, **widths)}
+    return {"batch_size": config.bc_batch_size or min(recipe["batch_size"], budget.bc_batch_size),
             "lr": config.bc_lr or recipe["lr"], "policy": replace(policy, **recipe.get("policy", {}))}
 
 
@@ -347,10 +347,10 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     from robotrl.datasets import EpisodeStore
     from robotrl.flowrl.offline import OfflineFlowConfig, train
 
-    extraction: dict[str, Any] = {"policy_updates": budget.offline_updates}
+    extraction: dict[str, Any] = {"policy_updates": budget.offline_policy_updates}
     if config.offline_extraction == "awr":
         extraction = {"extraction": "awr", "lr": 3e-4, "policy_updates": 1, "epochs": budget.offline_awr_steps,
-                      "windows": budget.bc_batch}
+                      "windows": budget.bc_batch_size}
     result = train(OfflineFlowConfig(
         policy=run_dir / "bc" / "policy", store=run_dir / "demos.zarr", iterations=budget.offline_iterations,
         critic_steps=budget.offline_critic_steps, rollout_episodes=budget.offline_rollout_episodes,
@@ -378,12 +378,12 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
                  "eval_seed": training_seed(config.seed, 8_000),
                  "eval_sampler_steps": config.online_sampler_steps} if budget.online_eval_every else {}
     common: dict[str, Any] = {
-        "policy": run_dir / "offline" / "policy", "num_envs": budget.online_envs, "total_steps": budget.online_steps,
+        "policy": run_dir / "offline" / "policy", "num_envs": budget.online_num_envs, "total_steps": budget.online_total_steps,
         "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
         "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
         "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, "ema": config.online_ema,
         **selection,
-        **({"minibatch_size": config.online_minibatch} if config.online_minibatch else {})}
+        **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {})}
     extra: dict[str, Any] = {}
     if config.interventions:
         from robotrl.flowrl.hil import HilConfig
@@ -459,7 +459,7 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     store = distill_store(run_dir)
     result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=store,
                                  steps=budget.distill_steps, warmup=min(200, budget.distill_steps // 10),
-                                 batch_size=budget.distill_batch, dagger_rounds=budget.distill_dagger_rounds,
+                                 batch_size=budget.distill_batch_size, dagger_rounds=budget.distill_dagger_rounds,
                                  dagger_episodes=budget.distill_dagger_episodes,
                                  gate_episodes=budget.distill_gate_episodes, eval_episodes=0,
                                  eval_envs=budget.eval_envs, execute=config.execute, run_dir=run_dir / "distill",

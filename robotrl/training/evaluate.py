@@ -41,12 +41,15 @@ class EvalConfig:
 
     policy: Path
     """checkpoint directory (`robotrl train bc` output) or an exported policy directory"""
-    episodes: int = 50
-    num_envs: int = 10
-    seed: int = HELD_OUT_SEED
+    eval_episodes: int = 50
+    """held-out episodes"""
+    eval_envs: int = 10
+    """parallel envs"""
+    eval_seed: int = HELD_OUT_SEED
+    """first seed of the episodes (the held-out ones by default)"""
     execute: int = 8
     """actions executed from each predicted chunk before predicting again"""
-    steps: int | None = None
+    sampler_steps: int | None = None
     """override the sampler's step count (flow / DDIM) at evaluation"""
     videos: int = 0
     """also write this many single-env episode videos next to the checkpoint (eval_<i>.mp4)"""
@@ -57,7 +60,7 @@ class EvalConfig:
     (bench/eval_threads.py; bench/RESULTS.md, "An evaluation's inference threads")"""
 
     def __post_init__(self) -> None:
-        for name in ("episodes", "num_envs", "execute", "threads"):
+        for name in ("eval_episodes", "eval_envs", "execute", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EvalConfig.{name}: expected >= 1, got {getattr(self, name)}")
 
@@ -225,22 +228,22 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
 
     with torch_threads(config.threads):
         policy = load_any(config.policy, threads=config.threads)
-        if config.steps is not None:
+        if config.sampler_steps is not None:
             if not hasattr(getattr(policy, "config", None), "steps"):
-                raise ValueError(f"steps: {config.policy} has no sampler step count to override (an exported policy "
-                                 "fixes it at export: robotrl export --steps)")
-            policy.config.steps = config.steps
-        stats = evaluate_policy(policy, config.episodes, config.num_envs, config.seed, config.execute)
+                raise ValueError(f"EvalConfig.sampler_steps: {config.policy} has no sampler step count to override "
+                                 "(an exported policy fixes it at export: robotrl policy export --sampler-steps)")
+            policy.config.steps = config.sampler_steps
+        stats = evaluate_policy(policy, config.eval_episodes, config.eval_envs, config.eval_seed, config.execute)
         lo, hi = stats.success_ci95()
         result = {"policy": str(config.policy), "task": policy.spec.task, "episodes": len(stats.success),
                   "success_rate": stats.success_rate, "ci95": [lo, hi], "mean_return": float(np.mean(stats.returns)),
-                  "seed": config.seed}
+                  "seed": config.eval_seed}
         if stats.wrong_object is not None:
             result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
         if stats.instruction is not None:
             result["by_instruction"] = stats.by_instruction()
         if config.videos:
             result["videos"] = [str(p) for p in record_videos(policy, config.video_dir or config.policy, config.videos,
-                                                               config.seed, config.execute)]
+                                                               config.eval_seed, config.execute)]
         print(json.dumps(result))
         return result

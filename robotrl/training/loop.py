@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from robotrl.envs.tasks import DEFAULT_TASK
+
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN/inf; the last good checkpoint is kept."""
@@ -139,7 +141,8 @@ class RunLog:
 class TaskOptions:
     """The task an online RL run acts in (its config's first fields)."""
 
-    task: str = "Reach"
+    task: str = DEFAULT_TASK
+    """task name (`robotrl envs list`)"""
     action_mode: str = "ee_delta"
     reward_type: Literal["dense", "sparse"] = "dense"
     obs_keys: tuple[str, ...] = ("state",)

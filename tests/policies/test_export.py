@@ -338,7 +338,7 @@ def test_policy_that_cannot_take_noise_is_refused(pusht: EpisodeStore, tmp_path:
 
 def test_run_export_config(policies: dict, obs: dict[str, np.ndarray], capsys: pytest.CaptureFixture) -> None:
     policy, ckpt = policies["flow"]
-    out = run_export(ExportConfig(policy=ckpt, format="onnx", steps=2))
+    out = run_export(ExportConfig(policy=ckpt, format="onnx", sampler_steps=2))
     assert out == ckpt.with_name(f"{ckpt.name}-onnx")
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["steps"] == 2 and line["format"] == "onnx" and line["deterministic"]

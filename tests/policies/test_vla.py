@@ -372,9 +372,9 @@ def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, t
     policy = load(result.checkpoint)
     assert isinstance(policy, VLAPolicy) and policy.config.state_mask_fields == ("target", "target_rel")
     assert np.isfinite(result.final_loss)
-    again = run_eval(EvalConfig(policy=result.checkpoint, episodes=2, num_envs=2, execute=8))
+    again = run_eval(EvalConfig(policy=result.checkpoint, eval_episodes=2, eval_envs=2, execute=8))
     assert again["success_rate"] == result.success_rate  # the saved policy is the one BC evaluated
-    out = run_eval(EvalConfig(policy=result.checkpoint, episodes=3, num_envs=3, execute=8))
+    out = run_eval(EvalConfig(policy=result.checkpoint, eval_episodes=3, eval_envs=3, execute=8))
     rows = out["by_instruction"]
     assert out["episodes"] == sum(r["episodes"] for r in rows.values()) == 3
     for key in ("success_rate", "wrong_object_rate"):  # the whole is the episodes of its instructions
@@ -382,7 +382,9 @@ def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, t
     assert set(rows) <= {f"put the {c} cube in the bin" for c in ("red", "green", "blue")}
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_instruction"] == rows
     with pytest.raises(SpecMismatchError, match=r"\['colour'\] are not fields"):  # any policy can hide fields
-        train(dataclasses.replace(config, policy="flow", state_mask_fields=("colour",), run_dir=tmp_path / "flow"))
+        from robotrl.policies.flow import FlowConfig
+
+        train(dataclasses.replace(config, policy=FlowConfig(state_mask_fields=("colour",)), run_dir=tmp_path / "flow"))
 
 
 # ---------------------------------------------------------------------------------------------------
