@@ -15,11 +15,11 @@
 #   GATE_EPISODES, THREADS, and BC_SECONDS / HIL_SECONDS / DISTILL_SECONDS (each stage's time limit; a stage cut by
 #   its limit hands on its last checkpoint) set the budget.
 #   EPISODES       held-out episodes each stage evaluates on the device (default 0: the policies come back and are
-#                  evaluated on dev-2c with `robotrl eval --policy P --episodes 500 --num-envs 25`, off the device's
+#                  evaluated on dev-2c with `robotrl policy eval --policy P --eval-episodes 500 --eval-envs 25`, off the device's
 #                  clock), in ENVS (250) envs
 # $OUT gets stages.jsonl (each command's result.json), timing.txt, stderr.txt and policies.tar.* (the BC, online and
 # one-step policies with their metrics in 15 MB parts, ~17 MB a policy; `cat policies.tar.* | tar x` joins them; the
-# ONNX export, as large again, stays behind: `robotrl export` remakes it from the student). Carry .whl
+# ONNX export, as large again, stays behind: `robotrl policy export` remakes it from the student). Carry .whl
 # (bench/device_env.sh), and DEMOS where set. Dry run on dev-2c: NO_WHEELS=1 PYTHON=$PWD/.venv/bin/python DEVICE=cpu
 # SMOKE=0 DEMO_EPISODES="4 4" BC_STEPS=20 BC_BATCH=16 HIL_STEPS=2560 HIL_ENVS=4 DISTILL_STEPS=10 DISTILL_BATCH=16
 # DAGGER_EPISODES=2 GATE_EPISODES=2 THREADS=2 ENVS=4 bash bench/device_pipeline.sh
@@ -81,7 +81,7 @@ if [ "$SMOKE" = 1 ]; then
 fi
 wait
 mark "demos ready"
-stage bc "$BC_SECONDS" train bc --store "$DEMOS" --policy flow --success-only --device "$DEVICE" --steps "$BC_STEPS" \
+stage bc "$BC_SECONDS" train bc --store "$DEMOS" --success-only --device "$DEVICE" --steps "$BC_STEPS" \
   --batch-size "$BC_BATCH" --lr 2e-4 --eval-episodes "$EPISODES" --eval-envs "$ENVS" --checkpoint-every 500
 BC=$(saved bc)
 [ -n "$BC" ] && stage hil "$HIL_SECONDS" train hil --policy "$BC" --demos "$DEMOS" --method flow_sde \
@@ -89,12 +89,12 @@ BC=$(saved bc)
   --lr 3e-5 --bc-coef 1.0 --critic-warmup 3 --criterion stall --operator-fraction 0.5 --device "$DEVICE" \
   --threads "$THREADS" --eval-episodes "$EPISODES" --eval-envs "$ENVS"
 TEACHER=$(saved hil)
-[ -n "$TEACHER" ] && stage distill "$DISTILL_SECONDS" distill --teacher "$TEACHER" --store "$DEMOS" \
+[ -n "$TEACHER" ] && stage distill "$DISTILL_SECONDS" policy distill --teacher "$TEACHER" --store "$DEMOS" \
   --steps "$DISTILL_STEPS" --batch-size "$DISTILL_BATCH" --dagger-rounds 2 --dagger-episodes "$DAGGER_EPISODES" \
   --gate-episodes "$GATE_EPISODES" --eval-episodes "$EPISODES" --eval-envs "$ENVS" --device "$DEVICE" \
   --threads "$THREADS" --checkpoint-every 500
 if [ -d "$W/distill/policy" ]; then
-  robotrl export --policy "$W/distill/policy" --format onnx >"$W/export.log" 2>&1 && mark "onnx exported"
+  robotrl policy export --policy "$W/distill/policy" --format onnx >"$W/export.log" 2>&1 && mark "onnx exported"
 fi
 tail -n 25 "$W"/*.log >"$OUT/stderr.txt"
 keep=()

@@ -1,4 +1,4 @@
-"""An evaluation's inference threads, alone and beside other jobs: `robotrl eval --threads`.
+"""An evaluation's inference threads, alone and beside other jobs: `robotrl policy eval --threads`.
 
 An evaluation calls the policy on small batches (one window per env), so torch's intra-op threads have little to
 split and spin-wait between ops. Beside another job on a 2-core machine, a one-step student's 500-episode
@@ -34,7 +34,7 @@ HOG = ("import torch, sys\ntorch.set_num_threads(int(sys.argv[1]))\na = torch.ra
 @dataclass
 class EvalThreadsConfig:
     policy: Path
-    """a checkpoint or an exported policy directory (what `robotrl eval --policy` takes)"""
+    """a checkpoint or an exported policy directory (what `robotrl policy eval --policy` takes)"""
     episodes: int = 50
     num_envs: int = 25
     execute: int = 8

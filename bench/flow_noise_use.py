@@ -38,7 +38,7 @@ from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy, make_eval_
 @dataclass
 class NoiseUseConfig:
     policy: Path
-    """a flow checkpoint (robotrl train bc --policy flow)"""
+    """a flow checkpoint (robotrl train bc policy:flow)"""
     episodes: int = 100
     num_envs: int = 25
     execute: int = 8

@@ -10,8 +10,8 @@ networks and PPO settings (`robotrl train online --method ...`).
   latent         DSRL: the flow network frozen, PPO on a Gaussian prior over the ODE's initial noise
   dsrl           DSRL-SAC (`robotrl train dsrl`): the same prior trained off-policy by SAC on Q(window, x_0)
 
-Every run evaluates the deterministic ODE policy (the checkpoint `robotrl eval` loads) on `eval_episodes` held-out
-seeded episodes every `eval_every` env steps, outside its training time. Prints one JSON line per (run, seed):
+Every run evaluates the deterministic ODE policy (the checkpoint `robotrl policy eval` loads) on `eval_episodes`
+held-out seeded episodes every `eval_every` env steps, outside its training time. Prints one JSON line per (run, seed):
   curve                                [(env steps, success, training seconds), ...], the BC success at step 0
   steps_to_target, seconds_to_target   first evaluation at >= target (null: not reached within total_steps)
   final_success, vs_bc                 at the end of the budget, and its gain over the BC start (points of success)
@@ -85,8 +85,8 @@ def bc_checkpoint(config: FlowRLBenchConfig, out: Path) -> Path:
     if not demos.exists():
         record_expert(demos, "Reach", episodes=config.demo_episodes, num_envs=8, noise=0.3, progress=False).close()
     result = train_bc(BCConfig(store=demos, policy=FlowConfig(channels=(32, 64), action_horizon=8),
-                               steps=config.bc_steps, batch_size=32, warmup=10, ema=0.99, execute=config.execute, lr=3e-4, eval_episodes=0,
-                               checkpoint_every=config.bc_steps, run_dir=out / "bc", threads=1, progress=False))
+                               steps=config.bc_steps, batch_size=32, warmup=10, ema=0.99, execute=config.execute,
+                               lr=3e-4, eval_episodes=0, checkpoint_every=config.bc_steps, run_dir=out / "bc", threads=1, progress=False))
     return result.checkpoint
 
 

@@ -38,7 +38,7 @@ from robotrl.flowrl.online import OnlineConfig, collect, explained_variance, ppo
 @dataclass
 class PGSNRConfig:
     policy: Path
-    """the flow checkpoint whose update is measured (robotrl train bc --policy flow)"""
+    """the flow checkpoint whose update is measured (robotrl train bc policy:flow)"""
     methods: tuple[str, ...] = ("flow_sde", "ode_noise")
     num_envs: int = 64
     rollout_steps: int = 160

@@ -51,7 +51,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ddim10": ("diffusion", {"sampler": "ddim", "train_steps": 100, "steps": 10}),
     "flow10": ("flow", {"steps": 10, "solver": "euler"}),
     "flow1": ("flow", {"steps": 1, "solver": "euler"}),  # one call of the teacher net: the latency floor of a same-size student
-    # the narrower student `robotrl distill --channels 32 64 128` makes: one call of a quarter-width U-Net
+    # the narrower student `robotrl policy distill --channels 32 64 128` makes: one call of a quarter-width U-Net
     "consistency_narrow": ("consistency", {"channels": (32, 64, 128)}),
 }
 

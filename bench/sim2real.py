@@ -36,7 +36,7 @@ DOMAIN = 58
 @dataclass
 class Sim2RealBenchConfig:
     policies: tuple[str, ...] = ()
-    """label=exported policy directory (`robotrl export`)"""
+    """label=exported policy directory (`robotrl policy export`)"""
     episodes: int = 50
     twins: int = 3
     """perturbed robots (independent draws of the randomization), each run for `episodes` episodes"""

@@ -1,8 +1,8 @@
 """Interactive data collection: an operator drives one simulated robot through a teleop device and keeps or
 discards each episode; kept episodes are committed to a zarr episode store.
 
-    robotrl collect --task PushT --device keyboard --out data/pusht.zarr --view
-    robotrl collect --task PushT --device scripted --out data/pusht.zarr --episodes 50
+    robotrl data collect --task PushT --device keyboard --out data/pusht.zarr --view
+    robotrl data collect --task PushT --device scripted --out data/pusht.zarr --episodes 50
 
 Human devices run at the task's control rate (a person needs real time); the scripted operator runs as fast
 as the simulation allows. Each step is recorded with the observation the action was chosen from and the
@@ -221,7 +221,7 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
                                      episodes_in_store=store.num_episodes)
             writer = store.writer(source="teleop" if device.human else "scripted", robot=config.robot, **meta)
             if config.view:
-                view = LiveView(f"robotrl collect {spec.task} ({device.name})")
+                view = LiveView(f"robotrl data collect {spec.task} ({device.name})")
             if device.help and device.human:
                 _log(f"collect {spec.task} with {device.name}: {device.help}")
             _session(config, env, spec, device, writer, summary, view, realtime)
@@ -351,7 +351,7 @@ def _status_lines(status: EpisodeStatus, summary: CollectSummary, command: Teleo
 
 
 def run_collect(config: CollectConfig) -> CollectSummary:
-    """The `robotrl collect` command: run the session and print its summary as one JSON line."""
+    """The `robotrl data collect` command: run the session and print its summary as one JSON line."""
     summary = collect(config)
     print(json.dumps(summary.to_dict()))
     return summary

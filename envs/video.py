@@ -74,6 +74,7 @@ def record_expert_episode(
     """
     from robotrl.envs import make
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # a path that cannot be written fails before the episode
     env = make(task, num_envs=1, seed=seed, autoreset=False, render_images=False, num_threads=1)
     try:
         t = env.task

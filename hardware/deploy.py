@@ -39,7 +39,7 @@ TRIGGERS = ("timer", "observation")
 @dataclass
 class DeployConfig:
     policy: str = ""
-    """exported policy directory (`robotrl export`)"""
+    """exported policy directory (`robotrl policy export`)"""
     robot: str = "sim_panda"
     """a bundled robot (hardware/robots/<name>.yaml) or a path to a robot file"""
     execute: int = 8

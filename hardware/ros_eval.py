@@ -1,5 +1,5 @@
 """Success over ROS 2: episodes of the sim robot with the deploy node in the loop, both in their own processes,
-counted from the sim robot's status topic -- the figure compared with the in-process `robotrl eval`.
+counted from the sim robot's status topic -- the figure compared with the in-process `robotrl policy eval`.
 
     stats = evaluate_over_ros(episodes=50, seed=1_000_000)    # both nodes already running
 

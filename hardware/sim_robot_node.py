@@ -16,7 +16,7 @@ Lockstep (`lockstep:=true`): one step per command, taken as soon as the command 
 `lockstep_timeout` with the last target; while it waits it repeats its status every period, and the observation
 on any topic that DDS matched to a subscriber since it went out, which that subscriber missed): the sim then runs
 exactly as the in-process evaluation does, as fast as the policy answers -- for comparing success over ROS 2 with
-`robotrl eval`.
+`robotrl policy eval`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ says who drives, for the policy side to yield. Each take-over restarts the safet
 position (the arm moved while the policy drove). In plain teleop mode every step is the operator's
 (intervention=True).
 
-Episodes end as `robotrl collect` ends them: the device's keep / discard / quit events, or the episode is done
+Episodes end as `robotrl data collect` ends them: the device's keep / discard / quit events, or the episode is done
 (the sim robot reports it terminated or truncated, or `episode_steps` steps were recorded), whereupon the
 device decides (a scripted operator at once; a person presses keep or discard while the robot holds). A
 discarded episode is never written; a kept one is committed atomically by the store's writer, so killing the

@@ -146,8 +146,9 @@ class RuntimePolicy:
 def read_export_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     file = path / MANIFEST
-    manifest = read_manifest(path, ExportedPolicyError, "an exported robotrl policy", ("policy", "spec", "weights_sha256",
-                             "export"), {"export": " (a training checkpoint? export it first: robotrl export --policy DIR)"})
+    manifest = read_manifest(path, ExportedPolicyError, "an exported robotrl policy",
+                             ("policy", "spec", "weights_sha256", "export"),
+                             {"export": " (a training checkpoint? export it first: robotrl policy export --policy DIR)"})
     export = manifest["export"]
     if export.get("format") not in FORMATS:
         raise ExportedPolicyError(f"{file}: export.format: expected one of {sorted(FORMATS)}, got {export.get('format')!r}")

@@ -1,25 +1,51 @@
-"""The `robotrl` command line: `robotrl <group> <command> [--options]`.
+"""The `robotrl` command line: `robotrl <group> <command> [--options]`, and `robotrl run`.
+
+    robotrl envs   list | check | view | bench
+    robotrl data   info | validate | stats | merge | split | record | collect | import | export
+    robotrl train  bc | offline | online | hil | dsrl | classifier | sac | sac-distributed | iql | calql | ppo
+                   | sb3-sac | sb3-ppo | sb3-td3
+    robotrl policy eval | export | distill
+    robotrl run
 
 Every command is a typed dataclass (parsed by tyro), and the same dataclass is the Python API: e.g.
-`robotrl train sb3 --task Reach` is `robotrl.rl.sb3.train(Sb3Config(task="Reach"))`. `--help` works at
-every level. Heavy imports (SB3, torch, MuJoCo) happen only once a command runs, so `--help` stays fast.
+`robotrl train sac --task Reach` is `robotrl.rl.sac.train(SacConfig(task="Reach"))`; a field `total_steps` is the
+flag `--total-steps`. `--help` works at every level: a command lists its common options first and the rest under
+"advanced options" (`Command.common`; the flags stay flat: `--lr`, never `--advanced.lr`). `train bc` takes any
+registered policy with every field of its own config: `policy:<name> --policy.<field> ...`.
+
+Bad input (a value, a task, a missing file) ends in one line naming the field and exit status 2, never a
+traceback (ROBOTRL_TRACEBACK=1 shows it). Heavy imports (torch, MuJoCo, SB3) happen only once a command is
+parsed, so the group listings stay fast.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import ast
+import contextlib
+import dataclasses
+import difflib
+import importlib
+import inspect
+import io
 import json
+import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+import typing
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union
 
 import tyro
 
-from robotrl.rl.sb3 import Sb3Config
+from robotrl.envs.tasks import DEFAULT_TASK
 
 
+# ---------------------------------------------------------------------------------------------------
+# the envs commands' configs (the other commands' live with their code)
+# ---------------------------------------------------------------------------------------------------
 @dataclass
 class EnvsList:
     """List the tasks with a summary of their spec (observations, action, rate, episode length)."""
@@ -32,7 +58,7 @@ class EnvsList:
 class EnvsCheck:
     """Run gymnasium's env checker (`gymnasium.utils.env_checker.check_env`) on a registered task."""
 
-    task: str = "Reach"
+    task: str = DEFAULT_TASK
     """task name, or 'all'"""
     render: bool = True
     """also check rendering (rgb_array)"""
@@ -42,7 +68,7 @@ class EnvsCheck:
 class EnvsView:
     """Render one scripted-expert episode of a task to an mp4."""
 
-    task: str = "Reach"
+    task: str = DEFAULT_TASK
     out: Path = Path("expert.mp4")
     seed: int = 0
     noise: float = 0.0
@@ -51,11 +77,6 @@ class EnvsView:
     """MJCF camera name (default: the task's first camera, else the free camera)"""
     width: int = 640
     height: int = 480
-
-
-@dataclass
-class _Group:
-    """Placeholder for the top-level help; a group's own commands are parsed by `main`."""
 
 
 def run_list(config: EnvsList) -> None:
@@ -102,7 +123,7 @@ def run_view(config: EnvsView) -> None:
                       "instruction": video.instruction}))
 
 
-def run_sb3(config: Sb3Config) -> None:
+def run_sb3(config: Any) -> Any:
     from robotrl.rl.sb3 import train
 
     result = train(config)
@@ -110,6 +131,7 @@ def run_sb3(config: Sb3Config) -> None:
     print(f"{config.task} {config.algo.upper()}: success rate {result.success_rate:.1%} "
           f"(95% CI {lo:.1%}-{hi:.1%}) over {result.episodes} episodes after {result.timesteps} steps "
           f"({result.train_seconds:.0f} s of training); run dir {result.run_dir}")
+    return result
 
 
 def run_ppo(config: Any) -> Any:
@@ -124,136 +146,399 @@ def run_ppo(config: Any) -> Any:
     return result
 
 
-def load_bench() -> Any:
-    """`bench/envs.py` of the source checkout (benchmarks live next to the package, not inside it)."""
-    path = Path(__file__).resolve().parents[1] / "bench" / "envs.py"
-    if not path.exists():
-        raise SystemExit(f"robotrl envs bench: expected the benchmark at {path} (a source checkout), not found")
-    spec = importlib.util.spec_from_file_location("robotrl_bench_envs", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+# ---------------------------------------------------------------------------------------------------
+# the command table
+# ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Command:
+    """One command: its config class and the function that runs it (both "module:name", imported when the command
+    is parsed), its line in the group's listing, and which of its config's fields `--help` lists first."""
+
+    summary: str
+    config: str
+    run: str
+    common: tuple[str, ...] | None = None
+    """the options most runs set, listed first (with the run options of `RUN_COMMON` it has); None: all of them"""
+    fixed: tuple[str, ...] = ()
+    """config fields the command itself sets (its class's defaults), not options"""
+    policy: str | None = None
+    """the field that takes any registered policy's config (`policy:<name> --policy.<field> ...`)"""
+
+    def config_class(self) -> type:
+        return _load(self.config)
+
+    def runner(self) -> Callable[[Any], Any]:
+        return _load(self.run)
 
 
-Commands = dict[str, tuple[type, Callable[[Any], Any]]]
+#: run options every training command lists among its common ones (where its config has them)
+RUN_COMMON = ("device", "eval_episodes", "run_dir", "resume", "seed")
+
+GROUPS: dict[str, str] = {
+    "envs": "Task suite: list, check, view and benchmark the environments.",
+    "data": "Episode stores: record demos, collect by teleop, inspect, validate, merge, split, import and export.",
+    "train": "Training: behaviour cloning of any registered policy, offline / online / HIL RL of flow policies, "
+             "DSRL, a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO and Stable-Baselines3.",
+    "policy": "Policies: evaluate, export for the runtime, distill into a one-step student.",
+}
+
+SB3_COMMON = ("task", "obs_keys", "total_steps", "num_envs", "lr")
+SAC_COMMON = ("task", "obs_keys", "num_envs", "total_steps", "demos", "init", "utd", "critics", "lr")
+
+COMMANDS: dict[str, dict[str, Command]] = {
+    "envs": {
+        "list": Command("List the tasks and their specs.", "robotrl.cli:EnvsList", "robotrl.cli:run_list"),
+        "check": Command("Run gymnasium's env checker on a task.", "robotrl.cli:EnvsCheck", "robotrl.cli:run_check"),
+        "view": Command("Render a scripted-expert episode to an mp4.", "robotrl.cli:EnvsView", "robotrl.cli:run_view"),
+        "bench": Command("Env throughput: CPU backend vs AsyncVectorEnv vs mujoco.rollout (JSON lines).",
+                         "robotrl.envs.benchmark:BenchConfig", "robotrl.envs.benchmark:main"),
+    },
+    "data": {
+        "info": Command("Summarize a store.", "robotrl.datasets.ops:DataInfo", "robotrl.datasets.ops:info"),
+        "validate": Command("Check a store's spec, commit record and checksums.", "robotrl.datasets.ops:DataValidate",
+                            "robotrl.datasets.ops:check"),
+        "stats": Command("Per-key normalization statistics.", "robotrl.datasets.ops:DataStats",
+                         "robotrl.datasets.ops:stats"),
+        "merge": Command("Concatenate stores with the same spec.", "robotrl.datasets.ops:DataMerge",
+                         "robotrl.datasets.ops:merge"),
+        "split": Command("Split a store's episodes into two stores.", "robotrl.datasets.ops:DataSplit",
+                         "robotrl.datasets.ops:split"),
+        "record": Command("Record a task's scripted expert across a vector env.", "robotrl.datasets.record:DataRecord",
+                          "robotrl.datasets.record:run_record"),
+        "collect": Command("Teleoperate (or script) a task and keep or discard each episode.",
+                           "robotrl.datasets.collect:CollectConfig", "robotrl.datasets.collect:run_collect",
+                           common=("task", "device", "out", "episodes", "noise", "seed", "view")),
+        "import": Command("Convert a LeRobot v3 dataset or a ROS 2 MCAP recording into a store.",
+                          "robotrl.datasets.ops:DataImport", "robotrl.datasets.ops:import_"),
+        "export": Command("Convert a store to a LeRobot v3 dataset or a ROS 2 MCAP recording.",
+                          "robotrl.datasets.ops:DataExport", "robotrl.datasets.ops:export"),
+    },
+    "train": {
+        "bc": Command("Behaviour cloning of any registered policy on a store.", "robotrl.stages.bc:BCConfig",
+                      "robotrl.stages.bc:run_train_bc", policy="policy",
+                      common=("store", "steps", "batch_size", "lr", "execute", "success_only")),
+        "offline": Command("Offline RL of a flow policy (RL-100): critic, gated chain updates, rollouts.",
+                           "robotrl.flowrl.offline:OfflineFlowConfig", "robotrl.flowrl.offline:run_train_offline",
+                           common=("policy", "store", "iterations", "extraction", "method", "lr")),
+        "online": Command("Online PPO of a flow policy over its denoising chain.", "robotrl.flowrl.online:OnlineConfig",
+                          "robotrl.flowrl.online:run_train_online",
+                          common=("policy", "method", "num_envs", "total_steps", "lr", "bc_coef")),
+        "hil": Command("Online RL of a flow policy with an operator who takes over (HIL).",
+                       "robotrl.flowrl.hil:HilConfig", "robotrl.flowrl.hil:run_train_hil",
+                       common=("policy", "operator", "demos", "num_envs", "total_steps", "lr")),
+        "dsrl": Command("Steer a frozen flow policy's initial noise with SAC (DSRL).", "robotrl.flowrl.dsrl:DsrlConfig",
+                        "robotrl.flowrl.dsrl:run_train_dsrl",
+                        common=("policy", "num_envs", "total_steps", "lr", "target_kl")),
+        "classifier": Command("A success classifier on a store's camera frames (a reward).",
+                              "robotrl.flowrl.classifier:ClassifierConfig",
+                              "robotrl.flowrl.classifier:run_train_classifier",
+                              common=("store", "camera", "proprio", "steps", "batch_size", "lr", "target_precision")),
+        "sac": Command("SAC, RLPD (--demos) and WSRL (--init) on a task's vector env.", "robotrl.rl.sac:SacConfig",
+                       "robotrl.rl.sac:run_train_sac", common=SAC_COMMON),
+        "sac-distributed": Command("SAC with rollout actors and a learner (threads or Ray).",
+                                   "robotrl.rl.actor_learner:ActorLearnerConfig",
+                                   "robotrl.rl.actor_learner:run_train_sac_distributed",
+                                   common=("task", "obs_keys", "num_envs", "total_steps", "workers", "transport",
+                                           "utd", "lr")),
+        "iql": Command("IQL from a store, offline.", "robotrl.rl.iql:IqlConfig", "robotrl.rl.iql:run_train_iql",
+                       common=("store", "obs_keys", "steps", "lr", "expectile", "beta")),
+        "calql": Command("Cal-QL from a store, offline.", "robotrl.rl.calql:CalqlConfig",
+                         "robotrl.rl.calql:run_train_calql",
+                         common=("store", "obs_keys", "steps", "lr", "cql_alpha", "calibrate")),
+        "ppo": Command("PPO on a task's vector env (CPU, or MJX on an accelerator).", "robotrl.rl.ppo:PpoConfig",
+                       "robotrl.cli:run_ppo",
+                       common=("task", "backend", "obs_keys", "num_envs", "total_steps", "rollout_steps", "lr")),
+        "sb3-sac": Command("Stable-Baselines3's SAC on a task.", "robotrl.rl.sb3:Sb3SacConfig", "robotrl.cli:run_sb3",
+                           common=SB3_COMMON, fixed=("algo",)),
+        "sb3-ppo": Command("Stable-Baselines3's PPO on a task.", "robotrl.rl.sb3:Sb3PpoConfig", "robotrl.cli:run_sb3",
+                           common=SB3_COMMON, fixed=("algo",)),
+        "sb3-td3": Command("Stable-Baselines3's TD3 on a task.", "robotrl.rl.sb3:Sb3Td3Config", "robotrl.cli:run_sb3",
+                           common=SB3_COMMON, fixed=("algo",)),
+    },
+    "policy": {
+        "eval": Command("Success rate over held-out seeds, with a 95% interval and videos.",
+                        "robotrl.training.evaluate:EvalConfig", "robotrl.training.evaluate:run_eval"),
+        "export": Command("Export a checkpoint to ONNX or TorchScript (+ manifest) for the runtime.",
+                          "robotrl.policies.export:ExportConfig", "robotrl.policies.export:run_export"),
+        "distill": Command("Distill a teacher into its one-step student.", "robotrl.stages.distill:DistillConfig",
+                           "robotrl.stages.distill:run_distill",
+                           common=("teacher", "store", "steps", "batch_size", "lr", "dagger_rounds")),
+    },
+}
+
+#: `robotrl run`: the one command outside the groups
+RUN = Command("The whole pipeline on a task: demos, BC, offline RL, online RL with interventions, one-step "
+              "distillation, export.", "robotrl.stages.pipeline:PipelineConfig",
+              "robotrl.stages.pipeline:run_pipeline", common=("task", "preset", "policy", "threads"))
 
 
-TRAIN_HELP = ("Training: behaviour cloning (flow, diffusion, mean-flow, VLA), offline / online (PPO, DSRL-SAC) / HIL RL of flow policies, "
-              "a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO, and Stable-Baselines3.")
+def every_command() -> Iterator[tuple[tuple[str, ...], Command]]:
+    """(the words after `robotrl`, the command) for every command in the table."""
+    yield ("run",), RUN
+    for group, commands in COMMANDS.items():
+        for name, command in commands.items():
+            yield (group, name), command
 
 
-def _groups() -> dict[str, tuple[str, Callable[[], Commands]]]:
-    def envs() -> Commands:
-        bench = load_bench()
-        return {"list": (EnvsList, run_list), "check": (EnvsCheck, run_check), "view": (EnvsView, run_view),
-                "bench": (bench.BenchConfig, bench.main)}
-
-    def train() -> Commands:
-        from robotrl.flowrl.classifier import ClassifierConfig, run_train_classifier
-        from robotrl.flowrl.dsrl import DsrlConfig, run_train_dsrl
-        from robotrl.flowrl.hil import HilConfig, run_train_hil
-        from robotrl.flowrl.offline import OfflineFlowConfig, run_train_offline
-        from robotrl.flowrl.online import OnlineConfig, run_train_online
-        from robotrl.rl.actor_learner import ActorLearnerConfig, run_train_sac_distributed
-        from robotrl.rl.calql import CalqlConfig, run_train_calql
-        from robotrl.rl.iql import IqlConfig, run_train_iql
-        from robotrl.rl.ppo import PpoConfig
-        from robotrl.rl.sac import SacConfig, run_train_sac
-        from robotrl.rl.sb3 import Sb3PpoConfig, Sb3SacConfig, Sb3Td3Config
-        from robotrl.stages.bc import BCConfig, run_train_bc
-
-        return {"bc": (BCConfig, run_train_bc), "offline": (OfflineFlowConfig, run_train_offline),
-                "online": (OnlineConfig, run_train_online), "dsrl": (DsrlConfig, run_train_dsrl),
-                "hil": (HilConfig, run_train_hil),
-                "classifier": (ClassifierConfig, run_train_classifier), "sac": (SacConfig, run_train_sac),
-                "sac-distributed": (ActorLearnerConfig, run_train_sac_distributed), "iql": (IqlConfig, run_train_iql),
-                "calql": (CalqlConfig, run_train_calql), "ppo": (PpoConfig, run_ppo), "sb3": (Sb3Config, run_sb3),
-                "sb3:SAC": (Sb3SacConfig, run_sb3), "sb3:PPO": (Sb3PpoConfig, run_sb3), "sb3:TD3": (Sb3Td3Config, run_sb3)}
-
-    def data() -> Commands:
-        from robotrl.datasets import ops, record
-
-        return {"info": (ops.DataInfo, ops.info), "validate": (ops.DataValidate, ops.check),
-                "stats": (ops.DataStats, ops.stats), "merge": (ops.DataMerge, ops.merge),
-                "split": (ops.DataSplit, ops.split), "record": (record.DataRecord, record.run_record),
-                "export": (ops.DataExport, ops.export), "import": (ops.DataImport, ops.import_)}
-
-    return {"envs": ("Task suite: list, check, view and benchmark the environments.", envs),
-            "data": ("Episode stores: inspect, validate, merge, split, record demos, convert.", data),
-            "train": (TRAIN_HELP, train)}
+def _load(target: str) -> Any:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def _commands() -> dict[str, tuple[str, Callable[[], tuple[type, Callable[[Any], Any]]]]]:
-    """Top-level commands that take options directly (`robotrl collect --task PushT ...`)."""
+# ---------------------------------------------------------------------------------------------------
+# the parser: a view of the config with its advanced options in a group whose flags stay flat
+# ---------------------------------------------------------------------------------------------------
+class UsageError(Exception):
+    """Bad input, reported as one line: `<prog>: error: <message>`."""
 
-    def collect() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.datasets.collect import CollectConfig, run_collect
 
-        return CollectConfig, run_collect
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass's fields (the string literal under each), its bases' first."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, after in zip(body, body[1:]):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    return docs
 
-    def evaluate() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.training.evaluate import EvalConfig, run_eval
 
-        return EvalConfig, run_eval
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING
 
-    def distill() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.stages.distill import DistillConfig, run_distill
 
-        return DistillConfig, run_distill
+def policy_choices(default: Any) -> tuple[Any, Any]:
+    """The type of a field that takes any registered policy that learns from data, as tyro subcommands
+    `policy:<name>` (their fields `--policy.<field>`), and its default as one of them."""
+    from robotrl.policies.base import policy_config, register_all
 
-    def export() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.policies.export import ExportConfig, run_export
+    options = [Annotated[cls.config_cls, tyro.conf.subcommand(name)] for name, cls in register_all().items()
+               if cls.learns_from_data]
+    return Union[tuple(options)], policy_config(default) if isinstance(default, str) else default
 
-        return ExportConfig, run_export
 
-    def pipeline() -> tuple[type, Callable[[Any], Any]]:
-        from robotrl.stages.pipeline import PipelineConfig, run_pipeline
+def parser_view(cls: type, command: Command) -> type:
+    """A dataclass with `cls`'s options for tyro: the common ones at the top, the others in a nested `advanced`
+    group whose flags keep their plain names, the fixed ones left out; `values` maps a parsed view back."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init and f.name not in command.fixed]
+    wanted = set(command.common or [f.name for f in fields]) | set(RUN_COMMON) | {command.policy}
+    common = [f for f in fields if f.name in wanted or _default(f) is dataclasses.MISSING]
+    advanced = [f for f in fields if f not in common]
 
-        return PipelineConfig, run_pipeline
+    def spec(f: dataclasses.Field) -> tuple[Any, ...]:
+        kind, default = hints[f.name], _default(f)
+        if f.name == command.policy:
+            kind, default = policy_choices(default)
+        kind = Annotated[kind, tyro.conf.arg(help=docs.get(f.name, ""))]
+        if default is dataclasses.MISSING:
+            return (f.name, kind)
+        return (f.name, kind, dataclasses.field(default_factory=lambda d=default: d))
 
-    run = "The whole pipeline on a task: demos, BC, offline RL, online RL with interventions, one-step distillation."
-    return {"run": (run, pipeline),
-            "collect": ("Teleoperate (or script) a task and record episodes into a store.", collect),
-            "distill": ("Distill a flow / diffusion teacher into a one-step consistency student.", distill),
-            "export": ("Export a policy checkpoint to ONNX or TorchScript (+ manifest) for the runtime.", export),
-            "eval": ("Success rate of a policy over held-out seeds, with a 95% interval and videos.", evaluate)}
+    first = [*(command.common or ()), *RUN_COMMON]
+    order = sorted(common, key=lambda f: first.index(f.name) if f.name in first else -1)  # required ones first
+    specs = [spec(f) for f in order if f.name != command.policy]
+    if advanced:
+        group = dataclasses.make_dataclass("advanced", [spec(f) for f in advanced])
+        group.__doc__ = "Options most runs leave at their defaults."
+        specs.append(("advanced", Annotated[group, tyro.conf.OmitArgPrefixes],
+                      dataclasses.field(default_factory=group)))
+    specs += [spec(f) for f in order if f.name == command.policy]
+    view = dataclasses.make_dataclass(cls.__name__, specs)
+    view.__doc__ = inspect.getdoc(cls)
+    return view
+
+
+def view_values(parsed: Any) -> dict[str, Any]:
+    values = {f.name: getattr(parsed, f.name) for f in dataclasses.fields(parsed) if f.name != "advanced"}
+    if hasattr(parsed, "advanced"):
+        values.update({f.name: getattr(parsed.advanced, f.name) for f in dataclasses.fields(parsed.advanced)})
+    return values
+
+
+BOX = re.compile(r"[\u2500-\u257f]")
+RULE = re.compile(r"[-\s\u2500-\u257f]*-[-\s]*|[\s\u2500-\u257f]+")
+
+
+def one_line(tyro_error: str) -> str:
+    """tyro's boxed error as one line: its message (the box's first section), and for an unrecognized option the
+    nearest valid one. The box is drawn in UTF-8 or, where stdout is not UTF-8, in ASCII (a title line, then
+    dashes); its title is left out."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", raw) for raw in tyro_error.splitlines()]
+    utf8 = any(raw.lstrip().startswith("\u256d") for raw in lines)
+    sections: list[list[str]] = [[]]
+    titled = utf8
+    for raw in lines:
+        if not raw.strip() or raw.lstrip().startswith("\u256d"):  # the UTF-8 top border carries the title
+            continue
+        if not titled:  # the ASCII title line
+            titled = True
+            continue
+        if RULE.fullmatch(raw):  # a rule between sections, or a bottom border
+            sections.append([])
+        else:
+            sections[-1].append(BOX.sub(" ", raw).strip())
+    sections = [s for s in sections if s]
+    if not sections:
+        return "invalid arguments"
+    message = " ".join(sections[0])
+    message = re.sub(r"^Error parsing [\w.]+: (?=\w+\.\w+: )", "", message)  # a config's own error names its field
+    hints = [s for s in sections[1:] if s[0].startswith("Perhaps you meant")]
+    if hints and len(hints[0]) > 1:
+        message += f" (did you mean {hints[0][1].split()[0]}?)"
+    return message
+
+
+def parse(prog: str, command: Command, args: Sequence[str]) -> Any:
+    """The config for `args`: tyro parses a view of it, then the config class itself is built (its checks run
+    here, so a bad value is reported before anything runs). `--help` prints and exits 0."""
+    cls = command.config_class()
+    view = parser_view(cls, command)
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            parsed = tyro.cli(view, args=list(args), prog=prog, config=(tyro.conf.CascadeSubcommandArgs,))
+    except SystemExit as stop:
+        if stop.code in (0, None):
+            raise
+        raise UsageError(one_line(errors.getvalue())) from None
+    values = view_values(parsed)
+    for name in ("task", "tasks"):
+        if name in values:
+            check_tasks(name, values[name])
+    return cls(**values)
+
+
+def check_tasks(field: str, value: Any) -> None:
+    """A task field's value names registered tasks ('all' where a command takes every task)."""
+    from robotrl.envs.tasks import TASKS
+
+    for name in [value] if isinstance(value, str) else list(value or ()):
+        if name != "all" and name not in TASKS:
+            close = difflib.get_close_matches(name, list(TASKS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{field}: unknown task {name!r}; expected one of {sorted(TASKS)}{hint}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# errors: one line naming the field
+# ---------------------------------------------------------------------------------------------------
+def user_error(error: BaseException) -> bool:
+    """An error bad input causes (a value, a file, a spec, a device), as opposed to a bug."""
+    from robotrl.datasets.store import StoreError
+    from robotrl.datasets.teleop import TeleopError
+
+    return isinstance(error, (ValueError, OSError, StoreError, TeleopError))
+
+
+def name_the_field(message: str, config: Any, error: BaseException) -> str:
+    """`message`, led by the config field it is about where it does not name one: the field whose path the
+    error's file is (or lies on), else the field whose value it quotes."""
+    if config is None or not dataclasses.is_dataclass(config):
+        return message
+    names = [f.name for f in dataclasses.fields(config)]
+    if any(re.search(rf"(?<![\w-])(?:\w+\.)?{re.escape(n)}:|--{re.escape(n.replace('_', '-'))}(?![\w-])", message)
+           for n in names):  # `Config.field: ...`, `field: ...` or `--field`
+        return message
+    filename = getattr(error, "filename", None)
+    for n in names:
+        value = getattr(config, n)
+        paths = [p for p in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(p, (str, Path))]
+        for p in paths:
+            if not str(p):
+                continue
+            on_path = {Path(p), *Path(p).parents} - {Path("."), Path("/")}
+            if filename is not None and (Path(filename) in on_path or Path(p) in Path(filename).parents):
+                return f"{n}: {message}"
+            if isinstance(p, Path) and str(p) in message:
+                return f"{n}: {message}"
+    return message
+
+
+def fail(prog: str, message: str) -> None:
+    print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run(prog: str, command: Command, args: Sequence[str]) -> Any:
+    """Parse and run one command; bad input ends in one line on stderr and exit status 2."""
+    config = None
+    try:
+        config = parse(prog, command, args)
+        return command.runner()(config)
+    except UsageError as e:
+        fail(prog, str(e))
+    except Exception as e:
+        if os.environ.get("ROBOTRL_TRACEBACK") or not user_error(e):
+            raise
+        message = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.strerror}: {e.filename}"
+        fail(prog, name_the_field(message or type(e).__name__, config, e))
+
+
+# ---------------------------------------------------------------------------------------------------
+# listings and dispatch
+# ---------------------------------------------------------------------------------------------------
+def listing(prog: str, description: str, title: str, rows: dict[str, str], usage: str) -> str:
+    width = max(len(name) for name in rows) + 2
+    lines = [f"usage: {prog} {usage}", "", description, "", f"{title}:"]
+    for name, text in rows.items():
+        wrapped = textwrap.wrap(text, 100 - width, break_on_hyphens=False) or [""]
+        lines += [f"  {name:<{width}}{wrapped[0]}"] + [f"  {'':<{width}}{more}" for more in wrapped[1:]]
+    return "\n".join(lines)
+
+
+def top_help() -> str:
+    rows = {**GROUPS, "run": RUN.summary}
+    text = listing("robotrl", "Robot learning from demonstrations and parallel simulation to a distilled one-step "
+                   "policy on ROS 2.", "commands", rows, "{envs,data,train,policy} <command> [--options] | run "
+                   "[--options]")
+    return text + ("\n\n`robotrl <group> --help` lists a group's commands, `robotrl <group> <command> --help` its "
+                   "options.")
+
+
+def group_help(group: str) -> str:
+    rows = {name: command.summary for name, command in COMMANDS[group].items()}
+    return listing(f"robotrl {group}", GROUPS[group], "commands", rows, "<command> [--options]")
+
+
+def unknown(prog: str, what: str, word: str, choices: Sequence[str]) -> None:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    fail(prog, f"unknown {what} {word!r}; expected one of {', '.join(choices)}{hint}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The console script: runs one command (its result is printed, not returned: the script's exit status is 0)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    groups, commands_ = _groups(), _commands()
-    if args and args[0] in commands_:
-        cls, fn = commands_[args[0]][1]()
-        _run(fn, tyro.cli(cls, prog=f"robotrl {args[0]}", args=args[1:]), f"robotrl {args[0]}")
+    asks_help = not args or args[0] in ("-h", "--help")
+    if asks_help:
+        print(top_help(), file=sys.stdout if args else sys.stderr)
+        raise SystemExit(0 if args else 2)
+    word, rest = args[0], args[1:]
+    if word == "run":
+        run("robotrl run", RUN, rest)
         return
-    if not args or args[0] not in groups:
-        docs = {**{n: d for n, (d, _) in groups.items()}, **{n: d for n, (d, _) in commands_.items()}}
-        placeholders = {name: type(name, (_Group,), {"__doc__": doc}) for name, doc in docs.items()}
-        tyro.extras.subcommand_cli_from_dict({k: dataclass(v) for k, v in placeholders.items()}, prog="robotrl", args=args)
-        raise SystemExit(f"robotrl: expected one of the groups {sorted(groups)}, got {args}")
-    commands = groups[args[0]][1]()
-    config = tyro.extras.subcommand_cli_from_dict({k: cls for k, (cls, _) in commands.items()},
-                                                  prog=f"robotrl {args[0]}", args=args[1:])
-    name, run = next((name, fn) for name, (cls, fn) in commands.items() if type(config) is cls)
-    _run(run, config, f"robotrl {args[0]} {name}")
-
-
-def _run(fn: Callable[[Any], Any], config: Any, prog: str) -> None:
-    """Run a command; bad input (files, specs, values) ends in one line naming the problem, not a traceback.
-    ROBOTRL_TRACEBACK=1 shows the traceback."""
-    import os
-
-    from robotrl.datasets.store import StoreError
-
-    try:
-        fn(config)
-    except (ValueError, StoreError, FileNotFoundError, FileExistsError) as e:
-        if os.environ.get("ROBOTRL_TRACEBACK"):
-            raise
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    if word not in COMMANDS:
+        unknown("robotrl", "command", word, [*COMMANDS, "run"])
+    if not rest or rest[0] in ("-h", "--help"):
+        print(group_help(word), file=sys.stdout if rest else sys.stderr)
+        raise SystemExit(0 if rest else 2)
+    name = rest[0]
+    if name not in COMMANDS[word]:
+        unknown(f"robotrl {word}", "command", name, list(COMMANDS[word]))
+    run(f"robotrl {word} {name}", COMMANDS[word][name], rest[1:])
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ def train_bc_flow(store: Path, run_dir: Path) -> Path:
 
     torch.set_num_threads(1)
     return train(BCConfig(store=store, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=400,
-                          batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400, threads=1,
+                          batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400,
+                          threads=1,
                           run_dir=run_dir, progress=False)).checkpoint
 
 

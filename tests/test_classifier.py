@@ -34,7 +34,8 @@ from robotrl.flowrl.classifier import (
 
 def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:
     base = ClassifierConfig(store=store, camera="front", steps=300, batch_size=32, encoder_widths=(8, 16, 32),
-                            encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, checkpoint_every=100,
+                            encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0,
+                            checkpoint_every=100,
                             log_every=50, threads=1, run_dir=run_dir, progress=False)
     return replace(base, **overrides)
 

@@ -90,9 +90,7 @@ def help_texts() -> tuple[tuple[str, str], ...]:
     `robotrl.cli`'s own tables list them."""
     from robotrl import cli
 
-    lines = [[]] + [[name] for name in cli._commands()]
-    for group, (_, commands) in cli._groups().items():
-        lines += [[group]] + [[group, name] for name in commands()]
+    lines = [[], *[[group] for group in cli.COMMANDS], *[list(words) for words, _ in cli.every_command()]]
     texts = []
     for args in lines:
         out = io.StringIO()

@@ -35,7 +35,7 @@ def small(policy: Path, run_dir: Path, **overrides: object) -> DsrlConfig:
 def test_dsrl_raises_held_out_success_with_the_flow_network_frozen(reach_bc_flow: Path, reach_bc_flow_success: float,
                                                                    tmp_path: Path, claim, learning_seed: int) -> None:
     """7,680 env steps: held-out success on the same 100 episodes rises well above the BC start (seeds 0-4:
-    bench/RESULTS.md, "Learning tests"). The checkpoint is what `robotrl eval` loads (the same success on the same
+    bench/RESULTS.md, "Learning tests"). The checkpoint is what `robotrl policy eval` loads (the same success on the same
     seeds), its flow network the BC checkpoint's bit for bit: only the noise prior moved."""
     before = reach_bc_flow_success
     result = train(small(reach_bc_flow, tmp_path / "run", total_steps=7_680, eval_episodes=100, seed=learning_seed))

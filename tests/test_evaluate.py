@@ -1,4 +1,4 @@
-"""`robotrl eval`: the policy's inference threads for the evaluation only, the caller's restored after it."""
+"""`robotrl policy eval`: the policy's inference threads for the evaluation only, the caller's restored after it."""
 
 from pathlib import Path
 

@@ -97,7 +97,8 @@ def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(device: str, reach_
     from robotrl.stages.bc import BCConfig, train
 
     result = train(BCConfig(store=reach_demos, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=1000,
-                            batch_size=64, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=100, eval_envs=25, device=device,
+                            batch_size=64, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=100, eval_envs=25,
+                            device=device,
                             run_dir=tmp_path / "bc", progress=False, threads=1))
     assert result.success_rate is not None
     claim("BC success on the device", result.success_rate, lower=0.85)
@@ -108,7 +109,7 @@ def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(device: str, reach_
 
 def test_online_rl_and_distillation_on_the_device(device: str, reach_demos: Path, tmp_path: Path, claim) -> None:
     """`robotrl train online --device cuda` (Flow-SDE) raises a half-trained Reach policy as its CPU test does, and
-    `robotrl distill --device cuda` gives a one-step student within 2 points of that teacher."""
+    `robotrl policy distill --device cuda` gives a one-step student within 2 points of that teacher."""
     from robotrl.stages.bc import BCConfig
     from robotrl.stages.bc import train as train_bc
     from robotrl.stages.distill import DistillConfig, distill
@@ -117,7 +118,8 @@ def test_online_rl_and_distillation_on_the_device(device: str, reach_demos: Path
     from robotrl.flowrl.online import train as train_online
 
     start = train_bc(BCConfig(store=reach_demos, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=400,
-                              batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, run_dir=tmp_path / "bc",
+                              batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0,
+                              run_dir=tmp_path / "bc",
                               progress=False, threads=1)).checkpoint
     before = evaluate_policy(load_flow_policy(start, 5), 100, 25, execute=4).success_rate
     online = train_online(OnlineConfig(policy=start, method="flow_sde", num_envs=16, rollout_steps=60, execute=4,

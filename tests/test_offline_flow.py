@@ -168,7 +168,7 @@ def test_bad_configs_and_inputs_are_refused(bc_flow: Path, offline_reach_demos: 
     flow = load(bc_flow)
     DiffusionPolicy(flow.spec, DiffusionConfig(channels=(32, 64), action_horizon=8), flow.stats).save(tmp_path / "diff")
     with pytest.raises(ValueError, match=r"OfflineFlowConfig.policy: expected a flow policy checkpoint \(robotrl train "
-                                         r"bc --policy flow\), got a 'diffusion' policy"):
+                                         r"bc policy:flow\), got a 'diffusion' policy"):
         train(tiny(tmp_path / "diff", offline_reach_demos, tmp_path / "run"))
     with pytest.raises(FileNotFoundError, match=re.escape(f"OfflineFlowConfig.store: {tmp_path / 'none.zarr'} does "
                                                           "not exist")):

@@ -68,7 +68,7 @@ GAIN = 0.10
 def test_each_method_raises_held_out_success(method: str, bc_flow: Path, reach_bc_flow_success: float,
                                              tmp_path: Path, claim, learning_seed: int) -> None:
     """Every method of `robotrl train online` fine-tunes the half-trained Reach flow policy to a higher success on
-    the same 100 held-out episodes within a CI budget. The checkpoint is what `robotrl eval` loads (the same success
+    the same 100 held-out episodes within a CI budget. The checkpoint is what `robotrl policy eval` loads (the same success
     on the same seeds): the ODE policy with K = 5 Euler steps, or, for the methods that train a head of a frozen flow
     network, the BC checkpoint's flow network bit for bit with that head added."""
     steps = BUDGET[method]
@@ -488,7 +488,7 @@ def test_fine_tuned_checkpoint_distills_and_evaluates_through_the_cli(bc_flow: P
                                                                       tmp_path: Path) -> None:
     result = train(small(bc_flow, tmp_path / "run", method="denoising_mdp", num_envs=4, rollout_steps=20,
                          total_steps=80, critic_warmup=0))
-    out = subprocess.run([str(ROBOTRL), "distill", "--teacher", str(result.weights), "--store", str(demos),
+    out = subprocess.run([str(ROBOTRL), "policy", "distill", "--teacher", str(result.weights), "--store", str(demos),
                           "--steps", "5", "--batch-size", "16", "--eval-episodes", "2", "--eval-envs", "2",
                           "--execute", "4", "--gap-batch", "8", "--threads", "1", "--run-dir",
                           str(tmp_path / "student"), "--no-progress"],
@@ -496,8 +496,9 @@ def test_fine_tuned_checkpoint_distills_and_evaluates_through_the_cli(bc_flow: P
     assert out.returncode == 0, out.stderr
     student = load(tmp_path / "student" / "policy")
     assert student.name == "consistency"
-    out = subprocess.run([str(ROBOTRL), "eval", "--policy", str(result.weights), "--episodes", "4", "--num-envs", "4",
-                          "--execute", "4"], check=False, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    out = subprocess.run([str(ROBOTRL), "policy", "eval", "--policy", str(result.weights), "--eval-episodes", "4",
+                          "--eval-envs", "4", "--execute", "4"], check=False, capture_output=True, text=True,
+                         timeout=300, env=ONE_THREAD)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["episodes"] == 4
 
@@ -575,7 +576,7 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
     diffusion = DiffusionPolicy(flow.spec, DiffusionConfig(channels=(32, 64), action_horizon=8), flow.stats)
     diffusion.save(tmp_path / "diffusion")
     with pytest.raises(ValueError, match=r"OnlineConfig.policy: expected a flow policy checkpoint \(robotrl train bc "
-                                         r"--policy flow\), got a 'diffusion' policy at .*diffusion"):
+                                         r"policy:flow\), got a 'diffusion' policy at .*diffusion"):
         train(small(tmp_path / "diffusion", tmp_path / "run"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty"):

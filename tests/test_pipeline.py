@@ -132,7 +132,8 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
         [json.dumps(json.loads(line)["extra"]) for line in finished]
     assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
     # the table's header names the budget fields set on top of the preset
-    assert "preset smoke (online_num_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" in out.stdout
+    assert "preset smoke (online_num_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" \
+        in out.stdout
     online = json.loads((run_dir / "online" / "config.json").read_text())
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
     assert (online["num_envs"], online["minibatch_size"], online["criterion"], online["operator_fraction"],
@@ -284,7 +285,8 @@ def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
     mine = PipelineConfig(task="PickPlace", preset="default", bc_batch_size=48, bc_lr=1e-4)
     assert bc_recipe(mine, mine.budget()) == {"batch_size": 48, "lr": 1e-4, "policy": VLAConfig(obs_horizon=1)}
     flow = PipelineConfig(task="PickPlace", preset="default", policy="flow")
-    assert bc_recipe(flow, flow.budget()) == {"batch_size": 64, "lr": 1e-3, "policy": FlowConfig(channels=(32, 64, 128))}
+    assert bc_recipe(flow, flow.budget()) == {"batch_size": 64, "lr": 1e-3,
+                                              "policy": FlowConfig(channels=(32, 64, 128))}
 
     smoke = PipelineConfig(task="PickPlace", preset="smoke", demo_episodes=1, bc_steps=2, threads=1, progress=False)
     assert bc_recipe(smoke, smoke.budget())["batch_size"] == 16  # smoke's batch stays small

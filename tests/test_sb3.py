@@ -86,7 +86,7 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     assert replay_buffer_path(run / "checkpoints" / "model_600_steps.zip").exists()
     resumed = train(replace(config, total_steps=800, resume=True))
     assert resumed.timesteps == 800  # continued from the last checkpoint's step count (600) up to total_steps
-    assert (run / "checkpoints" / "model_800_steps.zip").exists()
+    assert Sac.load(run / "model.zip").num_timesteps == 800
 
 
 def test_flatten_batch_matches_what_sb3_sees():
@@ -120,10 +120,12 @@ def test_default_config_learns_reach(tmp_path):
 
 
 def test_cli_sb3_subcommands_pick_their_algorithm(tmp_path, capsys):
-    """`robotrl train sb3:TD3|SAC|PPO` run Stable-Baselines3's algorithm of that name through the same config."""
+    """`robotrl train sb3-td3|sb3-sac|sb3-ppo` run Stable-Baselines3's algorithm of that name through the same
+    config, its `algo` fixed by the command."""
     from robotrl.cli import main
 
-    main(["train", "sb3:TD3", "--total-timesteps", "300", "--learning-starts", "100", "--net-arch", "32", "32",
+    main(["train", "sb3-td3", "--task", "Reach", "--total-steps", "300", "--learning-starts", "100",
+          "--hidden", "32", "32",
           "--batch-size", "32", "--eval-episodes", "2", "--eval-envs", "2", "--checkpoint-every", "0",
           "--run-dir", str(tmp_path / "td3"), "--no-progress"])
     assert "Reach TD3: success rate" in capsys.readouterr().out

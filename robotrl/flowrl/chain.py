@@ -38,7 +38,7 @@ class ChainConfig(PolicyRunOptions):
     `train hil` take them all; DSRL and the offline stage fill in theirs)."""
 
     policy: Path = Path("runs/bc-flow/policy")
-    """the flow policy checkpoint to start from (`robotrl train bc --policy flow` output)"""
+    """the flow policy checkpoint to start from (`robotrl train bc policy:flow` output)"""
     method: Literal["denoising_mdp", "flow_sde", "flow_noise", "ode_noise", "latent", "residual"] = "latent"
     """how the policy explores and what trains (robotrl/flowrl/online.py's docstring): latent learned Reach fastest
     in bench/flow_rl.py and, its flow network frozen, cannot lose what BC learned, where flow_sde lowered PushT
@@ -528,7 +528,7 @@ def load_flow_policy(path: Path, steps: int | None, field: str = "OnlineConfig.p
     policy = load(path)
     if not isinstance(policy, FlowPolicy):  # a bad value of the config's field, as the CLI reports them
         raise ValueError(  # noqa: TRY004
-            f"{field}: expected a flow policy checkpoint (robotrl train bc --policy flow), got a "
+            f"{field}: expected a flow policy checkpoint (robotrl train bc policy:flow), got a "
             f"{policy.name!r} policy at {path}")
     if not policy.vector_keys:
         raise ValueError(f"{field}: expected a policy with vector observations for the value network, "

@@ -353,7 +353,8 @@ class ClassifierConfig(RunOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.store = Path(self.store)
-        self.proprio, self.encoder_widths, self.hidden = tuple(self.proprio), tuple(self.encoder_widths), tuple(self.hidden)
+        self.proprio, self.encoder_widths = tuple(self.proprio), tuple(self.encoder_widths)
+        self.hidden = tuple(self.hidden)
         for name in ("steps", "batch_size", "success_frames"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ClassifierConfig.{name}: expected >= 1, got {getattr(self, name)}")

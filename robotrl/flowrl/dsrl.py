@@ -16,7 +16,7 @@ as N(0, I), i.e. as the BC policy, is SAC's actor: a Gaussian with an exact dens
 subset, the temperature tuned towards a target entropy) with the per-decision discount gamma^execute. A time-limit
 cut is bootstrapped at collection time from the critic's soft value of the final window (as the PPO rollout
 bootstraps from its value network). The result is an ordinary flow policy checkpoint with its trained prior
-(`run_dir/policy`): `robotrl eval`, `distill` and `export` take it unchanged. A killed run resumes exactly.
+(`run_dir/policy`): `robotrl policy eval`, `distill` and `export` take it unchanged. A killed run resumes exactly.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from robotrl.policies.generative import NoisePrior
 from robotrl.rl.sac import Agent, SacConfig, update
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import (
-    BestCheckpoint, RLResult, RunLog, PolicyRunOptions, TrainClock, check_finite_weights, load_run_state, save_run_state,
-    start_run,
+    BestCheckpoint, PolicyRunOptions, RLResult, RunLog, TrainClock, check_finite_weights, load_run_state,
+    save_run_state, start_run,
 )
 
 
@@ -50,7 +50,7 @@ class DsrlConfig(PolicyRunOptions):
     """Steer a frozen flow policy with SAC on the initial noise of its ODE (DSRL-SAC) in the parallel vector env."""
 
     policy: Path = Path("runs/bc-flow/policy")
-    """the flow policy checkpoint to steer (`robotrl train bc --policy flow` or a `train online --method latent` /
+    """the flow policy checkpoint to steer (`robotrl train bc policy:flow` or a `train online --method latent` /
     `train dsrl` output, whose prior it continues)"""
     num_envs: int = 16
     total_steps: int = 100_000

@@ -1,7 +1,7 @@
 """Human-in-the-loop online RL of a flow policy (HIL-SERL's interventions on robotrl/flowrl/online.py's PPO).
 
     robotrl train hil --policy runs/bc-flow/policy --num-envs 32 --total-steps 300000            # simulated operator
-    robotrl train hil --policy runs/bc-flow/policy --operator keyboard --num-envs 1 --store data/hil.zarr
+    robotrl train hil --policy runs/bc-flow/policy --operator keyboard --num-envs 1 --out data/hil.zarr
     result = robotrl.flowrl.hil.train(HilConfig(policy=Path("runs/bc-flow/policy")))         # the same dataclass
 
 The policy acts as in `robotrl train online` (decisions are action chunks drawn by the stochastic denoising chain),
@@ -24,9 +24,9 @@ the online buffer (the rollout) they are decisions of their own whose rewards co
 (GAE runs over every decision) and which train the value, but they are kept out of PPO's ratio (their actions were
 not drawn from the chain); and in the demo buffer, each contiguous stretch of operator steps is a demonstration
 whose windows (observation history, action chunk) train the policy by its own flow-matching BC loss, weighted by
-`--bc-weight`, in every PPO minibatch (with `--demos`, a store's episodes seed that buffer).
+`--bc-loss-coef`, in every PPO minibatch (with `--demos`, a store's episodes seed that buffer).
 
-Recording. Every env step, the policy's and the operator's, goes to the dataset store `--store` (default
+Recording. Every env step, the policy's and the operator's, goes to the episode store `--out` (default
 `run_dir/hil.zarr`, created with the env's spec; an existing store with the same spec is appended to) as it
 happens: one episode per env episode, committed when it ends (a killed run loses at most the unfinished ones),
 with the `intervention` mask set on the operator's steps, as teleop recording marks them, and source
@@ -404,7 +404,7 @@ class ExpertOperator(Watch):
 
 class DeviceOperator(Watch):
     """A teleop device driving the one env while its take-over toggle is on, paced at the control rate when a
-    person operates it (the device is read once per step, as `robotrl collect` reads it)."""
+    person operates it (the device is read once per step, as `robotrl data collect` reads it)."""
 
     def __init__(self, device: TeleopDevice, config: HilConfig, recorder: Recorder, spec: Any) -> None:
         super().__init__(recorder, 1)

@@ -94,7 +94,7 @@ class OfflineFlowConfig(PolicyRunOptions):
     a train state is written after every iteration (`checkpoint_every`, `log_every`, `eval_every` are unused)."""
 
     policy: Path = Path("runs/bc-flow/policy")
-    """the flow policy checkpoint to start from (`robotrl train bc --policy flow` or `train online` output)"""
+    """the flow policy checkpoint to start from (`robotrl train bc policy:flow` or `train online` output)"""
     store: Path = Path("data/pusht.zarr")
     """episodes with rewards (demonstrations of the task); copied to run_dir/store.zarr, which grows"""
     iterations: int = 5

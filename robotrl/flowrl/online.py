@@ -45,8 +45,8 @@ decisions (gamma^k for a k-step decision), a time-limit cut bootstrapped from th
 value loss (optionally clipped), a value-only warm-up, and an optional velocity regularizer towards the start.
 
 The fine-tuned policy is saved as an ordinary checkpoint (`run_dir/policy`: the same FlowPolicy, its sampler set to
-the chain's K Euler steps, deterministic at evaluation and deployment), so `robotrl eval`, `robotrl distill
---teacher` and `robotrl export` take it unchanged. The loop needs of a policy only FlowPolicy's `encoder`
+the chain's K Euler steps, deterministic at evaluation and deployment), so `robotrl policy eval`, `robotrl policy
+distill --teacher` and `robotrl policy export` take it unchanged. The loop needs of a policy only FlowPolicy's `encoder`
 (conditioning) and `velocity`, so the VLA (a FlowPolicy whose velocity net is its action expert) runs through it
 as it is, its instruction carried with the observation windows; the value and noise networks read the policy's
 normalized vector observations. A killed run resumes exactly from its last iteration (`--resume`).

@@ -194,8 +194,9 @@ def train(config: Sb3Config) -> Sb3Result:
     remaining = max(config.total_steps - model.num_timesteps, 0)
     callbacks: list[Any] = [progress_bar(remaining, config.progress)]
     if config.checkpoint_every > 0:
-        callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.num_envs, 1), str(run_dir / "checkpoints"),
-                                            name_prefix="model", save_replay_buffer=config.algo in OFF_POLICY))
+        callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.num_envs, 1),
+                                            str(run_dir / "checkpoints"), name_prefix="model",
+                                            save_replay_buffer=config.algo in OFF_POLICY))
     start = time.perf_counter()
     model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=last is None,
                 log_interval=10 if config.algo in OFF_POLICY else 1)
@@ -253,8 +254,8 @@ def last_checkpoint(run_dir: Path) -> Path:
     found = {int(m[1]): p for p in (run_dir / "checkpoints").glob("model_*_steps.zip")
              if (m := re.fullmatch(r"model_(\d+)_steps\.zip", p.name))}
     if not found:
-        raise FileNotFoundError(f"Sb3Config.resume: no checkpoint in {run_dir / 'checkpoints'} (model_<steps>_steps.zip; "
-                                "was checkpoint_every 0?)")
+        raise FileNotFoundError(f"Sb3Config.resume: no checkpoint in {run_dir / 'checkpoints'} "
+                                "(model_<steps>_steps.zip; was checkpoint_every 0?)")
     return found[max(found)]
 
 

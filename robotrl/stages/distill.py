@@ -1,6 +1,6 @@
 """Distillation: a flow, diffusion or VLA teacher checkpoint -> a one-step consistency student checkpoint.
 
-    robotrl distill --teacher runs/bc-flow/policy --store data/pusht.zarr --steps 5000
+    robotrl policy distill --teacher runs/bc-flow/policy --store data/pusht.zarr --steps 5000
     student = robotrl.stages.distill.distill(DistillConfig(teacher=Path("runs/bc-flow/policy"),
                                                     store=Path("data/pusht.zarr")))   # the same dataclass
 

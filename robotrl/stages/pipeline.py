@@ -18,12 +18,12 @@ Stages, each a command of its own that reads the previous stage's files and writ
                                        evaluations on training seeds, the last weights otherwise; accepted only
                                        if not worse than its start on fresh seeds (else online/policy is the
                                        start's)                                            -> online/policy
-    distill  robotrl distill           the one-step consistency student of the RL'd policy (the VLA's
+    distill  robotrl policy distill    the one-step consistency student of the RL'd policy (the VLA's
                                        keeps its prefix and action expert), on the online stage's store
                                        (the teacher's own states) plus DAgger rounds (the
                                        student's own, labelled by the teacher); kept only if
                                        it beats its start, the teacher's one-step sampler  -> distill/policy
-    export   robotrl export            the student as ONNX + manifest for the runtime      -> export/
+    export   robotrl policy export     the student as ONNX + manifest for the runtime      -> export/
 
 Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), and
 its batch-1 CPU inference latency timed. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
@@ -94,26 +94,27 @@ PRESETS: dict[str, Budget] = {
                     distill_batch_size=16, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
                     eval_episodes=4, eval_envs=4),
     # sized to the issue's 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
-    # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-total-steps give them back
+    # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-total-steps give
+    # them back
     "default": Budget(demo_episodes=200, bc_steps=6_000, bc_batch_size=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
-                      offline_iterations=1, offline_critic_steps=1_000, offline_policy_updates=10, offline_awr_steps=400,
-                      offline_rollout_episodes=10, offline_gate_episodes=10, online_total_steps=30_720, online_num_envs=16,
-                      online_rollout_steps=160, online_gate_episodes=20, online_eval_every=0, distill_steps=600,
-                      distill_batch_size=64, distill_dagger_rounds=1, distill_dagger_episodes=25, distill_gate_episodes=30,
-                      eval_episodes=50, eval_envs=50),
+                      offline_iterations=1, offline_critic_steps=1_000, offline_policy_updates=10,
+                      offline_awr_steps=400, offline_rollout_episodes=10, offline_gate_episodes=10,
+                      online_total_steps=30_720, online_num_envs=16, online_rollout_steps=160, online_gate_episodes=20,
+                      online_eval_every=0, distill_steps=600, distill_batch_size=64, distill_dagger_rounds=1,
+                      distill_dagger_episodes=25, distill_gate_episodes=30, eval_episodes=50, eval_envs=50),
     "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch_size=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
                    offline_iterations=5, offline_critic_steps=5_000, offline_policy_updates=10, offline_awr_steps=3_000,
-                   offline_rollout_episodes=50, offline_gate_episodes=100, online_total_steps=1_000_000, online_num_envs=32,
-                   online_rollout_steps=160, online_gate_episodes=200, online_eval_every=200_000, distill_steps=5_000,
-                   distill_batch_size=64, distill_dagger_rounds=3, distill_dagger_episodes=100, distill_gate_episodes=200,
-                   eval_episodes=500, eval_envs=50),
+                   offline_rollout_episodes=50, offline_gate_episodes=100, online_total_steps=1_000_000,
+                   online_num_envs=32, online_rollout_steps=160, online_gate_episodes=200, online_eval_every=200_000,
+                   distill_steps=5_000, distill_batch_size=64, distill_dagger_rounds=3, distill_dagger_episodes=100,
+                   distill_gate_episodes=200, eval_episodes=500, eval_envs=50),
 }
 
 
 #: PipelineConfig's numeric fields that override its preset's Budget field of the same name
-OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch_size", "bc_lr", "offline_gate_episodes", "online_total_steps", "online_num_envs",
-             "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch_size", "distill_gate_episodes",
-             "eval_episodes")
+OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch_size", "bc_lr", "offline_gate_episodes", "online_total_steps",
+             "online_num_envs", "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch_size",
+             "distill_gate_episodes", "eval_episodes")
 
 
 @dataclass
@@ -317,7 +318,7 @@ def check_policy(name: str) -> None:
 
 def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
     """BCConfig's options of the BC stage, its policy config under "policy": the preset's batch, lr and U-Net
-    widths, or the policy's own BC recipe (at most the preset's batch: smoke's stays small); --bc-batch-size-size and
+    widths, or the policy's own BC recipe (at most the preset's batch: smoke's stays small); --bc-batch-size and
     --bc-lr override either."""
     from dataclasses import fields, replace
 
@@ -378,8 +379,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
                  "eval_seed": training_seed(config.seed, 8_000),
                  "eval_sampler_steps": config.online_sampler_steps} if budget.online_eval_every else {}
     common: dict[str, Any] = {
-        "policy": run_dir / "offline" / "policy", "num_envs": budget.online_num_envs, "total_steps": budget.online_total_steps,
-        "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
+        "policy": run_dir / "offline" / "policy", "num_envs": budget.online_num_envs,
+        "total_steps": budget.online_total_steps, "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
         "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
         "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, "ema": config.online_ema,
         **selection,

@@ -1,6 +1,6 @@
 """Success rate of a policy in the parallel vector env, over held-out seeds, with a Wilson interval and videos.
 
-    robotrl eval --policy runs/bc-flow/policy --episodes 200
+    robotrl policy eval --policy runs/bc-flow/policy --eval-episodes 200
 
 On tasks with language instructions (PickPlace) the result also has the success rate per instruction and the
 wrong-object rate: episodes in which a cube other than the named one was put in the bin.

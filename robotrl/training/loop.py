@@ -321,8 +321,9 @@ def finish_run(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Pa
                     best_weights=best.path if kept else None, best=kept).save()
 
 
-def finish_iterations(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Path, clock: TrainClock, run_dir: Path,
-                      iterations: int, start: int, per_iteration: int, best: BestCheckpoint | None = None) -> RLResult:
+def finish_iterations(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Path, clock: TrainClock,
+                      run_dir: Path, iterations: int, start: int, per_iteration: int,
+                      best: BestCheckpoint | None = None) -> RLResult:
     """`finish_run` for an on-policy run of `iterations` rollouts of `per_iteration` env steps, resumed after
     `start` of them: its env steps per training second count only the steps this process took."""
     seconds, steps = clock.trained(), iterations * per_iteration

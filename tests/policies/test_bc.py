@@ -35,7 +35,8 @@ def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def small(store: Path, run_dir: Path, **overrides: object) -> BCConfig:
     base = BCConfig(store=store, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=40, batch_size=32,
-                    warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, run_dir=run_dir, progress=False, checkpoint_every=20, log_every=10,
+                    warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, run_dir=run_dir, progress=False,
+                    checkpoint_every=20, log_every=10,
                     threads=1)  # a second torch thread only spins on a shared 2-core machine (10x slower under load)
     return replace(base, **overrides)
 
@@ -98,9 +99,9 @@ def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_afte
     a run that was never stopped (same batches, noise, schedule and EMA)."""
     cfg = small(reach_demos, tmp_path / "killed", steps=60, checkpoint_every=10)
     args = [str(ROBOTRL), "train", "bc", "--store", str(reach_demos), "--steps", "60", "--batch-size", "32",
-            "--channels", "32", "64", "--warmup", "10", "--ema", "0.99", "--action-horizon", "8", "--lr", "3e-4",
-            "--eval-episodes", "0", "--run-dir", str(cfg.run_dir), "--checkpoint-every", "10", "--no-progress",
-            "--threads", "1"]
+            "--warmup", "10", "--ema", "0.99", "--lr", "3e-4", "--eval-episodes", "0", "--run-dir", str(cfg.run_dir),
+            "--checkpoint-every", "10", "--no-progress",
+            "--threads", "1", "policy:flow", "--policy.channels", "32", "64", "--policy.action-horizon", "8"]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 10 <= step < 60, step
     resumed = train(replace(cfg, resume=True))

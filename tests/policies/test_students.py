@@ -409,7 +409,7 @@ def test_distill_refuses_a_mismatched_store_or_teacher(teacher_dir: Path, store:
     with pytest.raises(SpecMismatchError, match="teacher"):
         distill(small(teacher_dir, reach, tmp_path / "run"))
     student = ConsistencyPolicy.from_teacher(load(teacher_dir)).save(tmp_path / "student")
-    with pytest.raises(ValueError, match="'consistency' policy, which names no student; expected a checkpoint of one of"):
+    with pytest.raises(ValueError, match="'consistency' policy, which names no student; expected a checkpoint of one"):
         distill(small(student, store, tmp_path / "run2"))
     with pytest.raises(FileNotFoundError, match="train_state.pt"):
         distill(small(teacher_dir, store, tmp_path / "run3", resume=True))

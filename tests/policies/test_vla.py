@@ -359,8 +359,8 @@ def test_patch_pooling_is_torch_adaptive_average_pooling(size: int, grid: int) -
 
 def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, tmp_path: Path,
                                                           capsys: pytest.CaptureFixture) -> None:
-    """`robotrl train bc --policy vla` on the PickPlace store (windows carry their episode's instruction, the
-    target fields hidden), then `robotrl eval` reports success per instruction and the wrong-cube rate."""
+    """`robotrl train bc policy:vla` on the PickPlace store (windows carry their episode's instruction, the
+    target fields hidden), then `robotrl policy eval` reports success per instruction and the wrong-cube rate."""
     from robotrl.stages.bc import BCConfig, train
     from robotrl.training.evaluate import EvalConfig, run_eval
 
@@ -420,7 +420,7 @@ def test_vla_student_starts_as_one_euler_step_and_keeps_its_boundary(store: Epis
 
 
 def test_distill_vla_to_one_step_export_and_runtime(store: EpisodeStore, tmp_path: Path) -> None:
-    """`robotrl distill` takes a VLA teacher: the student's one-step chunk moves towards the teacher's four-step
+    """`robotrl policy distill` takes a VLA teacher: the student's one-step chunk moves towards the teacher's four-step
     chunk on the same noise, the checkpoint reloads as `vla_consistency`, and its ONNX export takes the
     instruction embedding and matches torch in the runtime."""
     from robotrl.policies import runtime

@@ -1,0 +1,169 @@
+"""`robotrl envs bench`: env throughput, the CPU backend against gymnasium's AsyncVectorEnv and against raw
+`mujoco.rollout`. Part of the package (an installed wheel runs it); bench/envs.py calls it from a checkout.
+
+Prints one JSON line per (task, num_envs):
+  cpu_steps_per_s      `robotrl.envs.make(task, num_envs=N)` stepping random actions (env steps/s, all envs)
+  async_steps_per_s    `gymnasium.vector.AsyncVectorEnv` over N single-env `RobotEnv`s (one process each)
+  ceiling_steps_per_s  the same model, N, threads and physics substeps per env step in ONE `mujoco.rollout`
+                       call: no Python in the loop, so no env can beat it
+  vs_async             cpu / async (goal >= 3)
+  fraction_of_ceiling  cpu / ceiling (goal >= 0.7)
+
+    robotrl envs bench --tasks Reach --num-envs 2 8 32
+    .venv/bin/python bench/envs.py --tasks all            # every task, from a checkout
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from robotrl.envs.tasks import DEFAULT_TASK
+
+
+@dataclass
+class BenchConfig:
+    """Benchmark the CPU backend against AsyncVectorEnv and the raw mujoco.rollout ceiling (JSON lines)."""
+
+    tasks: tuple[str, ...] = (DEFAULT_TASK,)
+    """tasks to run ('all': every registered task)"""
+    num_envs: tuple[int, ...] = (2, 8, 32)
+    seconds: float = 1.0
+    """timed seconds per measurement (after a short warm-up)"""
+    skip_async: bool = False
+    """skip AsyncVectorEnv (it starts one process per env)"""
+    profile: bool = False
+    """cProfile the CPU backend's step at the largest num_envs and print the top functions"""
+    seed: int = 0
+
+
+def timed(step: Callable[[], Any], seconds: float, warmup: int = 3) -> tuple[int, float]:
+    """Call `step` until `seconds` have passed; return (calls, elapsed)."""
+    for _ in range(warmup):
+        step()
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        step()
+        calls += 1
+    return calls, elapsed
+
+
+def random_actions(space: Any, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.uniform(space.low, space.high, (count, *space.shape)).astype(space.dtype)
+
+
+def bench_cpu(task: str, n: int, config: BenchConfig) -> tuple[float, int]:
+    """(env steps/s, control steps timed)."""
+    from robotrl.envs import make
+
+    env = make(task, num_envs=n, seed=config.seed, render_images=False)
+    env.reset(seed=config.seed)
+    actions = random_actions(env.action_space, 64, config.seed)
+    i = iter(range(1 << 62))
+    calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds)
+    env.close()
+    return n * calls / elapsed, calls
+
+
+def bench_async(task: str, n: int, config: BenchConfig) -> float:
+    import gymnasium as gym
+
+    from robotrl.envs.gym_env import RobotEnv
+
+    # forkserver: the workers fork from a clean server, never from this (possibly JAX-threaded) process
+    env = gym.vector.AsyncVectorEnv([lambda: RobotEnv(task, render_images=False) for _ in range(n)],
+                                    context="forkserver")
+    try:
+        env.reset(seed=config.seed)
+        actions = random_actions(env.action_space, 64, config.seed)
+        i = iter(range(1 << 62))
+        calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds)
+    finally:
+        env.close()
+    return n * calls / elapsed
+
+
+def bench_ceiling(task: str, n: int, config: BenchConfig, steps: int) -> float:
+    """Physics only: the controls the backend computed for `steps` random-action steps, replayed open-loop in
+    one `mujoco.rollout` call with the same substeps and per-substep outputs, on the calling thread and on a
+    pool of all cores: the faster of the two is the ceiling, whichever the backend picked."""
+    import mujoco
+    import mujoco.rollout
+
+    from robotrl.envs import make
+
+    env = make(task, num_envs=n, seed=config.seed, render_images=False)
+    env.reset(seed=config.seed)
+    initial = env.get_state()["physics"]
+    actions = random_actions(env.action_space, 64, config.seed)
+    ctrl = []
+    for i in range(steps):  # the same control path as the timed run, recorded through the public API
+        a = np.clip(actions[i % 64], env.single_action_space.low, env.single_action_space.high).astype(np.float64)
+        ctrl.append(np.asarray(env.task.control(np, env.frame(), a)))
+        env.step(actions[i % 64])
+    model, nsub = env.task.model, env.task.n_substeps
+    env.close()
+    controls = np.repeat(np.stack(ctrl, axis=1), nsub, axis=1)  # (n, steps * nsub, nu), held for nsub substeps
+    nstep = controls.shape[1]
+    # outputs allocated and paged in before timing, as the backend's are
+    out_state = np.ones((n, nstep, mujoco.mj_stateSize(model, int(mujoco.mjtState.mjSTATE_FULLPHYSICS))))
+    out_sens = np.ones((n, nstep, model.nsensordata))
+    best = float("inf")
+    for threads in sorted({1, min(os.cpu_count() or 1, n)}):
+        pool = mujoco.rollout.Rollout(nthread=threads if threads > 1 else 0)
+        datas = [mujoco.MjData(model) for _ in range(threads)]
+        start = time.perf_counter()
+        pool.rollout([model] * n, datas, initial, controls, skip_checks=True, nstep=nstep,
+                     control_spec=int(mujoco.mjtState.mjSTATE_CTRL), state=out_state, sensordata=out_sens)
+        best = min(best, time.perf_counter() - start)
+        pool.close()
+    return n * steps / best
+
+
+def profile_cpu(task: str, n: int, config: BenchConfig, top: int = 15) -> str:
+    from robotrl.envs import make
+
+    env = make(task, num_envs=n, seed=config.seed, render_images=False)
+    env.reset(seed=config.seed)
+    actions = random_actions(env.action_space, 64, config.seed)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    timed(lambda: env.step(actions[0]), config.seconds)
+    profiler.disable()
+    env.close()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def main(config: BenchConfig) -> list[dict[str, Any]]:
+    """Run the benchmark, print and return the JSON records."""
+    from robotrl.envs import list_tasks
+
+    tasks = list_tasks() if config.tasks == ("all",) else list(config.tasks)
+    records = []
+    for task in tasks:
+        for n in config.num_envs:
+            cpu, steps = bench_cpu(task, n, config)
+            ceiling = bench_ceiling(task, n, config, max(steps, 8))
+            rec: dict[str, Any] = {"bench": "envs", "task": task, "num_envs": n,
+                                   "cpu_steps_per_s": round(cpu, 1), "ceiling_steps_per_s": round(ceiling, 1),
+                                   "fraction_of_ceiling": round(cpu / ceiling, 3)}
+            if not config.skip_async:
+                asynchronous = bench_async(task, n, config)
+                rec.update(async_steps_per_s=round(asynchronous, 1), vs_async=round(cpu / asynchronous, 2))
+            print(json.dumps(rec), flush=True)
+            records.append(rec)
+        if config.profile:
+            print(profile_cpu(task, max(config.num_envs), config), flush=True)
+    return records
+
