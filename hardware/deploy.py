@@ -3,6 +3,10 @@
     robotrl-deploy --ros-args -p policy:=runs/pusht-student/onnx -p robot:=sim_panda
     ros2 launch launch/deploy.launch.py policy:=... robot:=franka_fr3      # the same node, from a launch file
 
+The launch files and their parameter files are installed with robotrl (`robotrl.hardware.nodes.launch_dir()`:
+deploy.launch.py, params/deploy.yaml), so a wheel's install starts the node as the launch file does:
+`robotrl-deploy --ros-args --params-file <launch_dir>/params/deploy.yaml -p policy:=...` (`NODES["deploy"]`).
+
 Subscribes to the robot's joint states, the task state (objects' poses from a simulator, perception or motion
 capture), its cameras and an instruction; every control period (or, with `trigger:=observation`, once per new
 set of observations: lockstep with a simulator) it feeds the newest observations to the chunk executor, turns

@@ -1,7 +1,8 @@
 """The robotrl ROS 2 nodes as the launch files start them: executable, node name, parameter file and the
 parameters set from launch arguments. `launch/*.launch.py` build their launch_ros `Node`s from this table and
 the tests start the same executables with the same files (`command`), so CI runs what a robot runs even though
-`launch` itself cannot be installed from PyPI."""
+`launch` itself cannot be installed from PyPI. The launch files and their parameter files ship in the package
+(`robotrl.launch`'s package data: `launch_dir`), so an installed robotrl starts its nodes without a checkout."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: the repository's launch/ folder (launch files and their parameter files)
-LAUNCH_DIR = Path(__file__).resolve().parents[1] / "launch"
+def launch_dir() -> Path:
+    """The launch files and their parameter files (params/), where robotrl is installed: `robotrl.launch`'s package
+    data (in an editable checkout, the repository's launch/ folder, which pyproject maps there)."""
+    from importlib.resources import files
+
+    return Path(str(files("robotrl.launch")))
 
 
 @dataclass(frozen=True)
@@ -24,13 +29,13 @@ class NodeSpec:
     name: str
     """ROS node name: the top-level key of its parameter file"""
     params: str
-    """parameter file under launch/params/"""
+    """parameter file under the launch folder's params/ (`launch_dir`)"""
     arguments: Mapping[str, str]
     """launch argument -> its default; each sets the parameter of the same name"""
 
     @property
     def params_file(self) -> Path:
-        return LAUNCH_DIR / "params" / self.params
+        return launch_dir() / "params" / self.params
 
     def command(self, overrides: Mapping[str, Any] | None = None) -> list[str]:
         """The command line the launch file's Node amounts to: the parameter file, then overrides."""
