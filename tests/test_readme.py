@@ -127,22 +127,24 @@ def test_the_howtos_are_the_guides_the_readme_promises() -> None:
 def run_block(language: str, body: str, cwd: Path, env: dict[str, str], index: int, timeout: float) -> None:
     script = cwd / f"block{index}.{'py' if language == 'python' else 'sh'}"
     script.write_text(body)
+    log = cwd / f"block{index}.log"
     args = [sys.executable, script.name] if language == "python" else ["bash", "-euo", "pipefail", script.name]
-    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    timed_out = False
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"block {index} ({language}) ran past {timeout:.0f} s:\n{body}\n--- output ---\n{out[-4000:]}")
-    finally:
-        try:  # whatever the block left behind in its process group
+        timed_out = True
+    finally:  # the block, if it still runs, and whatever it left behind in its process group
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert proc.returncode == 0, f"block {index} ({language}) exited {proc.returncode}:\n{body}\n--- output ---\n" \
-        f"{out[-4000:]}"
+        proc.wait()
+    output = f"{body}\n--- output ---\n{log.read_text()[-4000:]}"
+    assert proc.returncode == 0, f"block {index} ({language}) " + (
+        f"ran past {timeout:.0f} s" if timed_out else f"exited {proc.returncode}") + f":\n{output}"
 
 
 @pytest.mark.timeout(HOWTO_TIMEOUT + 60)
