@@ -57,12 +57,14 @@ def test_rlpd_with_a_camera_in_the_observation_learns_reach(tmp_path: Path, clai
     frames on the replay store, learns Reach from 20 demonstrations recorded with images as the state-only RLPD test
     does (tests/test_sac.py), evaluated on the camera env over 20 held-out episodes (seeds 0-4: bench/RESULTS.md,
     "Learning tests"): a pixel path that broke the critic's or the actor's inputs would not. (16 px and batch 64
-    keep it inside the CI budget: every env step renders, every update encodes the batch's frames.)"""
+    keep it inside the CI budget: every env step renders, every update encodes the batch's frames. DrQ's shift is
+    1 pixel here: its 4 pixels on 84-px frames, scaled to 16 px (4 would move the scene by a quarter of the frame).)"""
     demos = tmp_path / "reach_images.zarr"
     record_expert(demos, "Reach", episodes=20, num_envs=10, progress=False, images=True, image_size=16).close()
     cfg = SacConfig(task="Reach", obs_keys=("state", "image_front"), image_size=16, total_steps=2000,
                     learning_starts=200, batch_size=64, demos=demos, encoder_widths=(8, 16), encoder_dim=16,
-                    eval_episodes=20, eval_envs=20, run_dir=tmp_path / "run", progress=False, seed=learning_seed)
+                    eval_episodes=20, eval_envs=20, run_dir=tmp_path / "run", progress=False, seed=learning_seed,
+                    augment_pad=1)
     result = train(cfg)
     assert result.success_rate is not None
     claim("pixel RLPD success", result.success_rate, lower=0.4)
