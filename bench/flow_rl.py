@@ -37,15 +37,15 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sac import curve_summary, eval_curve  # noqa: E402  (bench/sac.py, the SAC-vs-SB3 bench)
+from sac import curve_summary, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
 
-from robotrl.datasets.record import record_expert  # noqa: E402
-from robotrl.flowrl.chain import METHODS, load_flow_policy  # noqa: E402
-from robotrl.flowrl.dsrl import DsrlConfig, train as train_dsrl  # noqa: E402
-from robotrl.flowrl.online import OnlineConfig, train as train_online  # noqa: E402
-from robotrl.policies.flow import FlowConfig  # noqa: E402
-from robotrl.stages.bc import BCConfig, train as train_bc  # noqa: E402
-from robotrl.training.evaluate import evaluate_policy  # noqa: E402
+from robotrl.datasets.record import record_expert
+from robotrl.flowrl.chain import METHODS, load_flow_policy
+from robotrl.flowrl.dsrl import DsrlConfig, train as train_dsrl
+from robotrl.flowrl.online import OnlineConfig, train as train_online
+from robotrl.policies.flow import FlowConfig
+from robotrl.stages.bc import BCConfig, train as train_bc
+from robotrl.training.evaluate import evaluate_policy
 
 
 RUNS = (*METHODS, "dsrl")

@@ -49,16 +49,16 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policies import build  # noqa: E402  (bench/policies.py: the same policy variants)
+from policies import build  # bench/policies.py: the same policy variants
 
-from robotrl.envs import make  # noqa: E402
-from robotrl.envs.tasks.push_t import START_QPOS  # noqa: E402
-from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg  # noqa: E402
-from robotrl.hardware.realtime import set_fifo  # noqa: E402
-from robotrl.hardware import nodes  # noqa: E402
-from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig  # noqa: E402
-from robotrl.policies import runtime  # noqa: E402
-from robotrl.policies.export import export  # noqa: E402
+from robotrl.envs import make
+from robotrl.envs.tasks.push_t import START_QPOS
+from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
+from robotrl.hardware.realtime import set_fifo
+from robotrl.hardware import nodes
+from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
+from robotrl.policies import runtime
+from robotrl.policies.export import export
 
 DOMAIN = 57
 

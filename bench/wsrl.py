@@ -30,10 +30,10 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sac import curve_row, eval_curve  # noqa: E402  (bench/sac.py, the SAC-vs-SB3 bench)
+from sac import curve_row, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
 
-from robotrl.datasets.record import record_expert  # noqa: E402
-from robotrl.rl.sac import SacConfig, train as train_sac  # noqa: E402
+from robotrl.datasets.record import record_expert
+from robotrl.rl.sac import SacConfig, train as train_sac
 
 
 @dataclass

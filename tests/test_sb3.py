@@ -10,7 +10,7 @@ import torch
 from stable_baselines3 import PPO, SAC
 from stable_baselines3.common.env_util import make_vec_env
 
-import robotrl.envs  # noqa: F401  (registers robotrl/<Task>-v0)
+import robotrl.envs  # registers robotrl/<Task>-v0
 from robotrl.envs.rollouts import run_episodes
 from robotrl.rl.sb3 import Sb3Config, flatten_batch, train
 from robotrl.training.evaluate import HELD_OUT_SEED

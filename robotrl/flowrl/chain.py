@@ -527,7 +527,7 @@ def load_flow_policy(path: Path, steps: int | None, field: str = "OnlineConfig.p
     `field` names the config field in errors."""
     policy = load(path)
     if not isinstance(policy, FlowPolicy):  # a bad value of the config's field, as the CLI reports them
-        raise ValueError(  # noqa: TRY004
+        raise ValueError(
             f"{field}: expected a flow policy checkpoint (robotrl train bc policy:flow), got a "
             f"{policy.name!r} policy at {path}")
     if not policy.vector_keys:
