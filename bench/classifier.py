@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 import tyro
+
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
-
 from robotrl.flowrl.classifier import (
     ClassifierConfig,
     Frames,

@@ -37,8 +37,6 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sac import curve_summary, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
-
 from robotrl.datasets.record import record_expert
 from robotrl.flowrl.chain import METHODS, load_flow_policy
 from robotrl.flowrl.dsrl import DsrlConfig, train as train_dsrl
@@ -46,7 +44,7 @@ from robotrl.flowrl.online import OnlineConfig, train as train_online
 from robotrl.policies.flow import FlowConfig
 from robotrl.stages.bc import BCConfig, train as train_bc
 from robotrl.training.evaluate import evaluate_policy
-
+from sac import curve_summary, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
 
 RUNS = (*METHODS, "dsrl")
 

@@ -31,7 +31,6 @@ import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flow_rl import FlowRLBenchConfig, bc_checkpoint  # bench/flow_rl.py: the same BC start
-
 from robotrl.flowrl.offline import OfflineFlowConfig, train
 
 RUNS = ("ppo", "awr", "uniform")

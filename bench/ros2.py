@@ -50,12 +50,11 @@ from std_msgs.msg import Float64MultiArray
 
 sys.path.insert(0, str(Path(__file__).parent))
 from policies import build  # bench/policies.py: the same policy variants
-
 from robotrl.envs import make
 from robotrl.envs.tasks.push_t import START_QPOS
+from robotrl.hardware import nodes
 from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
 from robotrl.hardware.realtime import set_fifo
-from robotrl.hardware import nodes
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.policies import runtime
 from robotrl.policies.export import export
@@ -156,7 +155,7 @@ def measure(robot: Robot, rate: float, seconds: float, warmup: float) -> dict[st
     k = min(n, len(received))
     lat = (received[:k] - sent[:k]) * 1e3
     late = int((lat > 1e3 / rate).sum()) + (n - k)
-    return {"observations": n, "commands": int(len(received)), "p50_ms": round(float(np.percentile(lat, 50)), 3),
+    return {"observations": n, "commands": len(received), "p50_ms": round(float(np.percentile(lat, 50)), 3),
             "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
             "miss_rate": round(late / n, 5)}
 

@@ -30,10 +30,9 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sac import curve_row, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
-
 from robotrl.datasets.record import record_expert
 from robotrl.rl.sac import SacConfig, train as train_sac
+from sac import curve_row, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
 
 
 @dataclass

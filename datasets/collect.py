@@ -18,16 +18,24 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.datasets.store import EpisodeStore
 from robotrl.datasets.teleop import (
-    DEVICES, EpisodeStatus, TeleopCommand, TeleopDevice, TeleopError, action_axes, command_to_action, make_device,
+    DEVICES,
+    EpisodeStatus,
+    TeleopCommand,
+    TeleopDevice,
+    TeleopError,
+    action_axes,
+    command_to_action,
+    make_device,
 )
 from robotrl.envs.tasks import DEFAULT_TASK
 
@@ -214,7 +222,7 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
         realtime = (device.human or config.view) if config.realtime is None else config.realtime
         meta: dict[str, Any] = {"device": device.name, "seed": config.seed}
         if hasattr(device, "noise"):
-            meta["noise"] = float(getattr(device, "noise"))
+            meta["noise"] = float(device.noise)
         with device:  # the device first: a missing device leaves no empty store behind
             store = EpisodeStore.create(config.out, spec, exist_ok=True)
             summary = CollectSummary(task=spec.task, device=device.name, path=str(config.out),

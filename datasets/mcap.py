@@ -113,7 +113,7 @@ class JointLayout:
     n_fingers: int
 
     @classmethod
-    def of(cls, spec: Spec, key: str = "state") -> "JointLayout | None":
+    def of(cls, spec: Spec, key: str = "state") -> JointLayout | None:
         """The layout of observation `key`, or None when it has no ``joint_pos`` field."""
         obs = spec.observations.get(key)
         slices = obs.field_slices() if obs is not None else {}

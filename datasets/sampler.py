@@ -141,7 +141,7 @@ class SequenceSampler:
 
     @classmethod
     def from_store(cls, store: EpisodeStore, config: SequenceConfig | None = None,
-                   episodes: Sequence[int] | None = None) -> "SequenceSampler":
+                   episodes: Sequence[int] | None = None) -> SequenceSampler:
         config = config or SequenceConfig()
         numeric = [k for k, v in store.spec.observations.items() if v.dtype != STRING]
         obs_keys = list(config.obs_keys) if config.obs_keys is not None else numeric

@@ -178,7 +178,7 @@ class EpisodeStore:
 
     # --- creation ----------------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | Path, spec: Spec, exist_ok: bool = False) -> "EpisodeStore":
+    def create(cls, path: str | Path, spec: Spec, exist_ok: bool = False) -> EpisodeStore:
         """A new, empty store for `spec`, opened for appending. With `exist_ok`, an existing store whose spec
         matches is opened instead (a mismatch is a `SpecMismatchError`)."""
         path = Path(path)
@@ -207,7 +207,7 @@ class EpisodeStore:
         return cls(path, mode="a")
 
     @classmethod
-    def open(cls, path: str | Path, mode: str = "r") -> "EpisodeStore":
+    def open(cls, path: str | Path, mode: str = "r") -> EpisodeStore:
         return cls(path, mode)
 
     # --- reading -----------------------------------------------------------------------------------
@@ -316,7 +316,7 @@ class EpisodeStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> "EpisodeStore":
+    def __enter__(self) -> EpisodeStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -388,7 +388,7 @@ class EpisodeStore:
         self.refresh()
         self._trim_uncommitted()
 
-    def writer(self, source: str = "scripted", robot: str = "sim", **meta: Any) -> "EpisodeWriter":
+    def writer(self, source: str = "scripted", robot: str = "sim", **meta: Any) -> EpisodeWriter:
         self._require_writer()
         return EpisodeWriter(self, source=source, robot=robot, **meta)
 

@@ -36,8 +36,9 @@ import difflib
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -196,7 +197,7 @@ class TeleopDevice(abc.ABC):
     def read(self, obs: Mapping[str, Any], status: EpisodeStatus | None = None) -> TeleopCommand:
         """The operator's command now, given the current (single-env) observation and episode status."""
 
-    def __enter__(self) -> "TeleopDevice":
+    def __enter__(self) -> TeleopDevice:
         self.start()
         return self
 
@@ -404,7 +405,7 @@ class GamepadLayout:
     hat: int = 0
 
     @classmethod
-    def from_sdl_mapping(cls, mapping: Mapping[str, str], fallback: "GamepadLayout | None" = None) -> "GamepadLayout":
+    def from_sdl_mapping(cls, mapping: Mapping[str, str], fallback: GamepadLayout | None = None) -> GamepadLayout:
         """A layout from an SDL controller mapping ({'a': 'b0', 'leftx': 'a0', ...}); entries that are not a
         plain axis ('aN') or button ('bN') keep the fallback's index."""
         base = fallback or cls()
@@ -668,7 +669,7 @@ class ScriptedDevice(TeleopDevice):
 
     def __init__(
         self,
-        task: "Task",
+        task: Task,
         noise: float | None = None,
         seed: int | None = 0,
         keep_on_success: bool = True,
@@ -720,7 +721,7 @@ DEVICES: dict[str, type[TeleopDevice]] = {
 }
 
 
-def make_device(name: str, task: "Task | str | None" = None, **options: Any) -> TeleopDevice:
+def make_device(name: str, task: Task | str | None = None, **options: Any) -> TeleopDevice:
     """A teleop device by name ('keyboard', 'gamepad', 'spacemouse', 'scripted'); `options` go to its
     constructor. 'scripted' needs the `task` (a `Task` or a task name) whose expert it runs."""
     if name not in DEVICES:

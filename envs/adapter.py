@@ -10,7 +10,8 @@ not speed (the robotrl backends are the fast path).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np

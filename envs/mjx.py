@@ -56,7 +56,7 @@ class MjxState(NamedTuple):
 _JITS: dict[tuple, dict[str, Any]] = {}
 
 
-def _compiled(env: "MjxVectorEnv") -> dict[str, Any]:
+def _compiled(env: MjxVectorEnv) -> dict[str, Any]:
     """Jitted core functions, shared by envs of identical configuration.
 
     Compiling MJX programs takes tens of seconds on a CPU; a second env with the same task config, size,

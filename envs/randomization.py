@@ -50,7 +50,7 @@ class Randomization:
         return int(self.latency_steps[1])
 
     @classmethod
-    def sim2real(cls) -> "Randomization":
+    def sim2real(cls) -> Randomization:
         """A moderate default for sim-to-real training."""
         return cls(
             friction=(0.7, 1.3), mass=(0.8, 1.2), damping=(0.8, 1.2), actuator_gain=(0.85, 1.15),

@@ -27,7 +27,7 @@ import numpy as np
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 _PROBE = "import mujoco.egl as e; c = e.GLContext(8, 8); c.make_current(); c.free()"
 _backend: str | None = None
-_live: "weakref.WeakSet[_Offscreen]" = weakref.WeakSet()
+_live: weakref.WeakSet[_Offscreen] = weakref.WeakSet()
 _exit_hook = False
 
 

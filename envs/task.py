@@ -13,8 +13,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import mujoco
@@ -110,7 +110,7 @@ class Task(abc.ABC):
         }
 
     @classmethod
-    def with_options(cls, **overrides: Any) -> "Task":
+    def with_options(cls, **overrides: Any) -> Task:
         return cls(dataclasses.replace(cls.config_cls(), **overrides))
 
     # --- the model ----------------------------------------------------------------------------------
@@ -161,7 +161,7 @@ class Task(abc.ABC):
         """The task's sim-to-real randomization (`make(..., randomization="task")`); tasks tune the ranges."""
         return Randomization.sim2real()
 
-    def expert(self, noise: float = 0.0, seed: int | None = None) -> "Expert":
+    def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         raise NotImplementedError(f"{self.name} has no scripted expert")
 
     @abc.abstractmethod

@@ -30,10 +30,10 @@ from std_msgs.msg import Bool, Float64MultiArray
 from std_srvs.srv import Trigger
 
 from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
-from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.messages import float_array_to_msg
-from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC, RobotNode
 from robotrl.hardware.realtime import make_realtime
+from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC, RobotNode
 from robotrl.hardware.ros import declare_config, spin_node
 from robotrl.hardware.safety import SafetyState
 

@@ -34,7 +34,11 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robotrl.hardware.messages import (
-    MalformedMessage, array_to_image, arrays_to_joint_state, float_array_to_msg, msg_to_float_array,
+    MalformedMessage,
+    array_to_image,
+    arrays_to_joint_state,
+    float_array_to_msg,
+    msg_to_float_array,
     trajectory_to_positions,
 )
 from robotrl.hardware.robot import RobotConfig

@@ -53,7 +53,14 @@ from robotrl.core.spec import STRING, SpecMismatchError
 from robotrl.datasets.collect import check_store
 from robotrl.datasets.store import EpisodeStore
 from robotrl.datasets.teleop import (
-    DEVICES, EpisodeStatus, TeleopCommand, TeleopDevice, TeleopError, action_axes, command_to_action, make_device,
+    DEVICES,
+    EpisodeStatus,
+    TeleopCommand,
+    TeleopDevice,
+    TeleopError,
+    action_axes,
+    command_to_action,
+    make_device,
 )
 from robotrl.hardware.messages import MalformedMessage, msg_to_float_array
 from robotrl.hardware.robot import RobotConfig

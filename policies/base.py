@@ -121,12 +121,12 @@ def keep_masks(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) ->
 # ---------------------------------------------------------------------------------------------------
 # the interface
 # ---------------------------------------------------------------------------------------------------
-POLICIES: dict[str, type["Policy"]] = {}
+POLICIES: dict[str, type[Policy]] = {}
 #: modules that define registered policies (imported by `register_all`)
 POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow", "vla")
 
 
-def register(cls: type["Policy"]) -> type["Policy"]:
+def register(cls: type[Policy]) -> type[Policy]:
     """Add a policy class to the registry under its `name`: `load`, `robotrl train bc policy:<name>`, distillation
     and the pipeline find it there. Its config class must be its own (a config names its policy: `policy_name`)."""
     for name, other in POLICIES.items():
@@ -137,7 +137,7 @@ def register(cls: type["Policy"]) -> type["Policy"]:
     return cls
 
 
-def policy_class(config: PolicyConfig) -> type["Policy"]:
+def policy_class(config: PolicyConfig) -> type[Policy]:
     """The registered policy whose config class `config` is an instance of (exactly)."""
     register_all()
     for cls in POLICIES.values():
@@ -155,7 +155,7 @@ def policy_config(name: str) -> PolicyConfig:
     return POLICIES[name].config_cls()
 
 
-def register_all() -> dict[str, type["Policy"]]:
+def register_all() -> dict[str, type[Policy]]:
     import importlib
 
     for name in POLICY_MODULES:

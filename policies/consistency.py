@@ -45,6 +45,7 @@ from robotrl.policies.diffusion import DiffusionPolicy, cosine_alphas_cumprod
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 
+
 def teachers() -> list[str]:
     """The registered policies that are distilled into a student (their class names it: `Policy.student`)."""
     return sorted(name for name, cls in register_all().items() if cls.student is not None)
@@ -258,7 +259,7 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
 
     @classmethod
     def from_teacher(cls, teacher: GenerativePolicy, teacher_steps: int | None = None,
-                     teacher_solver: str | None = None, channels: tuple[int, ...] | None = None) -> "ConsistencyPolicy":
+                     teacher_solver: str | None = None, channels: tuple[int, ...] | None = None) -> ConsistencyPolicy:
         """A student with the teacher's spec, normalization, architecture and weights, distilled on the teacher's
         own sampler grid unless `teacher_steps` / `teacher_solver` say otherwise.
 
@@ -330,7 +331,7 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
 
     @classmethod
     def from_teacher(cls, teacher: VLAPolicy, teacher_steps: int | None = None, teacher_solver: str | None = None,
-                     channels: tuple[int, ...] | None = None) -> "VLAConsistencyPolicy":
+                     channels: tuple[int, ...] | None = None) -> VLAConsistencyPolicy:
         """The student of a VLA teacher: its spec, normalization, config and weights; untrained, it is the
         teacher's one-step Euler sampler. It keeps the teacher's transformer (`channels` narrows U-Nets only)."""
         if not isinstance(teacher, VLAPolicy) or teacher.student != cls.name:

@@ -68,6 +68,7 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     result = train(config)
     assert result.episodes == 4 and result.timesteps == 600
     from stable_baselines3 import SAC as Sac  # the saved model is the evaluated one: the same success on the same seeds
+
     from robotrl.rl.sb3 import evaluate
 
     again = evaluate(Sac.load(tmp_path / "run" / "model.zip"), config, ("state",))

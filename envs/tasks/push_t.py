@@ -20,7 +20,15 @@ import numpy as np
 
 from robotrl.core.spec import ArraySpec
 from robotrl.envs.task import (
-    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout, state_spec,
+    Expert,
+    Frame,
+    ResetState,
+    Task,
+    TaskConfig,
+    TeleopNoise,
+    split_state,
+    state_layout,
+    state_spec,
 )
 from robotrl.envs.tasks import arm
 

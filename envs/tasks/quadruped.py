@@ -26,7 +26,14 @@ import numpy as np
 from robotrl.core.spec import ArraySpec
 from robotrl.envs.randomization import Randomization
 from robotrl.envs.task import (
-    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout, state_spec,
+    Expert,
+    Frame,
+    ResetState,
+    Task,
+    TaskConfig,
+    TeleopNoise,
+    state_layout,
+    state_spec,
 )
 
 # --- geometry (metres, kg) ---------------------------------------------------------------------------

@@ -86,7 +86,7 @@ class ArraySpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ArraySpec":
+    def from_dict(cls, d: dict[str, Any]) -> ArraySpec:
         low, high = d.get("low"), d.get("high")
         return cls(
             shape=tuple(d["shape"]),
@@ -163,7 +163,7 @@ class Spec:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Spec":
+    def from_dict(cls, d: dict[str, Any]) -> Spec:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -181,11 +181,11 @@ class Spec:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Spec":
+    def from_json(cls, text: str) -> Spec:
         return cls.from_dict(json.loads(text))
 
     # --- checking ------------------------------------------------------------------------------------
-    def check(self, other: "Spec", this: str = "this spec", that: str = "other spec") -> None:
+    def check(self, other: Spec, this: str = "this spec", that: str = "other spec") -> None:
         """Raise `SpecMismatchError` naming the first field that differs, with both values."""
         a, b = self.to_dict(), other.to_dict()
         a["metadata"] = b["metadata"] = None  # free-form notes never make two specs incompatible

@@ -30,7 +30,8 @@ from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.generative import GenerativeConfig, NoisePrior
 from robotrl.policies.nets import SinusoidalEmbedding, mlp
 from robotrl.training.evaluate import make_eval_env
-from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, PolicyRunOptions, TrainClock, finish_iterations
+from robotrl.training.loop import BestCheckpoint, PolicyRunOptions, RLResult, RunLog, TrainClock, finish_iterations
+
 
 @dataclass
 class ChainConfig(PolicyRunOptions):

@@ -33,15 +33,29 @@ from tqdm import tqdm
 
 from robotrl.core.spec import STRING
 from robotrl.flowrl.chain import (
-    ChainConfig, FlowAgent, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout,
+    ChainConfig,
+    FlowAgent,
+    Tally,
+    Windows,
+    finish_policy_run,
+    gaussian_log_prob,
+    load_flow_policy,
+    rollout,
     training_env,
 )
 from robotrl.policies.generative import NoisePrior
 from robotrl.rl.sac import Agent, SacConfig, update
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import (
-    BestCheckpoint, PolicyRunOptions, RLResult, RunLog, TrainClock, check_finite_weights, load_run_state,
-    save_run_state, start_run,
+    BestCheckpoint,
+    PolicyRunOptions,
+    RLResult,
+    RunLog,
+    TrainClock,
+    check_finite_weights,
+    load_run_state,
+    save_run_state,
+    start_run,
 )
 
 

@@ -70,9 +70,9 @@ from robotrl.policies.nets import mlp
 from robotrl.rl.iql import critic_update
 from robotrl.training.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
 from robotrl.training.loop import (
+    PolicyRunOptions,
     RLResult,
     RunLog,
-    PolicyRunOptions,
     TrainingDiverged,
     cosine_lr,
     finish_run,

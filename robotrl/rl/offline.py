@@ -17,7 +17,7 @@ from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
 from robotrl.rl.replay import DemoTransitions, split_obs_keys
 from robotrl.training.evaluate import evaluate_state_actor
-from robotrl.training.loop import RLResult, RunLog, PolicyRunOptions, TrainClock, finish_run, save_run_state, start_run
+from robotrl.training.loop import PolicyRunOptions, RLResult, RunLog, TrainClock, finish_run, save_run_state, start_run
 
 
 @dataclass

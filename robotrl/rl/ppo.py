@@ -30,8 +30,16 @@ from robotrl.envs import make
 from robotrl.policies.nets import mlp
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, PolicyRunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
-    save_run_state, start_run,
+    PolicyRunOptions,
+    RLResult,
+    RunLog,
+    TaskOptions,
+    TrainClock,
+    TrainingDiverged,
+    finish_iterations,
+    load_run_state,
+    save_run_state,
+    start_run,
 )
 
 

@@ -42,7 +42,14 @@ from tqdm import tqdm
 from robotrl.rl.ppo import PpoAgent, PpoConfig
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, TrainClock, TrainingDiverged, finish_run, load_train_state, save_train_state, start_run,
+    RLResult,
+    RunLog,
+    TrainClock,
+    TrainingDiverged,
+    finish_run,
+    load_train_state,
+    save_train_state,
+    start_run,
 )
 
 NORM_CLIP = 10.0  # RunningNorm's clip of normalized observations

@@ -164,7 +164,7 @@ class ReplayBuffer:
 
     @classmethod
     def restore(cls, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int, store: EpisodeStore,
-                state: Mapping[str, Any], row_meta: Sequence[Mapping[str, Any]] | None = None) -> "ReplayBuffer":
+                state: Mapping[str, Any], row_meta: Sequence[Mapping[str, Any]] | None = None) -> ReplayBuffer:
         """The buffer of a killed run, from its store and `state()`: episodes the store got after that state was
         saved are dropped (the resumed run records them again), env i's episodes in order fill row i, and the
         unfinished steps go back into row i and into env i's writer."""

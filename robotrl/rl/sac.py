@@ -37,8 +37,18 @@ from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
 from robotrl.training.evaluate import evaluate_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, PolicyRunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
-    TrainClock, finish_run, save_run_state, start_run,
+    PolicyRunOptions,
+    RLResult,
+    RunLog,
+    TaskOptions,
+    TrainClock,
+    finish_run,
+    gradient_step,
+    load_run_state,
+    load_train_state,
+    polyak,
+    save_run_state,
+    start_run,
 )
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -29,8 +28,18 @@ from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies.base import Policy, PolicyConfig, policy_class, policy_config, register_all
 from robotrl.training.loop import (
-    EMA, PolicyRunOptions, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state,
-    save_train_state, set_rng_state, start_run,
+    EMA,
+    PolicyRunOptions,
+    RunLog,
+    check_device,
+    cosine_lr,
+    jsonable,
+    load_train_state,
+    optimizer_step,
+    rng_state,
+    save_train_state,
+    set_rng_state,
+    start_run,
 )
 
 

@@ -47,8 +47,18 @@ from robotrl.policies import Policy, load
 from robotrl.policies.consistency import ConsistencyHead, student_for, teachers
 from robotrl.training.evaluate import not_worse, rollout, training_seed
 from robotrl.training.loop import (
-    EMA, PolicyRunOptions, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state,
-    save_train_state, set_rng_state, start_run,
+    EMA,
+    PolicyRunOptions,
+    RunLog,
+    check_device,
+    cosine_lr,
+    jsonable,
+    load_train_state,
+    optimizer_step,
+    rng_state,
+    save_train_state,
+    set_rng_state,
+    start_run,
 )
 
 #: config fields that do not change what a run computes: they may differ between a run and its resumption

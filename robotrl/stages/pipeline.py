@@ -387,8 +387,7 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {})}
     extra: dict[str, Any] = {}
     if config.interventions:
-        from robotrl.flowrl.hil import HilConfig
-        from robotrl.flowrl.hil import train as train_hil
+        from robotrl.flowrl.hil import HilConfig, train as train_hil
 
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
         result = train_hil(HilConfig(demos=run_dir / "demos.zarr", criterion=config.online_criterion,
@@ -396,8 +395,7 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         extra = {"intervention_rate_first": result.first_intervention_rate,
                  "intervention_rate_last": result.last_intervention_rate, "store": str(result.store)}
     else:
-        from robotrl.flowrl.online import OnlineConfig
-        from robotrl.flowrl.online import train as train_online
+        from robotrl.flowrl.online import OnlineConfig, train as train_online
 
         # the hil stage's chain method, without the operator: the anchor needs a method that trains the flow network
         result = train_online(OnlineConfig(method="flow_sde", **common))

@@ -239,7 +239,7 @@ class RLResult:
     best: dict[str, float] | None = None
     """their {"step", "success_rate"} on the run's evaluation seeds"""
 
-    def save(self) -> "RLResult":
+    def save(self) -> RLResult:
         (self.run_dir / "result.json").write_text(json.dumps(jsonable(self), indent=2))
         return self
 

@@ -11,7 +11,6 @@ from robotrl.envs.tasks.pick_place import (
     CARRY,
     COLORS,
     CUBE_HALF,
-    LIFT,
     NUM_CUBES,
     STATE_LAYOUT,
     PickPlace,

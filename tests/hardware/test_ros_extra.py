@@ -3,7 +3,6 @@
 import time
 
 import pytest
-
 import rclpy  # a hard import: CI installs the extra, a missing one must fail
 from sensor_msgs.msg import JointState
 
