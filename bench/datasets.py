@@ -21,6 +21,7 @@ Prints one JSON line per (data, method):
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 import time
@@ -100,7 +101,7 @@ class ImageEncoder(nn.Module):
         super().__init__()
         layers: list[nn.Module] = []
         chans = [3, 32, 64, 128, 256]
-        for a, b in zip(chans[:-1], chans[1:]):
+        for a, b in itertools.pairwise(chans):
             layers += [nn.Conv2d(a, b, 3, stride=2, padding=1), nn.GroupNorm(8, b), nn.ReLU(),
                        nn.Conv2d(b, b, 3, padding=1), nn.GroupNorm(8, b), nn.ReLU()]
         self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, out))

@@ -127,14 +127,14 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
             for backend in config.backends:
                 export_s = None
                 if backend == "torch":
-                    fn: Callable[[], Any] = lambda: policy.act(obs)  # noqa: E731
+                    fn: Callable[[], Any] = lambda policy=policy, obs=obs: policy.act(obs)  # noqa: E731
                 else:
                     fmt = "onnx" if backend == "onnxruntime" else "torchscript"
                     start = time.perf_counter()
                     out = export(policy, Path(tmp) / f"{label}-{fmt}", fmt)
                     export_s = round(time.perf_counter() - start, 1)
                     rt = runtime.load(out, threads=config.threads, seed=config.seed)
-                    fn = lambda rt=rt: rt.act(obs)  # noqa: E731
+                    fn = lambda rt=rt, obs=obs: rt.act(obs)  # noqa: E731
                 ms, calls = latency(fn, config.calls, config.warmup, config.max_seconds)
                 p50 = float(np.percentile(ms, 50))
                 if label == config.baseline:

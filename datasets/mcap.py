@@ -241,9 +241,9 @@ def _timelines(stamps: list[np.ndarray], hz: float, clock: Clock) -> tuple[str, 
         return "recorded", [np.round(s * 1e9).astype(np.int64) for s in stamps]
     out: list[np.ndarray] = []
     for s in stamps:
-        start = int(round(s[0] * 1e9))
+        start = round(s[0] * 1e9)
         if out:
-            start = max(start, int(out[-1][-1]) + int(round(period)))
+            start = max(start, int(out[-1][-1]) + round(period))
         out.append(start + np.round(np.arange(len(s)) * period).astype(np.int64))
     return "control", out
 
@@ -541,7 +541,7 @@ def _episode(seg: _Segment, number: int, spec: Spec, plan: _Plan, hz: float | No
         ticks = times[plan.step.topic][(times[plan.step.topic] >= start) & (times[plan.step.topic] <= end)]
     else:
         period = 1e9 / (hz or spec.control_hz)
-        n = int(math.floor((end - start) / period + 1e-9)) + 1 if end >= start else 0
+        n = math.floor((end - start) / period + 1e-9) + 1 if end >= start else 0
         ticks = start + np.round(np.arange(n) * period).astype(np.int64)
     if len(ticks) == 0:
         warnings.warn(f"{where}: skipped, no control tick has a message on every required topic", stacklevel=3)

@@ -173,7 +173,7 @@ def split(config: DataSplit) -> tuple[EpisodeStore, EpisodeStore]:
     if len(outs) != 2:
         raise ValueError(f"split.out: expected two paths, got {len(outs)}")
     order = np.random.default_rng(config.seed).permutation(src.num_episodes)
-    n_first = min(src.num_episodes - 1, max(1, int(round(config.fraction * src.num_episodes))))
+    n_first = min(src.num_episodes - 1, max(1, round(config.fraction * src.num_episodes)))
     parts = (sorted(order[:n_first].tolist()), sorted(order[n_first:].tolist()))
     stores = []
     for path, eps in zip(outs, parts):

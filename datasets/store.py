@@ -70,7 +70,7 @@ class CorruptChunkError(StoreError):
 def chunk_rows(shape: tuple[int, ...], dtype: str) -> int:
     """Rows per chunk: a power of two near CHUNK_BYTES per chunk, between 1 and 4096 rows."""
     row = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-    return int(min(4096, max(1, 2 ** int(math.floor(math.log2(max(1, CHUNK_BYTES // row)))))))
+    return int(min(4096, max(1, 2 ** math.floor(math.log2(max(1, CHUNK_BYTES // row))))))
 
 
 def step_arrays(spec: Spec) -> dict[str, ArraySpec]:

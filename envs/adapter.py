@@ -54,7 +54,8 @@ def spec_from_env(env: gym.Env, name: str) -> Spec:
 class GymVectorAdapter(gym.vector.VectorEnv):
     """`num_envs` copies of a gymnasium env (an id for `gym.make`, or a factory) with the robotrl vector API."""
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    # a mutable class attribute, as gymnasium.Env declares it
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
 
     def __init__(
         self,

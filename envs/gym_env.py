@@ -23,7 +23,8 @@ class RobotEnv(gym.Env):
     `render_images`); the env truncates itself at the task's `episode_steps`, so no `TimeLimit` is needed.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+    # a mutable class attribute, as gymnasium.Env declares it
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 20}  # noqa: RUF012
 
     def __init__(
         self,

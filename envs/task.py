@@ -101,7 +101,7 @@ class Task(abc.ABC):
         if self.config.episode_steps <= 0:
             raise ValueError(f"{self.name}: episode_steps must be positive, got {self.config.episode_steps}")
         self.model = mujoco.MjModel.from_xml_string(self.mjcf())
-        self.n_substeps = max(1, int(round(1.0 / (self.control_hz * self.model.opt.timestep))))
+        self.n_substeps = max(1, round(1.0 / (self.control_hz * self.model.opt.timestep)))
         self._sensor_slices = {
             mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_SENSOR, i): slice(
                 int(self.model.sensor_adr[i]), int(self.model.sensor_adr[i] + self.model.sensor_dim[i])

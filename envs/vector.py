@@ -83,7 +83,11 @@ class RobotVectorEnv(gym.vector.VectorEnv):
     Subclasses (the backends) implement `_reset_envs` and `_step_envs` on numpy or JAX arrays.
     """
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
+    # a mutable class attribute, as gymnasium.Env declares it
+    metadata: dict[str, Any] = {  # noqa: RUF012
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+        "render_modes": ["rgb_array"],
+    }
     #: array types this backend can hand out
     outputs: tuple[str, ...] = ("numpy", "torch")
 

@@ -141,13 +141,13 @@ class _GraphInputs(dict):
 def input_specs(policy: Policy) -> list[dict[str, Any]]:
     """Name, shape (batch axis named) and dtype of each graph input: observations in `obs_keys` order, the
     embeddings of the policy's `text_inputs`, then the noise. Images stay uint8 HWC; the rest is float32."""
-    To = policy.config.obs_horizon
+    horizon = policy.config.obs_horizon
     out = []
     for k in policy.obs_keys:
         if k in (NOISE, ACTION):
             raise ExportError(f"{policy.name}: observation key {k!r} collides with the graph's {k!r} tensor")
         image = k in policy.image_keys
-        out.append({"name": k, "shape": [BATCH, To, *policy.spec.observations[k].shape],
+        out.append({"name": k, "shape": [BATCH, horizon, *policy.spec.observations[k].shape],
                     "dtype": "uint8" if image else "float32", "role": "observation"})
     for k, text in policy.text_inputs.items():
         out.append({"name": k, "shape": [BATCH, int(text["dim"])], "dtype": "float32", "role": "text_embedding",

@@ -6,6 +6,7 @@ change-of-variables term of the squashing, computed in the numerically stable so
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -82,7 +83,7 @@ class CriticEnsemble(nn.Module):
         self.members = members
         layers: list[nn.Module] = []
         sizes = [obs_dim + action_dim, *hidden]
-        for a, b in zip(sizes[:-1], sizes[1:]):
+        for a, b in itertools.pairwise(sizes):
             layers.append(EnsembleLinear(members, a, b))
             if layer_norm:
                 layers.append(nn.LayerNorm(b))

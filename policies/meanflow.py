@@ -15,6 +15,7 @@ or `steps` equal jumps from t = 1 down to t = 0.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,7 +119,7 @@ class MeanFlowPolicy(GenerativePolicy):
         cond = self.encoder(obs)
         z = self.initial_noise(obs, noise)
         times = torch.linspace(1.0, 0.0, self.config.steps + 1, device=z.device)
-        for t, r in zip(times[:-1], times[1:]):
+        for t, r in itertools.pairwise(times):
             z = z - (t - r) * self.net(z, r.expand(z.shape[0]), t.expand(z.shape[0]), cond)
         return self.refine(obs, z[:, : self.config.action_horizon], noise)
 

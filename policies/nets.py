@@ -3,6 +3,7 @@ observation encoder (state MLP + ResNet-style image encoder with GroupNorm and s
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 
@@ -13,7 +14,7 @@ from torch import nn
 
 def mlp(sizes: Sequence[int], act: type[nn.Module] = nn.Mish, layer_norm: bool = False, final_act: bool = False) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b))
         last = i == len(sizes) - 2
         if not last or final_act:
@@ -70,14 +71,14 @@ class TemporalUnet(nn.Module):
         cond = cond_dim + time_dim
         chans = [action_dim, *channels]
         self.down = nn.ModuleList()
-        for i, (a, b) in enumerate(zip(chans[:-1], chans[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(chans)):
             last = i == len(channels) - 1
             self.down.append(nn.ModuleList([FiLMResBlock(a, b, cond, kernel, groups), FiLMResBlock(b, b, cond, kernel, groups),
                                             nn.Conv1d(b, b, 3, stride=2, padding=1) if not last else nn.Identity()]))
         mid = channels[-1]
         self.mid = nn.ModuleList([FiLMResBlock(mid, mid, cond, kernel, groups), FiLMResBlock(mid, mid, cond, kernel, groups)])
         self.up = nn.ModuleList()
-        for i, (a, b) in enumerate(zip(reversed(channels[1:]), reversed(channels[:-1]))):
+        for a, b in zip(reversed(channels[1:]), reversed(channels[:-1])):
             self.up.append(nn.ModuleList([FiLMResBlock(2 * a, b, cond, kernel, groups), FiLMResBlock(b, b, cond, kernel, groups),
                                           nn.ConvTranspose1d(b, b, 4, stride=2, padding=1)]))
         self.out = nn.Sequential(Conv1dBlock(channels[0], channels[0], kernel, groups), nn.Conv1d(channels[0], action_dim, 1))
@@ -148,7 +149,7 @@ class ImageEncoder(nn.Module):
     def __init__(self, image_size: int, out_dim: int = 64, widths: Sequence[int] = (32, 64, 128), crop: float = 0.9,
                  keypoints: int = 32) -> None:
         super().__init__()
-        self.crop = max(8, int(round(image_size * crop)))
+        self.crop = max(8, round(image_size * crop))
         layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 5, 2, 2, bias=False), nn.GroupNorm(8, widths[0]), nn.ReLU()]
         cin = widths[0]
         for w in widths:

@@ -228,7 +228,7 @@ def _onnx(file: Path, manifest: dict[str, Any], threads: int | None) -> Any:
         options.inter_op_num_threads = 1
     try:
         session = ort.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises its own exception types
+    except Exception as e:  # noqa: BLE001 -- onnxruntime raises its own exception types
         raise ExportedPolicyError(f"{file}: onnxruntime cannot load it ({e})") from None
     declared = {i["name"]: i for i in manifest["export"]["inputs"]}
     graph = {i.name: i for i in session.get_inputs()}

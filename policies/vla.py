@@ -92,7 +92,7 @@ class PatchEncoder(nn.Module):
 
     def __init__(self, image_size: int, width: int, widths: Sequence[int], grid: int, crop: float) -> None:
         super().__init__()
-        self.crop, self.grid = max(8, int(round(image_size * crop))), grid
+        self.crop, self.grid = max(8, round(image_size * crop)), grid
         layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 5, 2, 2, bias=False), nn.GroupNorm(8, widths[0]), nn.ReLU()]
         cin = widths[0]
         for w in widths[1:]:

@@ -27,6 +27,7 @@ import difflib
 import importlib
 import inspect
 import io
+import itertools
 import json
 import os
 import re
@@ -303,7 +304,7 @@ def field_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError, SyntaxError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for stmt, after in zip(body, body[1:]):
+        for stmt, after in itertools.pairwise(body):
             if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
                 docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
@@ -325,7 +326,8 @@ def policy_choices(default: Any) -> tuple[Any, Any]:
 
     options = [Annotated[cls.config_cls, tyro.conf.subcommand(name)] for name, cls in register_all().items()
                if cls.learns_from_data]
-    return Union[tuple(options)], policy_config(default) if isinstance(default, str) else default
+    # a union built at run time from the registry: `X | Y` needs its members written out
+    return Union[tuple(options)], policy_config(default) if isinstance(default, str) else default  # noqa: UP007
 
 
 def parser_view(cls: type, command: Command) -> type:

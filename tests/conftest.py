@@ -146,7 +146,7 @@ def _agent_weights(path: Path) -> dict:
     import torch
 
     weights = torch.load(path, weights_only=True)
-    return weights["agent"] if "agent" in weights else weights
+    return weights.get("agent", weights)
 
 
 def _assert_same_run(a: Path, b: Path, weights: str = "train_state.pt", store_keys: tuple[str, ...] = ()) -> None:

@@ -47,7 +47,7 @@ def test_help_at_every_level(args, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("COLUMNS", "100")
     code, out, err = in_process(*args, "--help")
     assert code == 0, err
-    assert f"usage: {' '.join(('robotrl',) + args)}" in out
+    assert f"usage: {' '.join(('robotrl', *args))}" in out
     common = out.split("advanced options")[0]
     assert len(common.splitlines()) <= 40, common
 

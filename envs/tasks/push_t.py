@@ -65,7 +65,7 @@ def _grid(k: int) -> np.ndarray:
     """Cell centres of a grid with `k` points per UNIT over the T: equal-area samples for the coverage."""
     pts = []
     for cx, cy, hx, hy in BOXES:
-        nx, ny = int(round(2 * hx / UNIT * k)), int(round(2 * hy / UNIT * k))
+        nx, ny = round(2 * hx / UNIT * k), round(2 * hy / UNIT * k)
         gx = cx - hx + (np.arange(nx) + 0.5) * 2 * hx / nx
         gy = cy - hy + (np.arange(ny) + 0.5) * 2 * hy / ny
         pts.append(np.stack(np.meshgrid(gx, gy, indexing="ij"), -1).reshape(-1, 2))
@@ -320,7 +320,7 @@ def _contacts() -> tuple[np.ndarray, np.ndarray]:
     touches both faces. From every point the outward normal ray leaves the T without touching it again,
     which is the path the expert approaches and leaves a contact along.
     """
-    (bx, by, bhx, bhy), (sx, sy, shx, shy) = BOXES
+    (_bx, by, bhx, bhy), (_sx, sy, shx, shy) = BOXES
     top, seam, bottom = by + bhy, by - bhy, sy - shy
     pts, normals = [], []
 

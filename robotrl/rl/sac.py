@@ -352,7 +352,7 @@ def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfi
     """A batch: online transitions only, or RLPD's symmetric mix of demonstrations and online data."""
     if demos is None:
         return replay.sample(config.batch_size, rng)
-    k = int(round(config.batch_size * config.demo_ratio))
+    k = round(config.batch_size * config.demo_ratio)
     a, b = demos.sample(k, rng), replay.sample(config.batch_size - k, rng)
     return {key: {c: torch.cat([a[key][c], b[key][c]]) for c in a[key]} if isinstance(a[key], dict)
             else torch.cat([a[key], b[key]]) for key in b}

@@ -121,7 +121,7 @@ class RunLog:
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.run_dir / "metrics.jsonl", "a")
+        self.file = open(self.run_dir / "metrics.jsonl", "a")  # noqa: SIM115 -- open for the run, closed by close()
         self.tb = SummaryWriter(str(self.run_dir / "tb"))
         self.start = time.perf_counter()
 
