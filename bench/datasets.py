@@ -118,7 +118,9 @@ def train_step_rate(batch: dict[str, Any], seconds: float) -> float:
     images = [k for k, v in obs.items() if v.ndim == 5]
     encoders = nn.ModuleDict({k: ImageEncoder() for k in images})
     feat = sum(64 * obs[k].shape[1] for k in images) + sum(v[0].numel() for k, v in obs.items() if k not in images)
-    head = nn.Sequential(nn.Linear(feat, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, action[0].numel()))
+    head = nn.Sequential(
+        nn.Linear(feat, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, action[0].numel())
+    )
     params = [*encoders.parameters(), *head.parameters()]
     opt = torch.optim.Adam(params, lr=1e-4)
 

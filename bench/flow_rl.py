@@ -82,9 +82,23 @@ def bc_checkpoint(config: FlowRLBenchConfig, out: Path) -> Path:
     demos = out / "demos.zarr"
     if not demos.exists():
         record_expert(demos, "Reach", episodes=config.demo_episodes, num_envs=8, noise=0.3, progress=False).close()
-    result = train_bc(BCConfig(store=demos, policy=FlowConfig(channels=(32, 64), action_horizon=8),
-                               steps=config.bc_steps, batch_size=32, warmup=10, ema=0.99, execute=config.execute,
-                               lr=3e-4, eval_episodes=0, checkpoint_every=config.bc_steps, run_dir=out / "bc", threads=1, progress=False))
+    result = train_bc(
+        BCConfig(
+            store=demos,
+            policy=FlowConfig(channels=(32, 64), action_horizon=8),
+            steps=config.bc_steps,
+            batch_size=32,
+            warmup=10,
+            ema=0.99,
+            execute=config.execute,
+            lr=3e-4,
+            eval_episodes=0,
+            checkpoint_every=config.bc_steps,
+            run_dir=out / "bc",
+            threads=1,
+            progress=False,
+        )
+    )
     return result.checkpoint
 
 

@@ -273,7 +273,9 @@ def _session(config: CollectConfig, env: Any, spec: Spec, device: TeleopDevice, 
                 if progress is not None:
                     progress.update(1)
                 if device.human:
-                    _log(f"episode {episode}: kept as #{index} ({steps} steps, {'success' if success else 'no success'})")
+                    _log(
+                        f"episode {episode}: kept as #{index} ({steps} steps, {'success' if success else 'no success'})"
+                    )
             elif verdict == "discard":
                 writer.discard()
                 summary.discarded += 1

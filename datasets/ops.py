@@ -215,7 +215,9 @@ def import_(config: DataImport) -> EpisodeStore:
             saved.check(spec, this=f"recording {config.input.name}", that=f"task {config.task}")
         spec = spec or saved
         if spec is None:
-            raise ValueError(f"task: {config.input} carries no robotrl spec; expected --task naming the task it records")
+            raise ValueError(
+                f"task: {config.input} carries no robotrl spec; expected --task naming the task it records"
+            )
         store = import_mcap(config.input, config.out, spec, control_hz=config.control_hz)
     print(f"{config.out}: {store.num_episodes} episodes, {store.num_steps} steps imported from {config.input}")
     return store

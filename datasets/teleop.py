@@ -130,7 +130,8 @@ def action_axes(spec: Spec) -> tuple[str, ...]:
                           f"one of {drivable}")
     if spec.action.shape != (len(axes),):
         raise SpecMismatchError(
-            f"{spec.task}: action shape: the teleop mapping {axes} expects ({len(axes)},), the spec has {spec.action.shape}"
+            f"{spec.task}: action shape: the teleop mapping {axes} expects ({len(axes)},), "
+            f"the spec has {spec.action.shape}"
         )
     return axes
 
@@ -371,7 +372,9 @@ class KeyboardDevice(TeleopDevice):
 
     def read(self, obs: Mapping[str, Any], status: EpisodeStatus | None = None) -> TeleopCommand:
         if self._listener is None:
-            raise TeleopError("KeyboardDevice.read: the device is not started; call start() or use it in a `with` block")
+            raise TeleopError(
+                "KeyboardDevice.read: the device is not started; call start() or use it in a `with` block"
+            )
         if not self._listener.is_alive():
             raise TeleopError("KeyboardDevice: the pynput listener stopped (the X connection was lost)")
         return self._latch.command(self.twist())
@@ -639,7 +642,9 @@ class SpaceMouseDevice(TeleopDevice):
         """Drain every HID report that arrived since the last call (the puck reports faster than the control
         rate; reading one per step would fall ever further behind), folding each report's button presses."""
         if self._mouse is None:
-            raise TeleopError("SpaceMouseDevice.read: the device is not started; call start() or use it in a `with` block")
+            raise TeleopError(
+                "SpaceMouseDevice.read: the device is not started; call start() or use it in a `with` block"
+            )
         state = self._mouse.read()
         for _ in range(256):
             if state.t == self._last_t:  # pyspacemouse stamps each report it processes
@@ -702,7 +707,9 @@ class ScriptedDevice(TeleopDevice):
 
     def read(self, obs: Mapping[str, Any], status: EpisodeStatus | None = None) -> TeleopCommand:
         if self.expert is None:
-            raise TeleopError("ScriptedDevice.read: the device is not started; call start() or use it in a `with` block")
+            raise TeleopError(
+                "ScriptedDevice.read: the device is not started; call start() or use it in a `with` block"
+            )
         if status is not None and (status.done or (self.keep_on_success and status.success)):
             drop = self.discard_failures and not status.any_success
             return TeleopCommand(keep=not drop, discard=drop)

@@ -73,7 +73,11 @@ class GymVectorAdapter(gym.vector.VectorEnv):
         factory = (lambda: gym.make(env, **make_kwargs)) if isinstance(env, str) else env
         self.envs = [factory() for _ in range(self.num_envs)]
         first = self.envs[0]
-        name = env if isinstance(env, str) else (first.spec.id if first.spec is not None else type(first.unwrapped).__name__)
+        name = (
+            env
+            if isinstance(env, str)
+            else (first.spec.id if first.spec is not None else type(first.unwrapped).__name__)
+        )
         self.task_spec = spec_from_env(first, name)
         self._dict_obs = isinstance(first.observation_space, gym.spaces.Dict)
         self.single_observation_space = (
@@ -88,7 +92,10 @@ class GymVectorAdapter(gym.vector.VectorEnv):
         """Env i is seeded with `seed + i` (or the constructor's seed on the first reset)."""
         seed = seed if seed is not None else self._seed
         self._seed = None
-        obs = [self._as_dict(e.reset(seed=None if seed is None else seed + i, options=options)[0]) for i, e in enumerate(self.envs)]
+        obs = [
+            self._as_dict(e.reset(seed=None if seed is None else seed + i, options=options)[0])
+            for i, e in enumerate(self.envs)
+        ]
         return convert_obs(self._stack(obs), self.output), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
@@ -129,5 +136,9 @@ class GymVectorAdapter(gym.vector.VectorEnv):
 
     @staticmethod
     def _stack(obs: list[dict[str, Any]]) -> dict[str, Any]:
-        return {k: np.array([o[k] for o in obs], dtype=object) if isinstance(obs[0][k], str) else np.stack([np.asarray(o[k]) for o in obs])
-                for k in obs[0]}
+        return {
+            k: np.array([o[k] for o in obs], dtype=object)
+            if isinstance(obs[0][k], str)
+            else np.stack([np.asarray(o[k]) for o in obs])
+            for k in obs[0]
+        }

@@ -214,13 +214,21 @@ class MjxVectorEnv(RobotVectorEnv):
             if bool(np.asarray(done).any()):
                 info["final_obs"] = self._output_obs(raw["final_obs"], goal_before)
                 info["_final_obs"] = self._out(done)
-        return self._output_obs(obs, self._state.goal), self._out(reward), self._out(terminated), self._out(truncated), info
+        return (
+            self._output_obs(obs, self._state.goal),
+            self._out(reward),
+            self._out(terminated),
+            self._out(truncated),
+            info,
+        )
 
     def close(self, **kwargs: Any) -> None:
         self._state = None
 
     def render(self) -> np.ndarray:
-        raise NotImplementedError("MjxVectorEnv renders no images; render with the CPU backend (same state via get_state)")
+        raise NotImplementedError(
+            "MjxVectorEnv renders no images; render with the CPU backend (same state via get_state)"
+        )
 
     # --- state access (tests, parity with the CPU backend) -----------------------------------------------
     @property

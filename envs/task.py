@@ -93,7 +93,9 @@ class Task(abc.ABC):
     def __init__(self, config: TaskConfig | None = None) -> None:
         self.config = config if config is not None else self.config_cls()
         if not isinstance(self.config, self.config_cls):
-            raise TypeError(f"{self.name}: expected config of type {self.config_cls.__name__}, got {type(self.config).__name__}")
+            raise TypeError(
+                f"{self.name}: expected config of type {self.config_cls.__name__}, got {type(self.config).__name__}"
+            )
         if self.config.action_mode not in self.action_modes:
             raise ValueError(
                 f"{self.name}: action_mode must be one of {self.action_modes}, got {self.config.action_mode!r}"

@@ -211,9 +211,15 @@ class DeployNode(RobotNode):
                   "step ms p50": f"{np.percentile(times, 50):.3f}", "step ms p99": f"{np.percentile(times, 99):.3f}"}
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
-        msg.status = [DiagnosticStatus(level=level, name="robotrl_deploy: safety", hardware_id=self.robot.name,
-                                       message=status["state"] + (f" ({status['estop_reason']})" if status["estop_reason"] else ""),
-                                       values=[KeyValue(key=str(k), value=str(v)) for k, v in values.items()])]
+        msg.status = [
+            DiagnosticStatus(
+                level=level,
+                name="robotrl_deploy: safety",
+                hardware_id=self.robot.name,
+                message=status["state"] + (f" ({status['estop_reason']})" if status["estop_reason"] else ""),
+                values=[KeyValue(key=str(k), value=str(v)) for k, v in values.items()],
+            )
+        ]
         self.diag_pub.publish(msg)
 
     def close(self) -> None:

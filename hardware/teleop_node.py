@@ -221,8 +221,12 @@ class TeleopNode(RobotNode):
                 raise ValueError("not an object with those keys")
             int(status["episode"]), float(status["reward"])
         except (ValueError, TypeError) as e:
-            return self.bad_message(STATUS_TOPIC, MalformedMessage("String", "data", f"a JSON object with {list(STATUS_KEYS)}",
-                                                            f"{msg.data[:80]!r} ({e})"))
+            return self.bad_message(
+                STATUS_TOPIC,
+                MalformedMessage(
+                    "String", "data", f"a JSON object with {list(STATUS_KEYS)}", f"{msg.data[:80]!r} ({e})"
+                ),
+            )
         self.sim_status = status
 
     def _on_policy_action(self, msg: Float64MultiArray) -> None:

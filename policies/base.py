@@ -81,16 +81,22 @@ class Normalizer(nn.Module):
     """Per-key affine maps to [-1, 1] from the dataset's min/max (diffusion policy's choice: bounded targets for
     the denoiser), kept as buffers so that they travel inside the weights. Images are only scaled to [0, 1]."""
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, shapes: Mapping[str, tuple[int, ...]], stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         super().__init__()
         self.keys = list(shapes)
         for key, shape in shapes.items():
-            lo = np.full(shape, -1.0) if stats is None or key not in stats else np.asarray(stats[key]["min"], np.float64)
+            lo = (
+                np.full(shape, -1.0) if stats is None or key not in stats else np.asarray(stats[key]["min"], np.float64)
+            )
             hi = np.full(shape, 1.0) if stats is None or key not in stats else np.asarray(stats[key]["max"], np.float64)
             span = hi - lo
             span = np.where(span < 1e-6, 2.0, span)  # a constant dimension maps to 0, not to inf
             self.register_buffer(f"{key}_scale", torch.as_tensor(2.0 / span, dtype=torch.float32).reshape(shape))
-            self.register_buffer(f"{key}_offset", torch.as_tensor(-1.0 - lo * 2.0 / span, dtype=torch.float32).reshape(shape))
+            self.register_buffer(
+                f"{key}_offset", torch.as_tensor(-1.0 - lo * 2.0 / span, dtype=torch.float32).reshape(shape)
+            )
 
     def normalize(self, key: str, x: torch.Tensor) -> torch.Tensor:
         return x * getattr(self, f"{key}_scale") + getattr(self, f"{key}_offset")
@@ -189,7 +195,9 @@ class Policy(nn.Module):
         self.obs_keys = tuple(self.config.obs_keys) if self.config.obs_keys is not None else tuple(numeric)
         unknown = [k for k in self.obs_keys if k not in numeric]
         if unknown:
-            raise SpecMismatchError(f"{self.name}.obs_keys: {unknown} not among the spec's numeric observations {numeric}")
+            raise SpecMismatchError(
+                f"{self.name}.obs_keys: {unknown} not among the spec's numeric observations {numeric}"
+            )
         self.image_keys = tuple(k for k in self.obs_keys if spec.observations[k].is_image)
         self.vector_keys = tuple(k for k in self.obs_keys if k not in self.image_keys)
         self.action_dim = spec.action.size
@@ -250,12 +258,16 @@ class Policy(nn.Module):
         """Action chunks (B, H, A) in the env's units for an observation history (B, To, ...) per key."""
         for k in self.obs_keys:
             if k not in obs:
-                raise SpecMismatchError(f"{self.name}.act: observation {k!r} missing; expected keys {list(self.obs_keys)}")
+                raise SpecMismatchError(
+                    f"{self.name}.act: observation {k!r} missing; expected keys {list(self.obs_keys)}"
+                )
             want = (self.config.obs_horizon, *self.spec.observations[k].shape)
             got = tuple(np.shape(obs[k]))[1:]
             if got != want:
-                raise SpecMismatchError(f"{self.name}.act: observation {k!r}: expected shape (B, {', '.join(map(str, want))}), "
-                                        f"got {tuple(np.shape(obs[k]))}")
+                raise SpecMismatchError(
+                    f"{self.name}.act: observation {k!r}: expected shape (B, {', '.join(map(str, want))}), "
+                    f"got {tuple(np.shape(obs[k]))}"
+                )
         chunk = self.normalizer.unnormalize("action", self.sample(self.normalize_obs(obs)))
         low = torch.as_tensor(self.spec.action.low_array(), dtype=chunk.dtype, device=chunk.device)
         high = torch.as_tensor(self.spec.action.high_array(), dtype=chunk.dtype, device=chunk.device)
@@ -315,7 +327,9 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
     manifest = read_manifest(path)
     cls = POLICIES.get(manifest["policy"])
     if cls is None:
-        raise CheckpointError(f"{path / MANIFEST}: policy: expected one of {sorted(POLICIES)}, got {manifest['policy']!r}")
+        raise CheckpointError(
+            f"{path / MANIFEST}: policy: expected one of {sorted(POLICIES)}, got {manifest['policy']!r}"
+        )
     saved_spec = Spec.from_dict(manifest["spec"])
     if spec is not None:
         saved_spec.check(spec, this=f"checkpoint {path.name}", that="expected spec")

@@ -16,14 +16,13 @@ parametrised so that the boundary condition f(x_N, N) = x_N holds exactly, whate
     flow       f = x + (1 - t) F(x, t, obs)                               (c_skip = 1, c_out = 1 - t)
     diffusion  f = sqrt(ab) x - sqrt(1 - ab) F(x, k, obs)                 (c_skip = sqrt(ab), c_out = -sqrt(1 - ab))
 
-with F the U-Net, initialised from the teacher's weights (`from_teacher`; a narrower student's starts fresh). For a flow teacher F starts as the
-teacher's velocity, so the untrained student is the teacher's one-step Euler sampler. For a diffusion teacher
-F is a v-prediction (v = sqrt(ab) eps - sqrt(1 - ab) chunk): the teacher's eps-parametrisation would divide by
-sqrt(ab) ~ 5e-4 at the noisiest point, which no training can condition; v equals eps at low noise, so the
-teacher's weights are a good start there and the features are reused everywhere. Consistency distillation
-(Song et al. 2023) then trains f(x_i, i) towards the target network's f(x_{i+1}, i + 1), where x_{i+1} is one
-teacher ODE step from x_i and the target is an EMA of the student (`distill_loss`; the loop is
-`robotrl.stages.distill`).
+with F the U-Net, initialised from the teacher's weights (`from_teacher`; a narrower student's starts fresh). For a
+flow teacher F starts as the teacher's velocity, so the untrained student is the teacher's one-step Euler sampler. For
+a diffusion teacher F is a v-prediction (v = sqrt(ab) eps - sqrt(1 - ab) chunk): the teacher's eps-parametrisation
+would divide by sqrt(ab) ~ 5e-4 at the noisiest point, which no training can condition; v equals eps at low noise, so
+the teacher's weights are a good start there and the features are reused everywhere. Consistency distillation (Song et
+al. 2023) then trains f(x_i, i) towards the target network's f(x_{i+1}, i + 1), where x_{i+1} is one teacher ODE step
+from x_i and the target is an EMA of the student (`distill_loss`; the loop is `robotrl.stages.distill`).
 
 A VLA teacher (pi0's layout: a prefix "VLM" and a flow action expert) is a flow teacher with other networks:
 `VLAConsistencyPolicy` is the same student over the VLA's own prefix and expert, starting from its weights, so

@@ -7,8 +7,9 @@ An export directory holds::
                               the frozen embedding (B, dim) of each string observation the policy reads (a VLA's
                               instruction: the runtime encodes the text outside the graph, with the encoder the
                               manifest names) and the initial noise (B, horizon, A) in; the action chunk
-                              (B, H, A) in env units, clipped to the spec's bounds, out. Normalization, the sampling loop (unrolled:
-                              the number of steps is fixed at export) and unnormalization are all inside.
+                              (B, H, A) in env units, clipped to the spec's bounds, out. Normalization, the sampling
+                              loop (unrolled: the number of steps is fixed at export) and unnormalization are all
+                              inside.
     manifest.json             the checkpoint's manifest (policy, config, spec, stats), "weights_sha256" now the
                               hash of the exported file, plus "export": format, inputs, outputs, noise, opset, ...
 
@@ -123,9 +124,11 @@ class _GraphInputs(dict):
     def _refuse(self, key: Any) -> None:
         spec = self.policy.spec.observations.get(key)
         if spec is not None and spec.dtype == STRING:
-            raise ExportError(f"{self.policy.name}: reads the string observation {key!r}, which cannot be a graph input; "
-                              f"a policy declares the strings it reads in `text_inputs` (their embeddings become "
-                              f"graph inputs)")
+            raise ExportError(
+                f"{self.policy.name}: reads the string observation {key!r}, which cannot be a graph input; "
+                f"a policy declares the strings it reads in `text_inputs` (their embeddings become "
+                f"graph inputs)"
+            )
 
     def __missing__(self, key: Any) -> Any:
         self._refuse(key)

@@ -20,9 +20,16 @@ from robotrl.policies.nets import mlp
 class TanhGaussianActor(nn.Module):
     """obs features (B, D) -> actions in [low, high] (B, A), with log-probabilities for the entropy term."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int] = (256, 256), low: float | torch.Tensor = -1.0,
-                 high: float | torch.Tensor = 1.0, log_std_range: tuple[float, float] = (-5.0, 2.0),
-                 layer_norm: bool = True) -> None:
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden: Sequence[int] = (256, 256),
+        low: float | torch.Tensor = -1.0,
+        high: float | torch.Tensor = 1.0,
+        log_std_range: tuple[float, float] = (-5.0, 2.0),
+        layer_norm: bool = True,
+    ) -> None:
         super().__init__()
         self.trunk = mlp([obs_dim, *hidden], act=nn.ReLU, layer_norm=layer_norm, final_act=True)
         self.mean = nn.Linear(hidden[-1], action_dim)

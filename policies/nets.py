@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def mlp(sizes: Sequence[int], act: type[nn.Module] = nn.Mish, layer_norm: bool = False, final_act: bool = False) -> nn.Sequential:
+def mlp(
+    sizes: Sequence[int], act: type[nn.Module] = nn.Mish, layer_norm: bool = False, final_act: bool = False
+) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b))
@@ -33,7 +35,9 @@ class SinusoidalEmbedding(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         half = self.dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / max(half - 1, 1))
+        freqs = torch.exp(
+            -math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / max(half - 1, 1)
+        )
         arg = (t.float().reshape(-1, 1) * self.scale) * freqs
         return torch.cat([arg.sin(), arg.cos()], dim=-1)
 
@@ -66,22 +70,44 @@ class TemporalUnet(nn.Module):
     def __init__(self, action_dim: int, cond_dim: int, channels: Sequence[int] = (64, 128, 256), time_dim: int = 64,
                  kernel: int = 5, groups: int = 8, time_scale: float = 1.0) -> None:
         super().__init__()
-        self.time = nn.Sequential(SinusoidalEmbedding(time_dim, time_scale), nn.Linear(time_dim, 4 * time_dim), nn.Mish(),
-                                  nn.Linear(4 * time_dim, time_dim))
+        self.time = nn.Sequential(
+            SinusoidalEmbedding(time_dim, time_scale),
+            nn.Linear(time_dim, 4 * time_dim),
+            nn.Mish(),
+            nn.Linear(4 * time_dim, time_dim),
+        )
         cond = cond_dim + time_dim
         chans = [action_dim, *channels]
         self.down = nn.ModuleList()
         for i, (a, b) in enumerate(itertools.pairwise(chans)):
             last = i == len(channels) - 1
-            self.down.append(nn.ModuleList([FiLMResBlock(a, b, cond, kernel, groups), FiLMResBlock(b, b, cond, kernel, groups),
-                                            nn.Conv1d(b, b, 3, stride=2, padding=1) if not last else nn.Identity()]))
+            self.down.append(
+                nn.ModuleList(
+                    [
+                        FiLMResBlock(a, b, cond, kernel, groups),
+                        FiLMResBlock(b, b, cond, kernel, groups),
+                        nn.Conv1d(b, b, 3, stride=2, padding=1) if not last else nn.Identity(),
+                    ]
+                )
+            )
         mid = channels[-1]
-        self.mid = nn.ModuleList([FiLMResBlock(mid, mid, cond, kernel, groups), FiLMResBlock(mid, mid, cond, kernel, groups)])
+        self.mid = nn.ModuleList(
+            [FiLMResBlock(mid, mid, cond, kernel, groups), FiLMResBlock(mid, mid, cond, kernel, groups)]
+        )
         self.up = nn.ModuleList()
         for a, b in zip(reversed(channels[1:]), reversed(channels[:-1])):
-            self.up.append(nn.ModuleList([FiLMResBlock(2 * a, b, cond, kernel, groups), FiLMResBlock(b, b, cond, kernel, groups),
-                                          nn.ConvTranspose1d(b, b, 4, stride=2, padding=1)]))
-        self.out = nn.Sequential(Conv1dBlock(channels[0], channels[0], kernel, groups), nn.Conv1d(channels[0], action_dim, 1))
+            self.up.append(
+                nn.ModuleList(
+                    [
+                        FiLMResBlock(2 * a, b, cond, kernel, groups),
+                        FiLMResBlock(b, b, cond, kernel, groups),
+                        nn.ConvTranspose1d(b, b, 4, stride=2, padding=1),
+                    ]
+                )
+            )
+        self.out = nn.Sequential(
+            Conv1dBlock(channels[0], channels[0], kernel, groups), nn.Conv1d(channels[0], action_dim, 1)
+        )
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         horizon = x.shape[1]
@@ -122,7 +148,9 @@ class SpatialSoftmax(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, _, h, w = x.shape
         att = F.softmax(self.proj(x).flatten(2), dim=-1)  # (B, K, H*W)
-        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h, device=x.device), torch.linspace(-1, 1, w, device=x.device), indexing="ij")
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, h, device=x.device), torch.linspace(-1, 1, w, device=x.device), indexing="ij"
+        )
         grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (H*W, 2)
         return (att @ grid).reshape(b, -1)
 

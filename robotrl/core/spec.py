@@ -39,7 +39,8 @@ class ArraySpec:
         object.__setattr__(self, "fields", tuple((str(n), int(k)) for n, k in self.fields))
         if self.fields and (len(self.shape) != 1 or sum(k for _, k in self.fields) != self.shape[0]):
             raise SpecMismatchError(
-                f"ArraySpec.fields: expected sizes summing to a flat shape, got {list(self.fields)} for shape {self.shape}"
+                f"ArraySpec.fields: expected sizes summing to a flat shape, "
+                f"got {list(self.fields)} for shape {self.shape}"
             )
         if self.dtype != STRING:
             np.dtype(self.dtype)  # raises TypeError on an unknown dtype name
@@ -106,7 +107,8 @@ class ArraySpec:
         if got != expected:
             prefix = "(num_envs, " if batched else "("
             raise SpecMismatchError(
-                f"{where}: expected shape {prefix}{', '.join(map(str, expected))}{',' if len(expected) == 1 and not batched else ''}), "
+                f"{where}: expected shape {prefix}{', '.join(map(str, expected))}"
+                f"{',' if len(expected) == 1 and not batched else ''}), "
                 f"got {arr_shape}"
             )
         kind = np.dtype(value.dtype).kind if isinstance(value, np.ndarray) else np.asarray(value).dtype.kind

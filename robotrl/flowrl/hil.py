@@ -509,9 +509,18 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             for it in range(start, iterations):
                 data = collect(agent, env, windows, horizon, execute, config, tally, operator)
                 use_demos = config.bc_loss_coef > 0 and bool(demos.parts)
-                sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant,
-                                  rng, f"hil iteration {it} (last train state: {state_path})",
-                                  demo_bc if use_demos else None)
+                sums = ppo_update(
+                    agent,
+                    data,
+                    config,
+                    it >= config.critic_warmup,
+                    run.reference,
+                    optimizer,
+                    run.constant,
+                    rng,
+                    f"hil iteration {it} (last train state: {state_path})",
+                    demo_bc if use_demos else None,
+                )
                 run.average()
                 rate, takeovers = operator.rate()
                 rates.append(rate)

@@ -341,8 +341,17 @@ def train(config: OnlineConfig) -> RLResult:
 
             # update: the value network alone while it warms up
             count = len(data["adv"])
-            sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant, rng,
-                              f"online iteration {it} (last train state: {state_path})")
+            sums = ppo_update(
+                agent,
+                data,
+                config,
+                it >= config.critic_warmup,
+                run.reference,
+                optimizer,
+                run.constant,
+                rng,
+                f"online iteration {it} (last train state: {state_path})",
+            )
             run.average()
 
             # log, evaluate, checkpoint

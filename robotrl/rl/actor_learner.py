@@ -154,8 +154,13 @@ class RolloutWorker:
 
     def state(self) -> dict[str, Any]:
         """The envs mid-episode, the observation the next action is chosen from, and the random streams."""
-        return {"env": as_tensors(self.env.get_state()), "env_rng": self.env.get_rng_state(), "obs": as_tensors(self.obs),
-                "rng": self.rng.bit_generator.state, "torch_rng": self.torch_rng}
+        return {
+            "env": as_tensors(self.env.get_state()),
+            "env_rng": self.env.get_rng_state(),
+            "obs": as_tensors(self.obs),
+            "rng": self.rng.bit_generator.state,
+            "torch_rng": self.torch_rng,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.env.set_state({k: v.numpy() for k, v in state["env"].items()})
@@ -225,8 +230,10 @@ class RayWorkers:
             self.pids: list[int] = ray.get([a.pid.remote() for a in self.actors], timeout=WORKER_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             self.close()
-            raise RuntimeError(f"actor_learner: {config.workers} rollout workers (1 CPU each) did not all start within "
-                               f"{WORKER_START_TIMEOUT_S:.0f} s; the Ray cluster has {ray.cluster_resources()}") from None
+            raise RuntimeError(
+                f"actor_learner: {config.workers} rollout workers (1 CPU each) did not all start within "
+                f"{WORKER_START_TIMEOUT_S:.0f} s; the Ray cluster has {ray.cluster_resources()}"
+            ) from None
 
     def publish(self, weights: dict[str, torch.Tensor]) -> Any:
         return self.ray.put(weights)

@@ -136,7 +136,9 @@ class PpoAgent(nn.Module):
             return self.actor(self.features(torch.from_numpy(obs))).numpy()
 
 
-def ppo_loss(agent: PpoAgent, batch: dict[str, torch.Tensor], config: PpoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_loss(
+    agent: PpoAgent, batch: dict[str, torch.Tensor], config: PpoConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate + (clipped) value regression - entropy bonus, on one minibatch."""
     dist = agent.dist(batch["obs"])
     logp = dist.log_prob(batch["action"]).sum(-1)
@@ -272,9 +274,19 @@ def train(config: PpoConfig) -> RLResult:
             bar.update(n * horizon)
             recent = episodes["success"][-100:]
             trained_s = clock.trained()
-            log.log(now, **stats, **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9)},
-                    **({"train/success_rate": float(np.mean(recent)),
-                        "train/return": float(np.mean(episodes["returns"][-100:]))} if recent else {}))
+            log.log(
+                now,
+                **stats,
+                **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9)},
+                **(
+                    {
+                        "train/success_rate": float(np.mean(recent)),
+                        "train/return": float(np.mean(episodes["returns"][-100:])),
+                    }
+                    if recent
+                    else {}
+                ),
+            )
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:

@@ -110,7 +110,9 @@ class SacConfig(PolicyRunOptions, TaskOptions):
         if not 0.0 < self.demo_ratio < 1.0:
             raise ValueError(f"SacConfig.demo_ratio: expected a fraction in (0, 1), got {self.demo_ratio}")
         if not (0.0 < self.gamma < 1.0 and 0.0 < self.tau <= 1.0):
-            raise ValueError(f"SacConfig.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, {self.tau}")
+            raise ValueError(
+                f"SacConfig.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, {self.tau}"
+            )
 
 
 class Agent(torch.nn.Module):
@@ -270,7 +272,10 @@ def train(config: SacConfig) -> RLResult:
         store = EpisodeStore.open(run_dir / "replay.zarr", mode="a")
         replay = ReplayBuffer.restore(spec, config.obs_keys, n, capacity, store, state["replay"])
         start, episodes = int(state["step"]), state["episodes"]
-        ret, succ = state["running"]["ret"].numpy().copy(), state["running"]["succ"].numpy().copy()  # episodes in progress
+        ret, succ = (
+            state["running"]["ret"].numpy().copy(),
+            state["running"]["succ"].numpy().copy(),
+        )  # episodes in progress
     else:
         obs, _ = env.reset(seed=config.seed)
         store = EpisodeStore.create(run_dir / "replay.zarr", spec)
@@ -294,7 +299,9 @@ def train(config: SacConfig) -> RLResult:
         for it in range(start, vector_steps):
             done_steps = it * n
             if done_steps < config.learning_starts and config.init is None:
-                action = rng.uniform(spec.action.low_array(), spec.action.high_array(), (n, action_dim)).astype(np.float32)
+                action = rng.uniform(spec.action.low_array(), spec.action.high_array(), (n, action_dim)).astype(
+                    np.float32
+                )
             else:
                 action = agent.act(obs, vector_keys)
             next_obs, reward, terminated, truncated, info = env.step(action)
@@ -317,7 +324,9 @@ def train(config: SacConfig) -> RLResult:
                 log.log(now, **stats, **({"train/success_rate": float(np.mean(recent)),
                                           "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
-            clock.evaluate_every(config, log, lambda: evaluate(agent, config), now, done_steps, last=it + 1 == vector_steps)
+            clock.evaluate_every(
+                config, log, lambda: evaluate(agent, config), now, done_steps, last=it + 1 == vector_steps
+            )
             if now // config.checkpoint_every != done_steps // config.checkpoint_every or it + 1 == vector_steps:
                 checkpoint(it + 1)
     finally:

@@ -128,7 +128,9 @@ def make_sb3_env(config: Sb3Config, seed: int | None = None) -> gym.Env:
     import robotrl.envs  # noqa: F401  (registers the ids)
     from robotrl.envs.registration import env_id
 
-    env = gym.make(env_id(config.task), action_mode=config.action_mode, reward_type=config.reward_type, render_images=False)
+    env = gym.make(
+        env_id(config.task), action_mode=config.action_mode, reward_type=config.reward_type, render_images=False
+    )
     space = env.observation_space
     assert isinstance(space, gym.spaces.Dict)
     missing = [k for k in config.obs_keys if k not in space.spaces]
@@ -189,7 +191,12 @@ def train(config: Sb3Config) -> Sb3Result:
             model.load_replay_buffer(replay_buffer_path(last))
     else:
         model = algo_cls("MlpPolicy", venv, seed=config.seed, device="cpu", verbose=0, **_algo_kwargs(config))
-    model.set_logger(Logger(str(run_dir), [JSONOutputFormat(str(run_dir / "metrics.jsonl")), TensorBoardOutputFormat(str(run_dir / "tb"))]))
+    model.set_logger(
+        Logger(
+            str(run_dir),
+            [JSONOutputFormat(str(run_dir / "metrics.jsonl")), TensorBoardOutputFormat(str(run_dir / "tb"))],
+        )
+    )
 
     remaining = max(config.total_steps - model.num_timesteps, 0)
     callbacks: list[Any] = [progress_bar(remaining, config.progress)]

@@ -173,7 +173,9 @@ def train(config: BCConfig) -> BCResult:
         done = step + 1
         bar.update(1)
         if done % config.log_every == 0 or done == config.steps:
-            log.log(done, **{"train/loss": loss_value, "train/grad_norm": grad_norm, "train/lr": schedule.get_last_lr()[0]})
+            log.log(
+                done, **{"train/loss": loss_value, "train/grad_norm": grad_norm, "train/lr": schedule.get_last_lr()[0]}
+            )
             bar.set_postfix(loss=f"{loss_value:.4f}")
         if done % config.checkpoint_every == 0 or done == config.steps:
             checkpoint(done)

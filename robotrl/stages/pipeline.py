@@ -230,7 +230,9 @@ class PipelineConfig:
         if not 0.0 <= self.online_ema < 1.0:
             raise ValueError(f"PipelineConfig.online_ema: expected a decay in [0, 1), got {self.online_ema}")
         if self.online_criterion not in ("stray", "stall"):
-            raise ValueError(f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}")
+            raise ValueError(
+                f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}"
+            )
         if not 0.0 <= self.online_operator_fraction <= 1.0:
             raise ValueError(f"PipelineConfig.online_operator_fraction: expected a share in [0, 1], got "
                              f"{self.online_operator_fraction}")
@@ -360,7 +362,10 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
         run_dir=run_dir / "offline", seed=config.seed, threads=config.threads, progress=config.progress,
         **extraction))
     # the env steps it took: the rollouts it appended to its copy of the store
-    with EpisodeStore.open(run_dir / "offline" / "store.zarr") as grown, EpisodeStore.open(run_dir / "demos.zarr") as demos:
+    with (
+        EpisodeStore.open(run_dir / "offline" / "store.zarr") as grown,
+        EpisodeStore.open(run_dir / "demos.zarr") as demos,
+    ):
         env_steps = grown.num_steps - demos.num_steps
     logged = [json.loads(line) for line in (run_dir / "offline" / "metrics.jsonl").read_text().splitlines()]
     gates = [{"start_success": r["gate/start_success"], "new_success": r["gate/new_success"],
@@ -379,12 +384,23 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
                  "eval_seed": training_seed(config.seed, 8_000),
                  "eval_sampler_steps": config.online_sampler_steps} if budget.online_eval_every else {}
     common: dict[str, Any] = {
-        "policy": run_dir / "offline" / "policy", "num_envs": budget.online_num_envs,
-        "total_steps": budget.online_total_steps, "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
-        "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
-        "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, "ema": config.online_ema,
+        "policy": run_dir / "offline" / "policy",
+        "num_envs": budget.online_num_envs,
+        "total_steps": budget.online_total_steps,
+        "rollout_steps": budget.online_rollout_steps,
+        "execute": config.execute,
+        "eval_episodes": 0,
+        "run_dir": run_dir / "online",
+        "seed": config.seed,
+        "threads": config.threads,
+        "device": config.device,
+        "progress": config.progress,
+        "lr": config.online_lr,
+        "bc_coef": config.online_bc_coef,
+        "ema": config.online_ema,
         **selection,
-        **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {})}
+        **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {}),
+    }
     extra: dict[str, Any] = {}
     if config.interventions:
         from robotrl.flowrl.hil import HilConfig, train as train_hil

@@ -126,7 +126,11 @@ class RunLog:
         self.start = time.perf_counter()
 
     def log(self, step: int, **metrics: float) -> None:
-        row = {"step": step, "wall_s": round(time.perf_counter() - self.start, 3), **{k: float(v) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            "wall_s": round(time.perf_counter() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         for k, v in metrics.items():
@@ -206,7 +210,12 @@ def start_run(config: RunOptions, algorithm: str, task: str,
     """Threads, seeds, the run directory (its config.json on a fresh start; its train state must exist to resume):
     (run_dir, train state path, the run's numpy generator). With `holds`, a fresh start is refused where run_dir
     already has that file (a run whose train state or replay a fresh start would overwrite)."""
-    if holds is not None and not config.resume and config.run_dir is not None and (Path(config.run_dir) / holds).exists():
+    if (
+        holds is not None
+        and not config.resume
+        and config.run_dir is not None
+        and (Path(config.run_dir) / holds).exists()
+    ):
         raise FileExistsError(f"{type(config).__name__}.run_dir: {config.run_dir} already holds a run ({holds}); "
                               "resume it (--resume) or pick another run_dir")
     torch.set_num_threads(config.threads)
