@@ -205,7 +205,7 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
     from robotrl.envs import make
 
     check_config(config, device_given=device is not None)
-    options = {} if config.episode_steps is None else {"episode_steps": int(config.episode_steps)}
+    options: dict[str, Any] = {} if config.episode_steps is None else {"episode_steps": int(config.episode_steps)}
     env = make(config.task, num_envs=1, seed=config.seed, autoreset=False, num_threads=1, **options)
     store: EpisodeStore | None = None
     view: LiveView | None = None

@@ -363,6 +363,8 @@ def video_info(path: Path) -> dict[str, Any]:
     with av.open(str(path)) as c:
         s = c.streams.video[0]
         pix = s.codec_context.pix_fmt or s.pix_fmt
+        if pix is None or s.base_rate is None:
+            raise ValueError(f"{path}: its video stream has no pixel format or frame rate")
         return {"video.height": s.height, "video.width": s.width, "video.codec": s.codec.canonical_name,
                 "video.pix_fmt": pix, "video.is_depth_map": False, "video.fps": int(s.base_rate),
                 "video.channels": 1 if "gray" in pix else 4 if pix.startswith(("rgba", "bgra", "yuva", "gbrap")) else 3,

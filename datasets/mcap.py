@@ -45,6 +45,7 @@ import numpy as np
 from mcap.exceptions import McapError as _McapFormatError
 from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
+from numpy.typing import ArrayLike
 from rosbags.typesys import Stores, get_typestore
 
 from robotrl.core.spec import ArraySpec, Spec, SpecMismatchError
@@ -297,7 +298,7 @@ def export_mcap(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
 
-    def array(topic: str, x: np.ndarray) -> Any:
+    def array(topic: str, x: ArrayLike) -> Any:
         return msg[FLOAT_ARRAY](layout=layouts[topic], data=np.asarray(x, np.float64).ravel())
 
     try:
@@ -460,6 +461,7 @@ def _plan(spec: Spec, topics: TopicMap, channels: dict[str, tuple[str, str, str]
                 f"{topics.joint_states} ({JOINT_STATE}), got neither; topics in the file: {sorted(channels)}"
             )
 
+        assert joints is not None  # `lacking` is empty: the joint states supply every field
         def decode_joints(raw: bytes, at: str, joints: JointLayout = joints, size: int = a.size) -> np.ndarray:
             m = _typestore().deserialize_cdr(raw, JOINT_STATE)
             return joints.from_joints(list(m.name), np.asarray(m.position), np.asarray(m.velocity), size, at)

@@ -30,8 +30,11 @@ from robotrl.datasets.store import EpisodeStore, string_keys
 class Rows(Protocol):
     """An array that can be indexed by an integer array along axis 0 (numpy array, `ChunkCache`)."""
 
-    shape: tuple[int, ...]
-    dtype: Any
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> Any: ...
 
     def __getitem__(self, index: np.ndarray) -> np.ndarray: ...
 
@@ -153,7 +156,7 @@ class SequenceSampler:
                                     f"observations {numeric}")
         keys = [*obs_keys, "action", *config.extra_keys]
         if config.in_memory:
-            data: dict[str, Rows] = store.load(keys)
+            data: Mapping[str, Rows] = store.load(keys)
         else:
             data = {k: ChunkCache(store.array(k), store.num_steps) for k in keys}
         text = {k: [meta.get("instruction") or "" for meta in store.episodes] for k in string_keys(store.spec)}

@@ -30,13 +30,16 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from robotrl.core.spec import STRING, ArraySpec, Spec, SpecMismatchError
+
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
 
 FORMAT = "robotrl-episodes"
 VERSION = 1
@@ -55,7 +58,7 @@ RESERVED = ("action", *STEP_KEYS)
 #: per-episode metadata the store itself writes (the episode's place in the arrays)
 RECORD_KEYS = ("index", "start", "end", "length")
 #: every chunk is written, even an all-zero one, so that a missing chunk file is always damage, never "empty"
-ARRAY_CONFIG = {"write_empty_chunks": True}
+ARRAY_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 CHUNK_BYTES = 256 * 1024  # small enough that a random image window decodes little, large enough to compress
 
 
@@ -175,7 +178,7 @@ class EpisodeStore:
                 f"{self.path}: format version {head.get('version')} is newer than this robotrl ({VERSION})"
             )
         try:
-            self.spec = Spec.from_dict(self._root.attrs["spec"])
+            self.spec = Spec.from_dict(cast(dict[str, Any], self._root.attrs["spec"]))
         except (KeyError, TypeError, ValueError) as e:
             raise StoreError(f"{self.path}: root attribute 'spec' is missing or invalid: {e}") from e
         self.arrays_spec = step_arrays(self.spec)
@@ -225,8 +228,8 @@ class EpisodeStore:
         """Re-read the commit record (and array shapes): episodes finalized since opening become visible."""
         meta = zarr.open_group(self._root.store, path="meta", mode="r").attrs.asdict()
         self.episode_ends = np.asarray(meta["episode_ends"], dtype=np.int64)
-        self.episodes: list[dict[str, Any]] = list(meta["episodes"])
-        self._stats: dict[str, Any] = dict(meta.get("stats", {}))
+        self.episodes: list[dict[str, Any]] = list(cast(list[dict[str, Any]], meta["episodes"]))
+        self._stats: dict[str, Any] = dict(cast(dict[str, Any], meta.get("stats", {})))
         if len(self.episodes) != len(self.episode_ends):
             raise StoreError(f"{self.path}: meta has {len(self.episode_ends)} episode ends but {len(self.episodes)} "
                              "episode records")
@@ -383,7 +386,7 @@ class EpisodeStore:
             raise StoreError(f"append_episode: metadata key(s) {clash} are set by the store; expected other names")
         record = {**dict(meta), "index": self.num_episodes, "start": start, "end": end, "length": length}
         stats = update_stats(self._stats, {k: arrays[k] for k in _stat_keys(self.arrays_spec)})
-        commit = {
+        commit: dict[str, Any] = {
             "episode_ends": [*self.episode_ends.tolist(), end],
             "episodes": [*self.episodes, record],
             "stats": stats,

@@ -121,7 +121,7 @@ class CpuVectorEnv(RobotVectorEnv):
             self._pool.close()
             self._pool = None
 
-    def render(self) -> np.ndarray:
+    def render(self) -> np.ndarray:  # type: ignore[override]  # every env's frame in one array (B, H, W, 3)
         """RGB frame of env 0 from the task's first camera (or a free camera), for videos."""
         return self.render_env(0)
 
@@ -155,7 +155,7 @@ class CpuVectorEnv(RobotVectorEnv):
     def get_rng_state(self) -> dict[str, Any]:
         """The state of the stream that draws reset states: with `get_state`, what an RL run's checkpoint needs
         to continue exactly mid-episode (without domain randomization, whose per-env draws it does not hold)."""
-        return self._rng.bit_generator.state
+        return dict(self._rng.bit_generator.state)
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state

@@ -18,7 +18,7 @@ observation space of this backend; only state keys (and the host-side `instructi
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +114,9 @@ class MjxVectorEnv(RobotVectorEnv):
 
         self._jits = _compiled(self)
         self._device = jax.devices()[0]
-        self._key = jax.random.PRNGKey(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**31)))
+        self._key = jax.random.PRNGKey(
+            seed if seed is not None else int(cast(int, np.random.SeedSequence().entropy) % (2**31))
+        )
         self._state: MjxState | None = None
 
     # --- the pure functional core ---------------------------------------------------------------------
@@ -225,7 +227,7 @@ class MjxVectorEnv(RobotVectorEnv):
     def close(self, **kwargs: Any) -> None:
         self._state = None
 
-    def render(self) -> np.ndarray:
+    def render(self) -> np.ndarray:  # type: ignore[override]  # every env's frame in one array (B, H, W, 3)
         raise NotImplementedError(
             "MjxVectorEnv renders no images; render with the CPU backend (same state via get_state)"
         )
@@ -375,7 +377,7 @@ class MjxVectorEnv(RobotVectorEnv):
             return jnp.where(m, new, old)
 
         merged = jax.tree_util.tree_map(pick, tuple(fresh)[:-1], tuple(state)[:-1])
-        return MjxState(*merged, key=state.key)
+        return MjxState(*merged, key=state.key)  # type: ignore[misc]  # merged: every field but the key
 
     def _out(self, x: jax.Array) -> Any:
         if self.output == "jax":

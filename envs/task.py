@@ -80,7 +80,7 @@ class Task(abc.ABC):
     action_modes: ClassVar[tuple[str, ...]] = ("ee_delta", "joint_pos")
     control_hz: ClassVar[float] = 20.0
     #: names of MJCF cameras whose RGB images are observations (`image_<camera>` keys); CPU backend only
-    cameras: ClassVar[tuple[str, ...]] = ()
+    cameras: tuple[str, ...] = ()  # a task may set its own per config (PushT, Reach)
     #: how many uniform draws per env `reset` consumes
     reset_dims: ClassVar[int] = 0
     goal_dim: ClassVar[int] = 0

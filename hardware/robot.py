@@ -180,7 +180,7 @@ class RobotConfig:
         topics = Topics(**{k: _topic(v, f"{where}: topics.{k}") for k, v in t.items() if k != "images"},
                         images={str(k): _topic(v, f"{where}: topics.images.{k}") for k, v in images.items()})
         return cls(name=str(d["name"]), joint_names=tuple(names),
-                   limits=JointLimits(**vec), workspace=workspace, kinematics=kinematics,  # type: ignore[arg-type]
+                   limits=JointLimits(**vec), workspace=workspace, kinematics=kinematics,
                    command_type=command_type, topics=topics, description=str(d.get("description", "")), **positive)
 
 

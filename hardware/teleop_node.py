@@ -201,7 +201,7 @@ class TeleopNode(RobotNode):
         if self.intervention_mode:
             self.create_subscription(Float64MultiArray, cfg.policy_topic, self._on_policy_action, 10)
             self.intervention_pub = self.create_publisher(Bool, INTERVENTION_TOPIC, 10)
-        self.reset_client = self.create_client(Trigger, cfg.reset_service) if cfg.reset_service else None
+        self.reset_client: Any = self.create_client(Trigger, cfg.reset_service) if cfg.reset_service else None
         self._begin_episode()
         self.create_timer(1.0 / self.robot.control_hz, self.tick)
         mode = f"intervention mode (policy on {cfg.policy_topic})" if self.intervention_mode else "teleop"

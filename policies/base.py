@@ -70,7 +70,9 @@ def config_from_dict(cls: type[PolicyConfig], d: Mapping[str, Any], where: str) 
         raise CheckpointError(f"{where}: config has unknown field(s) {unknown} for {cls.__name__}; expected some of "
                               f"{sorted(names)}")
     hints = typing.get_type_hints(cls)
-    kwargs = {k: tuple(v) if isinstance(v, list) and "tuple" in str(hints.get(k)) else v for k, v in d.items()}
+    kwargs: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) and "tuple" in str(hints.get(k)) else v for k, v in d.items()
+    }
     return cls(**kwargs)
 
 
@@ -107,7 +109,8 @@ class Normalizer(nn.Module):
 
 def keep_masks(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) -> dict[str, torch.Tensor]:
     """Per vector observation that has any of the named `fields`: 1 for each element kept, 0 for each hidden."""
-    masks, found = {}, set()
+    masks: dict[str, torch.Tensor] = {}
+    found: set[str] = set()
     for k in vector_keys:
         slices = {name: sl for name, sl in spec.observations[k].field_slices().items() if name in fields}
         if slices:

@@ -237,8 +237,8 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
     learns_from_data = False
     shared_config = GenerativeConfig
 
-    @property  # type: ignore[override]
-    def time_scale(self) -> float:  # the teacher's time embedding, so that the teacher's weights fit
+    @property
+    def time_scale(self) -> float:  # type: ignore[override]  # the teacher's time embedding: the teacher's weights fit
         from robotrl.policies.flow import FlowPolicy
 
         return FlowPolicy.time_scale if self.config.teacher == "flow" else 1.0
@@ -280,7 +280,7 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
             shared["channels"] = tuple(channels)
         config = ConsistencyConfig(**shared, teacher=kind,
                                    teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
-                                   teacher_solver=teacher_solver or getattr(tc, "solver", "euler"),
+                                   teacher_solver=teacher_solver or str(getattr(tc, "solver", "euler")),
                                    train_steps=getattr(tc, "train_steps", ConsistencyConfig.train_steps))
         student = cls(teacher.spec, config, teacher.stats or None)
         if config.channels == tc.channels:
@@ -290,9 +290,9 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
             for head in ("prior", "residual"):
                 if getattr(teacher, head) is not None:
                     getattr(student, head).load_state_dict(getattr(teacher, head).state_dict())
-        for head in (student.prior, student.residual):  # the teacher's, kept as they are: distillation fits the net
-            if head is not None:
-                head.requires_grad_(False)
+        for module in (student.prior, student.residual):  # the teacher's, kept as they are: distillation fits the net
+            if module is not None:
+                module.requires_grad_(False)
         return student.to(next(teacher.parameters()).device)
 
 
@@ -309,7 +309,7 @@ class VLAConsistencyConfig(VLAConfig):
 
 
 @register
-class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
+class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):  # type: ignore[misc]  # ConsistencyHead.loss replaces the teacher's
     """The VLA's one-step student: the teacher's prefix and action expert (and weights), one expert call per
     chunk instead of `steps`, the prefix computed once either way. Its `steps` / `solver` fields are the
     teacher's and unused."""
@@ -348,10 +348,16 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
 
 
 def student_for(teacher: Any, teacher_steps: int | None = None, teacher_solver: str | None = None,
-                channels: tuple[int, ...] | None = None) -> ConsistencyHead:
+                channels: tuple[int, ...] | None = None) -> ConsistencyPolicy | VLAConsistencyPolicy:
     """The one-step student of a teacher, of the registered class its own class names (`Policy.student`);
     `channels`: a narrower U-Net (U-Net teachers only)."""
     if teacher.student is None:
         raise TypeError(f"student_for: expected a teacher, one of {teachers()}, got {teacher.name!r} "
                         f"({type(teacher).__name__}, which names no student)")
-    return register_all()[teacher.student].from_teacher(teacher, teacher_steps, teacher_solver, channels)
+    student_cls = register_all()[teacher.student]
+    if not issubclass(student_cls, (ConsistencyPolicy, VLAConsistencyPolicy)):
+        raise TypeError(
+            f"student_for: {teacher.name!r} names the student {teacher.student!r}, which is not a consistency "
+            f"policy ({student_cls.__name__})"
+        )
+    return student_cls.from_teacher(teacher, teacher_steps, teacher_solver, channels)

@@ -28,10 +28,10 @@ import copy
 import json
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -67,7 +67,7 @@ def noise_shape(policy: Policy) -> tuple[int, int]:
     return int(rows), int(policy.action_dim)
 
 
-def sample_from_noise(policy: Policy, obs: Mapping[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+def sample_from_noise(policy: Policy, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
     """The policy's normalized action chunk for normalized `obs`, starting from the given initial `noise`.
 
     Uses the policy's own ``sample_from_noise`` where it has one; otherwise runs its ``sample`` with
@@ -84,7 +84,7 @@ def sample_from_noise(policy: Policy, obs: Mapping[str, torch.Tensor], noise: to
         calls.append(batch)
         return noise
 
-    policy.noise = given  # type: ignore[method-assign]  # an instance attribute shadows the method
+    policy.noise = given  # type: ignore[assignment]  # an instance attribute shadows the method
     try:
         chunk = policy.sample(obs)
     finally:
@@ -103,6 +103,8 @@ class ExportedPolicy(nn.Module):
         super().__init__()
         self.policy = policy
         self.keys = (*policy.obs_keys, *policy.text_inputs)
+        self.low: torch.Tensor
+        self.high: torch.Tensor
         self.register_buffer("low", torch.as_tensor(policy.spec.action.low_array(), dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(policy.spec.action.high_array(), dtype=torch.float32))
 
@@ -162,7 +164,7 @@ def input_specs(policy: Policy) -> list[dict[str, Any]]:
 def example_inputs(policy: Policy, batch: int, seed: int = 0) -> list[np.ndarray]:
     """Random inputs of the graph's shapes: vectors spread over the dataset's range, random images, N(0, 1)."""
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[np.ndarray] = []
     for s in input_specs(policy):
         shape = (batch, *s["shape"][1:])
         if s["dtype"] == "uint8":
@@ -208,7 +210,7 @@ def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["on
     if steps is not None:
         if not hasattr(policy.config, "steps"):
             raise ExportError(f"export steps: {policy.name} has no inference steps to set")
-        policy.config = replace(policy.config, steps=steps)  # validated by the config's __post_init__
+        policy.config = replace(cast(Any, policy.config), steps=steps)  # validated by the config's __post_init__
         source = {**source, "config": asdict(policy.config)}
     if tolerance is None:
         tolerance = float(getattr(policy, "export_tolerance", TOLERANCE))

@@ -20,6 +20,9 @@ from robotrl.policies.nets import mlp
 class TanhGaussianActor(nn.Module):
     """obs features (B, D) -> actions in [low, high] (B, A), with log-probabilities for the entropy term."""
 
+    scale: torch.Tensor
+    center: torch.Tensor
+
     def __init__(
         self,
         obs_dim: int,
@@ -108,6 +111,9 @@ class HLGauss(nn.Module):
     """Histogram loss with Gaussian targets (Imani & White 2018; Farebrother et al. 2024): Q as the mean of a
     categorical distribution over fixed bins, trained by cross-entropy against a Gaussian around the TD target,
     which scales to large value ranges and high update-to-data ratios better than MSE."""
+
+    edges: torch.Tensor
+    centers: torch.Tensor
 
     def __init__(self, v_min: float, v_max: float, bins: int = 101, sigma_ratio: float = 0.75) -> None:
         super().__init__()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +25,14 @@ def mlp(
                 layers.append(nn.LayerNorm(b))
             layers.append(act())
     return nn.Sequential(*layers)
+
+
+def last_linear(net: nn.Sequential) -> nn.Linear:
+    """The last layer of an `mlp` (its output layer), typed as the Linear it is."""
+    layer = net[-1]
+    if not isinstance(layer, nn.Linear):
+        raise TypeError(f"expected an MLP ending in a Linear layer, got {type(layer).__name__}")
+    return layer
 
 
 class SinusoidalEmbedding(nn.Module):
@@ -114,13 +123,13 @@ class TemporalUnet(nn.Module):
         c = torch.cat([cond, self.time(t.expand(x.shape[0]) if t.numel() == 1 else t)], dim=-1)
         h = x.transpose(1, 2)
         skips = []
-        for res1, res2, down in self.down:
+        for res1, res2, down in cast("Iterable[tuple[nn.Module, nn.Module, nn.Module]]", self.down):
             h = res2(res1(h, c), c)
             skips.append(h)
             h = down(h)
         for res in self.mid:
             h = res(h, c)
-        for res1, res2, up in self.up:
+        for res1, res2, up in cast("Iterable[tuple[nn.Module, nn.Module, nn.Module]]", self.up):
             skip = skips.pop()
             h = h[..., : skip.shape[-1]]
             h = res2(res1(torch.cat([h, skip], dim=1), c), c)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -270,8 +270,10 @@ class VLAPolicy(FlowPolicy):
 
     name = "vla"
     config_cls = VLAConfig
-    student = "vla_consistency"
+    student: ClassVar[str | None] = "vla_consistency"
     config: VLAConfig
+    encoder: VLAPrefix
+    net: ActionExpert
 
     def __init__(self, spec: Spec, config: VLAConfig | None = None,
                  stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:

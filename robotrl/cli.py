@@ -330,6 +330,11 @@ def policy_choices(default: Any) -> tuple[Any, Any]:
     return Union[tuple(options)], policy_config(default) if isinstance(default, str) else default  # noqa: UP007
 
 
+def _constant(value: Any) -> Callable[[], Any]:
+    """A default_factory that gives `value` itself (not a copy)."""
+    return lambda: value
+
+
 def parser_view(cls: type, command: Command) -> type:
     """A dataclass with `cls`'s options for tyro: the common ones at the top, the others in a nested `advanced`
     group whose flags keep their plain names, the fixed ones left out; `values` maps a parsed view back."""
@@ -347,7 +352,7 @@ def parser_view(cls: type, command: Command) -> type:
         kind = Annotated[kind, tyro.conf.arg(help=docs.get(f.name, ""))]
         if default is dataclasses.MISSING:
             return (f.name, kind)
-        return (f.name, kind, dataclasses.field(default_factory=lambda d=default: d))
+        return (f.name, kind, dataclasses.field(default_factory=_constant(default)))
 
     first = [*(command.common or ()), *RUN_COMMON]
     order = sorted(common, key=lambda f: first.index(f.name) if f.name in first else -1)  # required ones first
@@ -411,7 +416,7 @@ def parse(prog: str, command: Command, args: Sequence[str]) -> Any:
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            parsed = tyro.cli(view, args=list(args), prog=prog, config=(tyro.conf.CascadeSubcommandArgs,))
+            parsed: Any = tyro.cli(view, args=list(args), prog=prog, config=(tyro.conf.CascadeSubcommandArgs,))
     except SystemExit as stop:
         if stop.code in (0, None):
             raise

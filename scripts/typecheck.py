@@ -32,9 +32,21 @@ def main(args: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="robotrl-typecheck-") as tmp:
         view = lay_out(Path(tmp))
         out = subprocess.run(
-            [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-             "--cache-dir", str(ROOT / ".mypy_cache"), "-p", "robotrl", *args],
-            cwd=view, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "mypy",
+                "--config-file",
+                str(ROOT / "pyproject.toml"),
+                "--cache-dir",
+                str(ROOT / ".mypy_cache"),
+                "-p",
+                "robotrl",
+                *args,
+            ],
+            cwd=view,
+            capture_output=True,
+            text=True,
         )
         sys.stdout.write(checkout_paths(out.stdout, view))
         sys.stderr.write(checkout_paths(out.stderr, view))

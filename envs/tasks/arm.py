@@ -126,8 +126,10 @@ def ee_position(q: Any, tool_offset: float) -> tuple[float, float, float]:
     floats: a robot's safety filter checks it every control period, where a batched numpy call for one
     configuration costs far more in array overhead than this loop (bench/RESULTS.md, "Measurements behind the
     code's design")."""
-    x, y, z = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)
-    pos = (0.0, 0.0, 0.0)
+    x: tuple[float, ...] = (1.0, 0.0, 0.0)
+    y: tuple[float, ...] = (0.0, 1.0, 0.0)
+    z: tuple[float, ...] = (0.0, 0.0, 1.0)
+    pos: tuple[float, ...] = (0.0, 0.0, 0.0)
     for i, (_, p, alpha, _) in enumerate(PANDA_LINKS):
         pos = tuple(pos[k] + p[0] * x[k] + p[1] * y[k] + p[2] * z[k] for k in range(3))
         if alpha != 0.0:

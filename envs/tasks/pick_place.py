@@ -223,7 +223,7 @@ class PickPlace(Task):
         get = split_state(np.asarray(obs["state"]), STATE_LAYOUT)
         n = len(get["target"])
         inside = np.asarray(self.in_bin(np, get["cube_pos"].reshape(n, NUM_CUBES, 3)))
-        return (inside & (np.asarray(get["target"]) < 0.5)).any(axis=-1)
+        return np.asarray((inside & (np.asarray(get["target"]) < 0.5)).any(axis=-1))
 
     def action_spec(self) -> ArraySpec:
         dim = ARM_NQ + 1 if self.config.action_mode == "joint_pos" else 5

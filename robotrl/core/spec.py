@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 #: dtype name used for the language instruction key (a Python string per env, not a numeric array).
 STRING = "str"
@@ -28,8 +29,9 @@ class ArraySpec:
 
     shape: tuple[int, ...]
     dtype: str
-    low: tuple[float, ...] | None = None
-    high: tuple[float, ...] | None = None
+    #: elementwise bounds: anything that broadcasts to `shape` (a scalar, a flat list, an array); kept as a flat tuple
+    low: ArrayLike | None = None
+    high: ArrayLike | None = None
     #: named consecutive slices of a flat vector, e.g. (("joint_pos", 7), ("joint_vel", 7), ...): how a ROS
     #: node or a recording importer finds the robot's joints inside a task's "state" observation
     fields: tuple[tuple[str, int], ...] = ()

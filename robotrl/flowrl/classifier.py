@@ -175,7 +175,7 @@ def choose_threshold(scores: np.ndarray, labels: np.ndarray, target_precision: f
     tp = np.cumsum(y)[last]
     called = np.flatnonzero(last) + 1
     precision, recall, cut = tp / called, tp / y.sum(), s[last]
-    ok = np.flatnonzero(precision >= target_precision) if target_precision is not None else []
+    ok: np.ndarray | list[int] = np.flatnonzero(precision >= target_precision) if target_precision is not None else []
     if len(ok):
         return float(cut[ok[-1]]), True
     b2 = beta * beta

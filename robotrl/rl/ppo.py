@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from robotrl.core.spec import flatten_obs
 from robotrl.envs import make
-from robotrl.policies.nets import mlp
+from robotrl.policies.nets import last_linear, mlp
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
     PolicyRunOptions,
@@ -89,6 +89,10 @@ class PpoConfig(PolicyRunOptions, TaskOptions):
 class RunningNorm(nn.Module):
     """Running mean / variance of observations (parallel-variance update per batch); part of the agent's state."""
 
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, dim: int, clip: float = 10.0) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
@@ -118,8 +122,8 @@ class PpoAgent(nn.Module):
         self.critic = mlp([obs_dim, *config.hidden, 1], act=nn.Tanh)
         self.log_std = nn.Parameter(torch.full((action_dim,), config.init_log_std))
         with torch.no_grad():  # small initial actions, as the large-batch recipes initialize the last layer
-            self.actor[-1].weight.mul_(0.01)
-            self.actor[-1].bias.zero_()
+            last_linear(self.actor).weight.mul_(0.01)
+            last_linear(self.actor).bias.zero_()
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         return self.norm(obs) if self.normalize else obs

@@ -157,7 +157,7 @@ class Norm(NamedTuple):
 
     mean: jax.Array
     var: jax.Array
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, which nothing here calls
 
 
 def agent_to_jax(state: dict[str, torch.Tensor]) -> tuple[Params, Norm]:

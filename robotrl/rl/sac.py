@@ -20,6 +20,7 @@ RNGs, the envs mid-episode and the replay rebuilt from its store.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -166,7 +167,7 @@ class Agent(torch.nn.Module):
         return self.actor(self.features(vec, images, augment=False), deterministic=deterministic)[0].numpy()
 
 
-def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: SacConfig,
+def update(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, Any], config: SacConfig,
            target_entropy: float, where: str) -> dict[str, float]:
     """One RLPD update: critics on the TD target (min over a random subset of target critics, entropy bonus),
     then the actor on the ensemble's mean Q, then the temperature; target critics by Polyak averaging."""
@@ -190,7 +191,7 @@ def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str,
     return {"loss/critic": critic_loss.item(), "alpha": alpha.item(), **stats}
 
 
-def actor_step(agent: Agent, opt: dict[str, torch.optim.Optimizer], obs: torch.Tensor, alpha: torch.Tensor,
+def actor_step(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], obs: torch.Tensor, alpha: torch.Tensor,
                target_entropy: float, where: str) -> dict[str, float]:
     """SAC's actor update (the critics' mean Q less the entropy cost, reparameterized) and its temperature update
     (towards the target entropy)."""
@@ -357,7 +358,7 @@ def load_pretrained(agent: Agent, run_dir: Path) -> None:
 
 
 def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfig,
-           rng: np.random.Generator) -> dict[str, torch.Tensor]:
+           rng: np.random.Generator) -> dict[str, Any]:
     """A batch: online transitions only, or RLPD's symmetric mix of demonstrations and online data."""
     if demos is None:
         return replay.sample(config.batch_size, rng)

@@ -16,6 +16,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -181,10 +182,10 @@ def train(config: Sb3Config) -> Sb3Result:
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(config)), indent=2))
 
-    venv = VecMonitor(DummyVecEnv([lambda i=i: make_sb3_env(config, config.seed + i) for i in range(config.num_envs)]),
+    venv = VecMonitor(DummyVecEnv([partial(make_sb3_env, config, config.seed + i) for i in range(config.num_envs)]),
                       info_keywords=("success",))
     keys = tuple(venv.envs[0].env.observation_space.spaces)  # FlattenObservation(FilterObservation): its key order
-    algo_cls = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
+    algo_cls: Any = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
     if last is not None:
         model = algo_cls.load(last, env=venv, device="cpu")
         if config.algo in OFF_POLICY and replay_buffer_path(last).exists():

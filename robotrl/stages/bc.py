@@ -204,6 +204,7 @@ def run_train_bc(config: BCConfig) -> BCResult:
     ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
     success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
         if result.success_rate is not None else ""
+    assert isinstance(config.policy, PolicyConfig)  # BCConfig.__post_init__ resolved a name
     print(f"bc {policy_class(config.policy).name}: {success}{result.steps} steps in {result.train_seconds:.0f} s; "
           f"policy {result.checkpoint}")
     return result

@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 
 from robotrl.core.spec import STRING
+from robotrl.training.loop import RLResult
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
 
@@ -330,7 +331,9 @@ def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
     recipe = BC_RECIPES.get(name)
     policy = policy_config(name)
     if recipe is None:
-        widths = {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
+        widths: dict[str, Any] = (
+            {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
+        )
         return {"batch_size": budget.bc_batch_size, "lr": budget.bc_lr, "policy": replace(policy, **widths)}
     return {"batch_size": config.bc_batch_size or min(recipe["batch_size"], budget.bc_batch_size),
             "lr": config.bc_lr or recipe["lr"], "policy": replace(policy, **recipe.get("policy", {}))}
@@ -402,6 +405,7 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {}),
     }
     extra: dict[str, Any] = {}
+    result: RLResult  # the HIL run's is a HilResult, with its intervention rates
     if config.interventions:
         from robotrl.flowrl.hil import HilConfig, train as train_hil
 
@@ -442,8 +446,9 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
     policies = [load(online), load(start)]
     for policy in policies:
         policy.config.steps = config.online_sampler_steps or policy.config.steps
-    ok, online_rate, start_rate = not_worse(*policies, budget.online_gate_episodes, budget.eval_envs, seed,
-                                            config.execute)
+    ok, online_rate, start_rate = not_worse(
+        policies[0], policies[1], budget.online_gate_episodes, budget.eval_envs, seed, config.execute
+    )
     kept = "online" if ok else "start"
     if not ok:
         rejected = run_dir / "online" / "rejected_policy"
