@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 import tyro
+
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
-
 from robotrl.flowrl.classifier import (
     ClassifierConfig,
     Frames,
@@ -80,17 +80,28 @@ def row(method: str, scores: np.ndarray, threshold: float, frames: Frames, store
     pred = np.array([called[frames.episode == e].any() for e in range(store.num_episodes)])
     truth = np.array([bool(e.get("success")) for e in store.episodes])
     tp = int((pred & truth).sum())
-    return {"method": method, **{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(m).items()},
-            "episode_precision": round(tp / max(int(pred.sum()), 1), 4), "episode_recall": round(tp / max(int(truth.sum()), 1), 4),
-            "episodes": store.num_episodes, "successful_episodes": int(truth.sum())}
+    return {
+        "method": method,
+        **{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(m).items()},
+        "episode_precision": round(tp / max(int(pred.sum()), 1), 4),
+        "episode_recall": round(tp / max(int(truth.sum()), 1), 4),
+        "episodes": store.num_episodes,
+        "successful_episodes": int(truth.sum()),
+    }
 
 
 def main(config: ClassifierBenchConfig) -> None:
     root = Path(config.out or tempfile.mkdtemp(prefix="bench-classifier-"))
-    options = {"image_size": config.image_size, **({"episode_steps": config.episode_steps} if config.episode_steps else {})}
+    options = {
+        "image_size": config.image_size,
+        **({"episode_steps": config.episode_steps} if config.episode_steps else {}),
+    }
     t0 = time.perf_counter()
     stores = {}
-    for name, episodes, seed in (("train", config.episodes, config.seed), ("test", config.test_episodes, config.seed + 1000)):
+    for name, episodes, seed in (
+        ("train", config.episodes, config.seed),
+        ("test", config.test_episodes, config.seed + 1000),
+    ):
         path = root / f"{name}.zarr"
         if not path.exists():
             record_expert(path, config.task, episodes, num_envs=config.num_envs, noise=config.noise, seed=seed,
@@ -98,10 +109,21 @@ def main(config: ClassifierBenchConfig) -> None:
         stores[name] = EpisodeStore.open(path)
     record_s = time.perf_counter() - t0
 
-    result = train(ClassifierConfig(store=root / "train.zarr", camera=config.camera, steps=config.steps,
-                                    batch_size=config.batch_size, target_precision=config.target_precision,
-                                    eval_every=0, checkpoint_every=config.steps, seed=config.seed, threads=config.threads,
-                                    run_dir=root / "run", progress=False))
+    result = train(
+        ClassifierConfig(
+            store=root / "train.zarr",
+            camera=config.camera,
+            steps=config.steps,
+            batch_size=config.batch_size,
+            target_precision=config.target_precision,
+            eval_every=0,
+            checkpoint_every=config.steps,
+            seed=config.seed,
+            threads=config.threads,
+            run_dir=root / "run",
+            progress=False,
+        )
+    )
     clf = load(result.classifier)
     train_frames = load_frames(stores["train"], clf.net.camera).select(clf.metadata["labels"]["train_episodes"])
     test = load_frames(stores["test"], clf.net.camera)
@@ -113,13 +135,29 @@ def main(config: ClassifierBenchConfig) -> None:
                  row("step", test.step.astype(np.float64), step.threshold, test, stores["test"]),
                  row("majority", constant, 0.5, test, stores["test"])):
         print(json.dumps(line), flush=True)
-    print(json.dumps({"summary": True, "task": config.task, "camera": clf.net.camera, "image_size": config.image_size,
-                      "noise": config.noise, "train_episodes": result.train_episodes,
-                      "threshold_episodes": result.heldout_episodes, "test_episodes": stores["test"].num_episodes,
-                      "steps": config.steps, "batch_size": config.batch_size,
-                      "target_precision": config.target_precision, "target_met_on_threshold_episodes": result.target_met,
-                      "threshold": round(clf.threshold, 4), "train_seconds": round(result.train_seconds, 1),
-                      "record_seconds": round(record_s, 1), "run_dir": str(result.run_dir)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "summary": True,
+                "task": config.task,
+                "camera": clf.net.camera,
+                "image_size": config.image_size,
+                "noise": config.noise,
+                "train_episodes": result.train_episodes,
+                "threshold_episodes": result.heldout_episodes,
+                "test_episodes": stores["test"].num_episodes,
+                "steps": config.steps,
+                "batch_size": config.batch_size,
+                "target_precision": config.target_precision,
+                "target_met_on_threshold_episodes": result.target_met,
+                "threshold": round(clf.threshold, 4),
+                "train_seconds": round(result.train_seconds, 1),
+                "record_seconds": round(record_s, 1),
+                "run_dir": str(result.run_dir),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

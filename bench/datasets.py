@@ -21,12 +21,14 @@ Prints one JSON line per (data, method):
 
 from __future__ import annotations
 
+import itertools
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,7 +101,7 @@ class ImageEncoder(nn.Module):
         super().__init__()
         layers: list[nn.Module] = []
         chans = [3, 32, 64, 128, 256]
-        for a, b in zip(chans[:-1], chans[1:]):
+        for a, b in itertools.pairwise(chans):
             layers += [nn.Conv2d(a, b, 3, stride=2, padding=1), nn.GroupNorm(8, b), nn.ReLU(),
                        nn.Conv2d(b, b, 3, padding=1), nn.GroupNorm(8, b), nn.ReLU()]
         self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, out))
@@ -116,7 +118,9 @@ def train_step_rate(batch: dict[str, Any], seconds: float) -> float:
     images = [k for k, v in obs.items() if v.ndim == 5]
     encoders = nn.ModuleDict({k: ImageEncoder() for k in images})
     feat = sum(64 * obs[k].shape[1] for k in images) + sum(v[0].numel() for k, v in obs.items() if k not in images)
-    head = nn.Sequential(nn.Linear(feat, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, action[0].numel()))
+    head = nn.Sequential(
+        nn.Linear(feat, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, action[0].numel())
+    )
     params = [*encoders.parameters(), *head.parameters()]
     opt = torch.optim.Adam(params, lr=1e-4)
 

@@ -102,7 +102,7 @@ def near_misses(policy: Any, config: NoiseUseConfig) -> dict[str, Any] | None:
     finally:
         env.close()
     failed = np.sort(peak[~success])
-    return {"row": "near_misses", "success": float(success.mean()), "failed": int(len(failed)),
+    return {"row": "near_misses", "success": float(success.mean()), "failed": len(failed),
             "failed_peak_coverage": [round(float(x), 3) for x in failed],
             "failed_peak_coverage_median": float(np.median(failed)) if len(failed) else None}
 

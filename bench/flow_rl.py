@@ -37,16 +37,14 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sac import curve_summary, eval_curve  # noqa: E402  (bench/sac.py, the SAC-vs-SB3 bench)
-
-from robotrl.datasets.record import record_expert  # noqa: E402
-from robotrl.flowrl.chain import METHODS, load_flow_policy  # noqa: E402
-from robotrl.flowrl.dsrl import DsrlConfig, train as train_dsrl  # noqa: E402
-from robotrl.flowrl.online import OnlineConfig, train as train_online  # noqa: E402
-from robotrl.policies.flow import FlowConfig  # noqa: E402
-from robotrl.stages.bc import BCConfig, train as train_bc  # noqa: E402
-from robotrl.training.evaluate import evaluate_policy  # noqa: E402
-
+from robotrl.datasets.record import record_expert
+from robotrl.flowrl.chain import METHODS, load_flow_policy
+from robotrl.flowrl.dsrl import DsrlConfig, train as train_dsrl
+from robotrl.flowrl.online import OnlineConfig, train as train_online
+from robotrl.policies.flow import FlowConfig
+from robotrl.stages.bc import BCConfig, train as train_bc
+from robotrl.training.evaluate import evaluate_policy
+from sac import curve_summary, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
 
 RUNS = (*METHODS, "dsrl")
 
@@ -84,9 +82,23 @@ def bc_checkpoint(config: FlowRLBenchConfig, out: Path) -> Path:
     demos = out / "demos.zarr"
     if not demos.exists():
         record_expert(demos, "Reach", episodes=config.demo_episodes, num_envs=8, noise=0.3, progress=False).close()
-    result = train_bc(BCConfig(store=demos, policy=FlowConfig(channels=(32, 64), action_horizon=8),
-                               steps=config.bc_steps, batch_size=32, warmup=10, ema=0.99, execute=config.execute,
-                               lr=3e-4, eval_episodes=0, checkpoint_every=config.bc_steps, run_dir=out / "bc", threads=1, progress=False))
+    result = train_bc(
+        BCConfig(
+            store=demos,
+            policy=FlowConfig(channels=(32, 64), action_horizon=8),
+            steps=config.bc_steps,
+            batch_size=32,
+            warmup=10,
+            ema=0.99,
+            execute=config.execute,
+            lr=3e-4,
+            eval_episodes=0,
+            checkpoint_every=config.bc_steps,
+            run_dir=out / "bc",
+            threads=1,
+            progress=False,
+        )
+    )
     return result.checkpoint
 
 

@@ -48,7 +48,9 @@ def run_record(checkpoint: Path) -> dict[str, Any]:
     metrics = checkpoint.parent / "metrics.jsonl"
     if not metrics.exists():
         return {}
-    last = [json.loads(line) for line in metrics.read_text().splitlines() if '"train/' in line or '"distill/' in line][-1:]
+    last = [json.loads(line) for line in metrics.read_text().splitlines() if '"train/' in line or '"distill/' in line][
+        -1:
+    ]
     return {"train_steps": last[0]["step"], "train_wall_s": round(last[0]["wall_s"], 1)} if last else {}
 
 

@@ -36,7 +36,9 @@ def bench_mjx(task_name: str, num_envs: int, steps: int, repeats: int) -> dict[s
         def body(carry: tuple[Any, jax.Array], _: None) -> tuple[tuple[Any, jax.Array], jax.Array]:
             s, k = carry
             k, sub = jax.random.split(k)
-            s, _, reward, terminated, truncated, _ = env.step_fn(s, jax.random.uniform(sub, shape, env.dtype, -1.0, 1.0))
+            s, _, _reward, terminated, truncated, _ = env.step_fn(
+                s, jax.random.uniform(sub, shape, env.dtype, -1.0, 1.0)
+            )
             return (s, k), (terminated | truncated).sum()
 
         (state, _), dones = jax.lax.scan(body, (state, key), None, length=steps)

@@ -30,9 +30,8 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flow_rl import FlowRLBenchConfig, bc_checkpoint  # noqa: E402  (bench/flow_rl.py: the same BC start)
-
-from robotrl.flowrl.offline import OfflineFlowConfig, train  # noqa: E402
+from flow_rl import FlowRLBenchConfig, bc_checkpoint  # bench/flow_rl.py: the same BC start
+from robotrl.flowrl.offline import OfflineFlowConfig, train
 
 RUNS = ("ppo", "awr", "uniform")
 
@@ -74,7 +73,9 @@ def main(config: OfflineFlowBenchConfig) -> list[dict[str, Any]]:
                                         execute=4, sampler_steps=5, eval_episodes=config.eval_episodes, eval_envs=25,
                                         seed=seed, progress=False, **variant(run, config)))
                 metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-                curve = [r["eval/success_rate"] for r in metrics if "eval/success_rate" in r and "iteration/accepted" in r]
+                curve = [
+                    r["eval/success_rate"] for r in metrics if "eval/success_rate" in r and "iteration/accepted" in r
+                ]
                 bc = metrics[0]["eval/success_rate"]
                 kept = [int(r["iteration/accepted"]) for r in metrics if "iteration/accepted" in r]
                 row = {"bench": "offline_flow", "task": "Reach", "run": run, "seed": seed, "bc": bc,

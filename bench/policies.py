@@ -31,9 +31,10 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +51,10 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "ddpm100": ("diffusion", {"sampler": "ddpm", "train_steps": 100}),
     "ddim10": ("diffusion", {"sampler": "ddim", "train_steps": 100, "steps": 10}),
     "flow10": ("flow", {"steps": 10, "solver": "euler"}),
-    "flow1": ("flow", {"steps": 1, "solver": "euler"}),  # one call of the teacher net: the latency floor of a same-size student
+    "flow1": (
+        "flow",
+        {"steps": 1, "solver": "euler"},
+    ),  # one call of the teacher net: the latency floor of a same-size student
     # the narrower student `robotrl policy distill --channels 32 64 128` makes: one call of a quarter-width U-Net
     "consistency_narrow": ("consistency", {"channels": (32, 64, 128)}),
 }
@@ -58,7 +62,15 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 @dataclass
 class BenchConfig:
-    policies: tuple[str, ...] = ("ddpm100", "ddim10", "flow10", "flow1", "consistency", "consistency_narrow", "meanflow")
+    policies: tuple[str, ...] = (
+        "ddpm100",
+        "ddim10",
+        "flow10",
+        "flow1",
+        "consistency",
+        "consistency_narrow",
+        "meanflow",
+    )
     """labels of VARIANTS or registry names (default config)"""
     backends: tuple[str, ...] = ("torch", "onnxruntime")
     """any of torch, onnxruntime, torchscript"""
@@ -116,7 +128,10 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
         for label in labels:
             policy = build(label, config.seed)
             if policy is None:
-                row: dict[str, Any] = {"policy": label, "skipped": f"not a variant {sorted(VARIANTS)} nor a registered policy"}
+                row: dict[str, Any] = {
+                    "policy": label,
+                    "skipped": f"not a variant {sorted(VARIANTS)} nor a registered policy",
+                }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 continue
@@ -126,30 +141,41 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
             for backend in config.backends:
                 export_s = None
                 if backend == "torch":
-                    fn: Callable[[], Any] = lambda: policy.act(obs)  # noqa: E731
+                    fn: Callable[[], Any] = lambda policy=policy, obs=obs: policy.act(obs)  # noqa: E731
                 else:
                     fmt = "onnx" if backend == "onnxruntime" else "torchscript"
                     start = time.perf_counter()
                     out = export(policy, Path(tmp) / f"{label}-{fmt}", fmt)
                     export_s = round(time.perf_counter() - start, 1)
                     rt = runtime.load(out, threads=config.threads, seed=config.seed)
-                    fn = lambda rt=rt: rt.act(obs)  # noqa: E731
+                    fn = lambda rt=rt, obs=obs: rt.act(obs)  # noqa: E731
                 ms, calls = latency(fn, config.calls, config.warmup, config.max_seconds)
                 p50 = float(np.percentile(ms, 50))
                 if label == config.baseline:
                     baseline[backend] = p50
                 if backend == "torch":
                     torch_p50 = p50
-                row = {"policy": label, "registry": policy.name, "sampler": sampler(policy)[0], "steps": sampler(policy)[1],
-                       "nfe": network_evaluations(policy), "backend": backend, "batch": 1,
-                       "p50_ms": round(p50, 3), "p99_ms": round(float(np.percentile(ms, 99)), 3),
-                       "mean_ms": round(float(ms.mean()), 3), "calls": calls, "warmup": config.warmup,
-                       "speedup_vs_" + config.baseline: round(baseline[backend] / p50, 2) if backend in baseline else None,
-                       "speedup_vs_torch": round(torch_p50 / p50, 2) if torch_p50 is not None else None,
-                       "export_s": export_s, "load_avg_1m": round(os.getloadavg()[0], 2),
-                       "torch_threads": torch.get_num_threads(),
-                       "channels": list(getattr(policy.config, "channels", ())),
-                       "horizon": [policy.config.obs_horizon, policy.config.action_horizon]}
+                row = {
+                    "policy": label,
+                    "registry": policy.name,
+                    "sampler": sampler(policy)[0],
+                    "steps": sampler(policy)[1],
+                    "nfe": network_evaluations(policy),
+                    "backend": backend,
+                    "batch": 1,
+                    "p50_ms": round(p50, 3),
+                    "p99_ms": round(float(np.percentile(ms, 99)), 3),
+                    "mean_ms": round(float(ms.mean()), 3),
+                    "calls": calls,
+                    "warmup": config.warmup,
+                    "speedup_vs_" + config.baseline: round(baseline[backend] / p50, 2) if backend in baseline else None,
+                    "speedup_vs_torch": round(torch_p50 / p50, 2) if torch_p50 is not None else None,
+                    "export_s": export_s,
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
+                    "torch_threads": torch.get_num_threads(),
+                    "channels": list(getattr(policy.config, "channels", ())),
+                    "horizon": [policy.config.obs_horizon, policy.config.action_horizon],
+                }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     return rows

@@ -111,8 +111,7 @@ def run_ours(name: str, env: ppo_mjx.FunctionalEnv, eval_env: ppo_mjx.Functional
 def run_brax(env: Any, config: PpoConfig, evals: int, episode_length: int, eval_envs: int) -> list[dict[str, float]]:
     """Brax's own PPO with `config`'s settings (see the module docstring)."""
     install_brax_shim()
-    from brax.training.agents.ppo import networks as brax_networks
-    from brax.training.agents.ppo import train as brax_ppo
+    from brax.training.agents.ppo import networks as brax_networks, train as brax_ppo
 
     factory = functools.partial(
         brax_networks.make_ppo_networks, policy_hidden_layer_sizes=config.hidden,

@@ -49,16 +49,15 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray
 
 sys.path.insert(0, str(Path(__file__).parent))
-from policies import build  # noqa: E402  (bench/policies.py: the same policy variants)
-
-from robotrl.envs import make  # noqa: E402
-from robotrl.envs.tasks.push_t import START_QPOS  # noqa: E402
-from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg  # noqa: E402
-from robotrl.hardware.realtime import set_fifo  # noqa: E402
-from robotrl.hardware import nodes  # noqa: E402
-from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig  # noqa: E402
-from robotrl.policies import runtime  # noqa: E402
-from robotrl.policies.export import export  # noqa: E402
+from policies import build  # bench/policies.py: the same policy variants
+from robotrl.envs import make
+from robotrl.envs.tasks.push_t import START_QPOS
+from robotrl.hardware import nodes
+from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
+from robotrl.hardware.realtime import set_fifo
+from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
+from robotrl.policies import runtime
+from robotrl.policies.export import export
 
 DOMAIN = 57
 
@@ -100,7 +99,9 @@ class Robot:
         self.js_pub = self.node.create_publisher(JointState, t.joint_states, 100)
         self.state_pub = self.node.create_publisher(Float64MultiArray, t.task_state, 100)
         self.received: list[float] = []
-        self.node.create_subscription(Float64MultiArray, t.command, lambda m: self.received.append(time.perf_counter()), 1000)
+        self.node.create_subscription(
+            Float64MultiArray, t.command, lambda m: self.received.append(time.perf_counter()), 1000
+        )
         self.joints, self.state = observation_messages(robot)
         self.executor = SingleThreadedExecutor()
         self.executor.add_node(self.node)
@@ -156,7 +157,7 @@ def measure(robot: Robot, rate: float, seconds: float, warmup: float) -> dict[st
     k = min(n, len(received))
     lat = (received[:k] - sent[:k]) * 1e3
     late = int((lat > 1e3 / rate).sum()) + (n - k)
-    return {"observations": n, "commands": int(len(received)), "p50_ms": round(float(np.percentile(lat, 50)), 3),
+    return {"observations": n, "commands": len(received), "p50_ms": round(float(np.percentile(lat, 50)), 3),
             "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
             "miss_rate": round(late / n, 5)}
 
@@ -231,21 +232,44 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     logs.mkdir()
                     execution = {"execute": config.execute, "asynchronous": config.asynchronous,
                                  "delay_steps": math.ceil(infer * rate / 1e3) + 1}
-                    procs = nodes.start({"deploy": {"policy": str(out), "robot": str(robot_file), "trigger": "observation",
-                                                    "threads": config.threads, "seed": config.seed,
-                                                    "realtime_priority": priority, **execution}}, logs, DOMAIN)
-                    tick_p50, tick_p99 = tick_ms(out, robot_file, config, execution, rate)  # before any other thread runs here
+                    procs = nodes.start(
+                        {
+                            "deploy": {
+                                "policy": str(out),
+                                "robot": str(robot_file),
+                                "trigger": "observation",
+                                "threads": config.threads,
+                                "seed": config.seed,
+                                "realtime_priority": priority,
+                                **execution,
+                            }
+                        },
+                        logs,
+                        DOMAIN,
+                    )
+                    tick_p50, tick_p99 = tick_ms(
+                        out, robot_file, config, execution, rate
+                    )  # before any other thread runs here
                     robot = Robot(robot_cfg)
                     try:
                         robot.wait_for_deploy()
                         refused = set_fifo(priority)  # the robot side too, as its driver would run
                         if refused:
                             raise RuntimeError(f"bench: {refused[0]}")
-                        row = {"bench": "ros2", "policy": label, "registry": policy.name, "rate_hz": rate,
-                               "execute": config.execute, "asynchronous": config.asynchronous,
-                               "delay_steps": execution["delay_steps"] if config.asynchronous else None, **measure(robot, rate, config.seconds, config.warmup),
-                               "inference_p50_ms": infer, "tick_p50_ms": tick_p50, "tick_p99_ms": tick_p99,
-                               "load_avg_1m": round(os.getloadavg()[0], 2)}
+                        row = {
+                            "bench": "ros2",
+                            "policy": label,
+                            "registry": policy.name,
+                            "rate_hz": rate,
+                            "execute": config.execute,
+                            "asynchronous": config.asynchronous,
+                            "delay_steps": execution["delay_steps"] if config.asynchronous else None,
+                            **measure(robot, rate, config.seconds, config.warmup),
+                            "inference_p50_ms": infer,
+                            "tick_p50_ms": tick_p50,
+                            "tick_p99_ms": tick_p99,
+                            "load_avg_1m": round(os.getloadavg()[0], 2),
+                        }
                     finally:
                         set_fifo(0)
                         robot.close()
@@ -258,7 +282,9 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     if priority:
                         default = next((r for r in rows if r["policy"] == label and r["rate_hz"] == rate
                                         and r["realtime_priority"] == 0), None)
-                        row["vs_default_scheduler_p99"] = round(default["p99_ms"] / row["p99_ms"], 2) if default else None
+                        row["vs_default_scheduler_p99"] = (
+                            round(default["p99_ms"] / row["p99_ms"], 2) if default else None
+                        )
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:

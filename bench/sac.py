@@ -68,8 +68,12 @@ def curve_row(bench: str, task: str, run: str, target: float, total_steps: int, 
 
 def curve_summary(curve: list[tuple[int, float, float]], target: float) -> dict[str, Any]:
     hit = next(((s, t) for s, success, t in curve if success >= target), None)
-    return {"steps_to_target": hit[0] if hit else None, "seconds_to_target": round(hit[1], 1) if hit else None,
-            "final_success": curve[-1][1] if curve else None, "curve": [(s, round(x, 3), round(t, 1)) for s, x, t in curve]}
+    return {
+        "steps_to_target": hit[0] if hit else None,
+        "seconds_to_target": round(hit[1], 1) if hit else None,
+        "final_success": curve[-1][1] if curve else None,
+        "curve": [(s, round(x, 3), round(t, 1)) for s, x, t in curve],
+    }
 
 
 def run_ours(config: SacBenchConfig, demos: Path | None, run_dir: Path) -> list[tuple[int, float, float]]:
@@ -97,8 +101,19 @@ def run_sb3(config: SacBenchConfig, run_dir: Path) -> list[tuple[int, float, flo
                     gamma=0.95, learning_starts=1000, hidden=(256, 256), seed=config.seed, run_dir=run_dir)
     env = make_sb3_env(cfg, config.seed)
     keys = tuple(env.env.observation_space.spaces)  # type: ignore[attr-defined]
-    model = SAC("MlpPolicy", env, seed=config.seed, device="cpu", verbose=0, learning_rate=1e-3, batch_size=256,
-                gamma=0.95, learning_starts=1000, buffer_size=config.total_steps, policy_kwargs={"net_arch": [256, 256]})
+    model = SAC(
+        "MlpPolicy",
+        env,
+        seed=config.seed,
+        device="cpu",
+        verbose=0,
+        learning_rate=1e-3,
+        batch_size=256,
+        gamma=0.95,
+        learning_starts=1000,
+        buffer_size=config.total_steps,
+        policy_kwargs={"net_arch": [256, 256]},
+    )
     curve: list[tuple[int, float, float]] = []
     clock = {"start": time.perf_counter(), "eval": 0.0}
 

@@ -18,9 +18,9 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -74,7 +74,7 @@ def main(config: BenchConfig) -> None:
             torch.set_num_threads(threads)
             steps = {"default": bc_step(store, config, fused=False), "fused": bc_step(store, config, fused=True)}
             times: dict[str, list[float]] = {name: [] for name in steps}
-            for name, step in steps.items():
+            for step in steps.values():
                 step()  # warm-up: first-call allocations
             for _ in range(config.repeats):
                 for name, step in steps.items():

@@ -30,10 +30,9 @@ import torch
 import tyro
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sac import curve_row, eval_curve  # noqa: E402  (bench/sac.py, the SAC-vs-SB3 bench)
-
-from robotrl.datasets.record import record_expert  # noqa: E402
-from robotrl.rl.sac import SacConfig, train as train_sac  # noqa: E402
+from robotrl.datasets.record import record_expert
+from robotrl.rl.sac import SacConfig, train as train_sac
+from sac import curve_row, eval_curve  # bench/sac.py, the SAC-vs-SB3 bench
 
 
 @dataclass
@@ -82,7 +81,9 @@ def offline_pretrain(config: WsrlBenchConfig, demos: Path, run_dir: Path) -> tup
     return result.success_rate, result.train_seconds
 
 
-def online(config: WsrlBenchConfig, run: str, demos: Path, offline_dir: Path, run_dir: Path) -> list[tuple[int, float, float]]:
+def online(
+    config: WsrlBenchConfig, run: str, demos: Path, offline_dir: Path, run_dir: Path
+) -> list[tuple[int, float, float]]:
     extra: dict[str, Any] = {"scratch": {}, "rlpd": {"demos": demos}, "wsrl": {"init": offline_dir}}[run]
     train_sac(SacConfig(task=config.task, total_steps=config.total_steps, learning_starts=config.warmup,
                         critics=config.critics, utd=config.utd, hidden=config.hidden, lr=config.lr, gamma=config.gamma,
@@ -108,8 +109,19 @@ def main(config: WsrlBenchConfig) -> list[dict[str, Any]]:
         offline_dir = out / config.offline
         if "wsrl" in config.runs:
             offline_success, offline_seconds = offline_pretrain(config, demos, offline_dir)
-            print(json.dumps({"bench": "wsrl", "task": config.task, "run": config.offline, "steps": config.offline_steps,
-                              "success": offline_success, "train_s": round(offline_seconds, 1)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "bench": "wsrl",
+                        "task": config.task,
+                        "run": config.offline,
+                        "steps": config.offline_steps,
+                        "success": offline_success,
+                        "train_s": round(offline_seconds, 1),
+                    }
+                ),
+                flush=True,
+            )
         baseline: dict[str, Any] | None = None
         for run in config.runs:
             began = time.perf_counter()

@@ -18,16 +18,24 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.datasets.store import EpisodeStore
 from robotrl.datasets.teleop import (
-    DEVICES, EpisodeStatus, TeleopCommand, TeleopDevice, TeleopError, action_axes, command_to_action, make_device,
+    DEVICES,
+    EpisodeStatus,
+    TeleopCommand,
+    TeleopDevice,
+    TeleopError,
+    action_axes,
+    command_to_action,
+    make_device,
 )
 from robotrl.envs.tasks import DEFAULT_TASK
 
@@ -197,7 +205,7 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
     from robotrl.envs import make
 
     check_config(config, device_given=device is not None)
-    options = {} if config.episode_steps is None else {"episode_steps": int(config.episode_steps)}
+    options: dict[str, Any] = {} if config.episode_steps is None else {"episode_steps": int(config.episode_steps)}
     env = make(config.task, num_envs=1, seed=config.seed, autoreset=False, num_threads=1, **options)
     store: EpisodeStore | None = None
     view: LiveView | None = None
@@ -214,7 +222,7 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
         realtime = (device.human or config.view) if config.realtime is None else config.realtime
         meta: dict[str, Any] = {"device": device.name, "seed": config.seed}
         if hasattr(device, "noise"):
-            meta["noise"] = float(getattr(device, "noise"))
+            meta["noise"] = float(device.noise)
         with device:  # the device first: a missing device leaves no empty store behind
             store = EpisodeStore.create(config.out, spec, exist_ok=True)
             summary = CollectSummary(task=spec.task, device=device.name, path=str(config.out),
@@ -265,7 +273,9 @@ def _session(config: CollectConfig, env: Any, spec: Spec, device: TeleopDevice, 
                 if progress is not None:
                     progress.update(1)
                 if device.human:
-                    _log(f"episode {episode}: kept as #{index} ({steps} steps, {'success' if success else 'no success'})")
+                    _log(
+                        f"episode {episode}: kept as #{index} ({steps} steps, {'success' if success else 'no success'})"
+                    )
             elif verdict == "discard":
                 writer.discard()
                 summary.discarded += 1

@@ -151,8 +151,10 @@ def _features_for(spec: Spec, video: bool) -> dict[str, dict[str, Any]]:
             continue  # the instruction is the frame's task
         name = feature_name(key, a)
         if "/" in key or name in owner:
-            raise SpecMismatchError(f"spec.observations.{key}: expected a key that maps to its own LeRobot feature "
-                                    f"name without '/', got {name!r}" + (f" (also {owner[name]!r}'s)" if name in owner else ""))
+            raise SpecMismatchError(
+                f"spec.observations.{key}: expected a key that maps to its own LeRobot feature "
+                f"name without '/', got {name!r}" + (f" (also {owner[name]!r}'s)" if name in owner else "")
+            )
         owner[name] = key
         if a.is_image:
             out[name] = {"dtype": "video" if video else "image", "shape": list(a.shape),
@@ -308,7 +310,8 @@ def _codec_options(vcodec: str, crf: int | None) -> tuple[dict[str, str], str]:
 
 
 class _VideoFiles:
-    """One camera's frames into videos/<key>/chunk-XXX/file-YYY.mp4, episodes back to back, a new file past `limit_mb`."""
+    """One camera's frames into videos/<key>/chunk-XXX/file-YYY.mp4, episodes back to back, a new file past
+    `limit_mb`."""
 
     def __init__(self, root: Path, key: str, fps: int, vcodec: str, crf: int | None, limit_mb: float) -> None:
         self.root, self.key, self.fps, self.vcodec = root, key, fps, vcodec
@@ -360,6 +363,8 @@ def video_info(path: Path) -> dict[str, Any]:
     with av.open(str(path)) as c:
         s = c.streams.video[0]
         pix = s.codec_context.pix_fmt or s.pix_fmt
+        if pix is None or s.base_rate is None:
+            raise ValueError(f"{path}: its video stream has no pixel format or frame rate")
         return {"video.height": s.height, "video.width": s.width, "video.codec": s.codec.canonical_name,
                 "video.pix_fmt": pix, "video.is_depth_map": False, "video.fps": int(s.base_rate),
                 "video.channels": 1 if "gray" in pix else 4 if pix.startswith(("rgba", "bgra", "yuva", "gbrap")) else 3,
@@ -392,7 +397,9 @@ def export_lerobot(
     store = store_or_path if isinstance(store_or_path, EpisodeStore) else EpisodeStore.open(store_or_path)
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out}: exists and is not an empty directory; refusing to write a LeRobot dataset over it")
+        raise FileExistsError(
+            f"{out}: exists and is not an empty directory; refusing to write a LeRobot dataset over it"
+        )
     rate = store.spec.control_hz if fps is None else fps
     if float(rate) <= 0 or not float(rate).is_integer():
         raise ValueError(f"fps: LeRobot v3.0 needs a positive integer frame rate, got {rate!r}"
@@ -402,8 +409,10 @@ def export_lerobot(
     _, pix_fmt = _codec_options(vcodec, crf)  # a bad codec fails before any file is written
     odd = [k for k, a in store.spec.observations.items() if a.is_image and (a.shape[0] % 2 or a.shape[1] % 2)]
     if video and pix_fmt == "yuv420p" and odd:
-        raise ValueError(f"vcodec: {vcodec!r} encodes yuv420p, which needs an even height and width; "
-                         f"{odd[0]!r} is {store.spec.observations[odd[0]].shape}; use vcodec='libx264rgb' or video=False")
+        raise ValueError(
+            f"vcodec: {vcodec!r} encodes yuv420p, which needs an even height and width; "
+            f"{odd[0]!r} is {store.spec.observations[odd[0]].shape}; use vcodec='libx264rgb' or video=False"
+        )
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -552,14 +561,20 @@ def read_info(root: str | Path) -> dict[str, Any]:
     if not root.is_dir():
         raise LeRobotFormatError(f"{root}: expected a LeRobot v3.0 dataset directory, got no such directory")
     if not path.is_file():
-        hint = " (it looks like a robotrl zarr store; open it with EpisodeStore.open)" if (root / "zarr.json").exists() else ""
+        hint = (
+            " (it looks like a robotrl zarr store; open it with EpisodeStore.open)"
+            if (root / "zarr.json").exists()
+            else ""
+        )
         raise LeRobotFormatError(f"{path}: expected the LeRobot v3.0 metadata file meta/info.json, "
                                  f"got no such file{hint}")
     info = read_json_object(path, LeRobotFormatError)
     version = info.get("codebase_version")
     if not isinstance(version, str) or not version.startswith("v3."):
         hint = " (convert older datasets with lerobot's convert_dataset_v21_to_v30)" if isinstance(version, str) else ""
-        raise LeRobotFormatError(f"{path}: field 'codebase_version': expected {CODEBASE_VERSION!r}, got {version!r}{hint}")
+        raise LeRobotFormatError(
+            f"{path}: field 'codebase_version': expected {CODEBASE_VERSION!r}, got {version!r}{hint}"
+        )
     missing = [k for k in INFO_REQUIRED if k not in info]
     if missing:
         raise LeRobotFormatError(f"{path}: missing field(s) {missing}; expected all of {list(INFO_REQUIRED)}")
@@ -626,7 +641,9 @@ class _DataReader:
         path = self.root / self.template.format(chunk_index=key[0], file_index=key[1])
         if key != self.loaded:
             if not path.is_file():
-                raise LeRobotFormatError(f"{path}: expected the data file of episode {ep['episode_index']}, got no such file")
+                raise LeRobotFormatError(
+                    f"{path}: expected the data file of episode {ep['episode_index']}, got no such file"
+                )
             self.table = pq.read_table(path)
             for col in ("episode_index", "frame_index"):
                 if col not in self.table.column_names:
@@ -652,14 +669,18 @@ class _VideoReader:
     def episode(self, ep: Mapping[str, Any], length: int, shape: tuple[int, ...]) -> np.ndarray:
         p = f"videos/{self.key}/"
         if p + "chunk_index" not in ep:
-            raise LeRobotFormatError(f"meta/episodes: episode {ep['episode_index']} has no column {p + 'chunk_index'!r} "
-                                     f"for video feature {self.key!r}")
+            raise LeRobotFormatError(
+                f"meta/episodes: episode {ep['episode_index']} has no column {p + 'chunk_index'!r} "
+                f"for video feature {self.key!r}"
+            )
         key = (int(ep[p + "chunk_index"]), int(ep[p + "file_index"]))
         path = self.root / self.template.format(video_key=self.key, chunk_index=key[0], file_index=key[1])
         if key != self.file:
             self.close()
             if not path.is_file():
-                raise LeRobotFormatError(f"{path}: expected the video of episode {ep['episode_index']}, got no such file")
+                raise LeRobotFormatError(
+                    f"{path}: expected the video of episode {ep['episode_index']}, got no such file"
+                )
             self.container = av.open(str(path))
             self.frames = self.container.decode(self.container.streams.video[0])
             self.file, self.pending = key, None
@@ -721,7 +742,9 @@ def _foreign_keys(feats: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, str
                 skipped.append(name)
             continue
         if key in keys:
-            raise LeRobotFormatError(f"{INFO_PATH}: features {keys[key]!r} and {name!r} both map to robotrl key {key!r}")
+            raise LeRobotFormatError(
+                f"{INFO_PATH}: features {keys[key]!r} and {name!r} both map to robotrl key {key!r}"
+            )
         keys[key] = name
     return keys, skipped
 
@@ -797,7 +820,9 @@ def import_lerobot(
         try:
             file_spec = Spec.from_dict(saved)
         except (KeyError, TypeError, ValueError) as e:
-            raise LeRobotFormatError(f"{root / INFO_PATH}: field 'robotrl_spec' is not a valid robotrl Spec: {e}") from e
+            raise LeRobotFormatError(
+                f"{root / INFO_PATH}: field 'robotrl_spec' is not a valid robotrl Spec: {e}"
+            ) from e
         if spec is not None:
             spec.check(file_spec, this="given spec", that=f"{root / INFO_PATH} robotrl_spec")
         spec = file_spec
@@ -864,7 +889,11 @@ def _episode(ep: Mapping[str, Any], data: _DataReader, videos: Mapping[str, _Vid
             out[key] = _to_numpy(table[name], a.shape, f"{where}: column {name!r}").astype(a.dtype)
 
     def column(name: str, dtype: str) -> np.ndarray | None:
-        return _to_numpy(table[name], (), f"{where}: column {name!r}").astype(dtype) if name in table.column_names else None
+        return (
+            _to_numpy(table[name], (), f"{where}: column {name!r}").astype(dtype)
+            if name in table.column_names
+            else None
+        )
 
     done = column("next.done", "bool")
     term, trunc = column(STEP_FEATURES["terminated"], "bool"), column(STEP_FEATURES["truncated"], "bool")
@@ -904,7 +933,9 @@ def _decode_pngs(col: pa.ChunkedArray, shape: tuple[int, ...], where: str) -> np
     for j, cell in enumerate(col.to_pylist()):
         img = np.asarray(Image.open(io.BytesIO(cell["bytes"])).convert("RGB"))
         if img.shape != tuple(shape):
-            raise LeRobotFormatError(f"{where}: row {j}: expected an image of shape {list(shape)}, got {list(img.shape)}")
+            raise LeRobotFormatError(
+                f"{where}: row {j}: expected an image of shape {list(shape)}, got {list(img.shape)}"
+            )
         out[j] = img
     return out
 

@@ -45,6 +45,7 @@ import numpy as np
 from mcap.exceptions import McapError as _McapFormatError
 from mcap.reader import make_reader
 from mcap.writer import CompressionType, Writer
+from numpy.typing import ArrayLike
 from rosbags.typesys import Stores, get_typestore
 
 from robotrl.core.spec import ArraySpec, Spec, SpecMismatchError
@@ -113,7 +114,7 @@ class JointLayout:
     n_fingers: int
 
     @classmethod
-    def of(cls, spec: Spec, key: str = "state") -> "JointLayout | None":
+    def of(cls, spec: Spec, key: str = "state") -> JointLayout | None:
         """The layout of observation `key`, or None when it has no ``joint_pos`` field."""
         obs = spec.observations.get(key)
         slices = obs.field_slices() if obs is not None else {}
@@ -150,7 +151,9 @@ class JointLayout:
         vel[: self.vel.stop - self.vel.start] = x[self.vel]
         return pos, vel
 
-    def from_joints(self, names: list[str], position: np.ndarray, velocity: np.ndarray, size: int, where: str) -> np.ndarray:
+    def from_joints(
+        self, names: list[str], position: np.ndarray, velocity: np.ndarray, size: int, where: str
+    ) -> np.ndarray:
         """The flat observation from one JointState message (joints matched by name, in any order)."""
         index = {n: i for i, n in enumerate(names)}
         missing = [n for n in self.names if n not in index]
@@ -163,7 +166,9 @@ class JointLayout:
         out[self.pos] = position[order[:n_arm]]
         if self.vel is not None:
             if len(velocity) != len(names):
-                raise McapError(f"{where}: field '{self.key}.joint_vel': expected {len(names)} velocities, got {len(velocity)}")
+                raise McapError(
+                    f"{where}: field '{self.key}.joint_vel': expected {len(names)} velocities, got {len(velocity)}"
+                )
             out[self.vel] = velocity[order[: self.vel.stop - self.vel.start]]
         if self.gripper is not None:
             fingers = position[order[n_arm:]]
@@ -201,11 +206,15 @@ class _McapWriter:
                    for t in sorted(set(types.values()))}
         self.channels = {topic: self.w.register_channel(topic, "cdr", schemas[t]) for topic, t in types.items()}
         self.types, self.seq = types, dict.fromkeys(types, 0)
-        self.w.add_metadata("robotrl", {"format": FORMAT, "version": str(VERSION), "clock": clock, "spec": spec.to_json(None)})
+        self.w.add_metadata(
+            "robotrl", {"format": FORMAT, "version": str(VERSION), "clock": clock, "spec": spec.to_json(None)}
+        )
 
     def write(self, topic: str, t_ns: int, msg: Any) -> None:
         data = _typestore().serialize_cdr(msg, self.types[topic])
-        self.w.add_message(self.channels[topic], log_time=t_ns, data=bytes(data), publish_time=t_ns, sequence=self.seq[topic])
+        self.w.add_message(
+            self.channels[topic], log_time=t_ns, data=bytes(data), publish_time=t_ns, sequence=self.seq[topic]
+        )
         self.seq[topic] += 1
 
     def finish(self) -> None:
@@ -232,7 +241,10 @@ def _timelines(stamps: list[np.ndarray], hz: float, clock: Clock) -> tuple[str, 
             problem = (f"episode #{i} of the export: median step {np.median(d) * 1e3:.3g} ms, expected about "
                        f"{1e3 / hz:.3g} ms at control_hz={hz} (simulated faster than real time?)")
         elif i and s[0] <= stamps[i - 1][-1]:
-            problem = f"episode #{i} of the export starts at {s[0]:.6f} s, before episode #{i - 1} ends ({stamps[i - 1][-1]:.6f} s)"
+            problem = (
+                f"episode #{i} of the export starts at {s[0]:.6f} s, "
+                f"before episode #{i - 1} ends ({stamps[i - 1][-1]:.6f} s)"
+            )
         if problem:
             break
     if clock == "recorded" and problem:
@@ -241,9 +253,9 @@ def _timelines(stamps: list[np.ndarray], hz: float, clock: Clock) -> tuple[str, 
         return "recorded", [np.round(s * 1e9).astype(np.int64) for s in stamps]
     out: list[np.ndarray] = []
     for s in stamps:
-        start = int(round(s[0] * 1e9))
+        start = round(s[0] * 1e9)
         if out:
-            start = max(start, int(out[-1][-1]) + int(round(period)))
+            start = max(start, int(out[-1][-1]) + round(period))
         out.append(start + np.round(np.arange(len(s)) * period).astype(np.int64))
     return "control", out
 
@@ -286,7 +298,7 @@ def export_mcap(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
 
-    def array(topic: str, x: np.ndarray) -> Any:
+    def array(topic: str, x: ArrayLike) -> Any:
         return msg[FLOAT_ARRAY](layout=layouts[topic], data=np.asarray(x, np.float64).ravel())
 
     try:
@@ -426,7 +438,9 @@ def _plan(spec: Spec, topics: TopicMap, channels: dict[str, tuple[str, str, str]
             def decode_image(raw: bytes, at: str, key: str = key, h: int = h, w: int = w) -> np.ndarray:
                 m = _typestore().deserialize_cdr(raw, IMAGE)
                 if (m.height, m.width) != (h, w) or m.encoding not in ("rgb8", "bgr8"):
-                    raise McapError(f"{at}: '{key}': expected a {h}x{w} rgb8 image, got {m.height}x{m.width} {m.encoding}")
+                    raise McapError(
+                        f"{at}: '{key}': expected a {h}x{w} rgb8 image, got {m.height}x{m.width} {m.encoding}"
+                    )
                 img = np.asarray(m.data, np.uint8).reshape(h, m.step)[:, : 3 * w].reshape(h, w, 3)
                 return img[..., ::-1] if m.encoding == "bgr8" else img
             sources.append(_Source(key, topics.image(key), IMAGE, decode_image))
@@ -442,9 +456,12 @@ def _plan(spec: Spec, topics: TopicMap, channels: dict[str, tuple[str, str, str]
             raise McapError(f"{where}: observation '{key}': topic {topic} is absent, and {topics.joint_states} cannot "
                             f"supply field(s) {lacking} ({have}); topics in the file: {sorted(channels)}")
         if topics.joint_states not in channels:
-            raise McapError(f"{where}: observation '{key}': expected topic {topic} ({FLOAT_ARRAY}) or "
-                            f"{topics.joint_states} ({JOINT_STATE}), got neither; topics in the file: {sorted(channels)}")
+            raise McapError(
+                f"{where}: observation '{key}': expected topic {topic} ({FLOAT_ARRAY}) or "
+                f"{topics.joint_states} ({JOINT_STATE}), got neither; topics in the file: {sorted(channels)}"
+            )
 
+        assert joints is not None  # `lacking` is empty: the joint states supply every field
         def decode_joints(raw: bytes, at: str, joints: JointLayout = joints, size: int = a.size) -> np.ndarray:
             m = _typestore().deserialize_cdr(raw, JOINT_STATE)
             return joints.from_joints(list(m.name), np.asarray(m.position), np.asarray(m.velocity), size, at)
@@ -519,8 +536,15 @@ def _segments(files: list[Path], plan: _Plan, topics: TopicMap, max_gap_s: float
         yield seg
 
 
-def _episode(seg: _Segment, number: int, spec: Spec, plan: _Plan, hz: float | None,
-             instructions: list[tuple[int, str]], source_name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+def _episode(
+    seg: _Segment,
+    number: int,
+    spec: Spec,
+    plan: _Plan,
+    hz: float | None,
+    instructions: list[tuple[int, str]],
+    source_name: str,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
     """One episode resampled by zero-order hold: at each tick, the latest message at or before it per topic.
     Ticks run from the first time every required topic has a message to the last time all still have one;
     a robotrl export read at its own rate ticks at its step messages instead (exact, even with jittered
@@ -541,7 +565,7 @@ def _episode(seg: _Segment, number: int, spec: Spec, plan: _Plan, hz: float | No
         ticks = times[plan.step.topic][(times[plan.step.topic] >= start) & (times[plan.step.topic] <= end)]
     else:
         period = 1e9 / (hz or spec.control_hz)
-        n = int(math.floor((end - start) / period + 1e-9)) + 1 if end >= start else 0
+        n = math.floor((end - start) / period + 1e-9) + 1 if end >= start else 0
         ticks = start + np.round(np.arange(n) * period).astype(np.int64)
     if len(ticks) == 0:
         warnings.warn(f"{where}: skipped, no control tick has a message on every required topic", stacklevel=3)
@@ -577,8 +601,10 @@ def _episode(seg: _Segment, number: int, spec: Spec, plan: _Plan, hz: float | No
     within = [text for t, text in instructions if ticks[0] < t <= ticks[-1]]
     instruction = before[-1] if before else within[0] if within else marker_meta.get("instruction")
     if string_keys(spec) and not instruction:
-        raise McapError(f"{where}: topic {plan.instruction_topic}: expected an instruction at or before t={ticks[0] / 1e9:.9f} s "
-                        f"for the spec's string observation {string_keys(spec)}, got none")
+        raise McapError(
+            f"{where}: topic {plan.instruction_topic}: expected an instruction at or before t={ticks[0] / 1e9:.9f} s "
+            f"for the spec's string observation {string_keys(spec)}, got none"
+        )
     meta = user_meta(marker_meta)
     meta.update(instruction=instruction or None, control_hz=float(hz or spec.control_hz),
                 success=bool(meta.get("success", bool(data["success"].any()))),

@@ -173,7 +173,7 @@ def split(config: DataSplit) -> tuple[EpisodeStore, EpisodeStore]:
     if len(outs) != 2:
         raise ValueError(f"split.out: expected two paths, got {len(outs)}")
     order = np.random.default_rng(config.seed).permutation(src.num_episodes)
-    n_first = min(src.num_episodes - 1, max(1, int(round(config.fraction * src.num_episodes))))
+    n_first = min(src.num_episodes - 1, max(1, round(config.fraction * src.num_episodes)))
     parts = (sorted(order[:n_first].tolist()), sorted(order[n_first:].tolist()))
     stores = []
     for path, eps in zip(outs, parts):
@@ -215,7 +215,9 @@ def import_(config: DataImport) -> EpisodeStore:
             saved.check(spec, this=f"recording {config.input.name}", that=f"task {config.task}")
         spec = spec or saved
         if spec is None:
-            raise ValueError(f"task: {config.input} carries no robotrl spec; expected --task naming the task it records")
+            raise ValueError(
+                f"task: {config.input} carries no robotrl spec; expected --task naming the task it records"
+            )
         store = import_mcap(config.input, config.out, spec, control_hz=config.control_hz)
     print(f"{config.out}: {store.num_episodes} episodes, {store.num_steps} steps imported from {config.input}")
     return store

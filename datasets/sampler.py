@@ -30,8 +30,11 @@ from robotrl.datasets.store import EpisodeStore, string_keys
 class Rows(Protocol):
     """An array that can be indexed by an integer array along axis 0 (numpy array, `ChunkCache`)."""
 
-    shape: tuple[int, ...]
-    dtype: Any
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> Any: ...
 
     def __getitem__(self, index: np.ndarray) -> np.ndarray: ...
 
@@ -132,7 +135,9 @@ class SequenceSampler:
                                  f"shape {v.shape}")
         lengths = ends[chosen] - starts[chosen]
         # one anchor per step of every chosen episode, with its episode's bounds
-        self.anchor = np.concatenate([np.arange(starts[e], ends[e]) for e in chosen]) if len(chosen) else np.zeros(0, np.int64)
+        self.anchor = (
+            np.concatenate([np.arange(starts[e], ends[e]) for e in chosen]) if len(chosen) else np.zeros(0, np.int64)
+        )
         self.ep_index = np.repeat(chosen, lengths)
         self.ep_start = np.repeat(starts[chosen], lengths)
         self.ep_end = np.repeat(ends[chosen], lengths)
@@ -141,7 +146,7 @@ class SequenceSampler:
 
     @classmethod
     def from_store(cls, store: EpisodeStore, config: SequenceConfig | None = None,
-                   episodes: Sequence[int] | None = None) -> "SequenceSampler":
+                   episodes: Sequence[int] | None = None) -> SequenceSampler:
         config = config or SequenceConfig()
         numeric = [k for k, v in store.spec.observations.items() if v.dtype != STRING]
         obs_keys = list(config.obs_keys) if config.obs_keys is not None else numeric
@@ -151,7 +156,7 @@ class SequenceSampler:
                                     f"observations {numeric}")
         keys = [*obs_keys, "action", *config.extra_keys]
         if config.in_memory:
-            data: dict[str, Rows] = store.load(keys)
+            data: Mapping[str, Rows] = store.load(keys)
         else:
             data = {k: ChunkCache(store.array(k), store.num_steps) for k in keys}
         text = {k: [meta.get("instruction") or "" for meta in store.episodes] for k in string_keys(store.spec)}
@@ -196,7 +201,9 @@ class MixedSampler:
                              f"{len(ratios)} ratios")
         r = np.asarray(ratios, dtype=np.float64)
         if np.any(r < 0) or r.sum() <= 0:
-            raise ValueError(f"MixedSampler.ratios: expected non-negative values with a positive sum, got {list(ratios)}")
+            raise ValueError(
+                f"MixedSampler.ratios: expected non-negative values with a positive sum, got {list(ratios)}"
+            )
         first = samplers[0]
         for i, s in enumerate(samplers[1:], 1):
             if s.obs_keys != first.obs_keys or s.config.obs_horizon != first.config.obs_horizon \
@@ -205,8 +212,10 @@ class MixedSampler:
                                         f"H={s.config.action_horizon}) differ from sampler 0's ({first.obs_keys}, "
                                         f"To={first.config.obs_horizon}, H={first.config.action_horizon})")
             if sorted(s.text) != sorted(first.text):
-                raise SpecMismatchError(f"MixedSampler: sampler {i} has string observations {sorted(s.text)}, sampler 0 "
-                                        f"has {sorted(first.text)}")
+                raise SpecMismatchError(
+                    f"MixedSampler: sampler {i} has string observations {sorted(s.text)}, sampler 0 "
+                    f"has {sorted(first.text)}"
+                )
             for k in (*first.obs_keys, "action"):
                 a, b = first.data[k], s.data[k]
                 if tuple(a.shape[1:]) != tuple(b.shape[1:]) or np.dtype(a.dtype) != np.dtype(b.dtype):
@@ -223,7 +232,9 @@ class MixedSampler:
         return counts
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, Any]:
-        parts = [(i, s.sample(int(n), rng)) for i, (s, n) in enumerate(zip(self.samplers, self.counts(batch_size))) if n]
+        parts = [
+            (i, s.sample(int(n), rng)) for i, (s, n) in enumerate(zip(self.samplers, self.counts(batch_size))) if n
+        ]
         out = concat_batches([p for _, p in parts])
         out["source"] = np.concatenate([np.full(len(p["action"]), i) for i, p in parts])
         return out

@@ -30,13 +30,16 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from robotrl.core.spec import STRING, ArraySpec, Spec, SpecMismatchError
+
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
 
 FORMAT = "robotrl-episodes"
 VERSION = 1
@@ -55,7 +58,7 @@ RESERVED = ("action", *STEP_KEYS)
 #: per-episode metadata the store itself writes (the episode's place in the arrays)
 RECORD_KEYS = ("index", "start", "end", "length")
 #: every chunk is written, even an all-zero one, so that a missing chunk file is always damage, never "empty"
-ARRAY_CONFIG = {"write_empty_chunks": True}
+ARRAY_CONFIG: ArrayConfigParams = {"write_empty_chunks": True}
 CHUNK_BYTES = 256 * 1024  # small enough that a random image window decodes little, large enough to compress
 
 
@@ -70,14 +73,16 @@ class CorruptChunkError(StoreError):
 def chunk_rows(shape: tuple[int, ...], dtype: str) -> int:
     """Rows per chunk: a power of two near CHUNK_BYTES per chunk, between 1 and 4096 rows."""
     row = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
-    return int(min(4096, max(1, 2 ** int(math.floor(math.log2(max(1, CHUNK_BYTES // row)))))))
+    return int(min(4096, max(1, 2 ** math.floor(math.log2(max(1, CHUNK_BYTES // row))))))
 
 
 def step_arrays(spec: Spec) -> dict[str, ArraySpec]:
     """Every per-step array of a store for `spec`: numeric observations, the action, then STEP_KEYS."""
     clash = [k for k in spec.observations if k in RESERVED]
     if clash:
-        raise SpecMismatchError(f"spec.observations: key(s) {clash} collide with the store's step keys {list(RESERVED)}")
+        raise SpecMismatchError(
+            f"spec.observations: key(s) {clash} collide with the store's step keys {list(RESERVED)}"
+        )
     out = {k: v for k, v in spec.observations.items() if v.dtype != STRING}
     out["action"] = spec.action
     out.update({k: ArraySpec(shape, dtype) for k, (dtype, shape) in STEP_KEYS.items()})
@@ -117,7 +122,9 @@ def update_stats(stats: dict[str, Any], data: Mapping[str, np.ndarray]) -> dict[
     return out
 
 
-def summarize_stats(stats: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> dict[str, dict[str, np.ndarray]]:
+def summarize_stats(
+    stats: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, dict[str, np.ndarray]]:
     """mean / std / min / max per key, each in the key's own shape (what a normalizer needs)."""
     out = {}
     for key, st in stats.items():
@@ -157,15 +164,21 @@ class EpisodeStore:
         self.path = Path(path)
         self.mode = mode
         if not (self.path / "zarr.json").exists():
-            raise StoreError(f"{self.path}: not a robotrl episode store (no zarr.json); create one with EpisodeStore.create")
-        self._root = zarr.open_group(zarr.storage.LocalStore(self.path, read_only=mode == "r"), mode="r" if mode == "r" else "r+")
+            raise StoreError(
+                f"{self.path}: not a robotrl episode store (no zarr.json); create one with EpisodeStore.create"
+            )
+        self._root = zarr.open_group(
+            zarr.storage.LocalStore(self.path, read_only=mode == "r"), mode="r" if mode == "r" else "r+"
+        )
         head = self._root.attrs.get("robotrl")
         if not isinstance(head, dict) or head.get("format") != FORMAT:
             raise StoreError(f"{self.path}: root attribute 'robotrl.format': expected {FORMAT!r}, got {head!r}")
         if int(head.get("version", -1)) > VERSION:
-            raise StoreError(f"{self.path}: format version {head.get('version')} is newer than this robotrl ({VERSION})")
+            raise StoreError(
+                f"{self.path}: format version {head.get('version')} is newer than this robotrl ({VERSION})"
+            )
         try:
-            self.spec = Spec.from_dict(self._root.attrs["spec"])
+            self.spec = Spec.from_dict(cast(dict[str, Any], self._root.attrs["spec"]))
         except (KeyError, TypeError, ValueError) as e:
             raise StoreError(f"{self.path}: root attribute 'spec' is missing or invalid: {e}") from e
         self.arrays_spec = step_arrays(self.spec)
@@ -178,7 +191,7 @@ class EpisodeStore:
 
     # --- creation ----------------------------------------------------------------------------------
     @classmethod
-    def create(cls, path: str | Path, spec: Spec, exist_ok: bool = False) -> "EpisodeStore":
+    def create(cls, path: str | Path, spec: Spec, exist_ok: bool = False) -> EpisodeStore:
         """A new, empty store for `spec`, opened for appending. With `exist_ok`, an existing store whose spec
         matches is opened instead (a mismatch is a `SpecMismatchError`)."""
         path = Path(path)
@@ -207,7 +220,7 @@ class EpisodeStore:
         return cls(path, mode="a")
 
     @classmethod
-    def open(cls, path: str | Path, mode: str = "r") -> "EpisodeStore":
+    def open(cls, path: str | Path, mode: str = "r") -> EpisodeStore:
         return cls(path, mode)
 
     # --- reading -----------------------------------------------------------------------------------
@@ -215,8 +228,8 @@ class EpisodeStore:
         """Re-read the commit record (and array shapes): episodes finalized since opening become visible."""
         meta = zarr.open_group(self._root.store, path="meta", mode="r").attrs.asdict()
         self.episode_ends = np.asarray(meta["episode_ends"], dtype=np.int64)
-        self.episodes: list[dict[str, Any]] = list(meta["episodes"])
-        self._stats: dict[str, Any] = dict(meta.get("stats", {}))
+        self.episodes: list[dict[str, Any]] = list(cast(list[dict[str, Any]], meta["episodes"]))
+        self._stats: dict[str, Any] = dict(cast(dict[str, Any], meta.get("stats", {})))
         if len(self.episodes) != len(self.episode_ends):
             raise StoreError(f"{self.path}: meta has {len(self.episode_ends)} episode ends but {len(self.episodes)} "
                              "episode records")
@@ -290,13 +303,22 @@ class EpisodeStore:
             sources[e.get("source", "?")] = sources.get(e.get("source", "?"), 0) + 1
         succ = [bool(e.get("success")) for e in self.episodes]
         return {
-            "path": str(self.path), "task": self.spec.task, "episodes": self.num_episodes, "steps": self.num_steps,
-            "length": {"min": int(lengths.min()) if len(lengths) else 0, "mean": float(lengths.mean()) if len(lengths) else 0.0,
-                       "max": int(lengths.max()) if len(lengths) else 0},
-            "success_rate": float(np.mean(succ)) if succ else 0.0, "sources": sources,
+            "path": str(self.path),
+            "task": self.spec.task,
+            "episodes": self.num_episodes,
+            "steps": self.num_steps,
+            "length": {
+                "min": int(lengths.min()) if len(lengths) else 0,
+                "mean": float(lengths.mean()) if len(lengths) else 0.0,
+                "max": int(lengths.max()) if len(lengths) else 0,
+            },
+            "success_rate": float(np.mean(succ)) if succ else 0.0,
+            "sources": sources,
             "instructions": sorted({e["instruction"] for e in self.episodes if e.get("instruction")}),
-            "keys": {k: {"shape": list(a.shape), "dtype": a.dtype, "chunk_rows": int(self.array(k).chunks[0])}
-                     for k, a in self.arrays_spec.items()},
+            "keys": {
+                k: {"shape": list(a.shape), "dtype": a.dtype, "chunk_rows": int(self.array(k).chunks[0])}
+                for k, a in self.arrays_spec.items()
+            },
             "control_hz": self.spec.control_hz,
         }
 
@@ -307,7 +329,9 @@ class EpisodeStore:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise StoreError(f"{self.path}: another process is writing to this store (lock .writer.lock is held)") from None
+            raise StoreError(
+                f"{self.path}: another process is writing to this store (lock .writer.lock is held)"
+            ) from None
         self._lock_fd = fd
 
     def close(self) -> None:
@@ -316,7 +340,7 @@ class EpisodeStore:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> "EpisodeStore":
+    def __enter__(self) -> EpisodeStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -362,7 +386,11 @@ class EpisodeStore:
             raise StoreError(f"append_episode: metadata key(s) {clash} are set by the store; expected other names")
         record = {**dict(meta), "index": self.num_episodes, "start": start, "end": end, "length": length}
         stats = update_stats(self._stats, {k: arrays[k] for k in _stat_keys(self.arrays_spec)})
-        commit = {"episode_ends": [*self.episode_ends.tolist(), end], "episodes": [*self.episodes, record], "stats": stats}
+        commit: dict[str, Any] = {
+            "episode_ends": [*self.episode_ends.tolist(), end],
+            "episodes": [*self.episodes, record],
+            "stats": stats,
+        }
         zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(commit)  # the commit: one atomic file
         self.episode_ends = np.asarray(commit["episode_ends"], dtype=np.int64)
         self.episodes, self._stats = commit["episodes"], stats
@@ -388,7 +416,7 @@ class EpisodeStore:
         self.refresh()
         self._trim_uncommitted()
 
-    def writer(self, source: str = "scripted", robot: str = "sim", **meta: Any) -> "EpisodeWriter":
+    def writer(self, source: str = "scripted", robot: str = "sim", **meta: Any) -> EpisodeWriter:
         self._require_writer()
         return EpisodeWriter(self, source=source, robot=robot, **meta)
 
@@ -436,7 +464,9 @@ class EpisodeWriter:
         where = f"episode step {t}"
         for key, a in spec.observations.items():
             if key not in obs:
-                raise SpecMismatchError(f"{where}: observation {key!r} missing; expected keys {list(spec.observations)}")
+                raise SpecMismatchError(
+                    f"{where}: observation {key!r} missing; expected keys {list(spec.observations)}"
+                )
             if a.dtype == STRING:
                 text = str(np.asarray(obs[key]).reshape(-1)[0]) if np.ndim(obs[key]) else str(obs[key])
                 if self._instruction is None:
@@ -487,7 +517,9 @@ class EpisodeWriter:
 class VectorRecorder:
     """Records every env of a vector env (same-step auto-reset) into a store, one episode per env episode."""
 
-    def __init__(self, store: EpisodeStore, num_envs: int, source: str = "scripted", robot: str = "sim", **meta: Any) -> None:
+    def __init__(
+        self, store: EpisodeStore, num_envs: int, source: str = "scripted", robot: str = "sim", **meta: Any
+    ) -> None:
         self.writers = [store.writer(source=source, robot=robot, **meta) for _ in range(num_envs)]
         self.finalized: list[int] = []
 
@@ -506,8 +538,16 @@ class VectorRecorder:
         now = time.time()
         ended = []
         for i, w in enumerate(self.writers):
-            w.add({k: v[i] for k, v in obs.items()}, action[i], float(reward[i]), bool(terminated[i]),
-                  bool(truncated[i]), bool(success[i]), bool(intervention[i]) if intervention is not None else False, now)
+            w.add(
+                {k: v[i] for k, v in obs.items()},
+                action[i],
+                float(reward[i]),
+                bool(terminated[i]),
+                bool(truncated[i]),
+                bool(success[i]),
+                bool(intervention[i]) if intervention is not None else False,
+                now,
+            )
             if terminated[i] or truncated[i]:
                 self.finalized.append(w.finalize())
                 ended.append(i)
@@ -557,8 +597,16 @@ def corrupt_chunks(store: EpisodeStore, keys: list[str] | None = None) -> list[P
             first = int(np.searchsorted(ends, lo, side="right"))
             last = int(np.searchsorted(ends, hi - 1, side="right"))
             eps = list(range(first, min(last, len(ends) - 1) + 1))
-            problems.append(Problem(key, c, (lo, hi), eps, reason,
-                                    f"{store.path}/data/{key} chunk {c} (rows {lo}-{hi - 1}, episode(s) {eps}): {reason}"))
+            problems.append(
+                Problem(
+                    key,
+                    c,
+                    (lo, hi),
+                    eps,
+                    reason,
+                    f"{store.path}/data/{key} chunk {c} (rows {lo}-{hi - 1}, episode(s) {eps}): {reason}",
+                )
+            )
     return problems
 
 
@@ -585,9 +633,15 @@ def validate(store: EpisodeStore, spec: Spec | None = None) -> list[str]:
         except KeyError:
             errors.append(f"{store.path}/data/{key}: array missing")
             continue
-        if arr.shape[0] < store.num_steps or tuple(arr.shape[1:]) != a.shape or np.dtype(arr.dtype) != np.dtype(a.dtype):
-            errors.append(f"{store.path}/data/{key}: expected shape (>= {store.num_steps}, {', '.join(map(str, a.shape))}) "
-                          f"{a.dtype}, got {arr.shape} {arr.dtype}")
+        if (
+            arr.shape[0] < store.num_steps
+            or tuple(arr.shape[1:]) != a.shape
+            or np.dtype(arr.dtype) != np.dtype(a.dtype)
+        ):
+            errors.append(
+                f"{store.path}/data/{key}: expected shape (>= {store.num_steps}, {', '.join(map(str, a.shape))}) "
+                f"{a.dtype}, got {arr.shape} {arr.dtype}"
+            )
     if not errors:
         errors += [p.message for p in corrupt_chunks(store)]
     return errors

@@ -36,8 +36,9 @@ import difflib
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -129,7 +130,8 @@ def action_axes(spec: Spec) -> tuple[str, ...]:
                           f"one of {drivable}")
     if spec.action.shape != (len(axes),):
         raise SpecMismatchError(
-            f"{spec.task}: action shape: the teleop mapping {axes} expects ({len(axes)},), the spec has {spec.action.shape}"
+            f"{spec.task}: action shape: the teleop mapping {axes} expects ({len(axes)},), "
+            f"the spec has {spec.action.shape}"
         )
     return axes
 
@@ -196,7 +198,7 @@ class TeleopDevice(abc.ABC):
     def read(self, obs: Mapping[str, Any], status: EpisodeStatus | None = None) -> TeleopCommand:
         """The operator's command now, given the current (single-env) observation and episode status."""
 
-    def __enter__(self) -> "TeleopDevice":
+    def __enter__(self) -> TeleopDevice:
         self.start()
         return self
 
@@ -370,7 +372,9 @@ class KeyboardDevice(TeleopDevice):
 
     def read(self, obs: Mapping[str, Any], status: EpisodeStatus | None = None) -> TeleopCommand:
         if self._listener is None:
-            raise TeleopError("KeyboardDevice.read: the device is not started; call start() or use it in a `with` block")
+            raise TeleopError(
+                "KeyboardDevice.read: the device is not started; call start() or use it in a `with` block"
+            )
         if not self._listener.is_alive():
             raise TeleopError("KeyboardDevice: the pynput listener stopped (the X connection was lost)")
         return self._latch.command(self.twist())
@@ -404,7 +408,7 @@ class GamepadLayout:
     hat: int = 0
 
     @classmethod
-    def from_sdl_mapping(cls, mapping: Mapping[str, str], fallback: "GamepadLayout | None" = None) -> "GamepadLayout":
+    def from_sdl_mapping(cls, mapping: Mapping[str, str], fallback: GamepadLayout | None = None) -> GamepadLayout:
         """A layout from an SDL controller mapping ({'a': 'b0', 'leftx': 'a0', ...}); entries that are not a
         plain axis ('aN') or button ('bN') keep the fallback's index."""
         base = fallback or cls()
@@ -638,7 +642,9 @@ class SpaceMouseDevice(TeleopDevice):
         """Drain every HID report that arrived since the last call (the puck reports faster than the control
         rate; reading one per step would fall ever further behind), folding each report's button presses."""
         if self._mouse is None:
-            raise TeleopError("SpaceMouseDevice.read: the device is not started; call start() or use it in a `with` block")
+            raise TeleopError(
+                "SpaceMouseDevice.read: the device is not started; call start() or use it in a `with` block"
+            )
         state = self._mouse.read()
         for _ in range(256):
             if state.t == self._last_t:  # pyspacemouse stamps each report it processes
@@ -668,7 +674,7 @@ class ScriptedDevice(TeleopDevice):
 
     def __init__(
         self,
-        task: "Task",
+        task: Task,
         noise: float | None = None,
         seed: int | None = 0,
         keep_on_success: bool = True,
@@ -701,7 +707,9 @@ class ScriptedDevice(TeleopDevice):
 
     def read(self, obs: Mapping[str, Any], status: EpisodeStatus | None = None) -> TeleopCommand:
         if self.expert is None:
-            raise TeleopError("ScriptedDevice.read: the device is not started; call start() or use it in a `with` block")
+            raise TeleopError(
+                "ScriptedDevice.read: the device is not started; call start() or use it in a `with` block"
+            )
         if status is not None and (status.done or (self.keep_on_success and status.success)):
             drop = self.discard_failures and not status.any_success
             return TeleopCommand(keep=not drop, discard=drop)
@@ -720,7 +728,7 @@ DEVICES: dict[str, type[TeleopDevice]] = {
 }
 
 
-def make_device(name: str, task: "Task | str | None" = None, **options: Any) -> TeleopDevice:
+def make_device(name: str, task: Task | str | None = None, **options: Any) -> TeleopDevice:
     """A teleop device by name ('keyboard', 'gamepad', 'spacemouse', 'scripted'); `options` go to its
     constructor. 'scripted' needs the `task` (a `Task` or a task name) whose expert it runs."""
     if name not in DEVICES:

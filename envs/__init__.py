@@ -15,7 +15,6 @@ from robotrl.envs.registration import register_envs
 from robotrl.envs.task import Expert, Task, TaskConfig
 from robotrl.envs.tasks import TASKS, task_class
 
-
 BACKENDS = ("cpu", "mjx")
 
 

@@ -10,7 +10,8 @@ not speed (the robotrl backends are the fast path).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -53,7 +54,8 @@ def spec_from_env(env: gym.Env, name: str) -> Spec:
 class GymVectorAdapter(gym.vector.VectorEnv):
     """`num_envs` copies of a gymnasium env (an id for `gym.make`, or a factory) with the robotrl vector API."""
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    # a mutable class attribute, as gymnasium.Env declares it
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
 
     def __init__(
         self,
@@ -71,7 +73,11 @@ class GymVectorAdapter(gym.vector.VectorEnv):
         factory = (lambda: gym.make(env, **make_kwargs)) if isinstance(env, str) else env
         self.envs = [factory() for _ in range(self.num_envs)]
         first = self.envs[0]
-        name = env if isinstance(env, str) else (first.spec.id if first.spec is not None else type(first.unwrapped).__name__)
+        name = (
+            env
+            if isinstance(env, str)
+            else (first.spec.id if first.spec is not None else type(first.unwrapped).__name__)
+        )
         self.task_spec = spec_from_env(first, name)
         self._dict_obs = isinstance(first.observation_space, gym.spaces.Dict)
         self.single_observation_space = (
@@ -86,7 +92,10 @@ class GymVectorAdapter(gym.vector.VectorEnv):
         """Env i is seeded with `seed + i` (or the constructor's seed on the first reset)."""
         seed = seed if seed is not None else self._seed
         self._seed = None
-        obs = [self._as_dict(e.reset(seed=None if seed is None else seed + i, options=options)[0]) for i, e in enumerate(self.envs)]
+        obs = [
+            self._as_dict(e.reset(seed=None if seed is None else seed + i, options=options)[0])
+            for i, e in enumerate(self.envs)
+        ]
         return convert_obs(self._stack(obs), self.output), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
@@ -127,5 +136,9 @@ class GymVectorAdapter(gym.vector.VectorEnv):
 
     @staticmethod
     def _stack(obs: list[dict[str, Any]]) -> dict[str, Any]:
-        return {k: np.array([o[k] for o in obs], dtype=object) if isinstance(obs[0][k], str) else np.stack([np.asarray(o[k]) for o in obs])
-                for k in obs[0]}
+        return {
+            k: np.array([o[k] for o in obs], dtype=object)
+            if isinstance(obs[0][k], str)
+            else np.stack([np.asarray(o[k]) for o in obs])
+            for k in obs[0]
+        }

@@ -21,8 +21,9 @@ import json
 import os
 import pstats
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

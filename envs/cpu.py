@@ -121,7 +121,7 @@ class CpuVectorEnv(RobotVectorEnv):
             self._pool.close()
             self._pool = None
 
-    def render(self) -> np.ndarray:
+    def render(self) -> np.ndarray:  # type: ignore[override]  # every env's frame in one array (B, H, W, 3)
         """RGB frame of env 0 from the task's first camera (or a free camera), for videos."""
         return self.render_env(0)
 
@@ -132,10 +132,20 @@ class CpuVectorEnv(RobotVectorEnv):
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Physics state (FULLPHYSICS layout), sensors, goals and step counters: enough to restore exactly."""
-        return {"physics": self._state.copy(), "sensordata": self._sens.copy(), "goal": self._goal.copy(), "steps": self._steps.copy()}
+        return {
+            "physics": self._state.copy(),
+            "sensordata": self._sens.copy(),
+            "goal": self._goal.copy(),
+            "steps": self._steps.copy(),
+        }
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
-        for key, dst in (("physics", self._state), ("sensordata", self._sens), ("goal", self._goal), ("steps", self._steps)):
+        for key, dst in (
+            ("physics", self._state),
+            ("sensordata", self._sens),
+            ("goal", self._goal),
+            ("steps", self._steps),
+        ):
             src = np.asarray(state[key])
             if src.shape != dst.shape:
                 raise ValueError(f"set_state[{key!r}]: expected shape {dst.shape}, got {src.shape}")
@@ -145,7 +155,7 @@ class CpuVectorEnv(RobotVectorEnv):
     def get_rng_state(self) -> dict[str, Any]:
         """The state of the stream that draws reset states: with `get_state`, what an RL run's checkpoint needs
         to continue exactly mid-episode (without domain randomization, whose per-env draws it does not hold)."""
-        return self._rng.bit_generator.state
+        return dict(self._rng.bit_generator.state)
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         self._rng.bit_generator.state = state
@@ -162,7 +172,9 @@ class CpuVectorEnv(RobotVectorEnv):
                     getattr(self._models[i], name)[:] = values[j]
         self._latency[idx] = sample_latency(np, self.randomization, u[:, 4])
         self._history[idx] = 0.0
-        self._camera_jitter[idx] = self.randomization.camera_pos * (2.0 * self._rng.random((k, *self._camera_jitter.shape[1:])) - 1.0)
+        self._camera_jitter[idx] = self.randomization.camera_pos * (
+            2.0 * self._rng.random((k, *self._camera_jitter.shape[1:])) - 1.0
+        )
         self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * self._rng.random(k) - 1.0)
         self._state[idx] = 0.0
         self._state[np.ix_(idx, np.arange(self._qpos.start, self._qpos.stop))] = start.qpos
@@ -180,7 +192,9 @@ class CpuVectorEnv(RobotVectorEnv):
         if self.randomization.obs_noise > 0:
             for key, value in obs.items():
                 if value.dtype.kind == "f":
-                    obs[key] = (value + self.randomization.obs_noise * self._rng.standard_normal(value.shape)).astype(value.dtype)
+                    obs[key] = (value + self.randomization.obs_noise * self._rng.standard_normal(value.shape)).astype(
+                        value.dtype
+                    )
         ids = np.arange(self.num_envs) if idx is None else idx
         if self._render_images:
             images = self._render(ids)

@@ -23,7 +23,8 @@ class RobotEnv(gym.Env):
     `render_images`); the env truncates itself at the task's `episode_steps`, so no `TimeLimit` is needed.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+    # a mutable class attribute, as gymnasium.Env declares it
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"], "render_fps": 20}  # noqa: RUF012
 
     def __init__(
         self,
@@ -38,10 +39,14 @@ class RobotEnv(gym.Env):
         from robotrl.envs import make
 
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode: expected one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+            raise ValueError(
+                f"render_mode: expected one of {self.metadata['render_modes']} or None, got {render_mode!r}"
+            )
         for key in ("num_envs", "autoreset", "output"):
             if key in options:
-                raise ValueError(f"{key}: RobotEnv is one unbatched numpy env; use robotrl.envs.make for {key}={options[key]!r}")
+                raise ValueError(
+                    f"{key}: RobotEnv is one unbatched numpy env; use robotrl.envs.make for {key}={options[key]!r}"
+                )
         self._vec = make(task, num_envs=1, randomization=randomization, autoreset=False, num_threads=1, **options)
         self.task = self._vec.task
         self.task_spec = self._vec.task_spec
@@ -51,7 +56,9 @@ class RobotEnv(gym.Env):
         self.camera, self.size = camera, (int(height), int(width))
         self.metadata = {**self.metadata, "render_fps": self.task.control_hz}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         super().reset(seed=seed)  # keeps gymnasium's `np_random` contract (seeded by the same seed)
         obs, _ = self._vec.reset(seed=seed)
         return self._unbatch(obs), {}

@@ -18,7 +18,7 @@ observation space of this backend; only state keys (and the host-side `instructi
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +56,7 @@ class MjxState(NamedTuple):
 _JITS: dict[tuple, dict[str, Any]] = {}
 
 
-def _compiled(env: "MjxVectorEnv") -> dict[str, Any]:
+def _compiled(env: MjxVectorEnv) -> dict[str, Any]:
     """Jitted core functions, shared by envs of identical configuration.
 
     Compiling MJX programs takes tens of seconds on a CPU; a second env with the same task config, size,
@@ -114,7 +114,9 @@ class MjxVectorEnv(RobotVectorEnv):
 
         self._jits = _compiled(self)
         self._device = jax.devices()[0]
-        self._key = jax.random.PRNGKey(seed if seed is not None else int(np.random.SeedSequence().entropy % (2**31)))
+        self._key = jax.random.PRNGKey(
+            seed if seed is not None else int(cast(int, np.random.SeedSequence().entropy) % (2**31))
+        )
         self._state: MjxState | None = None
 
     # --- the pure functional core ---------------------------------------------------------------------
@@ -214,13 +216,21 @@ class MjxVectorEnv(RobotVectorEnv):
             if bool(np.asarray(done).any()):
                 info["final_obs"] = self._output_obs(raw["final_obs"], goal_before)
                 info["_final_obs"] = self._out(done)
-        return self._output_obs(obs, self._state.goal), self._out(reward), self._out(terminated), self._out(truncated), info
+        return (
+            self._output_obs(obs, self._state.goal),
+            self._out(reward),
+            self._out(terminated),
+            self._out(truncated),
+            info,
+        )
 
     def close(self, **kwargs: Any) -> None:
         self._state = None
 
-    def render(self) -> np.ndarray:
-        raise NotImplementedError("MjxVectorEnv renders no images; render with the CPU backend (same state via get_state)")
+    def render(self) -> np.ndarray:  # type: ignore[override]  # every env's frame in one array (B, H, W, 3)
+        raise NotImplementedError(
+            "MjxVectorEnv renders no images; render with the CPU backend (same state via get_state)"
+        )
 
     # --- state access (tests, parity with the CPU backend) -----------------------------------------------
     @property
@@ -367,7 +377,7 @@ class MjxVectorEnv(RobotVectorEnv):
             return jnp.where(m, new, old)
 
         merged = jax.tree_util.tree_map(pick, tuple(fresh)[:-1], tuple(state)[:-1])
-        return MjxState(*merged, key=state.key)
+        return MjxState(*merged, key=state.key)  # type: ignore[misc]  # merged: every field but the key
 
     def _out(self, x: jax.Array) -> Any:
         if self.output == "jax":

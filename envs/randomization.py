@@ -50,7 +50,7 @@ class Randomization:
         return int(self.latency_steps[1])
 
     @classmethod
-    def sim2real(cls) -> "Randomization":
+    def sim2real(cls) -> Randomization:
         """A moderate default for sim-to-real training."""
         return cls(
             friction=(0.7, 1.3), mass=(0.8, 1.2), damping=(0.8, 1.2), actuator_gain=(0.85, 1.15),
@@ -71,8 +71,12 @@ def _scale(xp: Any, u: Any, rng: tuple[float, float]) -> Any:
 
 def sample_model_fields(xp: Any, cfg: Randomization, nominal: dict[str, Any], u: Any) -> dict[str, Any]:
     """Per-env model fields (n, ...) from uniform draws u (n, RANDOMIZATION_DIMS)."""
-    f, m, d, g = (_scale(xp, u[:, i], r) for i, r in enumerate((cfg.friction, cfg.mass, cfg.damping, cfg.actuator_gain)))
-    friction = xp.asarray(nominal["geom_friction"])[None] * xp.stack([f, xp.ones_like(f), xp.ones_like(f)], -1)[:, None, :]
+    f, m, d, g = (
+        _scale(xp, u[:, i], r) for i, r in enumerate((cfg.friction, cfg.mass, cfg.damping, cfg.actuator_gain))
+    )
+    friction = (
+        xp.asarray(nominal["geom_friction"])[None] * xp.stack([f, xp.ones_like(f), xp.ones_like(f)], -1)[:, None, :]
+    )
     gain = xp.asarray(nominal["actuator_gainprm"])[None]
     bias = xp.asarray(nominal["actuator_biasprm"])[None]
     # a position actuator is kp*(ctrl - q): gain and the two bias terms (-kp, -kv) scale together

@@ -10,6 +10,7 @@ switch back), OSMesa otherwise, and keeps one context, scene and MjData per rend
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import os
 import subprocess
@@ -27,7 +28,7 @@ import numpy as np
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 _PROBE = "import mujoco.egl as e; c = e.GLContext(8, 8); c.make_current(); c.free()"
 _backend: str | None = None
-_live: "weakref.WeakSet[_Offscreen]" = weakref.WeakSet()
+_live: weakref.WeakSet[_Offscreen] = weakref.WeakSet()
 _exit_hook = False
 
 
@@ -60,12 +61,11 @@ def gl_backend() -> str:
         backend = "egl" if _egl_works() else "osmesa"
     platform = {"egl": "egl", "osmesa": "osmesa"}.get(backend)
     current = os.environ.get("PYOPENGL_PLATFORM")
-    if platform is not None and current not in (None, platform):
-        if "OpenGL" in sys.modules:
-            raise RuntimeError(
-                f"render: need PyOpenGL platform {platform!r} for MUJOCO_GL={backend}, but PyOpenGL is already "
-                f"loaded with PYOPENGL_PLATFORM={current!r}; set MUJOCO_GL/PYOPENGL_PLATFORM before starting"
-            )
+    if platform is not None and current not in (None, platform) and "OpenGL" in sys.modules:
+        raise RuntimeError(
+            f"render: need PyOpenGL platform {platform!r} for MUJOCO_GL={backend}, but PyOpenGL is already "
+            f"loaded with PYOPENGL_PLATFORM={current!r}; set MUJOCO_GL/PYOPENGL_PLATFORM before starting"
+        )
     if platform is not None:
         os.environ["PYOPENGL_PLATFORM"] = platform
     os.environ["MUJOCO_GL"] = backend
@@ -162,19 +162,15 @@ class _Offscreen:
             self._ctx.free()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown: the GL library may already be gone
             self.close()
-        except Exception:  # interpreter shutdown: the GL library may already be gone
-            pass
 
 
 def _close_all() -> None:
     # free GL contexts while PyOpenGL still works: at interpreter teardown OSMesa's own __del__ fails noisily
     for view in list(_live):
-        try:
+        with contextlib.suppress(Exception):  # a display already torn down: nothing left to free
             view.close()
-        except Exception:  # a display already torn down: nothing left to free
-            pass
 
 
 class BatchRenderer:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -80,16 +81,20 @@ def run_episodes(
     wrong, has_wrong = np.zeros(n, dtype=bool), False
     ret = np.zeros(n)
     length = np.zeros(n, dtype=np.int64)
-    success, returns, lengths, instructions, wrongs = [], [], [], [], []
+    success: list[bool] = []
+    returns: list[float] = []
+    lengths: list[int] = []
+    instructions: list[Any] = []
+    wrongs: list[bool] = []
     if on_episode_start is not None:
-        for i in range(n):
-            on_episode_start(i)
+        for env_index in range(n):
+            on_episode_start(env_index)
     while len(success) < episodes and (started <= waves).any():
         obs, reward, terminated, truncated, info = env.step(policy(obs))
         ever |= np.asarray(info["success"], dtype=bool)
         done = np.asarray(terminated) | np.asarray(truncated)
         placed = judge(obs) if judge is not None else None
-        if placed is not None:
+        if judge is not None and placed is not None:
             has_wrong = True
             if done.any():  # an env that just ended was judged on its last observation, not on its new episode's
                 placed = np.where(done, judge(info["final_obs"]), placed)
@@ -109,7 +114,7 @@ def run_episodes(
             if text is not None:
                 text[i] = obs["instruction"][i]
             if on_episode_start is not None:
-                on_episode_start(i)
+                on_episode_start(int(i))
     return EpisodeStats(np.array(success, dtype=bool), np.array(returns), np.array(lengths),
                         np.array(instructions, dtype=object) if text is not None else None,
                         np.array(wrongs, dtype=bool) if has_wrong else None)

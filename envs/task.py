@@ -13,8 +13,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import mujoco
@@ -80,7 +80,7 @@ class Task(abc.ABC):
     action_modes: ClassVar[tuple[str, ...]] = ("ee_delta", "joint_pos")
     control_hz: ClassVar[float] = 20.0
     #: names of MJCF cameras whose RGB images are observations (`image_<camera>` keys); CPU backend only
-    cameras: ClassVar[tuple[str, ...]] = ()
+    cameras: tuple[str, ...] = ()  # a task may set its own per config (PushT, Reach)
     #: how many uniform draws per env `reset` consumes
     reset_dims: ClassVar[int] = 0
     goal_dim: ClassVar[int] = 0
@@ -93,7 +93,9 @@ class Task(abc.ABC):
     def __init__(self, config: TaskConfig | None = None) -> None:
         self.config = config if config is not None else self.config_cls()
         if not isinstance(self.config, self.config_cls):
-            raise TypeError(f"{self.name}: expected config of type {self.config_cls.__name__}, got {type(self.config).__name__}")
+            raise TypeError(
+                f"{self.name}: expected config of type {self.config_cls.__name__}, got {type(self.config).__name__}"
+            )
         if self.config.action_mode not in self.action_modes:
             raise ValueError(
                 f"{self.name}: action_mode must be one of {self.action_modes}, got {self.config.action_mode!r}"
@@ -101,7 +103,7 @@ class Task(abc.ABC):
         if self.config.episode_steps <= 0:
             raise ValueError(f"{self.name}: episode_steps must be positive, got {self.config.episode_steps}")
         self.model = mujoco.MjModel.from_xml_string(self.mjcf())
-        self.n_substeps = max(1, int(round(1.0 / (self.control_hz * self.model.opt.timestep))))
+        self.n_substeps = max(1, round(1.0 / (self.control_hz * self.model.opt.timestep)))
         self._sensor_slices = {
             mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_SENSOR, i): slice(
                 int(self.model.sensor_adr[i]), int(self.model.sensor_adr[i] + self.model.sensor_dim[i])
@@ -110,7 +112,7 @@ class Task(abc.ABC):
         }
 
     @classmethod
-    def with_options(cls, **overrides: Any) -> "Task":
+    def with_options(cls, **overrides: Any) -> Task:
         return cls(dataclasses.replace(cls.config_cls(), **overrides))
 
     # --- the model ----------------------------------------------------------------------------------
@@ -161,7 +163,7 @@ class Task(abc.ABC):
         """The task's sim-to-real randomization (`make(..., randomization="task")`); tasks tune the ranges."""
         return Randomization.sim2real()
 
-    def expert(self, noise: float = 0.0, seed: int | None = None) -> "Expert":
+    def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         raise NotImplementedError(f"{self.name} has no scripted expert")
 
     @abc.abstractmethod

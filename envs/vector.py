@@ -21,7 +21,9 @@ def space_for(spec: ArraySpec) -> gym.Space:
         return gym.spaces.Text(max_length=256, charset=INSTRUCTION_CHARSET)
     if spec.dtype == "uint8":
         return gym.spaces.Box(0, 255, spec.shape, np.uint8)
-    return gym.spaces.Box(spec.low_array().astype(np.float32), spec.high_array().astype(np.float32), spec.shape, np.dtype(spec.dtype))
+    return gym.spaces.Box(
+        spec.low_array().astype(np.float32), spec.high_array().astype(np.float32), spec.shape, np.dtype(spec.dtype)
+    )
 
 
 def observation_space(spec: Spec) -> gym.spaces.Dict:
@@ -73,7 +75,13 @@ def step_output(
     if output == "torch":
         import torch
 
-        return convert_obs(obs, output), torch.as_tensor(reward), torch.as_tensor(terminated), torch.as_tensor(truncated), info
+        return (
+            convert_obs(obs, output),
+            torch.as_tensor(reward),
+            torch.as_tensor(terminated),
+            torch.as_tensor(truncated),
+            info,
+        )
     return obs, reward, terminated, truncated, info
 
 
@@ -83,7 +91,11 @@ class RobotVectorEnv(gym.vector.VectorEnv):
     Subclasses (the backends) implement `_reset_envs` and `_step_envs` on numpy or JAX arrays.
     """
 
-    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP, "render_modes": ["rgb_array"]}
+    # a mutable class attribute, as gymnasium.Env declares it
+    metadata: dict[str, Any] = {  # noqa: RUF012
+        "autoreset_mode": AutoresetMode.SAME_STEP,
+        "render_modes": ["rgb_array"],
+    }
     #: array types this backend can hand out
     outputs: tuple[str, ...] = ("numpy", "torch")
 
@@ -106,7 +118,9 @@ class RobotVectorEnv(gym.vector.VectorEnv):
         self.task = task
         spec = task.spec()
         if not images:  # a backend that renders nothing must not promise image keys
-            spec = dataclasses.replace(spec, observations={k: v for k, v in spec.observations.items() if not v.is_image})
+            spec = dataclasses.replace(
+                spec, observations={k: v for k, v in spec.observations.items() if not v.is_image}
+            )
         self.task_spec: Spec = spec
         self.randomization = randomization if randomization is not None else Randomization()
         self.output = output

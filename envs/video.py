@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +34,8 @@ def write_mp4(path: str | Path, frames: Iterable[np.ndarray] | np.ndarray, fps: 
             elif frame.shape != shape:
                 raise ValueError(f"write_mp4: frame {count} has shape {frame.shape}, the first had {shape}")
             pad = ((0, frame.shape[0] % 2), (0, frame.shape[1] % 2), (0, 0))
-            writer.append_data(np.pad(frame, pad, mode="edge") if any(p[1] for p in pad) else frame)
+            # imageio.v2's stubs type get_writer / get_reader as their common base class
+            writer.append_data(np.pad(frame, pad, mode="edge") if any(p[1] for p in pad) else frame)  # type: ignore[attr-defined]
             count += 1
     if count == 0:
         path.unlink(missing_ok=True)
@@ -46,7 +48,7 @@ def read_mp4(path: str | Path) -> np.ndarray:
     import imageio.v2 as imageio
 
     with imageio.get_reader(str(path), format="FFMPEG") as reader:
-        return np.stack([np.asarray(f) for f in reader])
+        return np.stack([np.asarray(f) for f in reader])  # type: ignore[attr-defined]  # as in write_mp4
 
 
 @dataclass

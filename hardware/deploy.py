@@ -30,10 +30,10 @@ from std_msgs.msg import Bool, Float64MultiArray
 from std_srvs.srv import Trigger
 
 from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
-from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.messages import float_array_to_msg
-from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC, RobotNode
 from robotrl.hardware.realtime import make_realtime
+from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC, RobotNode
 from robotrl.hardware.ros import declare_config, spin_node
 from robotrl.hardware.safety import SafetyState
 
@@ -211,9 +211,15 @@ class DeployNode(RobotNode):
                   "step ms p50": f"{np.percentile(times, 50):.3f}", "step ms p99": f"{np.percentile(times, 99):.3f}"}
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
-        msg.status = [DiagnosticStatus(level=level, name="robotrl_deploy: safety", hardware_id=self.robot.name,
-                                       message=status["state"] + (f" ({status['estop_reason']})" if status["estop_reason"] else ""),
-                                       values=[KeyValue(key=str(k), value=str(v)) for k, v in values.items()])]
+        msg.status = [
+            DiagnosticStatus(
+                level=level,
+                name="robotrl_deploy: safety",
+                hardware_id=self.robot.name,
+                message=status["state"] + (f" ({status['estop_reason']})" if status["estop_reason"] else ""),
+                values=[KeyValue(key=str(k), value=str(v)) for k, v in values.items()],
+            )
+        ]
         self.diag_pub.publish(msg)
 
     def close(self) -> None:

@@ -61,7 +61,9 @@ class ChunkExecutor:
         self.act, self.obs_keys, self.obs_horizon = act, tuple(obs_keys), obs_horizon
         self.config = config or ExecutionConfig()
         self.roll_forward, self.text_keys = roll_forward, tuple(text_keys)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference") if self.config.asynchronous else None
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference") if self.config.asynchronous else None
+        )
         self.reset()
 
     def reset(self) -> None:

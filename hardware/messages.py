@@ -16,6 +16,7 @@ from __future__ import annotations
 import array
 import math
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
@@ -60,7 +61,7 @@ class MalformedMessage(ValueError):
         self.field = field
 
 
-Stamp = Time | float | None
+Stamp: TypeAlias = Time | float | None
 
 
 # ----------------------------------------------------------------------------------------------- time stamps
@@ -119,7 +120,7 @@ def _float_field(values: object, msg_type: str, field: str) -> np.ndarray:
 def _check_finite(values: np.ndarray, msg_type: str, field: str, names: Sequence[str] | None = None) -> None:
     if not np.all(np.isfinite(values)):
         bad = np.flatnonzero(~np.isfinite(values))
-        where = [names[i] for i in bad] if names is not None else bad.tolist()
+        where = [names[int(i)] for i in bad] if names is not None else bad.tolist()
         raise MalformedMessage(msg_type, field, "finite values", f"{values[bad].tolist()} at {where}")
 
 
@@ -154,7 +155,7 @@ def _joint_index(
 def _double_array(values: np.ndarray) -> array.array:
     """array.array('d') for a sequence<double> field: the setter accepts it without a per-element Python check."""
     out = array.array("d")
-    out.frombytes(memoryview(np.ascontiguousarray(values, dtype=np.float64)).cast("B"))
+    out.frombytes(memoryview(np.ascontiguousarray(values, dtype=np.float64)).cast("B"))  # type: ignore[arg-type]  # see array_to_image
     return out
 
 
@@ -284,7 +285,8 @@ def array_to_image(image: np.ndarray, encoding: str = "rgb8", stamp: Stamp = Non
         if channels == 4:
             pixels[..., 3] = 255
     data = array.array("B")
-    data.frombytes(memoryview(np.ascontiguousarray(pixels)).cast("B"))  # one copy into the message
+    # one copy into the message (numpy's stubs give ndarray __buffer__ only on Python >= 3.12)
+    data.frombytes(memoryview(np.ascontiguousarray(pixels)).cast("B"))  # type: ignore[arg-type]
     msg = Image(height=height, width=width, encoding=encoding, is_bigendian=0, step=width * channels, data=data)
     msg.header.stamp = _to_stamp(stamp)
     msg.header.frame_id = frame_id

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
 def launch_dir() -> Path:
     """The launch files and their parameter files (params/), where robotrl is installed: `robotrl.launch`'s package
     data (in an editable checkout, the repository's launch/ folder, which pyproject maps there)."""
@@ -95,10 +96,11 @@ def launch_description(key: str) -> Any:
     entry of `arguments`, and a launch_ros `Node` running the installed executable (found on PATH, no ament
     package needed) with the parameter file, then the launch arguments as parameters. Needs a ROS 2 install
     (`launch`, `launch_ros`); robotrl itself never imports this function."""
-    from launch import LaunchDescription
     from launch.actions import DeclareLaunchArgument
     from launch.substitutions import LaunchConfiguration
     from launch_ros.actions import Node
+
+    from launch import LaunchDescription
 
     spec = NODES[key]
     args = [DeclareLaunchArgument(name, default_value=default) for name, default in spec.arguments.items()]

@@ -135,7 +135,9 @@ class RobotConfig:
         n = len(names)
         lim = _mapping(d["limits"], f"{where}: limits")
         _known(lim, {f.name for f in dataclasses.fields(JointLimits)}, f"{where}: limits")
-        vec = {k: _floats(lim.get(k), n, f"{where}: limits.{k}") for k in ("lower", "upper", "velocity", "acceleration")}
+        vec = {
+            k: _floats(lim.get(k), n, f"{where}: limits.{k}") for k in ("lower", "upper", "velocity", "acceleration")
+        }
         bad = [i for i in range(n) if not vec["lower"][i] < vec["upper"][i]]
         if bad:
             raise RobotConfigError(f"{where}: limits: expected lower < upper for every joint, got lower "
@@ -147,7 +149,10 @@ class RobotConfig:
         if d.get("workspace") is not None:
             w = _mapping(d["workspace"], f"{where}: workspace")
             _known(w, {f.name for f in dataclasses.fields(Workspace)}, f"{where}: workspace")
-            lo, hi = _floats(w.get("lower"), 3, f"{where}: workspace.lower"), _floats(w.get("upper"), 3, f"{where}: workspace.upper")
+            lo, hi = (
+                _floats(w.get("lower"), 3, f"{where}: workspace.lower"),
+                _floats(w.get("upper"), 3, f"{where}: workspace.upper"),
+            )
             if not all(a < b for a, b in zip(lo, hi)):
                 raise RobotConfigError(f"{where}: workspace: expected lower < upper on every axis, got {lo} and {hi}")
             workspace = Workspace(lo, hi, _number(w.get("tool_offset", 0.0), f"{where}: workspace.tool_offset"))  # type: ignore[arg-type]
@@ -162,7 +167,10 @@ class RobotConfig:
         command_type = d.get("command_type", "joint_trajectory")
         if command_type not in COMMAND_TYPES:
             raise RobotConfigError(f"{where}: command_type: expected one of {COMMAND_TYPES}, got {command_type!r}")
-        positive = {k: _number(d.get(k, getattr(cls, k)), f"{where}: {k}") for k in ("time_from_start", "control_hz", "max_obs_age")}
+        positive = {
+            k: _number(d.get(k, getattr(cls, k)), f"{where}: {k}")
+            for k in ("time_from_start", "control_hz", "max_obs_age")
+        }
         for k, v in positive.items():
             if v <= 0:
                 raise RobotConfigError(f"{where}: {k}: expected a positive number, got {v}")
@@ -172,7 +180,7 @@ class RobotConfig:
         topics = Topics(**{k: _topic(v, f"{where}: topics.{k}") for k, v in t.items() if k != "images"},
                         images={str(k): _topic(v, f"{where}: topics.images.{k}") for k, v in images.items()})
         return cls(name=str(d["name"]), joint_names=tuple(names),
-                   limits=JointLimits(**vec), workspace=workspace, kinematics=kinematics,  # type: ignore[arg-type]
+                   limits=JointLimits(**vec), workspace=workspace, kinematics=kinematics,
                    command_type=command_type, topics=topics, description=str(d.get("description", "")), **positive)
 
 

@@ -25,7 +25,12 @@ from trajectory_msgs.msg import JointTrajectory
 
 from robotrl.core.spec import STRING, Spec, SpecMismatchError
 from robotrl.hardware.messages import (
-    MalformedMessage, float_array_to_msg, image_to_array, joint_state_to_arrays, joint_trajectory, msg_to_float_array,
+    MalformedMessage,
+    float_array_to_msg,
+    image_to_array,
+    joint_state_to_arrays,
+    joint_trajectory,
+    msg_to_float_array,
 )
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.safety import SafetyFilter

@@ -25,7 +25,7 @@ def declare_config(node: Node, cls: type[C]) -> C:
     naming the parameter; the dataclass's own checks name the field."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]  # no field lacks both
         ros_default = str(default) if isinstance(default, Path) else default
         value = node.declare_parameter(f.name, ros_default).value
         values[f.name] = Path(value) if isinstance(default, Path) else value

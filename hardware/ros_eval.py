@@ -34,8 +34,8 @@ class EpisodeRunner(Node):
         self.status: dict[str, Any] | None = None
         self.create_subscription(String, STATUS_TOPIC, self._on_status, 100)
         self.reset_seed = self.create_publisher(Int64, RESET_TOPIC, 10)
-        self.deploy_reset = self.create_client(Trigger, f"/{NODES['deploy'].name}/reset")
-        self.sim_reset = self.create_client(Trigger, f"/{NODES['sim_robot'].name}/reset")
+        self.deploy_reset: Any = self.create_client(Trigger, f"/{NODES['deploy'].name}/reset")
+        self.sim_reset: Any = self.create_client(Trigger, f"/{NODES['sim_robot'].name}/reset")
         self.executor_ = SingleThreadedExecutor()
         self.executor_.add_node(self)
 

@@ -29,7 +29,7 @@ import numpy as np
 from robotrl.hardware.robot import RobotConfig
 
 
-class SafetyState(str, enum.Enum):
+class SafetyState(enum.StrEnum):
     WAITING = "waiting"
     """no joint state yet: nothing to hold to, nothing is published"""
     ARMED = "armed"

@@ -34,7 +34,11 @@ from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
 from robotrl.hardware.messages import (
-    MalformedMessage, array_to_image, arrays_to_joint_state, float_array_to_msg, msg_to_float_array,
+    MalformedMessage,
+    array_to_image,
+    arrays_to_joint_state,
+    float_array_to_msg,
+    msg_to_float_array,
     trajectory_to_positions,
 )
 from robotrl.hardware.robot import RobotConfig
@@ -66,7 +70,9 @@ class SimRobotNodeConfig:
 
     def __post_init__(self) -> None:
         if self.perturbation not in PERTURBATIONS:
-            raise ValueError(f"SimRobotNodeConfig.perturbation: expected one of {PERTURBATIONS}, got {self.perturbation!r}")
+            raise ValueError(
+                f"SimRobotNodeConfig.perturbation: expected one of {PERTURBATIONS}, got {self.perturbation!r}"
+            )
         json_object(self.task_options, "SimRobotNodeConfig.task_options")
 
 
@@ -88,8 +94,10 @@ class SimRobotNode(Node):
         t = self.robot.topics
         self.js_pub = self.create_publisher(JointState, t.joint_states, 10)
         self.state_pub = self.create_publisher(Float64MultiArray, t.task_state, 10)
-        self.image_pubs = {f"image_{c}": self.create_publisher(Image, t.images.get(f"image_{c}", f"/camera/{c}/image_raw"), 10)
-                           for c in self.sim.task.cameras}
+        self.image_pubs = {
+            f"image_{c}": self.create_publisher(Image, t.images.get(f"image_{c}", f"/camera/{c}/image_raw"), 10)
+            for c in self.sim.task.cameras
+        }
         self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
         self.instruction_pub = self.create_publisher(String, t.instruction, 10)
         if self.robot.command_type == "joint_trajectory":

@@ -21,7 +21,9 @@ class TaskIO:
         from robotrl.envs import make_task
         from robotrl.envs.task import Frame
 
-        options = {k: tuple(v) if isinstance(v, list) else v for k, v in spec.metadata.get("task_options", {}).items()}
+        options: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in spec.metadata.get("task_options", {}).items()
+        }
         self.task = make_task(spec.task, **{**options, "action_mode": spec.action_mode})
         self.spec, self.robot, self._frame = spec, robot, Frame
         model = self.task.model

@@ -53,7 +53,14 @@ from robotrl.core.spec import STRING, SpecMismatchError
 from robotrl.datasets.collect import check_store
 from robotrl.datasets.store import EpisodeStore
 from robotrl.datasets.teleop import (
-    DEVICES, EpisodeStatus, TeleopCommand, TeleopDevice, TeleopError, action_axes, command_to_action, make_device,
+    DEVICES,
+    EpisodeStatus,
+    TeleopCommand,
+    TeleopDevice,
+    TeleopError,
+    action_axes,
+    command_to_action,
+    make_device,
 )
 from robotrl.hardware.messages import MalformedMessage, msg_to_float_array
 from robotrl.hardware.robot import RobotConfig
@@ -194,7 +201,7 @@ class TeleopNode(RobotNode):
         if self.intervention_mode:
             self.create_subscription(Float64MultiArray, cfg.policy_topic, self._on_policy_action, 10)
             self.intervention_pub = self.create_publisher(Bool, INTERVENTION_TOPIC, 10)
-        self.reset_client = self.create_client(Trigger, cfg.reset_service) if cfg.reset_service else None
+        self.reset_client: Any = self.create_client(Trigger, cfg.reset_service) if cfg.reset_service else None
         self._begin_episode()
         self.create_timer(1.0 / self.robot.control_hz, self.tick)
         mode = f"intervention mode (policy on {cfg.policy_topic})" if self.intervention_mode else "teleop"
@@ -214,8 +221,12 @@ class TeleopNode(RobotNode):
                 raise ValueError("not an object with those keys")
             int(status["episode"]), float(status["reward"])
         except (ValueError, TypeError) as e:
-            return self.bad_message(STATUS_TOPIC, MalformedMessage("String", "data", f"a JSON object with {list(STATUS_KEYS)}",
-                                                            f"{msg.data[:80]!r} ({e})"))
+            return self.bad_message(
+                STATUS_TOPIC,
+                MalformedMessage(
+                    "String", "data", f"a JSON object with {list(STATUS_KEYS)}", f"{msg.data[:80]!r} ({e})"
+                ),
+            )
         self.sim_status = status
 
     def _on_policy_action(self, msg: Float64MultiArray) -> None:

@@ -10,5 +10,5 @@ arguments as parameters -- is `robotrl.hardware.nodes.NODES["deploy"]`, which th
 from robotrl.hardware.nodes import launch_description
 
 
-def generate_launch_description():  # noqa: ANN201 (a launch.LaunchDescription)
+def generate_launch_description():  # a launch.LaunchDescription
     return launch_description("deploy")

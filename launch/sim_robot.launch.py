@@ -10,5 +10,5 @@ the tests start the same way.
 from robotrl.hardware.nodes import launch_description
 
 
-def generate_launch_description():  # noqa: ANN201 (a launch.LaunchDescription)
+def generate_launch_description():  # a launch.LaunchDescription
     return launch_description("sim_robot")

@@ -10,5 +10,5 @@ node -- executable `robotrl-teleop`, that parameter file, the launch arguments a
 from robotrl.hardware.nodes import launch_description
 
 
-def generate_launch_description():  # noqa: ANN201 (a launch.LaunchDescription)
+def generate_launch_description():  # a launch.LaunchDescription
     return launch_description("teleop")

@@ -70,7 +70,9 @@ def config_from_dict(cls: type[PolicyConfig], d: Mapping[str, Any], where: str) 
         raise CheckpointError(f"{where}: config has unknown field(s) {unknown} for {cls.__name__}; expected some of "
                               f"{sorted(names)}")
     hints = typing.get_type_hints(cls)
-    kwargs = {k: tuple(v) if isinstance(v, list) and "tuple" in str(hints.get(k)) else v for k, v in d.items()}
+    kwargs: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) and "tuple" in str(hints.get(k)) else v for k, v in d.items()
+    }
     return cls(**kwargs)
 
 
@@ -81,16 +83,22 @@ class Normalizer(nn.Module):
     """Per-key affine maps to [-1, 1] from the dataset's min/max (diffusion policy's choice: bounded targets for
     the denoiser), kept as buffers so that they travel inside the weights. Images are only scaled to [0, 1]."""
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]], stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, shapes: Mapping[str, tuple[int, ...]], stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         super().__init__()
         self.keys = list(shapes)
         for key, shape in shapes.items():
-            lo = np.full(shape, -1.0) if stats is None or key not in stats else np.asarray(stats[key]["min"], np.float64)
+            lo = (
+                np.full(shape, -1.0) if stats is None or key not in stats else np.asarray(stats[key]["min"], np.float64)
+            )
             hi = np.full(shape, 1.0) if stats is None or key not in stats else np.asarray(stats[key]["max"], np.float64)
             span = hi - lo
             span = np.where(span < 1e-6, 2.0, span)  # a constant dimension maps to 0, not to inf
             self.register_buffer(f"{key}_scale", torch.as_tensor(2.0 / span, dtype=torch.float32).reshape(shape))
-            self.register_buffer(f"{key}_offset", torch.as_tensor(-1.0 - lo * 2.0 / span, dtype=torch.float32).reshape(shape))
+            self.register_buffer(
+                f"{key}_offset", torch.as_tensor(-1.0 - lo * 2.0 / span, dtype=torch.float32).reshape(shape)
+            )
 
     def normalize(self, key: str, x: torch.Tensor) -> torch.Tensor:
         return x * getattr(self, f"{key}_scale") + getattr(self, f"{key}_offset")
@@ -101,7 +109,8 @@ class Normalizer(nn.Module):
 
 def keep_masks(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) -> dict[str, torch.Tensor]:
     """Per vector observation that has any of the named `fields`: 1 for each element kept, 0 for each hidden."""
-    masks, found = {}, set()
+    masks: dict[str, torch.Tensor] = {}
+    found: set[str] = set()
     for k in vector_keys:
         slices = {name: sl for name, sl in spec.observations[k].field_slices().items() if name in fields}
         if slices:
@@ -121,12 +130,12 @@ def keep_masks(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) ->
 # ---------------------------------------------------------------------------------------------------
 # the interface
 # ---------------------------------------------------------------------------------------------------
-POLICIES: dict[str, type["Policy"]] = {}
+POLICIES: dict[str, type[Policy]] = {}
 #: modules that define registered policies (imported by `register_all`)
 POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow", "vla")
 
 
-def register(cls: type["Policy"]) -> type["Policy"]:
+def register(cls: type[Policy]) -> type[Policy]:
     """Add a policy class to the registry under its `name`: `load`, `robotrl train bc policy:<name>`, distillation
     and the pipeline find it there. Its config class must be its own (a config names its policy: `policy_name`)."""
     for name, other in POLICIES.items():
@@ -137,7 +146,7 @@ def register(cls: type["Policy"]) -> type["Policy"]:
     return cls
 
 
-def policy_class(config: PolicyConfig) -> type["Policy"]:
+def policy_class(config: PolicyConfig) -> type[Policy]:
     """The registered policy whose config class `config` is an instance of (exactly)."""
     register_all()
     for cls in POLICIES.values():
@@ -155,7 +164,7 @@ def policy_config(name: str) -> PolicyConfig:
     return POLICIES[name].config_cls()
 
 
-def register_all() -> dict[str, type["Policy"]]:
+def register_all() -> dict[str, type[Policy]]:
     import importlib
 
     for name in POLICY_MODULES:
@@ -189,7 +198,9 @@ class Policy(nn.Module):
         self.obs_keys = tuple(self.config.obs_keys) if self.config.obs_keys is not None else tuple(numeric)
         unknown = [k for k in self.obs_keys if k not in numeric]
         if unknown:
-            raise SpecMismatchError(f"{self.name}.obs_keys: {unknown} not among the spec's numeric observations {numeric}")
+            raise SpecMismatchError(
+                f"{self.name}.obs_keys: {unknown} not among the spec's numeric observations {numeric}"
+            )
         self.image_keys = tuple(k for k in self.obs_keys if spec.observations[k].is_image)
         self.vector_keys = tuple(k for k in self.obs_keys if k not in self.image_keys)
         self.action_dim = spec.action.size
@@ -250,12 +261,16 @@ class Policy(nn.Module):
         """Action chunks (B, H, A) in the env's units for an observation history (B, To, ...) per key."""
         for k in self.obs_keys:
             if k not in obs:
-                raise SpecMismatchError(f"{self.name}.act: observation {k!r} missing; expected keys {list(self.obs_keys)}")
+                raise SpecMismatchError(
+                    f"{self.name}.act: observation {k!r} missing; expected keys {list(self.obs_keys)}"
+                )
             want = (self.config.obs_horizon, *self.spec.observations[k].shape)
             got = tuple(np.shape(obs[k]))[1:]
             if got != want:
-                raise SpecMismatchError(f"{self.name}.act: observation {k!r}: expected shape (B, {', '.join(map(str, want))}), "
-                                        f"got {tuple(np.shape(obs[k]))}")
+                raise SpecMismatchError(
+                    f"{self.name}.act: observation {k!r}: expected shape (B, {', '.join(map(str, want))}), "
+                    f"got {tuple(np.shape(obs[k]))}"
+                )
         chunk = self.normalizer.unnormalize("action", self.sample(self.normalize_obs(obs)))
         low = torch.as_tensor(self.spec.action.low_array(), dtype=chunk.dtype, device=chunk.device)
         high = torch.as_tensor(self.spec.action.high_array(), dtype=chunk.dtype, device=chunk.device)
@@ -315,7 +330,9 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
     manifest = read_manifest(path)
     cls = POLICIES.get(manifest["policy"])
     if cls is None:
-        raise CheckpointError(f"{path / MANIFEST}: policy: expected one of {sorted(POLICIES)}, got {manifest['policy']!r}")
+        raise CheckpointError(
+            f"{path / MANIFEST}: policy: expected one of {sorted(POLICIES)}, got {manifest['policy']!r}"
+        )
     saved_spec = Spec.from_dict(manifest["spec"])
     if spec is not None:
         saved_spec.check(spec, this=f"checkpoint {path.name}", that="expected spec")

@@ -16,14 +16,13 @@ parametrised so that the boundary condition f(x_N, N) = x_N holds exactly, whate
     flow       f = x + (1 - t) F(x, t, obs)                               (c_skip = 1, c_out = 1 - t)
     diffusion  f = sqrt(ab) x - sqrt(1 - ab) F(x, k, obs)                 (c_skip = sqrt(ab), c_out = -sqrt(1 - ab))
 
-with F the U-Net, initialised from the teacher's weights (`from_teacher`; a narrower student's starts fresh). For a flow teacher F starts as the
-teacher's velocity, so the untrained student is the teacher's one-step Euler sampler. For a diffusion teacher
-F is a v-prediction (v = sqrt(ab) eps - sqrt(1 - ab) chunk): the teacher's eps-parametrisation would divide by
-sqrt(ab) ~ 5e-4 at the noisiest point, which no training can condition; v equals eps at low noise, so the
-teacher's weights are a good start there and the features are reused everywhere. Consistency distillation
-(Song et al. 2023) then trains f(x_i, i) towards the target network's f(x_{i+1}, i + 1), where x_{i+1} is one
-teacher ODE step from x_i and the target is an EMA of the student (`distill_loss`; the loop is
-`robotrl.stages.distill`).
+with F the U-Net, initialised from the teacher's weights (`from_teacher`; a narrower student's starts fresh). For a
+flow teacher F starts as the teacher's velocity, so the untrained student is the teacher's one-step Euler sampler. For
+a diffusion teacher F is a v-prediction (v = sqrt(ab) eps - sqrt(1 - ab) chunk): the teacher's eps-parametrisation
+would divide by sqrt(ab) ~ 5e-4 at the noisiest point, which no training can condition; v equals eps at low noise, so
+the teacher's weights are a good start there and the features are reused everywhere. Consistency distillation (Song et
+al. 2023) then trains f(x_i, i) towards the target network's f(x_{i+1}, i + 1), where x_{i+1} is one teacher ODE step
+from x_i and the target is an EMA of the student (`distill_loss`; the loop is `robotrl.stages.distill`).
 
 A VLA teacher (pi0's layout: a prefix "VLM" and a flow action expert) is a flow teacher with other networks:
 `VLAConsistencyPolicy` is the same student over the VLA's own prefix and expert, starting from its weights, so
@@ -44,6 +43,7 @@ from robotrl.policies.base import register, register_all
 from robotrl.policies.diffusion import DiffusionPolicy, cosine_alphas_cumprod
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 from robotrl.policies.vla import VLAConfig, VLAPolicy
+
 
 def teachers() -> list[str]:
     """The registered policies that are distilled into a student (their class names it: `Policy.student`)."""
@@ -237,8 +237,8 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
     learns_from_data = False
     shared_config = GenerativeConfig
 
-    @property  # type: ignore[override]
-    def time_scale(self) -> float:  # the teacher's time embedding, so that the teacher's weights fit
+    @property
+    def time_scale(self) -> float:  # type: ignore[override]  # the teacher's time embedding: the teacher's weights fit
         from robotrl.policies.flow import FlowPolicy
 
         return FlowPolicy.time_scale if self.config.teacher == "flow" else 1.0
@@ -258,7 +258,7 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
 
     @classmethod
     def from_teacher(cls, teacher: GenerativePolicy, teacher_steps: int | None = None,
-                     teacher_solver: str | None = None, channels: tuple[int, ...] | None = None) -> "ConsistencyPolicy":
+                     teacher_solver: str | None = None, channels: tuple[int, ...] | None = None) -> ConsistencyPolicy:
         """A student with the teacher's spec, normalization, architecture and weights, distilled on the teacher's
         own sampler grid unless `teacher_steps` / `teacher_solver` say otherwise.
 
@@ -280,7 +280,7 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
             shared["channels"] = tuple(channels)
         config = ConsistencyConfig(**shared, teacher=kind,
                                    teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
-                                   teacher_solver=teacher_solver or getattr(tc, "solver", "euler"),
+                                   teacher_solver=teacher_solver or str(getattr(tc, "solver", "euler")),
                                    train_steps=getattr(tc, "train_steps", ConsistencyConfig.train_steps))
         student = cls(teacher.spec, config, teacher.stats or None)
         if config.channels == tc.channels:
@@ -290,9 +290,9 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
             for head in ("prior", "residual"):
                 if getattr(teacher, head) is not None:
                     getattr(student, head).load_state_dict(getattr(teacher, head).state_dict())
-        for head in (student.prior, student.residual):  # the teacher's, kept as they are: distillation fits the net
-            if head is not None:
-                head.requires_grad_(False)
+        for module in (student.prior, student.residual):  # the teacher's, kept as they are: distillation fits the net
+            if module is not None:
+                module.requires_grad_(False)
         return student.to(next(teacher.parameters()).device)
 
 
@@ -309,7 +309,7 @@ class VLAConsistencyConfig(VLAConfig):
 
 
 @register
-class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
+class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):  # type: ignore[misc]  # ConsistencyHead.loss replaces the teacher's
     """The VLA's one-step student: the teacher's prefix and action expert (and weights), one expert call per
     chunk instead of `steps`, the prefix computed once either way. Its `steps` / `solver` fields are the
     teacher's and unused."""
@@ -330,7 +330,7 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
 
     @classmethod
     def from_teacher(cls, teacher: VLAPolicy, teacher_steps: int | None = None, teacher_solver: str | None = None,
-                     channels: tuple[int, ...] | None = None) -> "VLAConsistencyPolicy":
+                     channels: tuple[int, ...] | None = None) -> VLAConsistencyPolicy:
         """The student of a VLA teacher: its spec, normalization, config and weights; untrained, it is the
         teacher's one-step Euler sampler. It keeps the teacher's transformer (`channels` narrows U-Nets only)."""
         if not isinstance(teacher, VLAPolicy) or teacher.student != cls.name:
@@ -348,10 +348,16 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):
 
 
 def student_for(teacher: Any, teacher_steps: int | None = None, teacher_solver: str | None = None,
-                channels: tuple[int, ...] | None = None) -> ConsistencyHead:
+                channels: tuple[int, ...] | None = None) -> ConsistencyPolicy | VLAConsistencyPolicy:
     """The one-step student of a teacher, of the registered class its own class names (`Policy.student`);
     `channels`: a narrower U-Net (U-Net teachers only)."""
     if teacher.student is None:
         raise TypeError(f"student_for: expected a teacher, one of {teachers()}, got {teacher.name!r} "
                         f"({type(teacher).__name__}, which names no student)")
-    return register_all()[teacher.student].from_teacher(teacher, teacher_steps, teacher_solver, channels)
+    student_cls = register_all()[teacher.student]
+    if not issubclass(student_cls, (ConsistencyPolicy, VLAConsistencyPolicy)):
+        raise TypeError(
+            f"student_for: {teacher.name!r} names the student {teacher.student!r}, which is not a consistency "
+            f"policy ({student_cls.__name__})"
+        )
+    return student_cls.from_teacher(teacher, teacher_steps, teacher_solver, channels)

@@ -45,6 +45,8 @@ class DiffusionPolicy(GenerativePolicy):
     name = "diffusion"
     config_cls = DiffusionConfig
     student = "consistency"
+    config: DiffusionConfig
+    alpha_bar: torch.Tensor
     #: max |torch - exported| (env units) an export must reach. Looser than the flow policies' 1e-4: DDIM's first
     #: step divides by sqrt(alpha-bar) ~ 5e-4 at the noisiest point, so float32 rounding differences between
     #: backends (~1e-7) come out up to ~2000x larger where the clean-chunk estimate is not clamped (1.2e-4 seen)

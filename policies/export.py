@@ -7,8 +7,9 @@ An export directory holds::
                               the frozen embedding (B, dim) of each string observation the policy reads (a VLA's
                               instruction: the runtime encodes the text outside the graph, with the encoder the
                               manifest names) and the initial noise (B, horizon, A) in; the action chunk
-                              (B, H, A) in env units, clipped to the spec's bounds, out. Normalization, the sampling loop (unrolled:
-                              the number of steps is fixed at export) and unnormalization are all inside.
+                              (B, H, A) in env units, clipped to the spec's bounds, out. Normalization, the sampling
+                              loop (unrolled: the number of steps is fixed at export) and unnormalization are all
+                              inside.
     manifest.json             the checkpoint's manifest (policy, config, spec, stats), "weights_sha256" now the
                               hash of the exported file, plus "export": format, inputs, outputs, noise, opset, ...
 
@@ -27,10 +28,10 @@ import copy
 import json
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -66,7 +67,7 @@ def noise_shape(policy: Policy) -> tuple[int, int]:
     return int(rows), int(policy.action_dim)
 
 
-def sample_from_noise(policy: Policy, obs: Mapping[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+def sample_from_noise(policy: Policy, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
     """The policy's normalized action chunk for normalized `obs`, starting from the given initial `noise`.
 
     Uses the policy's own ``sample_from_noise`` where it has one; otherwise runs its ``sample`` with
@@ -83,7 +84,7 @@ def sample_from_noise(policy: Policy, obs: Mapping[str, torch.Tensor], noise: to
         calls.append(batch)
         return noise
 
-    policy.noise = given  # type: ignore[method-assign]  # an instance attribute shadows the method
+    policy.noise = given  # type: ignore[assignment]  # an instance attribute shadows the method
     try:
         chunk = policy.sample(obs)
     finally:
@@ -102,6 +103,8 @@ class ExportedPolicy(nn.Module):
         super().__init__()
         self.policy = policy
         self.keys = (*policy.obs_keys, *policy.text_inputs)
+        self.low: torch.Tensor
+        self.high: torch.Tensor
         self.register_buffer("low", torch.as_tensor(policy.spec.action.low_array(), dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(policy.spec.action.high_array(), dtype=torch.float32))
 
@@ -123,9 +126,11 @@ class _GraphInputs(dict):
     def _refuse(self, key: Any) -> None:
         spec = self.policy.spec.observations.get(key)
         if spec is not None and spec.dtype == STRING:
-            raise ExportError(f"{self.policy.name}: reads the string observation {key!r}, which cannot be a graph input; "
-                              f"a policy declares the strings it reads in `text_inputs` (their embeddings become "
-                              f"graph inputs)")
+            raise ExportError(
+                f"{self.policy.name}: reads the string observation {key!r}, which cannot be a graph input; "
+                f"a policy declares the strings it reads in `text_inputs` (their embeddings become "
+                f"graph inputs)"
+            )
 
     def __missing__(self, key: Any) -> Any:
         self._refuse(key)
@@ -141,13 +146,13 @@ class _GraphInputs(dict):
 def input_specs(policy: Policy) -> list[dict[str, Any]]:
     """Name, shape (batch axis named) and dtype of each graph input: observations in `obs_keys` order, the
     embeddings of the policy's `text_inputs`, then the noise. Images stay uint8 HWC; the rest is float32."""
-    To = policy.config.obs_horizon
+    horizon = policy.config.obs_horizon
     out = []
     for k in policy.obs_keys:
         if k in (NOISE, ACTION):
             raise ExportError(f"{policy.name}: observation key {k!r} collides with the graph's {k!r} tensor")
         image = k in policy.image_keys
-        out.append({"name": k, "shape": [BATCH, To, *policy.spec.observations[k].shape],
+        out.append({"name": k, "shape": [BATCH, horizon, *policy.spec.observations[k].shape],
                     "dtype": "uint8" if image else "float32", "role": "observation"})
     for k, text in policy.text_inputs.items():
         out.append({"name": k, "shape": [BATCH, int(text["dim"])], "dtype": "float32", "role": "text_embedding",
@@ -159,7 +164,7 @@ def input_specs(policy: Policy) -> list[dict[str, Any]]:
 def example_inputs(policy: Policy, batch: int, seed: int = 0) -> list[np.ndarray]:
     """Random inputs of the graph's shapes: vectors spread over the dataset's range, random images, N(0, 1)."""
     rng = np.random.default_rng(seed)
-    out = []
+    out: list[np.ndarray] = []
     for s in input_specs(policy):
         shape = (batch, *s["shape"][1:])
         if s["dtype"] == "uint8":
@@ -205,7 +210,7 @@ def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["on
     if steps is not None:
         if not hasattr(policy.config, "steps"):
             raise ExportError(f"export steps: {policy.name} has no inference steps to set")
-        policy.config = replace(policy.config, steps=steps)  # validated by the config's __post_init__
+        policy.config = replace(cast(Any, policy.config), steps=steps)  # validated by the config's __post_init__
         source = {**source, "config": asdict(policy.config)}
     if tolerance is None:
         tolerance = float(getattr(policy, "export_tolerance", TOLERANCE))

@@ -4,10 +4,11 @@ demonstrated chunk along straight lines, then integrate it with Euler or Heun st
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from robotrl.policies.base import register
+from robotrl.policies.base import PolicyConfig, register
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
 
 
@@ -31,8 +32,9 @@ class FlowPolicy(GenerativePolicy):
     """x_t = (1 - t) x0 + t x1 with x0 ~ N(0, I) and x1 the action chunk; the U-Net predicts x1 - x0."""
 
     name = "flow"
-    config_cls = FlowConfig
-    student = "consistency"
+    #: declared as the base's: VLAPolicy, a FlowPolicy, has its own config class
+    config_cls: ClassVar[type[PolicyConfig]] = FlowConfig
+    student: ClassVar[str | None] = "consistency"
     time_scale = 100.0  # t in [0, 1]: spread it over the embedding's frequencies
 
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor,

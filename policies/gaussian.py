@@ -6,6 +6,7 @@ change-of-variables term of the squashing, computed in the numerically stable so
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -19,9 +20,19 @@ from robotrl.policies.nets import mlp
 class TanhGaussianActor(nn.Module):
     """obs features (B, D) -> actions in [low, high] (B, A), with log-probabilities for the entropy term."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int] = (256, 256), low: float | torch.Tensor = -1.0,
-                 high: float | torch.Tensor = 1.0, log_std_range: tuple[float, float] = (-5.0, 2.0),
-                 layer_norm: bool = True) -> None:
+    scale: torch.Tensor
+    center: torch.Tensor
+
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        hidden: Sequence[int] = (256, 256),
+        low: float | torch.Tensor = -1.0,
+        high: float | torch.Tensor = 1.0,
+        log_std_range: tuple[float, float] = (-5.0, 2.0),
+        layer_norm: bool = True,
+    ) -> None:
         super().__init__()
         self.trunk = mlp([obs_dim, *hidden], act=nn.ReLU, layer_norm=layer_norm, final_act=True)
         self.mean = nn.Linear(hidden[-1], action_dim)
@@ -82,7 +93,7 @@ class CriticEnsemble(nn.Module):
         self.members = members
         layers: list[nn.Module] = []
         sizes = [obs_dim + action_dim, *hidden]
-        for a, b in zip(sizes[:-1], sizes[1:]):
+        for a, b in itertools.pairwise(sizes):
             layers.append(EnsembleLinear(members, a, b))
             if layer_norm:
                 layers.append(nn.LayerNorm(b))
@@ -100,6 +111,9 @@ class HLGauss(nn.Module):
     """Histogram loss with Gaussian targets (Imani & White 2018; Farebrother et al. 2024): Q as the mean of a
     categorical distribution over fixed bins, trained by cross-entropy against a Gaussian around the TD target,
     which scales to large value ranges and high update-to-data ratios better than MSE."""
+
+    edges: torch.Tensor
+    centers: torch.Tensor
 
     def __init__(self, v_min: float, v_max: float, bins: int = 101, sigma_ratio: float = 0.75) -> None:
         super().__init__()

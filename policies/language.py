@@ -52,7 +52,9 @@ LANGUAGE_MODELS: dict[str, LanguageModelInfo] = {
 def language_model_info(name: str, where: str = "language_model") -> LanguageModelInfo:
     info = LANGUAGE_MODELS.get(name)
     if info is None:
-        raise ValueError(f"{where}: expected one of the supported sentence encoders {sorted(LANGUAGE_MODELS)}, got {name!r}")
+        raise ValueError(
+            f"{where}: expected one of the supported sentence encoders {sorted(LANGUAGE_MODELS)}, got {name!r}"
+        )
     return info
 
 
@@ -92,8 +94,10 @@ class LanguageEncoder:
             raise ModuleNotFoundError(f"{missing} ({e})") from e
         path = Path(package.get_model_path())
         if not path.is_dir() or not any(path.iterdir()):
-            raise FileNotFoundError(f"LanguageEncoder: {self.info.pip_name} is installed but its model directory {path} "
-                                    f"is empty or missing; reinstall it")
+            raise FileNotFoundError(
+                f"LanguageEncoder: {self.info.pip_name} is installed but its model directory {path} "
+                f"is empty or missing; reinstall it"
+            )
         quiet = _quiet_transformers()
         try:
             model = SentenceTransformer(str(path), device=self.device, local_files_only=True)
@@ -113,7 +117,9 @@ class LanguageEncoder:
         texts = [t for t in np.asarray(texts, dtype=object).reshape(-1)]
         for i, t in enumerate(texts):
             if not isinstance(t, str):
-                raise TypeError(f"LanguageEncoder: expected instruction strings, got {type(t).__name__} {t!r} at index {i}")
+                raise TypeError(
+                    f"LanguageEncoder: expected instruction strings, got {type(t).__name__} {t!r} at index {i}"
+                )
         # one string per encode call: a batch pads its strings to the longest, which moves an embedding in the last
         # bits, so an instruction would embed differently depending on what else was new in the same call
         for t in sorted({t for t in texts if t not in self.cache}):

@@ -15,9 +15,10 @@ or `steps` equal jumps from t = 1 down to t = 0.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from torch.func import jvp
 from robotrl.core.spec import Spec
 from robotrl.policies.base import register
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
-from robotrl.policies.nets import SinusoidalEmbedding, TemporalUnet
+from robotrl.policies.nets import ObsEncoder, SinusoidalEmbedding, TemporalUnet
 
 
 @dataclass
@@ -78,6 +79,8 @@ class MeanFlowPolicy(GenerativePolicy):
     name = "meanflow"
     config_cls = MeanFlowConfig
     time_scale = 100.0  # t in [0, 1], as FlowPolicy
+    config: MeanFlowConfig
+    encoder: ObsEncoder
 
     def __init__(self, spec: Spec, config: MeanFlowConfig | None = None,
                  stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -98,7 +101,9 @@ class MeanFlowPolicy(GenerativePolicy):
                          cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """u(z, r, t) and its total derivative du/dt along the flow (tangent (v, 0, 1)), by one JVP."""
         tangents = (v, torch.zeros_like(r), torch.ones_like(t))
-        return jvp(lambda z_, r_, t_: self.net(z_, r_, t_, cond), (z, r, t), tangents)
+        # torch's stubs type jvp's result for has_aux=True too (a 3-tuple); without it, (output, its JVP)
+        return cast("tuple[torch.Tensor, torch.Tensor]", jvp(lambda z_, r_, t_: self.net(z_, r_, t_, cond), (z, r, t),
+                                                              tangents))
 
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
         x, mask = self.pad_chunk(action, action_is_pad)
@@ -118,7 +123,7 @@ class MeanFlowPolicy(GenerativePolicy):
         cond = self.encoder(obs)
         z = self.initial_noise(obs, noise)
         times = torch.linspace(1.0, 0.0, self.config.steps + 1, device=z.device)
-        for t, r in zip(times[:-1], times[1:]):
+        for t, r in itertools.pairwise(times):
             z = z - (t - r) * self.net(z, r.expand(z.shape[0]), t.expand(z.shape[0]), cond)
         return self.refine(obs, z[:, : self.config.action_horizon], noise)
 

@@ -3,17 +3,21 @@ observation encoder (state MLP + ResNet-style image encoder with GroupNorm and s
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
-def mlp(sizes: Sequence[int], act: type[nn.Module] = nn.Mish, layer_norm: bool = False, final_act: bool = False) -> nn.Sequential:
+def mlp(
+    sizes: Sequence[int], act: type[nn.Module] = nn.Mish, layer_norm: bool = False, final_act: bool = False
+) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(a, b))
         last = i == len(sizes) - 2
         if not last or final_act:
@@ -21,6 +25,14 @@ def mlp(sizes: Sequence[int], act: type[nn.Module] = nn.Mish, layer_norm: bool =
                 layers.append(nn.LayerNorm(b))
             layers.append(act())
     return nn.Sequential(*layers)
+
+
+def last_linear(net: nn.Sequential) -> nn.Linear:
+    """The last layer of an `mlp` (its output layer), typed as the Linear it is."""
+    layer = net[-1]
+    if not isinstance(layer, nn.Linear):
+        raise TypeError(f"expected an MLP ending in a Linear layer, got {type(layer).__name__}")
+    return layer
 
 
 class SinusoidalEmbedding(nn.Module):
@@ -32,7 +44,9 @@ class SinusoidalEmbedding(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         half = self.dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / max(half - 1, 1))
+        freqs = torch.exp(
+            -math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / max(half - 1, 1)
+        )
         arg = (t.float().reshape(-1, 1) * self.scale) * freqs
         return torch.cat([arg.sin(), arg.cos()], dim=-1)
 
@@ -65,35 +79,57 @@ class TemporalUnet(nn.Module):
     def __init__(self, action_dim: int, cond_dim: int, channels: Sequence[int] = (64, 128, 256), time_dim: int = 64,
                  kernel: int = 5, groups: int = 8, time_scale: float = 1.0) -> None:
         super().__init__()
-        self.time = nn.Sequential(SinusoidalEmbedding(time_dim, time_scale), nn.Linear(time_dim, 4 * time_dim), nn.Mish(),
-                                  nn.Linear(4 * time_dim, time_dim))
+        self.time = nn.Sequential(
+            SinusoidalEmbedding(time_dim, time_scale),
+            nn.Linear(time_dim, 4 * time_dim),
+            nn.Mish(),
+            nn.Linear(4 * time_dim, time_dim),
+        )
         cond = cond_dim + time_dim
         chans = [action_dim, *channels]
         self.down = nn.ModuleList()
-        for i, (a, b) in enumerate(zip(chans[:-1], chans[1:])):
+        for i, (a, b) in enumerate(itertools.pairwise(chans)):
             last = i == len(channels) - 1
-            self.down.append(nn.ModuleList([FiLMResBlock(a, b, cond, kernel, groups), FiLMResBlock(b, b, cond, kernel, groups),
-                                            nn.Conv1d(b, b, 3, stride=2, padding=1) if not last else nn.Identity()]))
+            self.down.append(
+                nn.ModuleList(
+                    [
+                        FiLMResBlock(a, b, cond, kernel, groups),
+                        FiLMResBlock(b, b, cond, kernel, groups),
+                        nn.Conv1d(b, b, 3, stride=2, padding=1) if not last else nn.Identity(),
+                    ]
+                )
+            )
         mid = channels[-1]
-        self.mid = nn.ModuleList([FiLMResBlock(mid, mid, cond, kernel, groups), FiLMResBlock(mid, mid, cond, kernel, groups)])
+        self.mid = nn.ModuleList(
+            [FiLMResBlock(mid, mid, cond, kernel, groups), FiLMResBlock(mid, mid, cond, kernel, groups)]
+        )
         self.up = nn.ModuleList()
-        for i, (a, b) in enumerate(zip(reversed(channels[1:]), reversed(channels[:-1]))):
-            self.up.append(nn.ModuleList([FiLMResBlock(2 * a, b, cond, kernel, groups), FiLMResBlock(b, b, cond, kernel, groups),
-                                          nn.ConvTranspose1d(b, b, 4, stride=2, padding=1)]))
-        self.out = nn.Sequential(Conv1dBlock(channels[0], channels[0], kernel, groups), nn.Conv1d(channels[0], action_dim, 1))
+        for a, b in zip(reversed(channels[1:]), reversed(channels[:-1])):
+            self.up.append(
+                nn.ModuleList(
+                    [
+                        FiLMResBlock(2 * a, b, cond, kernel, groups),
+                        FiLMResBlock(b, b, cond, kernel, groups),
+                        nn.ConvTranspose1d(b, b, 4, stride=2, padding=1),
+                    ]
+                )
+            )
+        self.out = nn.Sequential(
+            Conv1dBlock(channels[0], channels[0], kernel, groups), nn.Conv1d(channels[0], action_dim, 1)
+        )
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         horizon = x.shape[1]
         c = torch.cat([cond, self.time(t.expand(x.shape[0]) if t.numel() == 1 else t)], dim=-1)
         h = x.transpose(1, 2)
         skips = []
-        for res1, res2, down in self.down:
+        for res1, res2, down in cast("Iterable[tuple[nn.Module, nn.Module, nn.Module]]", self.down):
             h = res2(res1(h, c), c)
             skips.append(h)
             h = down(h)
         for res in self.mid:
             h = res(h, c)
-        for res1, res2, up in self.up:
+        for res1, res2, up in cast("Iterable[tuple[nn.Module, nn.Module, nn.Module]]", self.up):
             skip = skips.pop()
             h = h[..., : skip.shape[-1]]
             h = res2(res1(torch.cat([h, skip], dim=1), c), c)
@@ -121,7 +157,9 @@ class SpatialSoftmax(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, _, h, w = x.shape
         att = F.softmax(self.proj(x).flatten(2), dim=-1)  # (B, K, H*W)
-        ys, xs = torch.meshgrid(torch.linspace(-1, 1, h, device=x.device), torch.linspace(-1, 1, w, device=x.device), indexing="ij")
+        ys, xs = torch.meshgrid(
+            torch.linspace(-1, 1, h, device=x.device), torch.linspace(-1, 1, w, device=x.device), indexing="ij"
+        )
         grid = torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=-1)  # (H*W, 2)
         return (att @ grid).reshape(b, -1)
 
@@ -148,7 +186,7 @@ class ImageEncoder(nn.Module):
     def __init__(self, image_size: int, out_dim: int = 64, widths: Sequence[int] = (32, 64, 128), crop: float = 0.9,
                  keypoints: int = 32) -> None:
         super().__init__()
-        self.crop = max(8, int(round(image_size * crop)))
+        self.crop = max(8, round(image_size * crop))
         layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 5, 2, 2, bias=False), nn.GroupNorm(8, widths[0]), nn.ReLU()]
         cin = widths[0]
         for w in widths:

@@ -69,8 +69,9 @@ class RuntimePolicy:
         else:
             noise = np.asarray(noise)
             if noise.shape != (batch, *self.noise_shape):
-                raise SpecMismatchError(f"act: noise: expected shape ({batch}, {', '.join(map(str, self.noise_shape))}), "
-                                        f"got {noise.shape}")
+                raise SpecMismatchError(
+                    f"act: noise: expected shape ({batch}, {', '.join(map(str, self.noise_shape))}), got {noise.shape}"
+                )
             noise = noise.astype(np.float32, copy=False)
         feeds[self.noise_name] = np.ascontiguousarray(noise)
         action = self._run([feeds[n] for n in self.input_order])
@@ -146,12 +147,18 @@ class RuntimePolicy:
 def read_export_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     file = path / MANIFEST
-    manifest = read_manifest(path, ExportedPolicyError, "an exported robotrl policy",
-                             ("policy", "spec", "weights_sha256", "export"),
-                             {"export": " (a training checkpoint? export it first: robotrl policy export --policy DIR)"})
+    manifest = read_manifest(
+        path,
+        ExportedPolicyError,
+        "an exported robotrl policy",
+        ("policy", "spec", "weights_sha256", "export"),
+        {"export": " (a training checkpoint? export it first: robotrl policy export --policy DIR)"},
+    )
     export = manifest["export"]
     if export.get("format") not in FORMATS:
-        raise ExportedPolicyError(f"{file}: export.format: expected one of {sorted(FORMATS)}, got {export.get('format')!r}")
+        raise ExportedPolicyError(
+            f"{file}: export.format: expected one of {sorted(FORMATS)}, got {export.get('format')!r}"
+        )
     for key in ("file", "inputs", "outputs", "noise"):
         if key not in export:
             raise ExportedPolicyError(f"{file}: field 'export.{key}' missing")
@@ -187,15 +194,21 @@ def check_manifest(manifest: dict[str, Any], spec: Spec, where: str) -> None:
                                     f"spec has shape {tuple(obs.shape)}")
         want = "uint8" if obs.is_image else "float32"
         if inp["dtype"] != want:
-            raise SpecMismatchError(f"{where}: observation {key!r}: the graph takes {inp['dtype']}, the manifest's spec "
-                                    f"(dtype {obs.dtype}) implies {want}")
+            raise SpecMismatchError(
+                f"{where}: observation {key!r}: the graph takes {inp['dtype']}, the manifest's spec "
+                f"(dtype {obs.dtype}) implies {want}"
+            )
     action = export["outputs"][0]["shape"]
     if action[-1] != spec.action.size or noise["shape"][-1] != spec.action.size:
-        raise SpecMismatchError(f"{where}: action: the graph outputs (B, H, {action[-1]}) from noise (B, ..., "
-                                f"{noise['shape'][-1]}), the manifest's spec has action shape {tuple(spec.action.shape)}")
+        raise SpecMismatchError(
+            f"{where}: action: the graph outputs (B, H, {action[-1]}) from noise (B, ..., "
+            f"{noise['shape'][-1]}), the manifest's spec has action shape {tuple(spec.action.shape)}"
+        )
 
 
-def load(path: str | Path, spec: Spec | None = None, seed: int | None = None, threads: int | None = None) -> RuntimePolicy:
+def load(
+    path: str | Path, spec: Spec | None = None, seed: int | None = None, threads: int | None = None
+) -> RuntimePolicy:
     """The exported policy in directory `path` (file verified against the manifest's hash). With `spec`, the
     policy's spec must equal it (e.g. the env's or the robot's). `threads`: intra-op threads of the backend."""
     path = Path(path)
@@ -228,7 +241,7 @@ def _onnx(file: Path, manifest: dict[str, Any], threads: int | None) -> Any:
         options.inter_op_num_threads = 1
     try:
         session = ort.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises its own exception types
+    except Exception as e:  # noqa: BLE001 -- onnxruntime raises its own exception types
         raise ExportedPolicyError(f"{file}: onnxruntime cannot load it ({e})") from None
     declared = {i["name"]: i for i in manifest["export"]["inputs"]}
     graph = {i.name: i for i in session.get_inputs()}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -79,8 +79,10 @@ class VLAConfig(PolicyConfig):
             raise ValueError(f"VLAConfig.crop: expected a fraction in (0, 1], got {self.crop}")
         info = language_model_info(self.language_model, "VLAConfig.language_model")
         if self.language_dim != info.dim:
-            raise ValueError(f"VLAConfig.language_dim: {self.language_model} gives {info.dim}-dim embeddings, the config "
-                             f"says {self.language_dim} (a checkpoint made with another language model?)")
+            raise ValueError(
+                f"VLAConfig.language_dim: {self.language_model} gives {info.dim}-dim embeddings, the config "
+                f"says {self.language_dim} (a checkpoint made with another language model?)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -92,7 +94,7 @@ class PatchEncoder(nn.Module):
 
     def __init__(self, image_size: int, width: int, widths: Sequence[int], grid: int, crop: float) -> None:
         super().__init__()
-        self.crop, self.grid = max(8, int(round(image_size * crop))), grid
+        self.crop, self.grid = max(8, round(image_size * crop)), grid
         layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 5, 2, 2, bias=False), nn.GroupNorm(8, widths[0]), nn.ReLU()]
         cin = widths[0]
         for w in widths[1:]:
@@ -197,7 +199,9 @@ class VLAPrefix(nn.Module):
         state_dim = to * sum(spec.observations[k].size for k in self.vector_keys)
         self.state = mlp([state_dim, w, w]) if state_dim else None
         self.type_emb = nn.Parameter(0.02 * torch.randn(2, w))  # language, state
-        self.blocks = nn.ModuleList([Block(w, cfg.heads, cfg.mlp_ratio, full=i < cfg.depth - 1) for i in range(cfg.depth)])
+        self.blocks = nn.ModuleList(
+            [Block(w, cfg.heads, cfg.mlp_ratio, full=i < cfg.depth - 1) for i in range(cfg.depth)]
+        )
 
     def tokens(self, obs: Mapping[str, Any]) -> torch.Tensor:
         parts = []
@@ -266,8 +270,10 @@ class VLAPolicy(FlowPolicy):
 
     name = "vla"
     config_cls = VLAConfig
-    student = "vla_consistency"
+    student: ClassVar[str | None] = "vla_consistency"
     config: VLAConfig
+    encoder: VLAPrefix
+    net: ActionExpert
 
     def __init__(self, spec: Spec, config: VLAConfig | None = None,
                  stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
@@ -277,9 +283,11 @@ class VLAPolicy(FlowPolicy):
         key = cfg.instruction_key
         if key not in spec.observations or spec.observations[key].dtype != STRING:
             strings = [k for k, v in spec.observations.items() if v.dtype == STRING]
-            raise SpecMismatchError(f"vla: expected the string observation {key!r} (the instruction) in the spec of task "
-                                    f"{spec.task!r}; its string observations are {strings} (set VLAConfig.instruction_key, "
-                                    f"or use a task with instructions)")
+            raise SpecMismatchError(
+                f"vla: expected the string observation {key!r} (the instruction) in the spec of task "
+                f"{spec.task!r}; its string observations are {strings} (set VLAConfig.instruction_key, "
+                f"or use a task with instructions)"
+            )
         if not self.image_keys and not self.vector_keys:
             raise SpecMismatchError(f"vla: no numeric observations to condition on in {list(self.obs_keys)}")
         self.horizon = cfg.action_horizon  # a transformer needs no padding of the chunk
@@ -308,8 +316,10 @@ class VLAPolicy(FlowPolicy):
             want = (self.config.obs_horizon, *self.spec.observations[k].shape)
             if k not in obs or tuple(np.shape(obs[k]))[1:] != want:
                 got = tuple(np.shape(obs[k])) if k in obs else "missing"
-                raise SpecMismatchError(f"{self.name}: observation {k!r}: expected shape (B, {', '.join(map(str, want))}) "
-                                        f"(obs_horizon={self.config.obs_horizon}), got {got}")
+                raise SpecMismatchError(
+                    f"{self.name}: observation {k!r}: expected shape (B, {', '.join(map(str, want))}) "
+                    f"(obs_horizon={self.config.obs_horizon}), got {got}"
+                )
         out: dict[str, Any] = super().normalize_obs(obs)
         batch = len(next(iter(out.values())))
         out[key] = self.embed(obs[key], batch).to(self.encoder.language.weight.device)

@@ -27,6 +27,7 @@ import difflib
 import importlib
 import inspect
 import io
+import itertools
 import json
 import os
 import re
@@ -303,7 +304,7 @@ def field_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError, SyntaxError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for stmt, after in zip(body, body[1:]):
+        for stmt, after in itertools.pairwise(body):
             if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
                     and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
                 docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
@@ -325,7 +326,13 @@ def policy_choices(default: Any) -> tuple[Any, Any]:
 
     options = [Annotated[cls.config_cls, tyro.conf.subcommand(name)] for name, cls in register_all().items()
                if cls.learns_from_data]
-    return Union[tuple(options)], policy_config(default) if isinstance(default, str) else default
+    # a union built at run time from the registry: `X | Y` needs its members written out
+    return Union[tuple(options)], policy_config(default) if isinstance(default, str) else default  # noqa: UP007
+
+
+def _constant(value: Any) -> Callable[[], Any]:
+    """A default_factory that gives `value` itself (not a copy)."""
+    return lambda: value
 
 
 def parser_view(cls: type, command: Command) -> type:
@@ -345,7 +352,7 @@ def parser_view(cls: type, command: Command) -> type:
         kind = Annotated[kind, tyro.conf.arg(help=docs.get(f.name, ""))]
         if default is dataclasses.MISSING:
             return (f.name, kind)
-        return (f.name, kind, dataclasses.field(default_factory=lambda d=default: d))
+        return (f.name, kind, dataclasses.field(default_factory=_constant(default)))
 
     first = [*(command.common or ()), *RUN_COMMON]
     order = sorted(common, key=lambda f: first.index(f.name) if f.name in first else -1)  # required ones first
@@ -409,7 +416,7 @@ def parse(prog: str, command: Command, args: Sequence[str]) -> Any:
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            parsed = tyro.cli(view, args=list(args), prog=prog, config=(tyro.conf.CascadeSubcommandArgs,))
+            parsed: Any = tyro.cli(view, args=list(args), prog=prog, config=(tyro.conf.CascadeSubcommandArgs,))
     except SystemExit as stop:
         if stop.code in (0, None):
             raise

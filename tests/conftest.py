@@ -129,8 +129,8 @@ def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFacto
 def reach_bc_flow_success(reach_bc_flow: Path) -> float:
     """The half-trained flow policy's held-out success as the RL stages start from it (its 5-step ODE, chunks of 4
     executed, the same 100 held-out episodes their learning tests evaluate on), measured once per test process."""
-    from robotrl.training.evaluate import evaluate_policy
     from robotrl.flowrl.chain import load_flow_policy
+    from robotrl.training.evaluate import evaluate_policy
 
     with torch_threads(1):
         return evaluate_policy(load_flow_policy(reach_bc_flow, 5), 100, 25, execute=4).success_rate
@@ -146,7 +146,7 @@ def _agent_weights(path: Path) -> dict:
     import torch
 
     weights = torch.load(path, weights_only=True)
-    return weights["agent"] if "agent" in weights else weights
+    return weights.get("agent", weights)
 
 
 def _assert_same_run(a: Path, b: Path, weights: str = "train_state.pt", store_keys: tuple[str, ...] = ()) -> None:
@@ -200,8 +200,8 @@ def claim(request: pytest.FixtureRequest):
                    "upper": upper, "ok": ok, **context}
             with open(path, "a") as f:
                 f.write(json.dumps(row, default=float) + "\n")
-        bounds = " and ".join(b for b in (lower is not None and f">= {lower:g}" or "",
-                                          upper is not None and f"<= {upper:g}" or "") if b)
+        bounds = " and ".join(b for b in ((lower is not None and f">= {lower:g}") or "",
+                                          (upper is not None and f"<= {upper:g}") or "") if b)
         assert ok, f"{name}: expected {bounds}, got {value:g} ({context})"
 
     return check

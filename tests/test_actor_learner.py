@@ -75,7 +75,7 @@ def test_synchronous_schedule_is_the_same_in_process_and_on_ray(ray_cluster: Any
     assert local.steps == remote.steps == 480
     assert curve(tmp_path / "local") == curve(tmp_path / "ray")
     logged = [row for row in curve(tmp_path / "ray") if "version" in row]  # and a final evaluation row
-    assert [row["step"] for row in logged] == [96, 192, 288, 384, 480] 
+    assert [row["step"] for row in logged] == [96, 192, 288, 384, 480]
     assert logged[-1]["version"] == (480 - 96) // 8 + 1  # one version per round of 2 x 2 x 2 transitions from step 96
     assert_same_run(tmp_path / "local", tmp_path / "ray")
 

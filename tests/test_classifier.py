@@ -11,14 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
+from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.store import user_meta
 from robotrl.envs import make
-from robotrl.policies.base import CheckpointError
-from robotrl.policies.flow import FlowConfig
-
-from robotrl.core.spec import SpecMismatchError
 from robotrl.flowrl.classifier import (
     ClassifierConfig,
     ClassifierResult,
@@ -30,6 +28,8 @@ from robotrl.flowrl.classifier import (
     load_frames,
     train,
 )
+from robotrl.policies.base import CheckpointError
+from robotrl.policies.flow import FlowConfig
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:

@@ -13,6 +13,7 @@ import ast
 import contextlib
 import functools
 import io
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,7 +76,7 @@ def docstrings(path: Path) -> Iterator[tuple[int, str]]:
             if body and _is_string(body[0]):
                 yield body[0].lineno, body[0].value.value
             if isinstance(node, ast.ClassDef):
-                for before, after in zip(body, body[1:]):
+                for before, after in itertools.pairwise(body):
                     if isinstance(before, (ast.AnnAssign, ast.Assign)) and _is_string(after):
                         yield after.lineno, after.value.value
 
@@ -94,9 +95,8 @@ def help_texts() -> tuple[tuple[str, str], ...]:
     texts = []
     for args in lines:
         out = io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-            with pytest.raises(SystemExit):
-                cli.main([*args, "--help"])
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), pytest.raises(SystemExit):
+            cli.main([*args, "--help"])
         texts.append((" ".join(["robotrl", *args, "--help"]), out.getvalue()))
     return tuple(texts)
 

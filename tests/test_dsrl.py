@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from robotrl.policies import load
-from robotrl.policies.generative import NoisePrior
 
 from robotrl.flowrl.chain import FlowAgent, Tally, Windows, load_flow_policy, rollout, training_env
 from robotrl.flowrl.dsrl import DsrlConfig, PriorActor, decisions, train
+from robotrl.policies import load
+from robotrl.policies.generative import NoisePrior
 from robotrl.training.evaluate import evaluate_policy
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"

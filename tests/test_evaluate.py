@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import robotrl.training.evaluate as evaluate
-from robotrl.training.evaluate import EvalConfig, run_eval, success_gain
 from robotrl.policies import load
 from robotrl.policies.timing import torch_threads
+from robotrl.training.evaluate import EvalConfig, run_eval, success_gain
 
 
 def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, monkeypatch) -> None:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from robotrl.datasets.record import record_expert
-from robotrl.training.evaluate import evaluate_policy
 from robotrl.policies import FlowConfig, load
+from robotrl.training.evaluate import evaluate_policy
 
 pytestmark = pytest.mark.gpu
 ON_CPU = bool(os.environ.get("ROBOTRL_GPU_TESTS_ON_CPU"))
@@ -110,12 +110,10 @@ def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(device: str, reach_
 def test_online_rl_and_distillation_on_the_device(device: str, reach_demos: Path, tmp_path: Path, claim) -> None:
     """`robotrl train online --device cuda` (Flow-SDE) raises a half-trained Reach policy as its CPU test does, and
     `robotrl policy distill --device cuda` gives a one-step student within 2 points of that teacher."""
-    from robotrl.stages.bc import BCConfig
-    from robotrl.stages.bc import train as train_bc
-    from robotrl.stages.distill import DistillConfig, distill
     from robotrl.flowrl.chain import load_flow_policy
-    from robotrl.flowrl.online import OnlineConfig
-    from robotrl.flowrl.online import train as train_online
+    from robotrl.flowrl.online import OnlineConfig, train as train_online
+    from robotrl.stages.bc import BCConfig, train as train_bc
+    from robotrl.stages.distill import DistillConfig, distill
 
     start = train_bc(BCConfig(store=reach_demos, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=400,
                               batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0,

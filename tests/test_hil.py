@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
+from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.datasets.store import validate
 from robotrl.datasets.teleop import ScriptedDevice
 from robotrl.envs import make
-from robotrl.policies import load
-
-from robotrl.core.spec import SpecMismatchError
 from robotrl.flowrl.hil import DemoBuffer, ExpertOperator, HilConfig, Recorder, runs, train
+from robotrl.policies import load
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

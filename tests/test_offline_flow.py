@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from robotrl.datasets import EpisodeStore
-from robotrl.policies import load
-from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 
+from robotrl.datasets import EpisodeStore
 from robotrl.flowrl.chain import load_flow_policy
 from robotrl.flowrl.offline import OfflineFlowConfig, read_decisions, train
+from robotrl.policies import load
+from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import TrainingDiverged
 

@@ -18,14 +18,24 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from robotrl.envs import make
+from robotrl.flowrl.chain import (
+    HEADS,
+    METHODS,
+    FlowAgent,
+    Tally,
+    Windows,
+    flow_sde_step,
+    load_flow_policy,
+    ppo_loss,
+    rollout,
+)
+from robotrl.flowrl.online import OnlineConfig, semi_mdp_gae, train
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.export import sample_from_noise
 from robotrl.policies.vla import VLAConfig, VLAPolicy
-
-from robotrl.flowrl.chain import HEADS, METHODS, FlowAgent, Tally, Windows, flow_sde_step, load_flow_policy, ppo_loss, rollout
-from robotrl.flowrl.online import OnlineConfig, semi_mdp_gae, train
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import BestCheckpoint, TrainingDiverged
 

@@ -204,7 +204,7 @@ def test_a_brax_env_plugs_in_and_learns() -> None:
     env = ppo_mjx.BraxEnv(envs.get_environment("fast"), num_envs=4, episode_length=3)
     state, obs = env.reset(jax.random.PRNGKey(0))
     step = jax.jit(env.step)
-    for t in range(3):
+    for _ in range(3):
         state, out = step(state, jnp.ones((4, 1)))
     assert bool(out.truncated.all()) and not bool(out.terminated.any())
     assert float(out.final_obs[0, 1]) > 0 and np.all(np.asarray(out.obs) == np.asarray(obs))  # back at the start

@@ -13,7 +13,7 @@ import torch
 from robotrl import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
-from robotrl.rl.sac import SacConfig, evaluate, train, Agent
+from robotrl.rl.sac import Agent, SacConfig, evaluate, train
 from robotrl.training.loop import TrainingDiverged
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"

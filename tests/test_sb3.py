@@ -10,7 +10,7 @@ import torch
 from stable_baselines3 import PPO, SAC
 from stable_baselines3.common.env_util import make_vec_env
 
-import robotrl.envs  # noqa: F401  (registers robotrl/<Task>-v0)
+import robotrl.envs  # registers robotrl/<Task>-v0
 from robotrl.envs.rollouts import run_episodes
 from robotrl.rl.sb3 import Sb3Config, flatten_batch, train
 from robotrl.training.evaluate import HELD_OUT_SEED
@@ -67,10 +67,11 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
                        eval_episodes=4, eval_envs=4, run_dir=tmp_path / "run", checkpoint_every=300, progress=False)
     result = train(config)
     assert result.episodes == 4 and result.timesteps == 600
-    from stable_baselines3 import SAC as Sac  # the saved model is the evaluated one: the same success on the same seeds
+    from stable_baselines3 import SAC  # the saved model is the evaluated one: the same success on the same seeds
+
     from robotrl.rl.sb3 import evaluate
 
-    again = evaluate(Sac.load(tmp_path / "run" / "model.zip"), config, ("state",))
+    again = evaluate(SAC.load(tmp_path / "run" / "model.zip"), config, ("state",))
     assert again.success_rate == result.success_rate and again.returns.mean() == pytest.approx(result.mean_return)
     assert np.isfinite(result.mean_return)
     run = tmp_path / "run"
@@ -86,7 +87,7 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     assert replay_buffer_path(run / "checkpoints" / "model_600_steps.zip").exists()
     resumed = train(replace(config, total_steps=800, resume=True))
     assert resumed.timesteps == 800  # continued from the last checkpoint's step count (600) up to total_steps
-    assert Sac.load(run / "model.zip").num_timesteps == 800
+    assert SAC.load(run / "model.zip").num_timesteps == 800
 
 
 def test_flatten_batch_matches_what_sb3_sees():

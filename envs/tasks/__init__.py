@@ -4,6 +4,10 @@ so listing tasks stays cheap and one task's module never loads another's)."""
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from robotrl.envs.task import Task
 
 #: the task every command takes when none is given
 DEFAULT_TASK = "PushT"
@@ -16,6 +20,6 @@ TASKS: dict[str, str] = {
 }
 
 
-def task_class(name: str) -> type:
+def task_class(name: str) -> type[Task]:
     module, cls = TASKS[name].split(":")
     return getattr(importlib.import_module(module), cls)

@@ -41,7 +41,8 @@ def _quat_x(alpha: float) -> str:
 
 
 def arm_xml(tool_xml: str, tool_offset: float, contacts: bool = False, rgba: str = "0.93 0.93 0.93 1") -> str:
-    """MJCF `<body>` tree of the arm; `tool_xml` goes inside the flange body, whose `ee` site sits `tool_offset` below it.
+    """MJCF `<body>` tree of the arm; `tool_xml` goes inside the flange body, whose `ee` site sits `tool_offset`
+    below it.
 
     `contacts=False` makes the links visual only (cheaper, and MJX-friendly for tasks where only the tool touches).
     """
@@ -61,7 +62,8 @@ def arm_xml(tool_xml: str, tool_offset: float, contacts: bool = False, rgba: str
             nxt = PANDA_LINKS[i + 1][1]
             if np.linalg.norm(nxt) > 1e-6:
                 parts.append(
-                    f'<geom type="capsule" size="{r * 0.9}" fromto="0 0 0 {nxt[0]} {nxt[1]} {nxt[2]}" rgba="{rgba}"{con}/>'
+                    f'<geom type="capsule" size="{r * 0.9}" fromto="0 0 0 {nxt[0]} {nxt[1]} {nxt[2]}" '
+                    f'rgba="{rgba}"{con}/>'
                 )
     parts.append(f'<body name="flange" pos="0 0 {FLANGE_Z}" gravcomp="1">')
     parts.append(f'<site name="ee" pos="0 0 {tool_offset}" size="0.01" rgba="1 0 0 0.5"/>')
@@ -124,8 +126,10 @@ def ee_position(q: Any, tool_offset: float) -> tuple[float, float, float]:
     floats: a robot's safety filter checks it every control period, where a batched numpy call for one
     configuration costs far more in array overhead than this loop (bench/RESULTS.md, "Measurements behind the
     code's design")."""
-    x, y, z = (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)
-    pos = (0.0, 0.0, 0.0)
+    x: tuple[float, ...] = (1.0, 0.0, 0.0)
+    y: tuple[float, ...] = (0.0, 1.0, 0.0)
+    z: tuple[float, ...] = (0.0, 0.0, 1.0)
+    pos: tuple[float, ...] = (0.0, 0.0, 0.0)
     for i, (_, p, alpha, _) in enumerate(PANDA_LINKS):
         pos = tuple(pos[k] + p[0] * x[k] + p[1] * y[k] + p[2] * z[k] for k in range(3))
         if alpha != 0.0:

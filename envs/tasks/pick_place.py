@@ -16,7 +16,15 @@ import numpy as np
 
 from robotrl.core.spec import ArraySpec
 from robotrl.envs.task import (
-    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout, state_spec,
+    Expert,
+    Frame,
+    ResetState,
+    Task,
+    TaskConfig,
+    TeleopNoise,
+    split_state,
+    state_layout,
+    state_spec,
 )
 from robotrl.envs.tasks import arm
 
@@ -78,7 +86,8 @@ class PickPlace(Task):
             'contype="2" conaffinity="0" friction="1.5 0.01 0.001" mass="0.03" {CONTACT}/></body>'
         )
         tool = (
-            '<geom type="box" size="0.015 0.06 0.012" pos="0 0 0.012" rgba="0.3 0.3 0.32 1" contype="0" conaffinity="0"/>'
+            '<geom type="box" size="0.015 0.06 0.012" pos="0 0 0.012" rgba="0.3 0.3 0.32 1" '
+            'contype="0" conaffinity="0"/>'
             '<camera name="wrist" pos="-0.06 0 0.0" quat="0 0.9659 0 -0.2588" fovy="75"/>'
             + finger.format(s="l", a=1, y=0.006, open=FINGER_OPEN, CONTACT=STIFF_CONTACT)
             + finger.format(s="r", a=-1, y=-0.006, open=FINGER_OPEN, CONTACT=STIFF_CONTACT)
@@ -92,13 +101,15 @@ class PickPlace(Task):
         bx, by, h, t = BIN_POS[0], BIN_POS[1], BIN_WALL_HEIGHT / 2, 0.005
         w = BIN_HALF + t
         walls = "\n".join(
-            f'<geom name="bin_{k}" type="box" size="{sx} {sy} {h}" pos="{px} {py} {h}" rgba="0.55 0.4 0.25 1" contype="1" conaffinity="1"/>'
+            f'<geom name="bin_{k}" type="box" size="{sx} {sy} {h}" pos="{px} {py} {h}" rgba="0.55 0.4 0.25 1" '
+            'contype="1" conaffinity="1"/>'
             for k, (sx, sy, px, py) in enumerate(
                 ((t, w, bx + w, by), (t, w, bx - w, by), (w, t, bx, by + w), (w, t, bx, by - w))
             )
         )
         fingers = "".join(
-            f'<position name="act_finger_{side}" joint="finger_{side}" kp="300" ctrlrange="{FINGER_CLOSED} {FINGER_OPEN}" forcerange="-30 30"/>'
+            f'<position name="act_finger_{side}" joint="finger_{side}" kp="300" '
+            f'ctrlrange="{FINGER_CLOSED} {FINGER_OPEN}" forcerange="-30 30"/>'
             for side in "lr"
         )
         return arm.table_scene_xml(
@@ -171,7 +182,11 @@ class PickPlace(Task):
     def in_bin(self, xp: Any, pos: Any) -> Any:
         """Whether cube centres `pos` (..., 3) lie inside the bin (clear of the walls, below their top)."""
         d = xp.abs(pos[..., :2] - xp.asarray(BIN_POS))
-        return (d[..., 0] < BIN_HALF - 0.5 * CUBE_HALF) & (d[..., 1] < BIN_HALF - 0.5 * CUBE_HALF) & (pos[..., 2] < BIN_WALL_HEIGHT)
+        return (
+            (d[..., 0] < BIN_HALF - 0.5 * CUBE_HALF)
+            & (d[..., 1] < BIN_HALF - 0.5 * CUBE_HALF)
+            & (pos[..., 2] < BIN_WALL_HEIGHT)
+        )
 
     def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:
         ee = self.sensor(frame, "ee_pos")
@@ -182,7 +197,9 @@ class PickPlace(Task):
         opening = frame.qpos[:, 7] + frame.qpos[:, 8]
         near = xp.linalg.norm(cube - ee, axis=-1)
         reach = 1.0 - xp.tanh(10.0 * near)
-        grasped = ((near < 0.02) & (opening > 2 * CUBE_HALF - 0.01) & (opening < 2 * CUBE_HALF + 0.005)).astype(ee.dtype)
+        grasped = ((near < 0.02) & (opening > 2 * CUBE_HALF - 0.01) & (opening < 2 * CUBE_HALF + 0.005)).astype(
+            ee.dtype
+        )
         lift = xp.clip((cube[:, 2] - CUBE_HALF) / 0.08, 0.0, 1.0) * grasped
         in_bin = self.in_bin(xp, cube)
         d_bin = xp.linalg.norm(cube[:, :2] - xp.asarray(BIN_POS), axis=-1)
@@ -206,7 +223,7 @@ class PickPlace(Task):
         get = split_state(np.asarray(obs["state"]), STATE_LAYOUT)
         n = len(get["target"])
         inside = np.asarray(self.in_bin(np, get["cube_pos"].reshape(n, NUM_CUBES, 3)))
-        return (inside & (np.asarray(get["target"]) < 0.5)).any(axis=-1)
+        return np.asarray((inside & (np.asarray(get["target"]) < 0.5)).any(axis=-1))
 
     def action_spec(self) -> ArraySpec:
         dim = ARM_NQ + 1 if self.config.action_mode == "joint_pos" else 5

@@ -20,7 +20,15 @@ import numpy as np
 
 from robotrl.core.spec import ArraySpec
 from robotrl.envs.task import (
-    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, split_state, state_layout, state_spec,
+    Expert,
+    Frame,
+    ResetState,
+    Task,
+    TaskConfig,
+    TeleopNoise,
+    split_state,
+    state_layout,
+    state_spec,
 )
 from robotrl.envs.tasks import arm
 
@@ -57,7 +65,7 @@ def _grid(k: int) -> np.ndarray:
     """Cell centres of a grid with `k` points per UNIT over the T: equal-area samples for the coverage."""
     pts = []
     for cx, cy, hx, hy in BOXES:
-        nx, ny = int(round(2 * hx / UNIT * k)), int(round(2 * hy / UNIT * k))
+        nx, ny = round(2 * hx / UNIT * k), round(2 * hy / UNIT * k)
         gx = cx - hx + (np.arange(nx) + 0.5) * 2 * hx / nx
         gy = cy - hy + (np.arange(ny) + 0.5) * 2 * hy / ny
         pts.append(np.stack(np.meshgrid(gx, gy, indexing="ij"), -1).reshape(-1, 2))
@@ -182,7 +190,8 @@ class PushT(Task):
 
     def mjcf(self) -> str:
         tool = (
-            f'<geom type="capsule" fromto="0 0 0 0 0 {TOOL_OFFSET}" size="0.006" rgba="0.2 0.2 0.2 1" contype="0" conaffinity="0"/>'
+            f'<geom type="capsule" fromto="0 0 0 0 0 {TOOL_OFFSET}" size="0.006" rgba="0.2 0.2 0.2 1" '
+            'contype="0" conaffinity="0"/>'
             f'<geom name="tip" type="sphere" pos="0 0 {TOOL_OFFSET}" size="{TIP_RADIUS}" rgba="0.9 0.5 0.1 1" '
             'contype="2" conaffinity="0" condim="3" friction="0.2 0.005 0.0001" solref="0.01 1"/>'
         )
@@ -193,13 +202,15 @@ class PushT(Task):
                 for cx, cy, hx, hy in BOXES
             )
 
+        block = t_geoms('contype="0" conaffinity="2" condim="3" friction="0.2 0.005 0.0001"', "0.35 0.45 0.75 1",
+                        BLOCK_HALF_HEIGHT)
         tx, ty, _ = self.config.target
         izz = BLOCK_MASS * RHO**2
         return arm.table_scene_xml(
             "push_t",
             option='timestep="0.005" iterations="4" ls_iterations="6"',
             camera='<camera name="front" pos="1.15 0 0.75" xyaxes="0 1 0 -0.733 0 0.68" fovy="45"/>'
-                   f'<camera name="top" pos="{tx} {ty} 0.55" xyaxes="0 1 0 -1 0 0" fovy="50"/>',
+            f'<camera name="top" pos="{tx} {ty} 0.55" xyaxes="0 1 0 -1 0 0" fovy="50"/>',
             bodies=f"""
     {arm.arm_xml(tool, TOOL_OFFSET)}
     <body name="block" pos="0 0 {BLOCK_HALF_HEIGHT}">
@@ -207,7 +218,7 @@ class PushT(Task):
       <joint name="block_x" type="slide" axis="1 0 0" damping="{BLOCK_DAMPING}"/>
       <joint name="block_y" type="slide" axis="0 1 0" damping="{BLOCK_DAMPING}"/>
       <joint name="block_yaw" type="hinge" axis="0 0 1" damping="{BLOCK_DAMPING * RHO**2}"/>
-      {t_geoms('contype="0" conaffinity="2" condim="3" friction="0.2 0.005 0.0001"', "0.35 0.45 0.75 1", BLOCK_HALF_HEIGHT)}
+      {block}
     </body>
     <body name="target" mocap="true" pos="{tx} {ty} 0.0005">
       {t_geoms('contype="0" conaffinity="0"', "0.1 0.8 0.2 0.35", 0.0005)}
@@ -312,7 +323,7 @@ def _contacts() -> tuple[np.ndarray, np.ndarray]:
     touches both faces. From every point the outward normal ray leaves the T without touching it again,
     which is the path the expert approaches and leaves a contact along.
     """
-    (bx, by, bhx, bhy), (sx, sy, shx, shy) = BOXES
+    (_bx, by, bhx, bhy), (_sx, sy, shx, shy) = BOXES
     top, seam, bottom = by + bhy, by - bhy, sy - shy
     pts, normals = [], []
 

@@ -26,7 +26,14 @@ import numpy as np
 from robotrl.core.spec import ArraySpec
 from robotrl.envs.randomization import Randomization
 from robotrl.envs.task import (
-    Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout, state_spec,
+    Expert,
+    Frame,
+    ResetState,
+    Task,
+    TaskConfig,
+    TeleopNoise,
+    state_layout,
+    state_spec,
 )
 
 # --- geometry (metres, kg) ---------------------------------------------------------------------------
@@ -128,9 +135,11 @@ class Quadruped(Task):
     def mjcf(self) -> str:
         legs = "".join(self._leg_xml(i) for i in range(4))
         actuators = "".join(
-            f'<position name="{leg}_{j}" joint="{leg}_{j}" kp="{KP}" ctrlrange="{JOINT_RANGE[k, 0]} {JOINT_RANGE[k, 1]}" '
+            f'<position name="{leg}_{j}" joint="{leg}_{j}" kp="{KP}" '
+            f'ctrlrange="{JOINT_RANGE[k, 0]} {JOINT_RANGE[k, 1]}" '
             f'forcerange="{-TORQUE_LIMIT[k]} {TORQUE_LIMIT[k]}"/>'
-            for leg in LEGS for k, j in enumerate(("abduct", "hip", "knee"))
+            for leg in LEGS
+            for k, j in enumerate(("abduct", "hip", "knee"))
         )
         hx, hy, hz = TRUNK_HALF
         return f"""
@@ -309,7 +318,9 @@ class TrotExpert(Expert):
 
     task: Quadruped
 
-    def __init__(self, task: Quadruped, noise: float = 0.0, seed: int | None = None, params: TrotParams | None = None) -> None:
+    def __init__(
+        self, task: Quadruped, noise: float = 0.0, seed: int | None = None, params: TrotParams | None = None
+    ) -> None:
         super().__init__(task, noise, seed)
         self.params = params if params is not None else TrotParams()
         self.teleop = TeleopNoise(noise, NJ, self.rng)
@@ -403,7 +414,11 @@ def tracking_stats(policy: str = "expert", noise: float = 0.0, episodes: int = 1
         ret += np.where(alive, reward, 0.0)
         alive &= ~terminated
     env.close()
-    return {"fall_rate": float(1.0 - alive.mean()), "tracking": float(tracked.mean() / steps), "return": float(ret.mean())}
+    return {
+        "fall_rate": float(1.0 - alive.mean()),
+        "tracking": float(tracked.mean() / steps),
+        "return": float(ret.mean()),
+    }
 
 
 if __name__ == "__main__":

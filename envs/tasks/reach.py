@@ -43,7 +43,10 @@ class Reach(Task):
         self.cameras = ("front",) if self.config.images else ()
 
     def mjcf(self) -> str:
-        stylus = '<geom type="capsule" fromto="0 0 0 0 0 0.1" size="0.012" rgba="0.2 0.2 0.2 1" contype="0" conaffinity="0"/>'
+        stylus = (
+            '<geom type="capsule" fromto="0 0 0 0 0 0.1" size="0.012" rgba="0.2 0.2 0.2 1" '
+            'contype="0" conaffinity="0"/>'
+        )
         target = (
             f'<body name="target" mocap="true" pos="0.5 0 0.4"><geom type="sphere" size="{self.config.success_radius}" '
             'rgba="0.1 0.9 0.2 0.4" contype="0" conaffinity="0"/></body>'

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 #: dtype name used for the language instruction key (a Python string per env, not a numeric array).
 STRING = "str"
@@ -28,8 +29,9 @@ class ArraySpec:
 
     shape: tuple[int, ...]
     dtype: str
-    low: tuple[float, ...] | None = None
-    high: tuple[float, ...] | None = None
+    #: elementwise bounds: anything that broadcasts to `shape` (a scalar, a flat list, an array); kept as a flat tuple
+    low: ArrayLike | None = None
+    high: ArrayLike | None = None
     #: named consecutive slices of a flat vector, e.g. (("joint_pos", 7), ("joint_vel", 7), ...): how a ROS
     #: node or a recording importer finds the robot's joints inside a task's "state" observation
     fields: tuple[tuple[str, int], ...] = ()
@@ -39,7 +41,8 @@ class ArraySpec:
         object.__setattr__(self, "fields", tuple((str(n), int(k)) for n, k in self.fields))
         if self.fields and (len(self.shape) != 1 or sum(k for _, k in self.fields) != self.shape[0]):
             raise SpecMismatchError(
-                f"ArraySpec.fields: expected sizes summing to a flat shape, got {list(self.fields)} for shape {self.shape}"
+                f"ArraySpec.fields: expected sizes summing to a flat shape, "
+                f"got {list(self.fields)} for shape {self.shape}"
             )
         if self.dtype != STRING:
             np.dtype(self.dtype)  # raises TypeError on an unknown dtype name
@@ -86,7 +89,7 @@ class ArraySpec:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ArraySpec":
+    def from_dict(cls, d: dict[str, Any]) -> ArraySpec:
         low, high = d.get("low"), d.get("high")
         return cls(
             shape=tuple(d["shape"]),
@@ -106,7 +109,8 @@ class ArraySpec:
         if got != expected:
             prefix = "(num_envs, " if batched else "("
             raise SpecMismatchError(
-                f"{where}: expected shape {prefix}{', '.join(map(str, expected))}{',' if len(expected) == 1 and not batched else ''}), "
+                f"{where}: expected shape {prefix}{', '.join(map(str, expected))}"
+                f"{',' if len(expected) == 1 and not batched else ''}), "
                 f"got {arr_shape}"
             )
         kind = np.dtype(value.dtype).kind if isinstance(value, np.ndarray) else np.asarray(value).dtype.kind
@@ -163,7 +167,7 @@ class Spec:
         return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Spec":
+    def from_dict(cls, d: dict[str, Any]) -> Spec:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -181,11 +185,11 @@ class Spec:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> "Spec":
+    def from_json(cls, text: str) -> Spec:
         return cls.from_dict(json.loads(text))
 
     # --- checking ------------------------------------------------------------------------------------
-    def check(self, other: "Spec", this: str = "this spec", that: str = "other spec") -> None:
+    def check(self, other: Spec, this: str = "this spec", that: str = "other spec") -> None:
         """Raise `SpecMismatchError` naming the first field that differs, with both values."""
         a, b = self.to_dict(), other.to_dict()
         a["metadata"] = b["metadata"] = None  # free-form notes never make two specs incompatible

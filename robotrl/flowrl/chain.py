@@ -28,9 +28,10 @@ from torch import nn
 from robotrl.policies import load
 from robotrl.policies.flow import FlowPolicy
 from robotrl.policies.generative import GenerativeConfig, NoisePrior
-from robotrl.policies.nets import SinusoidalEmbedding, mlp
+from robotrl.policies.nets import SinusoidalEmbedding, last_linear, mlp
 from robotrl.training.evaluate import make_eval_env
-from robotrl.training.loop import BestCheckpoint, RLResult, RunLog, PolicyRunOptions, TrainClock, finish_iterations
+from robotrl.training.loop import BestCheckpoint, PolicyRunOptions, RLResult, RunLog, TrainClock, finish_iterations
+
 
 @dataclass
 class ChainConfig(PolicyRunOptions):
@@ -169,8 +170,9 @@ class NoiseNet(nn.Module):
         size = chunk_shape[0] * chunk_shape[1]
         self.net = mlp([feature_dim + size + 16, *hidden, size], act=nn.Tanh)
         with torch.no_grad():
-            self.net[-1].weight.mul_(0.01)
-            self.net[-1].bias.fill_(math.log((init - low) / (high - init)))  # sigmoid^-1 of init's place in [low, high]
+            last_linear(self.net).weight.mul_(0.01)
+            # sigmoid^-1 of init's place in [low, high]
+            last_linear(self.net).bias.fill_(math.log((init - low) / (high - init)))
 
     def forward(self, features: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         h = self.net(torch.cat([features, x.flatten(1), self.time(t)], dim=-1))
@@ -208,6 +210,11 @@ class ChainMethod:
                   std: float) -> NoiseNet | None:
         """The network that learns the transitions' std, for a method that has one."""
         return None
+
+    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
+                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of x_{k+1} given x_k: the K-step chain methods' Gaussian transition."""
+        raise NotImplementedError
 
     def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
                x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -332,7 +339,7 @@ class OdeNoise(DenoisingMDP):
         policy = agent.policy
         cond, dt = policy.encoder(obs), 1.0 / agent.steps
         with torch.no_grad():
-            cond_ref = reference.encoder(obs) if reference is not None else None
+            cond_ref: Any = reference.encoder(obs) if reference is not None else None
         x, gaps = chain[:, 0], []
         for k in range(agent.steps):
             v = policy.velocity(x, k * dt, cond)
@@ -436,6 +443,8 @@ class FlowAgent(nn.Module):
     residual here (unless it has one) and only that head trains. How the chain is drawn and scored is its
     method's (`method`, an entry of `CHAIN_METHODS`)."""
 
+    schedule: torch.Tensor
+
     def __init__(self, policy: FlowPolicy, config: ChainConfig, steps: int) -> None:
         super().__init__()
         self.policy, self.steps = policy, steps
@@ -527,7 +536,7 @@ def load_flow_policy(path: Path, steps: int | None, field: str = "OnlineConfig.p
     `field` names the config field in errors."""
     policy = load(path)
     if not isinstance(policy, FlowPolicy):  # a bad value of the config's field, as the CLI reports them
-        raise ValueError(  # noqa: TRY004
+        raise ValueError(
             f"{field}: expected a flow policy checkpoint (robotrl train bc policy:flow), got a "
             f"{policy.name!r} policy at {path}")
     if not policy.vector_keys:
@@ -683,7 +692,7 @@ def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
         tally.step(raw_reward, info["success"], ended)
     with torch.no_grad():
         last_value = agent.value(policy.normalize_obs(windows.frames)).cpu().numpy()
-    out = {"obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
+    out: dict[str, Any] = {"obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
            "chain": torch.cat(taken["chain"]), "logp": torch.cat(taken["logp"]), "value": torch.cat(taken["value"]),
            "env": np.concatenate(taken["env"]), "reward": reward[:count], "discount": discount[:count],
            "done": done[:count], "last_value": last_value}

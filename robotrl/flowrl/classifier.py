@@ -175,7 +175,7 @@ def choose_threshold(scores: np.ndarray, labels: np.ndarray, target_precision: f
     tp = np.cumsum(y)[last]
     called = np.flatnonzero(last) + 1
     precision, recall, cut = tp / called, tp / y.sum(), s[last]
-    ok = np.flatnonzero(precision >= target_precision) if target_precision is not None else []
+    ok: np.ndarray | list[int] = np.flatnonzero(precision >= target_precision) if target_precision is not None else []
     if len(ok):
         return float(cut[ok[-1]]), True
     b2 = beta * beta
@@ -251,8 +251,10 @@ class SuccessClassifier(nn.Module):
         x = x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
         want = self.inputs[key]
         if tuple(x.shape[1:]) != want.shape or x.ndim != len(want.shape) + 1:
-            raise SpecMismatchError(f"classifier.predict: {key!r}: expected shape (N, {', '.join(map(str, want.shape))}), "
-                                    f"got {tuple(x.shape)}")
+            raise SpecMismatchError(
+                f"classifier.predict: {key!r}: expected shape (N, {', '.join(map(str, want.shape))}), "
+                f"got {tuple(x.shape)}"
+            )
         if key == self.net.camera and x.dtype != torch.uint8:
             raise SpecMismatchError(f"classifier.predict: {key!r}: expected uint8 images (0-255), got {x.dtype}")
         return x
@@ -265,7 +267,9 @@ class SuccessClassifier(nn.Module):
         proprio = proprio or {}
         absent = [k for k in self.net.proprio if proprio.get(k) is None]
         if absent:
-            raise SpecMismatchError(f"classifier.predict: proprioception {absent} missing (trained with {list(self.net.proprio)})")
+            raise SpecMismatchError(
+                f"classifier.predict: proprioception {absent} missing (trained with {list(self.net.proprio)})"
+            )
         extra = {k: self._batch(k, proprio[k]) for k in self.net.proprio}
         device = next(self.parameters()).device
         was = self.training
@@ -296,7 +300,9 @@ def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:
     if manifest["format"] != FORMAT:
         raise CheckpointError(f"{path / MANIFEST}: format: expected {FORMAT!r}, got {manifest['format']!r}")
     if int(manifest.get("version", -1)) > VERSION:
-        raise CheckpointError(f"{path / MANIFEST}: version {manifest.get('version')} is newer than this robotrl ({VERSION})")
+        raise CheckpointError(
+            f"{path / MANIFEST}: version {manifest.get('version')} is newer than this robotrl ({VERSION})"
+        )
     net = config_from_dict(ClassifierNet, manifest["config"], str(path / MANIFEST))  # type: ignore[arg-type]
     inputs = {k: ArraySpec.from_dict(v) for k, v in manifest["inputs"].items()}
     stats = {k: {n: np.asarray(v) for n, v in s.items()} for k, s in manifest.get("stats", {}).items()}
@@ -305,7 +311,9 @@ def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: weights do not fit the manifest's config: {str(e).splitlines()[-1].strip()}") from None
+        raise CheckpointError(
+            f"{path}: weights do not fit the manifest's config: {str(e).splitlines()[-1].strip()}"
+        ) from None
     model.metadata = {k: v for k, v in manifest.items() if k not in model.manifest() and k != "weights_sha256"}
     return model.to(device).eval()
 
@@ -362,11 +370,15 @@ class ClassifierConfig(RunOptions):
             if getattr(self, name) < 0:
                 raise ValueError(f"ClassifierConfig.{name}: expected >= 0, got {getattr(self, name)}")
         if self.batch_size < 2:
-            raise ValueError(f"ClassifierConfig.batch_size: expected >= 2 (half positive, half negative), got {self.batch_size}")
+            raise ValueError(
+                f"ClassifierConfig.batch_size: expected >= 2 (half positive, half negative), got {self.batch_size}"
+            )
         if not 0.0 < self.holdout < 1.0:
             raise ValueError(f"ClassifierConfig.holdout: expected a fraction in (0, 1), got {self.holdout}")
         if not 0.0 < self.target_precision <= 1.0:
-            raise ValueError(f"ClassifierConfig.target_precision: expected a value in (0, 1], got {self.target_precision}")
+            raise ValueError(
+                f"ClassifierConfig.target_precision: expected a value in (0, 1], got {self.target_precision}"
+            )
 
 
 @dataclass
@@ -396,7 +408,9 @@ def train(config: ClassifierConfig) -> ClassifierResult:
                or spec.observations[k].dtype == "str"]
     if unknown:
         vectors = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "str"]
-        raise SpecMismatchError(f"ClassifierConfig.proprio: expected some of the vector observations {vectors}, got {unknown}")
+        raise SpecMismatchError(
+            f"ClassifierConfig.proprio: expected some of the vector observations {vectors}, got {unknown}"
+        )
     run_dir, state_path, rng = start_run(config, "classifier", spec.task)
 
     # data: labelled frames, split by episode
@@ -451,7 +465,9 @@ def train(config: ClassifierConfig) -> ClassifierResult:
                              schedule=schedule.state_dict(), rng=rng_state(rng))
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
             m = Metrics.of(_scores(model, held), held.labels, 0.5)
-            log.log(done, **{"heldout/precision@0.5": m.precision, "heldout/recall@0.5": m.recall, "heldout/f1@0.5": m.f1})
+            log.log(
+                done, **{"heldout/precision@0.5": m.precision, "heldout/recall@0.5": m.recall, "heldout/f1@0.5": m.f1}
+            )
     bar.close()
     seconds = time.perf_counter() - began
     save_train_state(state_path, step=config.steps, model=model.state_dict(), optimizer=optimizer.state_dict(),
@@ -471,7 +487,9 @@ def train(config: ClassifierConfig) -> ClassifierResult:
     log.log(config.steps, **{f"heldout/{k}": getattr(metrics, k) for k in ("precision", "recall", "f1", "threshold")},
             **{f"baseline_{n}/{k}": getattr(b, k) for n, b in baselines.items() for k in ("precision", "recall", "f1")})
     log.close()
-    result = ClassifierResult(path, config.steps, seconds, metrics, met, baselines, len(train_eps), len(held_eps), run_dir)
+    result = ClassifierResult(
+        path, config.steps, seconds, metrics, met, baselines, len(train_eps), len(held_eps), run_dir
+    )
     (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
     return result
 
@@ -497,7 +515,9 @@ def classifier_reward(classifier: SuccessClassifier, obs: Mapping[str, Any],
     keys = (classifier.net.camera, *classifier.net.proprio)
     reached = {k: np.array(obs[k].cpu() if isinstance(obs[k], torch.Tensor) else obs[k]) for k in keys}
     if "final_obs" in info:
-        done = np.asarray(info["_final_obs"].cpu() if isinstance(info["_final_obs"], torch.Tensor) else info["_final_obs"])
+        done = np.asarray(
+            info["_final_obs"].cpu() if isinstance(info["_final_obs"], torch.Tensor) else info["_final_obs"]
+        )
         for k in keys:
             final = info["final_obs"][k]
             reached[k][done] = np.asarray(final.cpu() if isinstance(final, torch.Tensor) else final)[done]

@@ -33,15 +33,29 @@ from tqdm import tqdm
 
 from robotrl.core.spec import STRING
 from robotrl.flowrl.chain import (
-    ChainConfig, FlowAgent, Tally, Windows, finish_policy_run, gaussian_log_prob, load_flow_policy, rollout,
+    ChainConfig,
+    FlowAgent,
+    Tally,
+    Windows,
+    finish_policy_run,
+    gaussian_log_prob,
+    load_flow_policy,
+    rollout,
     training_env,
 )
 from robotrl.policies.generative import NoisePrior
 from robotrl.rl.sac import Agent, SacConfig, update
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import (
-    BestCheckpoint, PolicyRunOptions, RLResult, RunLog, TrainClock, check_finite_weights, load_run_state,
-    save_run_state, start_run,
+    BestCheckpoint,
+    PolicyRunOptions,
+    RLResult,
+    RunLog,
+    TrainClock,
+    check_finite_weights,
+    load_run_state,
+    save_run_state,
+    start_run,
 )
 
 
@@ -228,8 +242,9 @@ def train(config: DsrlConfig) -> RLResult:
     feature_dim = flow.feature_dim
     bound = torch.full((action_dim,), config.prior_bound)
     agent = Agent(feature_dim, action_dim, -bound, bound, sac_config)
-    agent.actor = PriorActor(flow.prior, relative=config.target_kl is not None)
-    flow.value_net = SoftValue(agent)  # the rollout's bootstrap of a time-limit cut
+    # DSRL's SAC acts in the noise space: the prior's actor in the agent's actor slot, the soft value as the chain's
+    agent.actor = PriorActor(flow.prior, relative=config.target_kl is not None)  # type: ignore[assignment]
+    flow.value_net = SoftValue(agent)  # type: ignore[assignment]  # the rollout's bootstrap of a time-limit cut
     opt = agent.optimizers(config.lr)
     target_entropy = (-config.target_kl if config.target_kl is not None  # SAC's update: -target is the bound
                       else action_dim * (0.5 * math.log(2 * math.pi * math.e) + math.log(config.target_std)))

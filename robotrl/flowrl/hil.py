@@ -411,6 +411,7 @@ class DeviceOperator(Watch):
         self.device, self.spec = device, spec
         self.limiter = RateLimiter(spec.control_hz) if device.human else None
         self.command: Any = None
+        self.was_operated: bool
 
     def wants(self) -> np.ndarray:
         return np.array([self.command.intervention])
@@ -464,7 +465,7 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         recorder = Recorder(store, n, demos, operator=device.name if device is not None else config.operator)
         operator: ExpertOperator | DeviceOperator
         if config.operator == "expert" and device is None:
-            scale = policy.normalizer.action_scale.detach().cpu().numpy().reshape(-1)
+            scale = policy.normalizer.get_buffer("action_scale").detach().cpu().numpy().reshape(-1)
             operator = ExpertOperator(env.task.expert(noise=config.operator_noise, seed=config.seed), scale, config,
                                       recorder, n)
         else:
@@ -509,9 +510,18 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
             for it in range(start, iterations):
                 data = collect(agent, env, windows, horizon, execute, config, tally, operator)
                 use_demos = config.bc_loss_coef > 0 and bool(demos.parts)
-                sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant,
-                                  rng, f"hil iteration {it} (last train state: {state_path})",
-                                  demo_bc if use_demos else None)
+                sums = ppo_update(
+                    agent,
+                    data,
+                    config,
+                    it >= config.critic_warmup,
+                    run.reference,
+                    optimizer,
+                    run.constant,
+                    rng,
+                    f"hil iteration {it} (last train state: {state_path})",
+                    demo_bc if use_demos else None,
+                )
                 run.average()
                 rate, takeovers = operator.rate()
                 rates.append(rate)

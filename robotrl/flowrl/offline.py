@@ -70,9 +70,9 @@ from robotrl.policies.nets import mlp
 from robotrl.rl.iql import critic_update
 from robotrl.training.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
 from robotrl.training.loop import (
+    PolicyRunOptions,
     RLResult,
     RunLog,
-    PolicyRunOptions,
     TrainingDiverged,
     cosine_lr,
     finish_run,
@@ -292,10 +292,17 @@ def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, f
     next_obs = {k: v[torch.from_numpy(succ)] for k, v in obs.items()}
     chunk = policy.normalizer.normalize("action", torch.as_tensor(w["action"]).float())
     keep_t = torch.from_numpy(keep)
-    return Decisions({k: v[keep_t] for k, v in obs.items()}, next_obs, chunk[:, :execute].flatten(1)[keep_t],
-                     chunk[keep_t], torch.from_numpy(w["action_is_pad"])[keep_t], torch.from_numpy(reward[keep]).float(),
-                     torch.from_numpy(np.where(terminal, 0.0, gamma ** steps.astype(np.float64))[keep]).float(),
-                     held[w["episode"]][keep], np.asarray(w["episode"])[keep])
+    return Decisions(
+        {k: v[keep_t] for k, v in obs.items()},
+        next_obs,
+        chunk[:, :execute].flatten(1)[keep_t],
+        chunk[keep_t],
+        torch.from_numpy(w["action_is_pad"])[keep_t],
+        torch.from_numpy(reward[keep]).float(),
+        torch.from_numpy(np.where(terminal, 0.0, gamma ** steps.astype(np.float64))[keep]).float(),
+        held[w["episode"]][keep],
+        np.asarray(w["episode"])[keep],
+    )
 
 
 class ChunkCritic(nn.Module):
@@ -581,7 +588,9 @@ def train(config: OfflineFlowConfig) -> RLResult:
                 row["eval/success_rate"] = evaluate().success_rate
             log.log(done, **row)
             bar.update(1)
-            bar.set_postfix(accepted=f"{accepted}/{updates}", success=f"{row.get('eval/success_rate', float('nan')):.2f}")
+            bar.set_postfix(
+                accepted=f"{accepted}/{updates}", success=f"{row.get('eval/success_rate', float('nan')):.2f}"
+            )
             save_run_state(state_path, it + 1, modules, opt, rng, episodes=episodes)
             policy.save(run_dir / "policy")
     finally:

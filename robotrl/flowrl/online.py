@@ -220,13 +220,14 @@ def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, act
     """`config.epochs` passes of shuffled minibatches of a rollout's decisions (with their `adv` and `ret`), one
     clipped step each; `extra()` -> (loss, stats) is added to every minibatch's loss (robotrl/flowrl/hil.py: BC on the
     operator's interventions). Returns every step's stats; weights gone non-finite raise `TrainingDiverged`."""
-    count, sums = len(data["adv"]), {}
+    count = len(data["adv"])
+    sums: dict[str, list[float]] = {}
     keys = [k for k in ("chain", "logp", "value", "adv", "ret", "operated") if k in data]
     for _ in range(config.epochs):
         order = torch.from_numpy(rng.permutation(count)).to(data["adv"].device)
         for lo in range(0, count, config.minibatch_size):
             mb = order[lo:lo + config.minibatch_size]
-            batch = {k: data[k][mb] for k in keys}
+            batch: dict[str, Any] = {k: data[k][mb] for k in keys}
             batch["obs"] = {k: x[mb] for k, x in data["obs"].items()}
             loss, stats = ppo_loss(agent, batch, config, actor, reference)
             if extra is not None:
@@ -341,8 +342,17 @@ def train(config: OnlineConfig) -> RLResult:
 
             # update: the value network alone while it warms up
             count = len(data["adv"])
-            sums = ppo_update(agent, data, config, it >= config.critic_warmup, run.reference, optimizer, run.constant, rng,
-                              f"online iteration {it} (last train state: {state_path})")
+            sums = ppo_update(
+                agent,
+                data,
+                config,
+                it >= config.critic_warmup,
+                run.reference,
+                optimizer,
+                run.constant,
+                rng,
+                f"online iteration {it} (last train state: {state_path})",
+            )
             run.average()
 
             # log, evaluate, checkpoint

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -154,8 +155,13 @@ class RolloutWorker:
 
     def state(self) -> dict[str, Any]:
         """The envs mid-episode, the observation the next action is chosen from, and the random streams."""
-        return {"env": as_tensors(self.env.get_state()), "env_rng": self.env.get_rng_state(), "obs": as_tensors(self.obs),
-                "rng": self.rng.bit_generator.state, "torch_rng": self.torch_rng}
+        return {
+            "env": as_tensors(self.env.get_state()),
+            "env_rng": self.env.get_rng_state(),
+            "obs": as_tensors(self.obs),
+            "rng": self.rng.bit_generator.state,
+            "torch_rng": self.torch_rng,
+        }
 
     def set_state(self, state: dict[str, Any]) -> None:
         self.env.set_state({k: v.numpy() for k, v in state["env"].items()})
@@ -215,18 +221,24 @@ class RayWorkers:
         self.ray, self.where = ray, where
         self.owns_cluster = not ray.is_initialized()
         if self.owns_cluster:
-            local = {"num_cpus": max(config.workers, os.cpu_count() or 1), "_node_ip_address": "127.0.0.1"}
-            ray.init(address=config.ray_address, include_dashboard=False, logging_level="warning",
+            local: dict[str, Any] = {
+                "num_cpus": max(config.workers, os.cpu_count() or 1),
+                "_node_ip_address": "127.0.0.1",
+            }
+            # ray.init takes a logging level's name as well as its number
+            ray.init(address=config.ray_address, include_dashboard=False, logging_level="warning",  # type: ignore[arg-type]
                      **({} if config.ray_address else local))
         remote = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
-        self.actors = [remote.remote(config, w) for w in range(config.workers)]
+        self.actors: list[Any] = [remote.remote(config, w) for w in range(config.workers)]  # Ray actor handles
         self.refs: dict[int, Any] = {}
         try:
             self.pids: list[int] = ray.get([a.pid.remote() for a in self.actors], timeout=WORKER_START_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             self.close()
-            raise RuntimeError(f"actor_learner: {config.workers} rollout workers (1 CPU each) did not all start within "
-                               f"{WORKER_START_TIMEOUT_S:.0f} s; the Ray cluster has {ray.cluster_resources()}") from None
+            raise RuntimeError(
+                f"actor_learner: {config.workers} rollout workers (1 CPU each) did not all start within "
+                f"{WORKER_START_TIMEOUT_S:.0f} s; the Ray cluster has {ray.cluster_resources()}"
+            ) from None
 
     def publish(self, weights: dict[str, torch.Tensor]) -> Any:
         return self.ray.put(weights)
@@ -313,7 +325,7 @@ def train(config: ActorLearnerConfig) -> RLResult:
     return result
 
 
-def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: dict[str, torch.optim.Optimizer],
+def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: Mapping[str, torch.optim.Optimizer],
           rng: np.random.Generator, replay: ReplayBuffer, demos: DemoTransitions | None, target_entropy: float,
           state_path: Path, run_dir: Path, collected: int, version: int, episodes: dict[str, list[Any]],
           ret: np.ndarray, succ: np.ndarray) -> RLResult:

@@ -23,6 +23,7 @@ checkpoint. `--resume` continues exactly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,7 +102,7 @@ def conservative_penalty(agent: Agent, batch: dict[str, torch.Tensor], q_data: t
                                "cql/q_uniform": q_uniform.mean().item(), "calibration/below_mc": below}
 
 
-def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor],
+def update(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor],
            config: CalqlConfig, target_entropy: float, where: str) -> dict[str, float]:
     """One Cal-QL update: critics on TD (min over a random subset of target critics, no entropy backup, as CQL)
     plus `cql_alpha` times the calibrated regularizer, then the actor and the temperature as in SAC."""

@@ -15,7 +15,9 @@ exactly.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,7 +64,7 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
     return (weight * diff.square()).mean()
 
 
-def critic_update(agent: torch.nn.Module, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor],
+def critic_update(agent: Any, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor],
                   expectile: float, discount: float | torch.Tensor,
                   where: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """IQL's V and Q steps on `agent.value`, `agent.critic`, `agent.target`: V an expectile of the target critics'
@@ -84,7 +86,7 @@ def critic_update(agent: torch.nn.Module, opt: dict[str, torch.optim.Optimizer],
                                 "q/mean": q.mean().item()}
 
 
-def update(agent: IqlAgent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: IqlConfig,
+def update(agent: IqlAgent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: IqlConfig,
            where: str) -> dict[str, float]:
     q_data, v, stats = critic_update(agent, opt, batch, config.expectile, config.gamma, where)
     with torch.no_grad():

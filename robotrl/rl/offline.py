@@ -4,6 +4,7 @@ evaluation and train states."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
 from robotrl.rl.replay import DemoTransitions, split_obs_keys
 from robotrl.training.evaluate import evaluate_state_actor
-from robotrl.training.loop import RLResult, RunLog, PolicyRunOptions, TrainClock, finish_run, save_run_state, start_run
+from robotrl.training.loop import PolicyRunOptions, RLResult, RunLog, TrainClock, finish_run, save_run_state, start_run
 
 
 @dataclass
@@ -71,7 +72,7 @@ def offline_evaluate(actor: Any, spec: Spec, config: OfflineOptions) -> Any:
                                 episode_steps=spec.episode_steps)
 
 
-def offline_loop(config: OfflineOptions, name: str, agent: nn.Module, opt: dict[str, torch.optim.Optimizer],
+def offline_loop(config: OfflineOptions, name: str, agent: nn.Module, opt: Mapping[str, torch.optim.Optimizer],
                  rng: np.random.Generator, run_dir: Path, state_path: Path, sample: Any, update: Any,
                  evaluate: Any, start: int) -> RLResult:
     """The loop of an offline run from step `start`: `update(batch, where)` on `sample(rng)`, log every
@@ -91,7 +92,7 @@ def offline_loop(config: OfflineOptions, name: str, agent: nn.Module, opt: dict[
             clock.evaluate_every(config, log, evaluate, done, step, last=done == config.steps)
             if done % config.checkpoint_every == 0 or done == config.steps:
                 save_run_state(state_path, done, agent, opt, rng)
-                torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
+                torch.save(agent.get_submodule("actor").state_dict(), run_dir / "actor.pt")
     finally:
         bar.close()
     seconds = clock.trained()

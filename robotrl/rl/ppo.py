@@ -27,11 +27,19 @@ from tqdm import tqdm
 
 from robotrl.core.spec import flatten_obs
 from robotrl.envs import make
-from robotrl.policies.nets import mlp
+from robotrl.policies.nets import last_linear, mlp
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, PolicyRunOptions, TaskOptions, TrainClock, TrainingDiverged, finish_iterations, load_run_state,
-    save_run_state, start_run,
+    PolicyRunOptions,
+    RLResult,
+    RunLog,
+    TaskOptions,
+    TrainClock,
+    TrainingDiverged,
+    finish_iterations,
+    load_run_state,
+    save_run_state,
+    start_run,
 )
 
 
@@ -81,6 +89,10 @@ class PpoConfig(PolicyRunOptions, TaskOptions):
 class RunningNorm(nn.Module):
     """Running mean / variance of observations (parallel-variance update per batch); part of the agent's state."""
 
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, dim: int, clip: float = 10.0) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
@@ -110,8 +122,8 @@ class PpoAgent(nn.Module):
         self.critic = mlp([obs_dim, *config.hidden, 1], act=nn.Tanh)
         self.log_std = nn.Parameter(torch.full((action_dim,), config.init_log_std))
         with torch.no_grad():  # small initial actions, as the large-batch recipes initialize the last layer
-            self.actor[-1].weight.mul_(0.01)
-            self.actor[-1].bias.zero_()
+            last_linear(self.actor).weight.mul_(0.01)
+            last_linear(self.actor).bias.zero_()
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         return self.norm(obs) if self.normalize else obs
@@ -128,7 +140,9 @@ class PpoAgent(nn.Module):
             return self.actor(self.features(torch.from_numpy(obs))).numpy()
 
 
-def ppo_loss(agent: PpoAgent, batch: dict[str, torch.Tensor], config: PpoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_loss(
+    agent: PpoAgent, batch: dict[str, torch.Tensor], config: PpoConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate + (clipped) value regression - entropy bonus, on one minibatch."""
     dist = agent.dist(batch["obs"])
     logp = dist.log_prob(batch["action"]).sum(-1)
@@ -264,9 +278,19 @@ def train(config: PpoConfig) -> RLResult:
             bar.update(n * horizon)
             recent = episodes["success"][-100:]
             trained_s = clock.trained()
-            log.log(now, **stats, **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9)},
-                    **({"train/success_rate": float(np.mean(recent)),
-                        "train/return": float(np.mean(episodes["returns"][-100:]))} if recent else {}))
+            log.log(
+                now,
+                **stats,
+                **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9)},
+                **(
+                    {
+                        "train/success_rate": float(np.mean(recent)),
+                        "train/return": float(np.mean(episodes["returns"][-100:])),
+                    }
+                    if recent
+                    else {}
+                ),
+            )
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:

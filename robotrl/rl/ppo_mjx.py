@@ -42,7 +42,14 @@ from tqdm import tqdm
 from robotrl.rl.ppo import PpoAgent, PpoConfig
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, TrainClock, TrainingDiverged, finish_run, load_train_state, save_train_state, start_run,
+    RLResult,
+    RunLog,
+    TrainClock,
+    TrainingDiverged,
+    finish_run,
+    load_train_state,
+    save_train_state,
+    start_run,
 )
 
 NORM_CLIP = 10.0  # RunningNorm's clip of normalized observations
@@ -150,7 +157,7 @@ class Norm(NamedTuple):
 
     mean: jax.Array
     var: jax.Array
-    count: jax.Array
+    count: jax.Array  # type: ignore[assignment]  # shadows tuple.count, which nothing here calls
 
 
 def agent_to_jax(state: dict[str, torch.Tensor]) -> tuple[Params, Norm]:
@@ -225,13 +232,14 @@ def act(params: Params, norm: Norm, obs: jax.Array, normalize: bool) -> jax.Arra
 
 
 # --- the algorithm --------------------------------------------------------------------------------
+GaeCarry = tuple[jax.Array, jax.Array]  # gae's scan carry: (running advantage, value of the next step)
+
+
 def gae(reward: jax.Array, value_: jax.Array, done: jax.Array, last_value: jax.Array, gamma: float,
         lam: float) -> jax.Array:
     """GAE(lambda) over a (T, N) rollout, as robotrl.rl.ppo.gae: `done` cuts the recursion at episode ends."""
 
-    Carry = tuple[jax.Array, jax.Array]  # (running advantage, value of the next step)
-
-    def back(carry: Carry, t: tuple[jax.Array, ...]) -> tuple[Carry, jax.Array]:
+    def back(carry: GaeCarry, t: tuple[jax.Array, ...]) -> tuple[GaeCarry, jax.Array]:
         running, next_value = carry
         r, v, d = t
         keep = 1.0 - d

@@ -152,10 +152,20 @@ class ReplayBuffer:
         """What the train state keeps besides the store: the step counts, how many episodes the store had, and
         each env's unfinished episode with its tags (tensors: no pickle)."""
         assert self.store is not None, "replay: a buffer without a store cannot be resumed"
-        return {"steps": self.steps, "filled": torch.from_numpy(self.filled.copy()), "episodes": self.store.num_episodes,
-                "unfinished": [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in w.unfinished().items()
-                                if k in self._resume_keys} for w in self.writers],
-                "tags": [{k: torch.tensor(v) for k, v in t.items()} for t in self.tags]}
+        return {
+            "steps": self.steps,
+            "filled": torch.from_numpy(self.filled.copy()),
+            "episodes": self.store.num_episodes,
+            "unfinished": [
+                {
+                    k: torch.from_numpy(np.ascontiguousarray(v))
+                    for k, v in w.unfinished().items()
+                    if k in self._resume_keys
+                }
+                for w in self.writers
+            ],
+            "tags": [{k: torch.tensor(v) for k, v in t.items()} for t in self.tags],
+        }
 
     @property
     def _resume_keys(self) -> tuple[str, ...]:
@@ -164,7 +174,7 @@ class ReplayBuffer:
 
     @classmethod
     def restore(cls, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int, store: EpisodeStore,
-                state: Mapping[str, Any], row_meta: Sequence[Mapping[str, Any]] | None = None) -> "ReplayBuffer":
+                state: Mapping[str, Any], row_meta: Sequence[Mapping[str, Any]] | None = None) -> ReplayBuffer:
         """The buffer of a killed run, from its store and `state()`: episodes the store got after that state was
         saved are dropped (the resumed run records them again), env i's episodes in order fill row i, and the
         unfinished steps go back into row i and into env i's writer."""
@@ -243,10 +253,19 @@ class DemoTransitions:
         return len(self.action)
 
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
-        k = _sample_valid(int(self.valid.sum()), lambda b: rng.integers(0, len(self), b), lambda k: self.valid[k], batch)
+        k = _sample_valid(
+            int(self.valid.sum()), lambda b: rng.integers(0, len(self), b), lambda k: self.valid[k], batch
+        )
         nxt = np.minimum(k + 1, len(self) - 1)
-        out = batch_tensors(self.obs[k], self.action[k], self.reward[k], self.terminated[k], self.obs[nxt],
-                            {key: v[k] for key, v in self.images.items()}, {key: v[nxt] for key, v in self.images.items()})
+        out = batch_tensors(
+            self.obs[k],
+            self.action[k],
+            self.reward[k],
+            self.terminated[k],
+            self.obs[nxt],
+            {key: v[k] for key, v in self.images.items()},
+            {key: v[nxt] for key, v in self.images.items()},
+        )
         if self.mc_return is not None:
             out["mc_return"] = torch.from_numpy(self.mc_return[k])
         return out

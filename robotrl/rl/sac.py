@@ -20,6 +20,7 @@ RNGs, the envs mid-episode and the replay rebuilt from its store.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -37,8 +38,18 @@ from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
 from robotrl.training.evaluate import evaluate_actor
 from robotrl.training.loop import (
-    RLResult, RunLog, PolicyRunOptions, TaskOptions, gradient_step, load_run_state, load_train_state, polyak,
-    TrainClock, finish_run, save_run_state, start_run,
+    PolicyRunOptions,
+    RLResult,
+    RunLog,
+    TaskOptions,
+    TrainClock,
+    finish_run,
+    gradient_step,
+    load_run_state,
+    load_train_state,
+    polyak,
+    save_run_state,
+    start_run,
 )
 
 
@@ -100,7 +111,9 @@ class SacConfig(PolicyRunOptions, TaskOptions):
         if not 0.0 < self.demo_ratio < 1.0:
             raise ValueError(f"SacConfig.demo_ratio: expected a fraction in (0, 1), got {self.demo_ratio}")
         if not (0.0 < self.gamma < 1.0 and 0.0 < self.tau <= 1.0):
-            raise ValueError(f"SacConfig.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, {self.tau}")
+            raise ValueError(
+                f"SacConfig.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, {self.tau}"
+            )
 
 
 class Agent(torch.nn.Module):
@@ -154,7 +167,7 @@ class Agent(torch.nn.Module):
         return self.actor(self.features(vec, images, augment=False), deterministic=deterministic)[0].numpy()
 
 
-def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: SacConfig,
+def update(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, Any], config: SacConfig,
            target_entropy: float, where: str) -> dict[str, float]:
     """One RLPD update: critics on the TD target (min over a random subset of target critics, entropy bonus),
     then the actor on the ensemble's mean Q, then the temperature; target critics by Polyak averaging."""
@@ -178,7 +191,7 @@ def update(agent: Agent, opt: dict[str, torch.optim.Optimizer], batch: dict[str,
     return {"loss/critic": critic_loss.item(), "alpha": alpha.item(), **stats}
 
 
-def actor_step(agent: Agent, opt: dict[str, torch.optim.Optimizer], obs: torch.Tensor, alpha: torch.Tensor,
+def actor_step(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], obs: torch.Tensor, alpha: torch.Tensor,
                target_entropy: float, where: str) -> dict[str, float]:
     """SAC's actor update (the critics' mean Q less the entropy cost, reparameterized) and its temperature update
     (towards the target entropy)."""
@@ -260,7 +273,10 @@ def train(config: SacConfig) -> RLResult:
         store = EpisodeStore.open(run_dir / "replay.zarr", mode="a")
         replay = ReplayBuffer.restore(spec, config.obs_keys, n, capacity, store, state["replay"])
         start, episodes = int(state["step"]), state["episodes"]
-        ret, succ = state["running"]["ret"].numpy().copy(), state["running"]["succ"].numpy().copy()  # episodes in progress
+        ret, succ = (
+            state["running"]["ret"].numpy().copy(),
+            state["running"]["succ"].numpy().copy(),
+        )  # episodes in progress
     else:
         obs, _ = env.reset(seed=config.seed)
         store = EpisodeStore.create(run_dir / "replay.zarr", spec)
@@ -284,7 +300,9 @@ def train(config: SacConfig) -> RLResult:
         for it in range(start, vector_steps):
             done_steps = it * n
             if done_steps < config.learning_starts and config.init is None:
-                action = rng.uniform(spec.action.low_array(), spec.action.high_array(), (n, action_dim)).astype(np.float32)
+                action = rng.uniform(spec.action.low_array(), spec.action.high_array(), (n, action_dim)).astype(
+                    np.float32
+                )
             else:
                 action = agent.act(obs, vector_keys)
             next_obs, reward, terminated, truncated, info = env.step(action)
@@ -307,7 +325,9 @@ def train(config: SacConfig) -> RLResult:
                 log.log(now, **stats, **({"train/success_rate": float(np.mean(recent)),
                                           "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
-            clock.evaluate_every(config, log, lambda: evaluate(agent, config), now, done_steps, last=it + 1 == vector_steps)
+            clock.evaluate_every(
+                config, log, lambda: evaluate(agent, config), now, done_steps, last=it + 1 == vector_steps
+            )
             if now // config.checkpoint_every != done_steps // config.checkpoint_every or it + 1 == vector_steps:
                 checkpoint(it + 1)
     finally:
@@ -338,11 +358,11 @@ def load_pretrained(agent: Agent, run_dir: Path) -> None:
 
 
 def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfig,
-           rng: np.random.Generator) -> dict[str, torch.Tensor]:
+           rng: np.random.Generator) -> dict[str, Any]:
     """A batch: online transitions only, or RLPD's symmetric mix of demonstrations and online data."""
     if demos is None:
         return replay.sample(config.batch_size, rng)
-    k = int(round(config.batch_size * config.demo_ratio))
+    k = round(config.batch_size * config.demo_ratio)
     a, b = demos.sample(k, rng), replay.sample(config.batch_size - k, rng)
     return {key: {c: torch.cat([a[key][c], b[key][c]]) for c in a[key]} if isinstance(a[key], dict)
             else torch.cat([a[key], b[key]]) for key in b}

@@ -16,6 +16,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -128,7 +129,9 @@ def make_sb3_env(config: Sb3Config, seed: int | None = None) -> gym.Env:
     import robotrl.envs  # noqa: F401  (registers the ids)
     from robotrl.envs.registration import env_id
 
-    env = gym.make(env_id(config.task), action_mode=config.action_mode, reward_type=config.reward_type, render_images=False)
+    env = gym.make(
+        env_id(config.task), action_mode=config.action_mode, reward_type=config.reward_type, render_images=False
+    )
     space = env.observation_space
     assert isinstance(space, gym.spaces.Dict)
     missing = [k for k in config.obs_keys if k not in space.spaces]
@@ -179,17 +182,22 @@ def train(config: Sb3Config) -> Sb3Result:
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(config)), indent=2))
 
-    venv = VecMonitor(DummyVecEnv([lambda i=i: make_sb3_env(config, config.seed + i) for i in range(config.num_envs)]),
+    venv = VecMonitor(DummyVecEnv([partial(make_sb3_env, config, config.seed + i) for i in range(config.num_envs)]),
                       info_keywords=("success",))
     keys = tuple(venv.envs[0].env.observation_space.spaces)  # FlattenObservation(FilterObservation): its key order
-    algo_cls = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
+    algo_cls: Any = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
     if last is not None:
         model = algo_cls.load(last, env=venv, device="cpu")
         if config.algo in OFF_POLICY and replay_buffer_path(last).exists():
             model.load_replay_buffer(replay_buffer_path(last))
     else:
         model = algo_cls("MlpPolicy", venv, seed=config.seed, device="cpu", verbose=0, **_algo_kwargs(config))
-    model.set_logger(Logger(str(run_dir), [JSONOutputFormat(str(run_dir / "metrics.jsonl")), TensorBoardOutputFormat(str(run_dir / "tb"))]))
+    model.set_logger(
+        Logger(
+            str(run_dir),
+            [JSONOutputFormat(str(run_dir / "metrics.jsonl")), TensorBoardOutputFormat(str(run_dir / "tb"))],
+        )
+    )
 
     remaining = max(config.total_steps - model.num_timesteps, 0)
     callbacks: list[Any] = [progress_bar(remaining, config.progress)]

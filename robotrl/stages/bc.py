@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -29,8 +28,18 @@ from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies.base import Policy, PolicyConfig, policy_class, policy_config, register_all
 from robotrl.training.loop import (
-    EMA, PolicyRunOptions, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state,
-    save_train_state, set_rng_state, start_run,
+    EMA,
+    PolicyRunOptions,
+    RunLog,
+    check_device,
+    cosine_lr,
+    jsonable,
+    load_train_state,
+    optimizer_step,
+    rng_state,
+    save_train_state,
+    set_rng_state,
+    start_run,
 )
 
 
@@ -164,7 +173,9 @@ def train(config: BCConfig) -> BCResult:
         done = step + 1
         bar.update(1)
         if done % config.log_every == 0 or done == config.steps:
-            log.log(done, **{"train/loss": loss_value, "train/grad_norm": grad_norm, "train/lr": schedule.get_last_lr()[0]})
+            log.log(
+                done, **{"train/loss": loss_value, "train/grad_norm": grad_norm, "train/lr": schedule.get_last_lr()[0]}
+            )
             bar.set_postfix(loss=f"{loss_value:.4f}")
         if done % config.checkpoint_every == 0 or done == config.steps:
             checkpoint(done)
@@ -193,6 +204,7 @@ def run_train_bc(config: BCConfig) -> BCResult:
     ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
     success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
         if result.success_rate is not None else ""
+    assert isinstance(config.policy, PolicyConfig)  # BCConfig.__post_init__ resolved a name
     print(f"bc {policy_class(config.policy).name}: {success}{result.steps} steps in {result.train_seconds:.0f} s; "
           f"policy {result.checkpoint}")
     return result

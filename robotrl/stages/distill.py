@@ -44,11 +44,21 @@ from tqdm import tqdm
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.policies import Policy, load
-from robotrl.policies.consistency import ConsistencyHead, student_for, teachers
+from robotrl.policies.consistency import ConsistencyPolicy, VLAConsistencyPolicy, student_for, teachers
 from robotrl.training.evaluate import not_worse, rollout, training_seed
 from robotrl.training.loop import (
-    EMA, PolicyRunOptions, RunLog, check_device, cosine_lr, jsonable, load_train_state, optimizer_step, rng_state,
-    save_train_state, set_rng_state, start_run,
+    EMA,
+    PolicyRunOptions,
+    RunLog,
+    check_device,
+    cosine_lr,
+    jsonable,
+    load_train_state,
+    optimizer_step,
+    rng_state,
+    save_train_state,
+    set_rng_state,
+    start_run,
 )
 
 #: config fields that do not change what a run computes: they may differ between a run and its resumption
@@ -174,8 +184,14 @@ class TeacherGap:
     """Student one-step vs teacher multi-step chunks from the same noise on a fixed batch of training windows.
     Drawn from its own generators, so measuring it never moves the run's random streams (exact resume)."""
 
-    def __init__(self, student: ConsistencyHead, teacher: Policy, sampler: SequenceSampler, batch: int,
-                 seed: int) -> None:
+    def __init__(
+        self,
+        student: ConsistencyPolicy | VLAConsistencyPolicy,
+        teacher: Policy,
+        sampler: SequenceSampler,
+        batch: int,
+        seed: int,
+    ) -> None:
         windows = sampler.sample(batch, np.random.default_rng(seed + 1))
         self.obs = student.normalize_obs(windows["obs"])
         generator = torch.Generator().manual_seed(seed + 1)
@@ -184,7 +200,7 @@ class TeacherGap:
         self.reference = student.teacher_chunk(teacher, self.noise, self.obs)
 
     @torch.no_grad()
-    def __call__(self, student: ConsistencyHead) -> float:
+    def __call__(self, student: ConsistencyPolicy | VLAConsistencyPolicy) -> float:
         was_training = student.training
         chunk = student.eval().sample_from_noise(self.obs, self.noise)
         student.train(was_training)
@@ -243,8 +259,9 @@ class TeacherLabels:
         self.round = np.concatenate([self.round, np.full(len(action), step, np.int64)])
         self.env_steps = np.concatenate([self.env_steps, [[step, steps]]])
         tmp = self.path.with_suffix(".partial.npz")
-        np.savez(tmp, action=self.action, round=self.round, env_steps=self.env_steps,
-                 **{f"obs.{k}": v for k, v in self.obs.items()})
+        arrays: dict[str, Any] = {"action": self.action, "round": self.round, "env_steps": self.env_steps,
+                                  **{f"obs.{k}": v for k, v in self.obs.items()}}
+        np.savez(tmp, **arrays)
         tmp.replace(self.path)
         return stats.success_rate
 

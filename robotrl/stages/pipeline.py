@@ -45,6 +45,7 @@ from typing import Any, Literal
 import numpy as np
 
 from robotrl.core.spec import STRING
+from robotrl.training.loop import RLResult
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
 
@@ -230,7 +231,9 @@ class PipelineConfig:
         if not 0.0 <= self.online_ema < 1.0:
             raise ValueError(f"PipelineConfig.online_ema: expected a decay in [0, 1), got {self.online_ema}")
         if self.online_criterion not in ("stray", "stall"):
-            raise ValueError(f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}")
+            raise ValueError(
+                f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}"
+            )
         if not 0.0 <= self.online_operator_fraction <= 1.0:
             raise ValueError(f"PipelineConfig.online_operator_fraction: expected a share in [0, 1], got "
                              f"{self.online_operator_fraction}")
@@ -328,7 +331,9 @@ def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
     recipe = BC_RECIPES.get(name)
     policy = policy_config(name)
     if recipe is None:
-        widths = {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
+        widths: dict[str, Any] = (
+            {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
+        )
         return {"batch_size": budget.bc_batch_size, "lr": budget.bc_lr, "policy": replace(policy, **widths)}
     return {"batch_size": config.bc_batch_size or min(recipe["batch_size"], budget.bc_batch_size),
             "lr": config.bc_lr or recipe["lr"], "policy": replace(policy, **recipe.get("policy", {}))}
@@ -360,7 +365,10 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
         run_dir=run_dir / "offline", seed=config.seed, threads=config.threads, progress=config.progress,
         **extraction))
     # the env steps it took: the rollouts it appended to its copy of the store
-    with EpisodeStore.open(run_dir / "offline" / "store.zarr") as grown, EpisodeStore.open(run_dir / "demos.zarr") as demos:
+    with (
+        EpisodeStore.open(run_dir / "offline" / "store.zarr") as grown,
+        EpisodeStore.open(run_dir / "demos.zarr") as demos,
+    ):
         env_steps = grown.num_steps - demos.num_steps
     logged = [json.loads(line) for line in (run_dir / "offline" / "metrics.jsonl").read_text().splitlines()]
     gates = [{"start_success": r["gate/start_success"], "new_success": r["gate/new_success"],
@@ -379,16 +387,27 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
                  "eval_seed": training_seed(config.seed, 8_000),
                  "eval_sampler_steps": config.online_sampler_steps} if budget.online_eval_every else {}
     common: dict[str, Any] = {
-        "policy": run_dir / "offline" / "policy", "num_envs": budget.online_num_envs,
-        "total_steps": budget.online_total_steps, "rollout_steps": budget.online_rollout_steps, "execute": config.execute, "eval_episodes": 0,
-        "run_dir": run_dir / "online", "seed": config.seed, "threads": config.threads, "device": config.device,
-        "progress": config.progress, "lr": config.online_lr, "bc_coef": config.online_bc_coef, "ema": config.online_ema,
+        "policy": run_dir / "offline" / "policy",
+        "num_envs": budget.online_num_envs,
+        "total_steps": budget.online_total_steps,
+        "rollout_steps": budget.online_rollout_steps,
+        "execute": config.execute,
+        "eval_episodes": 0,
+        "run_dir": run_dir / "online",
+        "seed": config.seed,
+        "threads": config.threads,
+        "device": config.device,
+        "progress": config.progress,
+        "lr": config.online_lr,
+        "bc_coef": config.online_bc_coef,
+        "ema": config.online_ema,
         **selection,
-        **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {})}
+        **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {}),
+    }
     extra: dict[str, Any] = {}
+    result: RLResult  # the HIL run's is a HilResult, with its intervention rates
     if config.interventions:
-        from robotrl.flowrl.hil import HilConfig
-        from robotrl.flowrl.hil import train as train_hil
+        from robotrl.flowrl.hil import HilConfig, train as train_hil
 
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
         result = train_hil(HilConfig(demos=run_dir / "demos.zarr", criterion=config.online_criterion,
@@ -396,8 +415,7 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         extra = {"intervention_rate_first": result.first_intervention_rate,
                  "intervention_rate_last": result.last_intervention_rate, "store": str(result.store)}
     else:
-        from robotrl.flowrl.online import OnlineConfig
-        from robotrl.flowrl.online import train as train_online
+        from robotrl.flowrl.online import OnlineConfig, train as train_online
 
         # the hil stage's chain method, without the operator: the anchor needs a method that trains the flow network
         result = train_online(OnlineConfig(method="flow_sde", **common))
@@ -428,8 +446,9 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
     policies = [load(online), load(start)]
     for policy in policies:
         policy.config.steps = config.online_sampler_steps or policy.config.steps
-    ok, online_rate, start_rate = not_worse(*policies, budget.online_gate_episodes, budget.eval_envs, seed,
-                                            config.execute)
+    ok, online_rate, start_rate = not_worse(
+        policies[0], policies[1], budget.online_gate_episodes, budget.eval_envs, seed, config.execute
+    )
     kept = "online" if ok else "start"
     if not ok:
         rejected = run_dir / "online" / "rejected_policy"

@@ -97,7 +97,9 @@ def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: in
     images = [k for k in obs_keys if spec.observations[k].is_image]
     task_opts: dict[str, Any] = {"action_mode": spec.action_mode, "episode_steps": spec.episode_steps,
                                  **spec.metadata.get("task_options", {})}
-    render = bool(images) or bool(options.pop("render_images", False))  # cameras the policy does not read: a reward model's
+    render = bool(images) or bool(
+        options.pop("render_images", False)
+    )  # cameras the policy does not read: a reward model's
     env = make(spec.task, num_envs=num_envs, seed=seed, render_images=render, **task_opts, **options)
     spec_for(spec, obs_keys).check(spec_for(env.task_spec, obs_keys), this="policy", that=f"env {spec.task}")
     return env

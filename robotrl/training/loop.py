@@ -7,10 +7,10 @@ import copy
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, Self, TypeVar
 
 import numpy as np
 import torch
@@ -57,13 +57,16 @@ def check_finite_weights(module: nn.Module, where: str) -> None:
                                "kept (resume with a lower lr)")
 
 
-class EMA:
+M = TypeVar("M", bound=nn.Module)
+
+
+class EMA(Generic[M]):
     """Exponential moving average of a module's weights, with diffusion policy's warm-up (the decay grows with
     the step count, so early averages do not drag in random initial weights). `warmup=False` averages at the full
     decay from the first update: a fine-tuning run's starting weights are already good, and are the average's start."""
 
-    def __init__(self, model: nn.Module, decay: float = 0.999, power: float = 0.75, warmup: bool = True) -> None:
-        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+    def __init__(self, model: M, decay: float = 0.999, power: float = 0.75, warmup: bool = True) -> None:
+        self.model: M = copy.deepcopy(model).eval().requires_grad_(False)
         self.max_decay, self.power, self.step, self.warmup = decay, power, 0, warmup
 
     def decay(self) -> float:
@@ -74,7 +77,8 @@ class EMA:
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
         d = self.decay()
-        averages, weights = list(self.model.parameters()), [p.detach() for p in model.parameters()]
+        averages: list[torch.Tensor] = list(self.model.parameters())
+        weights = [p.detach() for p in model.parameters()]
         torch._foreach_mul_(averages, d)  # one fused kernel per dtype and device, not two per tensor (GPU runs)
         torch._foreach_add_(averages, weights, alpha=1 - d)
         for ema_b, b in zip(self.model.buffers(), model.buffers()):
@@ -121,12 +125,16 @@ class RunLog:
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.run_dir / "metrics.jsonl", "a")
+        self.file = open(self.run_dir / "metrics.jsonl", "a")  # noqa: SIM115 -- open for the run, closed by close()
         self.tb = SummaryWriter(str(self.run_dir / "tb"))
         self.start = time.perf_counter()
 
-    def log(self, step: int, **metrics: float) -> None:
-        row = {"step": step, "wall_s": round(time.perf_counter() - self.start, 3), **{k: float(v) for k, v in metrics.items()}}
+    def log(self, step: int, **metrics: float | torch.Tensor) -> None:
+        row = {
+            "step": step,
+            "wall_s": round(time.perf_counter() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         for k, v in metrics.items():
@@ -206,7 +214,12 @@ def start_run(config: RunOptions, algorithm: str, task: str,
     """Threads, seeds, the run directory (its config.json on a fresh start; its train state must exist to resume):
     (run_dir, train state path, the run's numpy generator). With `holds`, a fresh start is refused where run_dir
     already has that file (a run whose train state or replay a fresh start would overwrite)."""
-    if holds is not None and not config.resume and config.run_dir is not None and (Path(config.run_dir) / holds).exists():
+    if (
+        holds is not None
+        and not config.resume
+        and config.run_dir is not None
+        and (Path(config.run_dir) / holds).exists()
+    ):
         raise FileExistsError(f"{type(config).__name__}.run_dir: {config.run_dir} already holds a run ({holds}); "
                               "resume it (--resume) or pick another run_dir")
     torch.set_num_threads(config.threads)
@@ -239,7 +252,7 @@ class RLResult:
     best: dict[str, float] | None = None
     """their {"step", "success_rate"} on the run's evaluation seeds"""
 
-    def save(self) -> "RLResult":
+    def save(self) -> Self:
         (self.run_dir / "result.json").write_text(json.dumps(jsonable(self), indent=2))
         return self
 
@@ -318,7 +331,7 @@ def finish_run(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Pa
     log.close()
     kept = best.best() if best is not None else None
     return RLResult(weights, steps, seconds, success, ci, run_dir, steps_per_second,
-                    best_weights=best.path if kept else None, best=kept).save()
+                    best_weights=best.path if best is not None and kept else None, best=kept).save()
 
 
 def finish_iterations(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Path, clock: TrainClock,
@@ -374,7 +387,7 @@ def load_train_state(path: Path) -> dict[str, Any]:
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
-def save_run_state(path: Path, step: int, agent: nn.Module, optimizers: dict[str, torch.optim.Optimizer],
+def save_run_state(path: Path, step: int, agent: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer],
                    rng: np.random.Generator, env: Any = None, **extra: Any) -> None:
     """An RL run's train state: weights, optimizers, RNGs and, for an online run, the vector env mid-episode
     (physics, step counters and the stream that draws reset states), so that a resume continues exactly."""
@@ -386,7 +399,7 @@ def save_run_state(path: Path, step: int, agent: nn.Module, optimizers: dict[str
     save_train_state(path, **state)
 
 
-def load_run_state(path: Path, agent: nn.Module, optimizers: dict[str, torch.optim.Optimizer],
+def load_run_state(path: Path, agent: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer],
                    rng: np.random.Generator, env: Any = None) -> dict[str, Any]:
     """Restore what `save_run_state` saved into the live objects; returns the state for the run's own extras."""
     state = load_train_state(path)

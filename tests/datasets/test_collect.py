@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pytest

@@ -290,7 +290,7 @@ def test_foreign_dataset_gets_a_spec_from_its_features(pickplace: EpisodeStore, 
                                                        tmp_path: Path) -> None:
     src = make_foreign(pickplace_v3, tmp_path / "so100_pick")
     store = import_lerobot(src, tmp_path / "imported.zarr", progress=False)
-    spec, orig = store.spec, pickplace.spec
+    spec = store.spec
     assert spec.task == "so100_pick" and spec.control_hz == 20.0 and spec.action_mode == "unknown"
     assert set(spec.observations) == {"state", "image_front", "image_wrist", "instruction"}
     assert spec.observations["image_front"].shape == (64, 64, 3)  # channels-first description, HWC data

@@ -13,16 +13,28 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets.teleop import (
-    DEVICES, EpisodeStatus, GamepadDevice, GamepadLayout, KeyboardDevice, ScriptedDevice, SpaceMouseDevice,
-    TeleopCommand, TeleopError, action_axes, apply_deadzone, command_to_action, make_device,
+    DEVICES,
+    EpisodeStatus,
+    GamepadDevice,
+    GamepadLayout,
+    KeyboardDevice,
+    ScriptedDevice,
+    SpaceMouseDevice,
+    TeleopCommand,
+    TeleopError,
+    action_axes,
+    apply_deadzone,
+    command_to_action,
+    make_device,
 )
 from robotrl.envs import make_task
 

@@ -18,7 +18,6 @@ from robotrl.policies.export import export
 from robotrl.policies.flow import FlowConfig, FlowPolicy
 from robotrl.policies.timing import torch_threads
 
-
 #: what an image policy must see in the camera rather than read from PushT's state
 HIDDEN = ("block_pose", "block_vel", "pose_error", "tool_in_block", "coverage")
 

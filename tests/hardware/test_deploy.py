@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from hypothesis import HealthCheck, given, settings, strategies as st
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from sensor_msgs.msg import JointState

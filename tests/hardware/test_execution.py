@@ -144,7 +144,7 @@ def test_the_first_action_of_an_aligned_chunk_runs_at_its_start_step() -> None:
 def test_reset_starts_over() -> None:
     policy = Policy()
     ex = ChunkExecutor(policy, ("x",), 2, ExecutionConfig(execute=3))
-    for t in range(5):
+    for _ in range(5):
         ex.step({"x": np.array([1.0])})
     ex.reset()
     ex.step({"x": np.array([7.0])})

@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 from builtin_interfaces.msg import Duration, Time
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension, String
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint

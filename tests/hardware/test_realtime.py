@@ -3,6 +3,7 @@ DDS's own threads included, so that load on the machine no longer sets the laten
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -22,10 +23,8 @@ def schedulers() -> set[str]:
     (an earlier test's thread pool may still be winding down)."""
     out = set()
     for tid in thread_ids():
-        try:
+        with contextlib.suppress(ProcessLookupError):
             out.add(scheduler_of(tid))
-        except ProcessLookupError:
-            pass
     return out
 
 

@@ -3,9 +3,8 @@
 import time
 
 import pytest
-
-import rclpy  # noqa: E402  (a hard import: CI installs the extra, a missing one must fail)
-from sensor_msgs.msg import JointState  # noqa: E402
+import rclpy  # a hard import: CI installs the extra, a missing one must fail
+from sensor_msgs.msg import JointState
 
 
 def test_joint_state_round_trip_over_dds():

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from robotrl.envs.tasks.push_t import START_QPOS
 from robotrl.hardware.robot import RobotConfig

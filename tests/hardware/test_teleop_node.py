@@ -182,7 +182,7 @@ def test_killing_the_node_mid_episode_keeps_the_saved_episodes(tmp_path: Path) -
     params = {"robot": "sim_panda", "task": "PushT", "task_options": OPTIONS, "store": str(path),
               "device": "scripted", "max_obs_age": 0.25, "reset_service": "/robotrl_sim_robot/reset"}
     env = {**os.environ, "ROS_DOMAIN_ID": str(KILL_DOMAIN)}
-    log = open(tmp_path / "teleop.log", "w")
+    log = open(tmp_path / "teleop.log", "w")  # noqa: SIM115 -- the node's output for its whole run
     proc = subprocess.Popen([sys.executable, "-m", "robotrl.hardware.teleop_node", *_ros_args(params)],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     rclpy.init(domain_id=KILL_DOMAIN)

@@ -20,7 +20,7 @@ from robotrl.envs.rollouts import run_episodes
 from robotrl.policies import CheckpointError, DiffusionConfig, FlowConfig, load
 from robotrl.policies.export import export
 from robotrl.policies.runtime import load as load_runtime
-from robotrl.stages.bc import BCConfig, train
+from robotrl.stages.bc import BCConfig, BCResult, train
 from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
