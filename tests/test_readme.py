@@ -18,6 +18,7 @@ Other fences (a plain ``` block) are shown, not run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -137,10 +138,8 @@ def run_block(language: str, body: str, cwd: Path, env: dict[str, str], index: i
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:  # the block, if it still runs, and whatever it left behind in its process group
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
     output = f"{body}\n--- output ---\n{log.read_text()[-4000:]}"
     assert proc.returncode == 0, f"block {index} ({language}) " + (
