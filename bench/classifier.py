@@ -104,8 +104,16 @@ def main(config: ClassifierBenchConfig) -> None:
     ):
         path = root / f"{name}.zarr"
         if not path.exists():
-            record_expert(path, config.task, episodes, num_envs=config.num_envs, noise=config.noise, seed=seed,
-                          progress=False, **options).close()
+            record_expert(
+                path,
+                config.task,
+                episodes,
+                num_envs=config.num_envs,
+                noise=config.noise,
+                seed=seed,
+                progress=False,
+                **options,
+            ).close()
         stores[name] = EpisodeStore.open(path)
     record_s = time.perf_counter() - t0
 
@@ -130,10 +138,12 @@ def main(config: ClassifierBenchConfig) -> None:
     scores = clf.predict(test.images)
     step, majority = step_baseline(train_frames, test), majority_baseline(train_frames, test)
     constant = np.full(len(test.labels), float(majority.predicted > 0))  # the majority class, every frame
-    for line in (row("classifier", scores, clf.threshold, test, stores["test"]),
-                 row("classifier@0.5", scores, 0.5, test, stores["test"]),
-                 row("step", test.step.astype(np.float64), step.threshold, test, stores["test"]),
-                 row("majority", constant, 0.5, test, stores["test"])):
+    for line in (
+        row("classifier", scores, clf.threshold, test, stores["test"]),
+        row("classifier@0.5", scores, 0.5, test, stores["test"]),
+        row("step", test.step.astype(np.float64), step.threshold, test, stores["test"]),
+        row("majority", constant, 0.5, test, stores["test"]),
+    ):
         print(json.dumps(line), flush=True)
     print(
         json.dumps(

@@ -86,9 +86,9 @@ def naive_sample(store: EpisodeStore, keys: list[str], to: int, h: int, rng: np.
     out = {}
     for k in keys:
         lo = max(start, t - to + 1)
-        x = np.asarray(store.array(k)[lo:t + 1])
+        x = np.asarray(store.array(k)[lo : t + 1])
         out[k] = np.concatenate([np.repeat(x[:1], to - len(x), 0), x])
-    a = np.asarray(store.array("action")[t:min(end, t + h)])
+    a = np.asarray(store.array("action")[t : min(end, t + h)])
     out["action"] = np.concatenate([a, np.repeat(a[-1:], h - len(a), 0)])
     return out
 
@@ -102,8 +102,14 @@ class ImageEncoder(nn.Module):
         layers: list[nn.Module] = []
         chans = [3, 32, 64, 128, 256]
         for a, b in itertools.pairwise(chans):
-            layers += [nn.Conv2d(a, b, 3, stride=2, padding=1), nn.GroupNorm(8, b), nn.ReLU(),
-                       nn.Conv2d(b, b, 3, padding=1), nn.GroupNorm(8, b), nn.ReLU()]
+            layers += [
+                nn.Conv2d(a, b, 3, stride=2, padding=1),
+                nn.GroupNorm(8, b),
+                nn.ReLU(),
+                nn.Conv2d(b, b, 3, padding=1),
+                nn.GroupNorm(8, b),
+                nn.ReLU(),
+            ]
         self.net = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -142,11 +148,13 @@ def train_step_rate(batch: dict[str, Any], seconds: float) -> float:
 
 def make_data(kind: str, root: Path, episodes: int, seed: int) -> EpisodeStore:
     if kind == "state":
-        return record_expert(root / "state.zarr", "PushT", episodes, num_envs=8, seed=seed, episode_steps=300,
-                             progress=False)
+        return record_expert(
+            root / "state.zarr", "PushT", episodes, num_envs=8, seed=seed, episode_steps=300, progress=False
+        )
     if kind == "image96":
-        return record_expert(root / "image96.zarr", "PickPlace", episodes, num_envs=8, seed=seed, image_size=96,
-                             progress=False)
+        return record_expert(
+            root / "image96.zarr", "PickPlace", episodes, num_envs=8, seed=seed, image_size=96, progress=False
+        )
     raise ValueError(f"data: expected 'state' or 'image96', got {kind!r}")
 
 
@@ -171,9 +179,20 @@ def bench(kind: str, config: BenchConfig, root: Path) -> list[dict[str, Any]]:
         "train_step": train_step_rate(memory.sample(b, rng), s),
     }
     shape = {k: list(v.shape) for k, v in memory.sample(1, rng)["obs"].items()}
-    return [{"data": kind, "method": m, "samples_per_s": round(r, 1), "vs_naive": round(r / rates["naive"], 2),
-             "vs_train_step": round(r / rates["train_step"], 2), "batch": b, "steps": store.num_steps,
-             "obs_shapes": shape, "torch_threads": torch.get_num_threads()} for m, r in rates.items()]
+    return [
+        {
+            "data": kind,
+            "method": m,
+            "samples_per_s": round(r, 1),
+            "vs_naive": round(r / rates["naive"], 2),
+            "vs_train_step": round(r / rates["train_step"], 2),
+            "batch": b,
+            "steps": store.num_steps,
+            "obs_shapes": shape,
+            "torch_threads": torch.get_num_threads(),
+        }
+        for m, r in rates.items()
+    ]
 
 
 def main(config: BenchConfig) -> list[dict[str, Any]]:

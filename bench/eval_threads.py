@@ -27,8 +27,10 @@ import tyro
 from robotrl.policies.timing import torch_threads
 from robotrl.training.evaluate import evaluate_policy, load_any
 
-HOG = ("import torch, sys\ntorch.set_num_threads(int(sys.argv[1]))\na = torch.randn(128, 128)\n"
-       "while True:\n    a = torch.tanh(a @ a)\n")
+HOG = (
+    "import torch, sys\ntorch.set_num_threads(int(sys.argv[1]))\na = torch.randn(128, 128)\n"
+    "while True:\n    a = torch.tanh(a @ a)\n"
+)
 
 
 @dataclass
@@ -61,10 +63,23 @@ def main(config: EvalThreadsConfig) -> None:
             for threads in config.threads:
                 seconds, success = timed(config, threads)
                 baseline = baseline or seconds
-                print(json.dumps({"policy": str(config.policy), "episodes": config.episodes, "hogs": hogs,
-                                  "hog_threads": config.hog_threads, "threads": threads, "seconds": round(seconds, 2),
-                                  "success_rate": success, "vs_baseline": round(seconds / baseline, 3),
-                                  "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "policy": str(config.policy),
+                            "episodes": config.episodes,
+                            "hogs": hogs,
+                            "hog_threads": config.hog_threads,
+                            "threads": threads,
+                            "seconds": round(seconds, 2),
+                            "success_rate": success,
+                            "vs_baseline": round(seconds / baseline, 3),
+                            "cores": os.cpu_count(),
+                            "load_avg_1m": round(os.getloadavg()[0], 2),
+                        }
+                    ),
+                    flush=True,
+                )
         finally:
             for p in procs:
                 p.kill()

@@ -33,11 +33,21 @@ def main(cfg: ExpertBenchConfig) -> None:
             start = time.perf_counter()
             stats = evaluate_expert(env, noise=noise, episodes=cfg.episodes, seed=cfg.seed)
             low, high = stats.success_ci95()
-            print(json.dumps({
-                "bench": "expert_success", "task": task, "noise": noise, "episodes": len(stats.success),
-                "success_rate": stats.success_rate, "ci95": [round(low, 4), round(high, 4)],
-                "mean_length": float(stats.lengths.mean()), "wall_s": round(time.perf_counter() - start, 1),
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "bench": "expert_success",
+                        "task": task,
+                        "noise": noise,
+                        "episodes": len(stats.success),
+                        "success_rate": stats.success_rate,
+                        "ci95": [round(low, 4), round(high, 4)],
+                        "mean_length": float(stats.lengths.mean()),
+                        "wall_s": round(time.perf_counter() - start, 1),
+                    }
+                ),
+                flush=True,
+            )
         env.close()
 
 

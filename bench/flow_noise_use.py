@@ -70,11 +70,22 @@ def success_rows(policy: Any, config: NoiseUseConfig) -> list[dict[str, Any]]:
     rows = [{"row": "sampled", "success": sampled.success_rate, "episodes": len(sampled.success)}]
     for scale in (0.0, *config.scales):
         scaled = load_flow_policy(config.policy, None)
-        scaled.noise = lambda batch, device, s=scale, p=scaled: s * torch.randn(  # type: ignore[method-assign]
-            batch, p.horizon, p.action_dim, device=device)
+        scaled.noise = lambda batch, device, s=scale, p=scaled: (
+            s
+            * torch.randn(  # type: ignore[method-assign]
+                batch, p.horizon, p.action_dim, device=device
+            )
+        )
         stats = evaluate_policy(scaled, config.episodes, config.num_envs, execute=config.execute)
-        rows.append({"row": "zero" if scale == 0.0 else "scale", "scale": scale, "success": stats.success_rate,
-                     "episodes": len(stats.success), "vs_sampled": stats.success_rate - sampled.success_rate})
+        rows.append(
+            {
+                "row": "zero" if scale == 0.0 else "scale",
+                "scale": scale,
+                "success": stats.success_rate,
+                "episodes": len(stats.success),
+                "vs_sampled": stats.success_rate - sampled.success_rate,
+            }
+        )
     return rows
 
 
@@ -102,9 +113,13 @@ def near_misses(policy: Any, config: NoiseUseConfig) -> dict[str, Any] | None:
     finally:
         env.close()
     failed = np.sort(peak[~success])
-    return {"row": "near_misses", "success": float(success.mean()), "failed": len(failed),
-            "failed_peak_coverage": [round(float(x), 3) for x in failed],
-            "failed_peak_coverage_median": float(np.median(failed)) if len(failed) else None}
+    return {
+        "row": "near_misses",
+        "success": float(success.mean()),
+        "failed": len(failed),
+        "failed_peak_coverage": [round(float(x), 3) for x in failed],
+        "failed_peak_coverage_median": float(np.median(failed)) if len(failed) else None,
+    }
 
 
 def x0_signal(policy: Any, config: NoiseUseConfig) -> dict[str, Any]:
@@ -141,12 +156,25 @@ def x0_signal(policy: Any, config: NoiseUseConfig) -> dict[str, Any]:
             g = ret.reshape(m, r)
             within = float(g.var(1, ddof=1).mean())
             across = float(g.mean(1).var(ddof=1)) - within / r
-            rows.append({"step": lead * config.execute, "signal_var": round(across, 3), "noise_var": round(within, 3),
-                         "ratio": round(across / max(within, 1e-12), 3)})
+            rows.append(
+                {
+                    "step": lead * config.execute,
+                    "signal_var": round(across, 3),
+                    "noise_var": round(within, 3),
+                    "ratio": round(across / max(within, 1e-12), 3),
+                }
+            )
     finally:
         env.close()
-    return {"row": "x0_signal", "candidates": m, "repeats": r, "horizon": config.horizon, "gamma": config.gamma,
-            "states": rows, "median_ratio": float(np.median([s["ratio"] for s in rows]))}
+    return {
+        "row": "x0_signal",
+        "candidates": m,
+        "repeats": r,
+        "horizon": config.horizon,
+        "gamma": config.gamma,
+        "states": rows,
+        "median_ratio": float(np.median([s["ratio"] for s in rows])),
+    }
 
 
 def main(config: NoiseUseConfig) -> list[dict[str, Any]]:
@@ -157,8 +185,10 @@ def main(config: NoiseUseConfig) -> list[dict[str, Any]]:
     rows += [miss] if miss is not None else []
     rows.append(x0_signal(policy, config))
     for row in rows:
-        print(json.dumps({"bench": "flow_noise_use", "task": policy.spec.task, "policy": str(config.policy), **row}),
-              flush=True)
+        print(
+            json.dumps({"bench": "flow_noise_use", "task": policy.spec.task, "policy": str(config.policy), **row}),
+            flush=True,
+        )
     return rows
 
 

@@ -116,8 +116,14 @@ def main(config: FlowRLBenchConfig) -> list[dict[str, Any]]:
         if bc is None:
             bc = evaluate_policy(start, config.eval_episodes, 25, execute=config.execute).success_rate
         task = start.spec.task
-        base = {"bench": "flow_rl", "task": task, "total_steps": config.total_steps, "num_envs": config.num_envs,
-                "sampler_steps": config.sampler_steps, "target": config.target}
+        base = {
+            "bench": "flow_rl",
+            "task": task,
+            "total_steps": config.total_steps,
+            "num_envs": config.num_envs,
+            "sampler_steps": config.sampler_steps,
+            "target": config.target,
+        }
         row = {**base, "run": "bc", "seed": None, **curve_summary([(0, bc, 0.0)], config.target)}
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -126,25 +132,43 @@ def main(config: FlowRLBenchConfig) -> list[dict[str, Any]]:
             for seed in config.seeds:
                 began = time.perf_counter()
                 run_dir = out / f"{run}-{seed}"
-                shared = {"policy": policy, "num_envs": config.num_envs, "execute": config.execute,
-                          "sampler_steps": config.sampler_steps, "total_steps": config.total_steps,
-                          "eval_every": config.eval_every, "eval_episodes": config.eval_episodes,
-                          "checkpoint_every": config.total_steps, "log_every": config.eval_every, "run_dir": run_dir,
-                          "seed": seed, "progress": False}
+                shared = {
+                    "policy": policy,
+                    "num_envs": config.num_envs,
+                    "execute": config.execute,
+                    "sampler_steps": config.sampler_steps,
+                    "total_steps": config.total_steps,
+                    "eval_every": config.eval_every,
+                    "eval_episodes": config.eval_episodes,
+                    "checkpoint_every": config.total_steps,
+                    "log_every": config.eval_every,
+                    "run_dir": run_dir,
+                    "seed": seed,
+                    "progress": False,
+                }
                 if run == "dsrl":
                     train_dsrl(DsrlConfig(**shared))
                 else:
                     train_online(OnlineConfig(method=run, rollout_steps=config.rollout_steps, **shared))
                 curve = [(0, bc, 0.0), *eval_curve(run_dir)]
-                row = {**base, "run": run, "seed": seed, **curve_summary(curve, config.target),
-                       "wall_s": round(time.perf_counter() - began, 1)}
+                row = {
+                    **base,
+                    "run": run,
+                    "seed": seed,
+                    **curve_summary(curve, config.target),
+                    "wall_s": round(time.perf_counter() - began, 1),
+                }
                 row["vs_bc"] = round(row["final_success"] - bc, 3)
                 finals.append(row["final_success"])
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-            mean = {**base, "run": run, "seeds": list(config.seeds),
-                    "mean_final_success": round(float(np.mean(finals)), 3),
-                    "mean_vs_bc": round(float(np.mean(finals)) - bc, 3)}
+            mean = {
+                **base,
+                "run": run,
+                "seeds": list(config.seeds),
+                "mean_final_success": round(float(np.mean(finals)), 3),
+                "mean_vs_bc": round(float(np.mean(finals)) - bc, 3),
+            }
             print(json.dumps(mean), flush=True)
             rows.append(mean)
     return rows

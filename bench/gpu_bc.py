@@ -48,8 +48,9 @@ def steps_per_second(config: BCConfig, warmup_steps: int, probe_steps: int) -> f
     """The training step's rate on the device: the loss, backward and AdamW step of the run's own policy and
     batch size (its EMA update, about a tenth more, is left out; the budget's rounding absorbs it)."""
     store = EpisodeStore.open(config.store)
-    sampler = SequenceSampler.from_store(store, SequenceConfig(config.policy.obs_horizon, config.policy.action_horizon,
-                                                               None))
+    sampler = SequenceSampler.from_store(
+        store, SequenceConfig(config.policy.obs_horizon, config.policy.action_horizon, None)
+    )
     policy = make_policy(config, store).to(config.device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr)
     rng = np.random.default_rng(0)
@@ -67,9 +68,19 @@ def steps_per_second(config: BCConfig, warmup_steps: int, probe_steps: int) -> f
 
 
 def main(cfg: GpuBCConfig) -> None:
-    base = BCConfig(store=cfg.store, policy="flow", batch_size=cfg.batch_size, lr=cfg.lr, success_only=True,
-                    eval_episodes=0, checkpoint_every=5000, run_dir=cfg.run_dir, threads=1, device=cfg.device,
-                    progress=False)
+    base = BCConfig(
+        store=cfg.store,
+        policy="flow",
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        success_only=True,
+        eval_episodes=0,
+        checkpoint_every=5000,
+        run_dir=cfg.run_dir,
+        threads=1,
+        device=cfg.device,
+        progress=False,
+    )
     rate = steps_per_second(base, cfg.warmup_steps, cfg.probe_steps)
     steps = max(1000, min(cfg.max_steps, int(rate * cfg.seconds) // 1000 * 1000))
     result = train(replace(base, steps=steps))
@@ -77,13 +88,27 @@ def main(cfg: GpuBCConfig) -> None:
     stats = evaluate_policy(load(result.checkpoint, device=cfg.device), cfg.episodes, cfg.num_envs)
     lo, hi = stats.success_ci95()
     episodes = len(EpisodeStore.open(cfg.store).episodes)
-    print(json.dumps({"store": str(cfg.store), "demos": episodes, "device": torch.cuda.get_device_name()
-                      if cfg.device.startswith("cuda") else "cpu", "probe_steps_per_s": round(rate, 1),
-                      "steps": steps, "batch_size": cfg.batch_size, "samples_seen": steps * cfg.batch_size,
-                      "train_seconds": round(result.train_seconds, 1), "final_loss": result.final_loss,
-                      "episodes": len(stats.success), "success_rate": stats.success_rate, "ci95": [lo, hi],
-                      "eval_seconds": round(time.perf_counter() - began, 1), "policy": str(result.checkpoint)}),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "store": str(cfg.store),
+                "demos": episodes,
+                "device": torch.cuda.get_device_name() if cfg.device.startswith("cuda") else "cpu",
+                "probe_steps_per_s": round(rate, 1),
+                "steps": steps,
+                "batch_size": cfg.batch_size,
+                "samples_seen": steps * cfg.batch_size,
+                "train_seconds": round(result.train_seconds, 1),
+                "final_loss": result.final_loss,
+                "episodes": len(stats.success),
+                "success_rate": stats.success_rate,
+                "ci95": [lo, hi],
+                "eval_seconds": round(time.perf_counter() - began, 1),
+                "policy": str(result.checkpoint),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,15 @@ def run_record(checkpoint: Path) -> dict[str, Any]:
 
 def row(label: str, stats: Any, seconds: float, **extra: Any) -> dict[str, Any]:
     low, high = stats.success_ci95()
-    out = {"bench": "imitation", "policy": label, "episodes": len(stats.success), "success_rate": stats.success_rate,
-           "ci95": [round(low, 4), round(high, 4)], "eval_wall_s": round(seconds, 1), **extra}
+    out = {
+        "bench": "imitation",
+        "policy": label,
+        "episodes": len(stats.success),
+        "success_rate": stats.success_rate,
+        "ci95": [round(low, 4), round(high, 4)],
+        "eval_wall_s": round(seconds, 1),
+        **extra,
+    }
     if stats.wrong_object is not None:
         out["wrong_object_rate"] = float(stats.wrong_object.mean())
         out["by_instruction"] = stats.by_instruction()
@@ -84,10 +91,12 @@ def main(cfg: ImitationBenchConfig) -> None:
         stats = evaluate_policy(policy, cfg.episodes, cfg.num_envs, cfg.seed, cfg.execute)
         rates[label] = stats.success_rate
         manifest = policy.manifest if isinstance(getattr(policy, "manifest", None), dict) else policy.manifest()
-        extra: dict[str, Any] = {"registry": manifest["policy"],
-                                 "steps": getattr(getattr(policy, "config", None), "steps", None),
-                                 "vs_expert": round(stats.success_rate / expert.success_rate, 3)
-                                 if expert.success_rate else None, **run_record(Path(path))}
+        extra: dict[str, Any] = {
+            "registry": manifest["policy"],
+            "steps": getattr(getattr(policy, "config", None), "steps", None),
+            "vs_expert": round(stats.success_rate / expert.success_rate, 3) if expert.success_rate else None,
+            **run_record(Path(path)),
+        }
         if cfg.teacher and label != cfg.teacher and cfg.teacher in rates:
             extra["vs_teacher_points"] = round(100 * (stats.success_rate - rates[cfg.teacher]), 1)
         print(json.dumps(row(label, stats, time.perf_counter() - start, **extra)), flush=True)

@@ -49,8 +49,19 @@ def run_seed(config: LearningTestsConfig, seed: int) -> tuple[Path, int, float]:
     claims, log = config.out / f"claims-seed{seed}.jsonl", config.out / f"pytest-seed{seed}.log"
     claims.unlink(missing_ok=True)
     marker = "learning" if config.slow else "learning and not slow"
-    args = [sys.executable, "-m", "pytest", "-m", marker, "-p", "no:cacheprovider", "-q",
-            "-n", str(config.workers), *config.tests]
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-m",
+        marker,
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-n",
+        str(config.workers),
+        *config.tests,
+    ]
     env = {**os.environ, "ROBOTRL_LEARNING_SEED": str(seed), "ROBOTRL_CLAIMS": str(claims.resolve())}
     start = time.monotonic()
     with log.open("w") as f:
@@ -67,12 +78,27 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (test, name), group in sorted(groups.items()):
         values = [r["value"] for r in group]
         lower, upper = group[0]["lower"], group[0]["upper"]
-        margins = [m for m in (lower is not None and min(values) - lower, upper is not None and upper - max(values))
-                   if m is not False]
-        out.append({"test": test, "claim": name, "seeds": [r["seed"] for r in group], "values": values,
-                    "min": min(values), "mean": statistics.fmean(values), "max": max(values),
-                    "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "lower": lower, "upper": upper,
-                    "worst_margin": min(margins), "failed_seeds": [r["seed"] for r in group if not r["ok"]]})
+        margins = [
+            m
+            for m in (lower is not None and min(values) - lower, upper is not None and upper - max(values))
+            if m is not False
+        ]
+        out.append(
+            {
+                "test": test,
+                "claim": name,
+                "seeds": [r["seed"] for r in group],
+                "values": values,
+                "min": min(values),
+                "mean": statistics.fmean(values),
+                "max": max(values),
+                "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+                "lower": lower,
+                "upper": upper,
+                "worst_margin": min(margins),
+                "failed_seeds": [r["seed"] for r in group if not r["ok"]],
+            }
+        )
     return out
 
 

@@ -96,8 +96,14 @@ def main() -> None:
     args = p.parse_args()
     device = jax.devices()[0]
     for name in args.tasks:
-        row: dict[str, Any] = {"bench": "env_steps_per_s", "task": name, "backend": "mjx", "num_envs": args.num_envs,
-                               "device": f"{device.platform}:{device.device_kind}", "dtype": str(jnp.zeros(0).dtype)}
+        row: dict[str, Any] = {
+            "bench": "env_steps_per_s",
+            "task": name,
+            "backend": "mjx",
+            "num_envs": args.num_envs,
+            "device": f"{device.platform}:{device.device_kind}",
+            "dtype": str(jnp.zeros(0).dtype),
+        }
         try:
             make_task(name)
         except (ImportError, AttributeError) as exc:  # a task module that has not landed yet
@@ -105,10 +111,15 @@ def main() -> None:
             continue
         row.update(bench_mjx(name, args.num_envs, args.steps, args.repeats))
         cpu = bench_cpu(name, args.cpu_envs, args.cpu_steps)
-        row.update({
-            "baseline": "cpu_threads", "baseline_num_envs": args.cpu_envs, "baseline_threads": os.cpu_count(),
-            "baseline_steps_per_s": cpu, "ratio": row["steps_per_s"] / cpu,
-        })
+        row.update(
+            {
+                "baseline": "cpu_threads",
+                "baseline_num_envs": args.cpu_envs,
+                "baseline_threads": os.cpu_count(),
+                "baseline_steps_per_s": cpu,
+                "ratio": row["steps_per_s"] / cpu,
+            }
+        )
         print(json.dumps(row), flush=True)
 
 

@@ -69,25 +69,52 @@ def main(config: OfflineFlowBenchConfig) -> list[dict[str, Any]]:
             for seed in config.seeds:
                 began = time.perf_counter()
                 run_dir = out / f"{run}-{seed}"
-                train(OfflineFlowConfig(policy=policy, store=demos, run_dir=run_dir, iterations=config.iterations,
-                                        execute=4, sampler_steps=5, eval_episodes=config.eval_episodes, eval_envs=25,
-                                        seed=seed, progress=False, **variant(run, config)))
+                train(
+                    OfflineFlowConfig(
+                        policy=policy,
+                        store=demos,
+                        run_dir=run_dir,
+                        iterations=config.iterations,
+                        execute=4,
+                        sampler_steps=5,
+                        eval_episodes=config.eval_episodes,
+                        eval_envs=25,
+                        seed=seed,
+                        progress=False,
+                        **variant(run, config),
+                    )
+                )
                 metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
                 curve = [
                     r["eval/success_rate"] for r in metrics if "eval/success_rate" in r and "iteration/accepted" in r
                 ]
                 bc = metrics[0]["eval/success_rate"]
                 kept = [int(r["iteration/accepted"]) for r in metrics if "iteration/accepted" in r]
-                row = {"bench": "offline_flow", "task": "Reach", "run": run, "seed": seed, "bc": bc,
-                       "curve": [bc, *curve], "iterations_kept": kept, "final_success": curve[-1],
-                       "vs_bc": round(curve[-1] - bc, 3), "wall_s": round(time.perf_counter() - began, 1)}
+                row = {
+                    "bench": "offline_flow",
+                    "task": "Reach",
+                    "run": run,
+                    "seed": seed,
+                    "bc": bc,
+                    "curve": [bc, *curve],
+                    "iterations_kept": kept,
+                    "final_success": curve[-1],
+                    "vs_bc": round(curve[-1] - bc, 3),
+                    "wall_s": round(time.perf_counter() - began, 1),
+                }
                 finals.append(curve[-1])
                 starts.append(bc)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-            mean = {"bench": "offline_flow", "task": "Reach", "run": run, "seeds": list(config.seeds),
-                    "mean_bc": round(float(np.mean(starts)), 3), "mean_final_success": round(float(np.mean(finals)), 3),
-                    "mean_vs_bc": round(float(np.mean(finals) - np.mean(starts)), 3)}
+            mean = {
+                "bench": "offline_flow",
+                "task": "Reach",
+                "run": run,
+                "seeds": list(config.seeds),
+                "mean_bc": round(float(np.mean(starts)), 3),
+                "mean_final_success": round(float(np.mean(finals)), 3),
+                "mean_vs_bc": round(float(np.mean(finals) - np.mean(starts)), 3),
+            }
             print(json.dumps(mean), flush=True)
             rows.append(mean)
     return rows

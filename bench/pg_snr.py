@@ -59,9 +59,18 @@ def mean_cosine(grads: torch.Tensor) -> float:
 
 
 def measure(config: PGSNRConfig, method: str, out: Path) -> dict[str, Any]:
-    online = OnlineConfig(policy=config.policy, method=method, num_envs=config.num_envs,  # type: ignore[arg-type]
-                          rollout_steps=config.rollout_steps, execute=config.execute, gamma=config.gamma,
-                          gae_lambda=config.gae_lambda, seed=config.seed, run_dir=out / method, progress=False)
+    online = OnlineConfig(
+        policy=config.policy,
+        method=method,
+        num_envs=config.num_envs,  # type: ignore[arg-type]
+        rollout_steps=config.rollout_steps,
+        execute=config.execute,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+        seed=config.seed,
+        run_dir=out / method,
+        progress=False,
+    )
     run = start_online(online, f"pg-snr-{method}")
     agent, env, rng = run.agent, run.env, run.rng
     run.windows.start(env.reset(seed=config.seed)[0])
@@ -89,18 +98,28 @@ def measure(config: PGSNRConfig, method: str, out: Path) -> dict[str, Any]:
             out.append(torch.cat([g.flatten() for g in grads]))
         return torch.stack(out)
 
-    groups = [order[i::config.parts] for i in range(config.parts)]
+    groups = [order[i :: config.parts] for i in range(config.parts)]
     real = torch.stack([group_grads(g, advantage) for g in groups])  # (parts, transitions, P)
     noise = torch.stack([group_grads(g, shuffled) for g in groups])
     cosine, baseline = mean_cosine(real.sum(1)), mean_cosine(noise.sum(1))
     size = count // config.parts
-    return {"bench": "pg_snr", "task": run.policy.spec.task, "method": method, "decisions": count,
-            "parts": config.parts, "gamma": config.gamma, "gae_lambda": config.gae_lambda,
-            "explained_variance": round(explained, 3), "cosine": round(cosine, 4),
-            "cosine_shuffled": round(baseline, 4),
-            "decisions_for_snr1": round(size * (1 - cosine) / cosine) if cosine > max(baseline, 0.0) else None,
-            "per_step": [(round(float(real[:, k].norm(dim=-1).mean()), 3), round(mean_cosine(real[:, k]), 4))
-                         for k in range(real.shape[1])]}
+    return {
+        "bench": "pg_snr",
+        "task": run.policy.spec.task,
+        "method": method,
+        "decisions": count,
+        "parts": config.parts,
+        "gamma": config.gamma,
+        "gae_lambda": config.gae_lambda,
+        "explained_variance": round(explained, 3),
+        "cosine": round(cosine, 4),
+        "cosine_shuffled": round(baseline, 4),
+        "decisions_for_snr1": round(size * (1 - cosine) / cosine) if cosine > max(baseline, 0.0) else None,
+        "per_step": [
+            (round(float(real[:, k].norm(dim=-1).mean()), 3), round(mean_cosine(real[:, k]), 4))
+            for k in range(real.shape[1])
+        ],
+    }
 
 
 def main(config: PGSNRConfig) -> list[dict[str, Any]]:

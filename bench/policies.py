@@ -135,8 +135,12 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
                 print(json.dumps(row), flush=True)
                 rows.append(row)
                 continue
-            obs = {k: rng.uniform(-1, 1, (1, policy.config.obs_horizon, *policy.spec.observations[k].shape))
-                   .astype(np.float32) for k in policy.obs_keys}
+            obs = {
+                k: rng.uniform(-1, 1, (1, policy.config.obs_horizon, *policy.spec.observations[k].shape)).astype(
+                    np.float32
+                )
+                for k in policy.obs_keys
+            }
             torch_p50 = None
             for backend in config.backends:
                 export_s = None

@@ -61,24 +61,49 @@ def install_brax_shim() -> None:
 
 
 def ppo_config(args: argparse.Namespace) -> PpoConfig:
-    return PpoConfig(num_envs=args.num_envs, rollout_steps=args.rollout_steps, minibatches=args.minibatches,
-                     epochs=args.epochs, hidden=tuple(args.hidden), lr=args.lr, anneal_lr=False,
-                     entropy_coef=args.entropy_coef, gamma=args.gamma, gae_lambda=args.gae_lambda, clip=args.clip,
-                     value_clip=args.value_clip, max_grad_norm=args.max_grad_norm, seed=args.seed,
-                     total_steps=args.total_steps, progress=False)
+    return PpoConfig(
+        num_envs=args.num_envs,
+        rollout_steps=args.rollout_steps,
+        minibatches=args.minibatches,
+        epochs=args.epochs,
+        hidden=tuple(args.hidden),
+        lr=args.lr,
+        anneal_lr=False,
+        entropy_coef=args.entropy_coef,
+        gamma=args.gamma,
+        gae_lambda=args.gae_lambda,
+        clip=args.clip,
+        value_clip=args.value_clip,
+        max_grad_norm=args.max_grad_norm,
+        seed=args.seed,
+        total_steps=args.total_steps,
+        progress=False,
+    )
 
 
 def summarize(curve: list[dict[str, float]], target: float) -> dict[str, Any]:
     rates = [c["steps_per_s"] for c in curve[1:]] or [c["steps_per_s"] for c in curve]
     hit = next((c for c in curve if c["return"] >= target), None)
-    return {"steps_per_s": float(np.median(rates)), "final_return": curve[-1]["return"],
-            "best_return": max(c["return"] for c in curve), "target_return": target,
-            "seconds_to_target": hit["train_seconds"] if hit else None, "steps_to_target": hit["step"] if hit else None,
-            "train_seconds": curve[-1]["train_seconds"], "steps": curve[-1]["step"]}
+    return {
+        "steps_per_s": float(np.median(rates)),
+        "final_return": curve[-1]["return"],
+        "best_return": max(c["return"] for c in curve),
+        "target_return": target,
+        "seconds_to_target": hit["train_seconds"] if hit else None,
+        "steps_to_target": hit["step"] if hit else None,
+        "train_seconds": curve[-1]["train_seconds"],
+        "steps": curve[-1]["step"],
+    }
 
 
-def run_ours(name: str, env: ppo_mjx.FunctionalEnv, eval_env: ppo_mjx.FunctionalEnv, config: PpoConfig,
-             evals: int, episode_length: int) -> list[dict[str, float]]:
+def run_ours(
+    name: str,
+    env: ppo_mjx.FunctionalEnv,
+    eval_env: ppo_mjx.FunctionalEnv,
+    config: PpoConfig,
+    evals: int,
+    episode_length: int,
+) -> list[dict[str, float]]:
     """Our learner's jitted pieces in the host loop `train` runs: one iteration per call, metrics fetched each."""
     torch.manual_seed(config.seed)
     per_iteration = config.num_envs * config.rollout_steps
@@ -87,7 +112,8 @@ def run_ours(name: str, env: ppo_mjx.FunctionalEnv, eval_env: ppo_mjx.Functional
     evaluate = jax.jit(ppo_mjx.make_evaluator(eval_env, config.normalize_obs, episode_length))
     began = time.perf_counter()
     state = jax.jit(functools.partial(ppo_mjx.init_state, env, config))(
-        jax.random.PRNGKey(config.seed), ppo_mjx.init_agent(env.obs_dim, env.action_dim, config))
+        jax.random.PRNGKey(config.seed), ppo_mjx.init_agent(env.obs_dim, env.action_dim, config)
+    )
     iteration = jax.jit(ppo_mjx.make_iteration(env, config))
     lr = jnp.float32(config.lr)
     curve: list[dict[str, float]] = []
@@ -101,8 +127,14 @@ def run_ours(name: str, env: ppo_mjx.FunctionalEnv, eval_env: ppo_mjx.Functional
             interval = time.perf_counter() - interval_start
             trained += interval if curve else time.perf_counter() - began  # the first interval holds the compile
             result = jax.device_get(evaluate(state.params, state.norm, jax.random.PRNGKey(10_000 + it)))
-            curve.append({"step": (it + 1) * per_iteration, "return": float(result["return"]),
-                          "train_seconds": trained, "steps_per_s": interval_steps / interval})
+            curve.append(
+                {
+                    "step": (it + 1) * per_iteration,
+                    "return": float(result["return"]),
+                    "train_seconds": trained,
+                    "steps_per_s": interval_steps / interval,
+                }
+            )
             print(json.dumps({"bench": "ppo_mjx_curve", "env": name, "learner": "robotrl", **curve[-1]}), flush=True)
             interval_start, interval_steps = time.perf_counter(), 0
     return curve
@@ -114,9 +146,14 @@ def run_brax(env: Any, config: PpoConfig, evals: int, episode_length: int, eval_
     from brax.training.agents.ppo import networks as brax_networks, train as brax_ppo
 
     factory = functools.partial(
-        brax_networks.make_ppo_networks, policy_hidden_layer_sizes=config.hidden,
-        value_hidden_layer_sizes=config.hidden, activation=jnp.tanh, distribution_type="normal",
-        noise_std_type="log", init_noise_std=math.exp(config.init_log_std))
+        brax_networks.make_ppo_networks,
+        policy_hidden_layer_sizes=config.hidden,
+        value_hidden_layer_sizes=config.hidden,
+        activation=jnp.tanh,
+        distribution_type="normal",
+        noise_std_type="log",
+        init_noise_std=math.exp(config.init_log_std),
+    )
     curve: list[dict[str, float]] = []
     last = {"walltime": 0.0, "step": 0}
 
@@ -124,21 +161,44 @@ def run_brax(env: Any, config: PpoConfig, evals: int, episode_length: int, eval_
         if step == 0:
             return  # the initial evaluation, before any training
         walltime = float(metrics["training/walltime"])
-        curve.append({"step": int(step), "return": float(metrics["eval/episode_reward"]), "train_seconds": walltime,
-                      "steps_per_s": float(metrics["training/sps"])})
+        curve.append(
+            {
+                "step": int(step),
+                "return": float(metrics["eval/episode_reward"]),
+                "train_seconds": walltime,
+                "steps_per_s": float(metrics["training/sps"]),
+            }
+        )
         print(json.dumps({"bench": "ppo_mjx_curve", "env": "ant", "learner": "brax", **curve[-1]}), flush=True)
         last.update(walltime=walltime, step=step)
 
     brax_ppo.train(
-        environment=env, num_timesteps=config.total_steps, num_envs=config.num_envs, episode_length=episode_length,
-        unroll_length=config.rollout_steps, batch_size=config.num_envs // config.minibatches,
-        num_minibatches=config.minibatches, num_updates_per_batch=config.epochs, learning_rate=config.lr,
-        entropy_cost=config.entropy_coef, discounting=config.gamma, gae_lambda=config.gae_lambda,
-        clipping_epsilon=config.clip, clipping_epsilon_value=config.value_clip, max_grad_norm=config.max_grad_norm,
-        normalize_observations=config.normalize_obs, normalize_advantage=config.normalize_advantages,
-        vf_loss_coefficient=config.value_coef, reward_scaling=1.0,
-        network_factory=factory, seed=config.seed, num_evals=evals + 1, num_eval_envs=eval_envs,
-        deterministic_eval=True, progress_fn=progress)
+        environment=env,
+        num_timesteps=config.total_steps,
+        num_envs=config.num_envs,
+        episode_length=episode_length,
+        unroll_length=config.rollout_steps,
+        batch_size=config.num_envs // config.minibatches,
+        num_minibatches=config.minibatches,
+        num_updates_per_batch=config.epochs,
+        learning_rate=config.lr,
+        entropy_cost=config.entropy_coef,
+        discounting=config.gamma,
+        gae_lambda=config.gae_lambda,
+        clipping_epsilon=config.clip,
+        clipping_epsilon_value=config.value_clip,
+        max_grad_norm=config.max_grad_norm,
+        normalize_observations=config.normalize_obs,
+        normalize_advantage=config.normalize_advantages,
+        vf_loss_coefficient=config.value_coef,
+        reward_scaling=1.0,
+        network_factory=factory,
+        seed=config.seed,
+        num_evals=evals + 1,
+        num_eval_envs=eval_envs,
+        deterministic_eval=True,
+        progress_fn=progress,
+    )
     return curve
 
 
@@ -149,8 +209,9 @@ def bench_quadruped(args: argparse.Namespace, row: dict[str, Any]) -> dict[str, 
     steps = args.episode_length or 500
 
     def env(n: int) -> ppo_mjx.MjxTaskEnv:
-        return ppo_mjx.MjxTaskEnv(make("Quadruped", num_envs=n, backend="mjx", seed=args.seed, output="jax",
-                                       episode_steps=steps), ("state",))
+        return ppo_mjx.MjxTaskEnv(
+            make("Quadruped", num_envs=n, backend="mjx", seed=args.seed, output="jax", episode_steps=steps), ("state",)
+        )
 
     curve = run_ours("Quadruped", env(args.num_envs), env(args.eval_envs), config, args.evals, steps)
     return {**row, "env": "mjx:Quadruped", "episode_length": steps, **summarize(curve, args.quadruped_target)}
@@ -160,22 +221,44 @@ def bench_ant(args: argparse.Namespace, row: dict[str, Any]) -> dict[str, Any]:
     try:
         from brax import envs as brax_envs
     except ImportError:
-        return {**row, "env": "brax:ant", "status": "skipped",
-                "error": "brax is not installed: pip install -e '.[brax]' (brax==0.14.2)"}
+        return {
+            **row,
+            "env": "brax:ant",
+            "status": "skipped",
+            "error": "brax is not installed: pip install -e '.[brax]' (brax==0.14.2)",
+        }
     config = ppo_config(args)
     steps = args.episode_length or 1000
     ant = brax_envs.get_environment("ant")
     # Brax first: a run cut short by a time limit still has the baseline, and ours' curve lines up to the cut.
     theirs = summarize(run_brax(ant, config, args.evals, steps, args.eval_envs), args.ant_target)
-    ours = summarize(run_ours("ant", ppo_mjx.BraxEnv(ant, args.num_envs, steps),
-                              ppo_mjx.BraxEnv(ant, args.eval_envs, steps), config, args.evals, steps), args.ant_target)
-    return {**row, "env": "brax:ant", "episode_length": steps, **ours, "baseline": "brax.training.agents.ppo",
-            **{f"baseline_{k}": v for k, v in theirs.items()}, "ratio": ours["steps_per_s"] / theirs["steps_per_s"],
-            "return_ratio": ours["final_return"] / theirs["final_return"] if theirs["final_return"] else None}
+    ours = summarize(
+        run_ours(
+            "ant",
+            ppo_mjx.BraxEnv(ant, args.num_envs, steps),
+            ppo_mjx.BraxEnv(ant, args.eval_envs, steps),
+            config,
+            args.evals,
+            steps,
+        ),
+        args.ant_target,
+    )
+    return {
+        **row,
+        "env": "brax:ant",
+        "episode_length": steps,
+        **ours,
+        "baseline": "brax.training.agents.ppo",
+        **{f"baseline_{k}": v for k, v in theirs.items()},
+        "ratio": ours["steps_per_s"] / theirs["steps_per_s"],
+        "return_ratio": ours["final_return"] / theirs["final_return"] if theirs["final_return"] else None,
+    }
 
 
 BENCHES: dict[str, Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]]] = {
-    "quadruped": bench_quadruped, "ant": bench_ant}
+    "quadruped": bench_quadruped,
+    "ant": bench_ant,
+}
 
 
 def main() -> None:
@@ -205,9 +288,16 @@ def main() -> None:
         sys.exit(f"--minibatches: expected a divisor of --num-envs ({args.num_envs}), got {args.minibatches}")
     torch.set_num_threads(1)
     device = jax.devices()[0]
-    row = {"bench": "ppo_mjx", "device": f"{device.platform}:{device.device_kind}", "num_envs": args.num_envs,
-           "rollout_steps": args.rollout_steps, "minibatches": args.minibatches, "epochs": args.epochs,
-           "hidden": args.hidden, "total_steps": args.total_steps}
+    row = {
+        "bench": "ppo_mjx",
+        "device": f"{device.platform}:{device.device_kind}",
+        "num_envs": args.num_envs,
+        "rollout_steps": args.rollout_steps,
+        "minibatches": args.minibatches,
+        "epochs": args.epochs,
+        "hidden": args.hidden,
+        "total_steps": args.total_steps,
+    }
     for name in args.benches:
         print(json.dumps(BENCHES[name](args, row)), flush=True)
 

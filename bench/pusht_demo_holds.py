@@ -48,10 +48,18 @@ def holds(path: Path, config: DemoHoldsConfig) -> dict[str, object]:
             counts[f"{name}_slow"] += int(np.sum(band & mask & slow[start:end]))
         counts["after_any"] += int(after.sum())
     share = counts["after"] / max(counts["before"] + counts["after"], 1)
-    return {"bench": "pusht_demo_holds", "store": str(path), "episodes": len(bounds), "band": [config.low, threshold],
-            "steps_in_band_before_first_success": counts["before"], "steps_in_band_after": counts["after"],
-            "slow_in_band_before": counts["before_slow"], "slow_in_band_after": counts["after_slow"],
-            "steps_after_first_success": counts["after_any"], "share_of_band_after_success": round(share, 3)}
+    return {
+        "bench": "pusht_demo_holds",
+        "store": str(path),
+        "episodes": len(bounds),
+        "band": [config.low, threshold],
+        "steps_in_band_before_first_success": counts["before"],
+        "steps_in_band_after": counts["after"],
+        "slow_in_band_before": counts["before_slow"],
+        "slow_in_band_after": counts["after_slow"],
+        "steps_after_first_success": counts["after_any"],
+        "share_of_band_after_success": round(share, 3),
+    }
 
 
 def main(config: DemoHoldsConfig) -> list[dict[str, object]]:

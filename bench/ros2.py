@@ -157,9 +157,14 @@ def measure(robot: Robot, rate: float, seconds: float, warmup: float) -> dict[st
     k = min(n, len(received))
     lat = (received[:k] - sent[:k]) * 1e3
     late = int((lat > 1e3 / rate).sum()) + (n - k)
-    return {"observations": n, "commands": len(received), "p50_ms": round(float(np.percentile(lat, 50)), 3),
-            "p99_ms": round(float(np.percentile(lat, 99)), 3), "max_ms": round(float(lat.max()), 3),
-            "miss_rate": round(late / n, 5)}
+    return {
+        "observations": n,
+        "commands": len(received),
+        "p50_ms": round(float(np.percentile(lat, 50)), 3),
+        "p99_ms": round(float(np.percentile(lat, 99)), 3),
+        "max_ms": round(float(lat.max()), 3),
+        "miss_rate": round(late / n, 5),
+    }
 
 
 def inference_p50(policy_dir: Path, threads: int) -> float:
@@ -175,16 +180,31 @@ def inference_p50(policy_dir: Path, threads: int) -> float:
     return round(float(np.percentile(times, 50)) * 1e3, 3)
 
 
-def tick_ms(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, execution: dict[str, Any],
-            rate: float, seconds: float = 3.0) -> tuple[float, float]:
+def tick_ms(
+    policy_dir: Path,
+    robot_file: Path,
+    config: Ros2BenchConfig,
+    execution: dict[str, Any],
+    rate: float,
+    seconds: float = 3.0,
+) -> tuple[float, float]:
     """p50 and p99 of the deploy node's own control step (`DeployNode.tick`: executor, task controller, safety
     filter, publish) in this process, observations set directly, one step per period of `rate` (an asynchronous
     inference gets the time it has on the robot): the part of the latency that is not DDS or the executor that
     delivers the messages."""
     from robotrl.hardware.deploy import DeployConfig, DeployNode
 
-    node = DeployNode(DeployConfig(policy=str(policy_dir), robot=str(robot_file), trigger="observation",
-                                   threads=config.threads, seed=config.seed, hil=False, **execution))
+    node = DeployNode(
+        DeployConfig(
+            policy=str(policy_dir),
+            robot=str(robot_file),
+            trigger="observation",
+            threads=config.threads,
+            seed=config.seed,
+            hil=False,
+            **execution,
+        )
+    )
     joints, state_msg = observation_messages(node.robot)
     state = np.asarray(state_msg.data, dtype=np.float32)
     q = np.asarray(joints.position, dtype=np.float64)
@@ -202,7 +222,7 @@ def tick_ms(policy_dir: Path, robot_file: Path, config: Ros2BenchConfig, executi
     finally:
         node.close()
         node.destroy_node()
-    ms = np.asarray(times[len(times) // 10:]) * 1e3  # after a warm-up
+    ms = np.asarray(times[len(times) // 10 :]) * 1e3  # after a warm-up
     return round(float(np.percentile(ms, 50)), 3), round(float(np.percentile(ms, 99)), 3)
 
 
@@ -230,8 +250,11 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     robot_cfg = RobotConfig.load(robot_file)
                     logs = Path(tmp) / f"{label}_{rate:g}_rt{priority}"
                     logs.mkdir()
-                    execution = {"execute": config.execute, "asynchronous": config.asynchronous,
-                                 "delay_steps": math.ceil(infer * rate / 1e3) + 1}
+                    execution = {
+                        "execute": config.execute,
+                        "asynchronous": config.asynchronous,
+                        "delay_steps": math.ceil(infer * rate / 1e3) + 1,
+                    }
                     procs = nodes.start(
                         {
                             "deploy": {
@@ -277,11 +300,18 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                     row["realtime_priority"] = priority
                     if label == config.baseline:
                         baseline[(rate, priority)] = row["p99_ms"]
-                    row[f"vs_{config.baseline}_p99"] = round(baseline[(rate, priority)] / row["p99_ms"], 2) \
-                        if (rate, priority) in baseline else None
+                    row[f"vs_{config.baseline}_p99"] = (
+                        round(baseline[(rate, priority)] / row["p99_ms"], 2) if (rate, priority) in baseline else None
+                    )
                     if priority:
-                        default = next((r for r in rows if r["policy"] == label and r["rate_hz"] == rate
-                                        and r["realtime_priority"] == 0), None)
+                        default = next(
+                            (
+                                r
+                                for r in rows
+                                if r["policy"] == label and r["rate_hz"] == rate and r["realtime_priority"] == 0
+                            ),
+                            None,
+                        )
                         row["vs_default_scheduler_p99"] = (
                             round(default["p99_ms"] / row["p99_ms"], 2) if default else None
                         )

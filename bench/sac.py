@@ -53,12 +53,28 @@ class SacBenchConfig:
     seed: int = 0
 
 
-def curve_row(bench: str, task: str, run: str, target: float, total_steps: int, curve: list[tuple[int, float, float]],
-              began: float, baseline: dict[str, Any] | None, name: str) -> dict[str, Any]:
+def curve_row(
+    bench: str,
+    task: str,
+    run: str,
+    target: float,
+    total_steps: int,
+    curve: list[tuple[int, float, float]],
+    began: float,
+    baseline: dict[str, Any] | None,
+    name: str,
+) -> dict[str, Any]:
     """One run's JSON line: its curve summary and, against the `baseline` run's row, the ratios `vs_<name>_steps`
     and `vs_<name>_seconds` (> 1: it reached the target in fewer steps / less time)."""
-    row = {"bench": bench, "task": task, "run": run, "target": target, "total_steps": total_steps,
-           **curve_summary(curve, target), "wall_s": round(time.perf_counter() - began, 1)}
+    row = {
+        "bench": bench,
+        "task": task,
+        "run": run,
+        "target": target,
+        "total_steps": total_steps,
+        **curve_summary(curve, target),
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
     if baseline is not None:
         for key, ratio in (("steps_to_target", f"vs_{name}_steps"), ("seconds_to_target", f"vs_{name}_seconds")):
             a, b = baseline[key], row[key]
@@ -78,10 +94,26 @@ def curve_summary(curve: list[tuple[int, float, float]], target: float) -> dict[
 
 def run_ours(config: SacBenchConfig, demos: Path | None, run_dir: Path) -> list[tuple[int, float, float]]:
     rlpd = {"demos": demos, "critics": config.rlpd_critics, "utd": config.rlpd_utd} if demos is not None else {}
-    train_sac(SacConfig(task=config.task, total_steps=config.total_steps, lr=1e-3, batch_size=256, gamma=0.95,
-                        learning_starts=1000, hidden=(256, 256), eval_every=config.eval_every,
-                        eval_episodes=config.eval_episodes, eval_envs=25, checkpoint_every=config.total_steps,
-                        log_every=config.eval_every, run_dir=run_dir, seed=config.seed, progress=False, **rlpd))
+    train_sac(
+        SacConfig(
+            task=config.task,
+            total_steps=config.total_steps,
+            lr=1e-3,
+            batch_size=256,
+            gamma=0.95,
+            learning_starts=1000,
+            hidden=(256, 256),
+            eval_every=config.eval_every,
+            eval_episodes=config.eval_episodes,
+            eval_envs=25,
+            checkpoint_every=config.total_steps,
+            log_every=config.eval_every,
+            run_dir=run_dir,
+            seed=config.seed,
+            progress=False,
+            **rlpd,
+        )
+    )
     return eval_curve(run_dir)
 
 
@@ -97,8 +129,18 @@ def run_sb3(config: SacBenchConfig, run_dir: Path) -> list[tuple[int, float, flo
 
     from robotrl.rl.sb3 import make_sb3_env
 
-    cfg = Sb3Config(task=config.task, algo="sac", total_steps=config.total_steps, lr=1e-3, batch_size=256,
-                    gamma=0.95, learning_starts=1000, hidden=(256, 256), seed=config.seed, run_dir=run_dir)
+    cfg = Sb3Config(
+        task=config.task,
+        algo="sac",
+        total_steps=config.total_steps,
+        lr=1e-3,
+        batch_size=256,
+        gamma=0.95,
+        learning_starts=1000,
+        hidden=(256, 256),
+        seed=config.seed,
+        run_dir=run_dir,
+    )
     env = make_sb3_env(cfg, config.seed)
     keys = tuple(env.env.observation_space.spaces)  # type: ignore[attr-defined]
     model = SAC(
@@ -120,8 +162,12 @@ def run_sb3(config: SacBenchConfig, run_dir: Path) -> list[tuple[int, float, flo
     def success() -> float:
         venv = make(config.task, num_envs=25, seed=HELD_OUT_SEED)
         try:
-            return run_episodes(venv, lambda obs: model.predict(flatten_batch(obs, keys), deterministic=True)[0],
-                                config.eval_episodes, seed=HELD_OUT_SEED).success_rate
+            return run_episodes(
+                venv,
+                lambda obs: model.predict(flatten_batch(obs, keys), deterministic=True)[0],
+                config.eval_episodes,
+                seed=HELD_OUT_SEED,
+            ).success_rate
         finally:
             venv.close()
 

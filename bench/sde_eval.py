@@ -42,8 +42,9 @@ class SdeEvalConfig:
 
 def sde_actor(policy: Any, config: SdeEvalConfig) -> Any:
     """The policy's `act` with its chain sampled as Flow-SDE's rollouts sample it (clipped env-unit chunks)."""
-    agent = FlowAgent(policy, OnlineConfig(policy=Path("unused"), method="flow_sde", sde_noise=config.sde_noise),
-                      policy.config.steps)
+    agent = FlowAgent(
+        policy, OnlineConfig(policy=Path("unused"), method="flow_sde", sde_noise=config.sde_noise), policy.config.steps
+    )
 
     def act(window: dict[str, Any]) -> np.ndarray:
         chain, _ = agent.sample_chain(policy.normalize_obs(window))
@@ -63,9 +64,19 @@ def main(config: SdeEvalConfig) -> None:
             rate = stats.success_rate
             baseline.setdefault(sampler, rate)
             lo, hi = stats.success_ci95()
-            print(json.dumps({"policy": str(path), "sampler": sampler, "episodes": config.episodes,
-                              "success_rate": rate, "ci95": [round(lo, 4), round(hi, 4)],
-                              "vs_baseline": round(rate / max(baseline[sampler], 1e-9), 4)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "policy": str(path),
+                        "sampler": sampler,
+                        "episodes": config.episodes,
+                        "success_rate": rate,
+                        "ci95": [round(lo, 4), round(hi, 4)],
+                        "vs_baseline": round(rate / max(baseline[sampler], 1e-9), 4),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -49,11 +49,21 @@ class Sim2RealBenchConfig:
 
 
 def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchConfig, logs: Path) -> Any:
-    procs = nodes.start({
-        "sim_robot": {"robot": config.robot, "lockstep": True, "seed": twin, "perturbation": perturbation},
-        "deploy": {"robot": config.robot, "policy": str(policy), "trigger": "observation", "seed": config.seed,
-                   "wait_for_reset": True, "threads": config.threads},
-    }, logs, config.domain)
+    procs = nodes.start(
+        {
+            "sim_robot": {"robot": config.robot, "lockstep": True, "seed": twin, "perturbation": perturbation},
+            "deploy": {
+                "robot": config.robot,
+                "policy": str(policy),
+                "trigger": "observation",
+                "seed": config.seed,
+                "wait_for_reset": True,
+                "threads": config.threads,
+            },
+        },
+        logs,
+        config.domain,
+    )
     try:
         return evaluate_over_ros(config.episodes, config.seed, episode_timeout=600.0)
     finally:
@@ -68,18 +78,25 @@ def main(config: Sim2RealBenchConfig) -> list[dict[str, Any]]:
             for item in config.policies:
                 label, path = item.split("=", 1)
                 nominal = None
-                for name, perturbation, twin in [("nominal", "none", 0)] + \
-                        [(f"twin{i}", "task", i) for i in range(config.twins)]:
+                for name, perturbation, twin in [("nominal", "none", 0)] + [
+                    (f"twin{i}", "task", i) for i in range(config.twins)
+                ]:
                     logs = Path(tmp) / f"{label}-{name}"
                     logs.mkdir()
                     start = time.perf_counter()
                     stats = evaluate(Path(path), perturbation, twin, config, logs)
                     low, high = stats.success_ci95()
                     nominal = stats.success_rate if nominal is None else nominal
-                    row = {"bench": "sim2real", "policy": label, "robot": name, "episodes": len(stats.success),
-                           "success_rate": stats.success_rate, "ci95": [round(low, 4), round(high, 4)],
-                           "vs_nominal": round(stats.success_rate / nominal, 3) if nominal else None,
-                           "wall_s": round(time.perf_counter() - start, 1)}
+                    row = {
+                        "bench": "sim2real",
+                        "policy": label,
+                        "robot": name,
+                        "episodes": len(stats.success),
+                        "success_rate": stats.success_rate,
+                        "ci95": [round(low, 4), round(high, 4)],
+                        "vs_nominal": round(stats.success_rate / nominal, 3) if nominal else None,
+                        "wall_s": round(time.perf_counter() - start, 1),
+                    }
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     finally:

@@ -52,8 +52,9 @@ def bc_step(store: EpisodeStore, config: BenchConfig, fused: bool) -> Callable[[
     bc = BCConfig(store=store.path, policy=FlowConfig(channels=config.channels), batch_size=config.batch_size, lr=1e-3)
     sampler = SequenceSampler.from_store(store, SequenceConfig(bc.policy.obs_horizon, bc.policy.action_horizon, None))
     policy = make_policy(bc, store)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=bc.lr, weight_decay=bc.weight_decay,
-                                  **({"fused": True} if fused else {}))
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=bc.lr, weight_decay=bc.weight_decay, **({"fused": True} if fused else {})
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, 100_000, bc.warmup))
     ema, rng = EMA(policy, bc.ema), np.random.default_rng(0)
 
@@ -68,8 +69,14 @@ def bc_step(store: EpisodeStore, config: BenchConfig, fused: bool) -> Callable[[
 def main(config: BenchConfig) -> None:
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        store = record_expert(Path(tmp) / "demos.zarr", config.task, config.episodes, num_envs=min(8, config.episodes),
-                              noise=0.5, progress=False)
+        store = record_expert(
+            Path(tmp) / "demos.zarr",
+            config.task,
+            config.episodes,
+            num_envs=min(8, config.episodes),
+            noise=0.5,
+            progress=False,
+        )
         for threads in config.threads:
             torch.set_num_threads(threads)
             steps = {"default": bc_step(store, config, fused=False), "fused": bc_step(store, config, fused=True)}
@@ -85,9 +92,20 @@ def main(config: BenchConfig) -> None:
             base = statistics.median(times["default"])
             for name, block in times.items():
                 ms = statistics.median(block)
-                print(json.dumps({"task": config.task, "channels": list(config.channels),
-                                  "batch_size": config.batch_size, "threads": threads, "optimizer": name,
-                                  "ms_per_step": round(ms, 2), "vs_default": round(base / ms, 3)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "task": config.task,
+                            "channels": list(config.channels),
+                            "batch_size": config.batch_size,
+                            "threads": threads,
+                            "optimizer": name,
+                            "ms_per_step": round(ms, 2),
+                            "vs_default": round(base / ms, 3),
+                        }
+                    ),
+                    flush=True,
+                )
         store.close()
 
 

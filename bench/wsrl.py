@@ -65,10 +65,21 @@ class WsrlBenchConfig:
 
 def offline_pretrain(config: WsrlBenchConfig, demos: Path, run_dir: Path) -> tuple[float, float]:
     """The offline agent WSRL starts from: (its held-out success, training seconds)."""
-    common = dict(store=demos, steps=config.offline_steps, hidden=config.hidden, critics=config.critics,
-                  gamma=config.gamma, lr=config.lr, eval_episodes=config.eval_episodes, eval_envs=25,
-                  checkpoint_every=config.offline_steps, log_every=max(1, config.offline_steps // 10), run_dir=run_dir,
-                  seed=config.seed, progress=False)
+    common = dict(
+        store=demos,
+        steps=config.offline_steps,
+        hidden=config.hidden,
+        critics=config.critics,
+        gamma=config.gamma,
+        lr=config.lr,
+        eval_episodes=config.eval_episodes,
+        eval_envs=25,
+        checkpoint_every=config.offline_steps,
+        log_every=max(1, config.offline_steps // 10),
+        run_dir=run_dir,
+        seed=config.seed,
+        progress=False,
+    )
     if config.offline == "iql":
         from robotrl.rl.iql import IqlConfig, train as train_iql
 
@@ -85,11 +96,27 @@ def online(
     config: WsrlBenchConfig, run: str, demos: Path, offline_dir: Path, run_dir: Path
 ) -> list[tuple[int, float, float]]:
     extra: dict[str, Any] = {"scratch": {}, "rlpd": {"demos": demos}, "wsrl": {"init": offline_dir}}[run]
-    train_sac(SacConfig(task=config.task, total_steps=config.total_steps, learning_starts=config.warmup,
-                        critics=config.critics, utd=config.utd, hidden=config.hidden, lr=config.lr, gamma=config.gamma,
-                        eval_every=config.eval_every, eval_episodes=config.eval_episodes, eval_envs=25,
-                        checkpoint_every=config.total_steps, log_every=config.eval_every, run_dir=run_dir,
-                        seed=config.seed, progress=False, **extra))
+    train_sac(
+        SacConfig(
+            task=config.task,
+            total_steps=config.total_steps,
+            learning_starts=config.warmup,
+            critics=config.critics,
+            utd=config.utd,
+            hidden=config.hidden,
+            lr=config.lr,
+            gamma=config.gamma,
+            eval_every=config.eval_every,
+            eval_episodes=config.eval_episodes,
+            eval_envs=25,
+            checkpoint_every=config.total_steps,
+            log_every=config.eval_every,
+            run_dir=run_dir,
+            seed=config.seed,
+            progress=False,
+            **extra,
+        )
+    )
     return eval_curve(run_dir)
 
 
@@ -128,8 +155,9 @@ def main(config: WsrlBenchConfig) -> list[dict[str, Any]]:
             curve = online(config, run, demos, offline_dir, out / run)
             if run == "wsrl":
                 curve = [(0, offline_success, 0.0), *curve]
-            row = curve_row("wsrl", config.task, run, config.target, config.total_steps, curve, began, baseline,
-                            "scratch")
+            row = curve_row(
+                "wsrl", config.task, run, config.target, config.total_steps, curve, began, baseline, "scratch"
+            )
             if run == "scratch":
                 baseline = row
             print(json.dumps(row), flush=True)

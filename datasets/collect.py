@@ -130,8 +130,10 @@ class LiveView:
 
     def __init__(self, title: str, size: tuple[int, int] = (360, 480)) -> None:
         if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-            raise TeleopError("view: a live window needs a display, but DISPLAY is not set; run with view=False "
-                              "(headless) or under a desktop session / `Xvfb :99 & export DISPLAY=:99`")
+            raise TeleopError(
+                "view: a live window needs a display, but DISPLAY is not set; run with view=False "
+                "(headless) or under a desktop session / `Xvfb :99 & export DISPLAY=:99`"
+            )
         os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
         # a software window surface: SDL's GL-accelerated one fights MuJoCo's EGL context in the same process
         os.environ.setdefault("SDL_FRAMEBUFFER_ACCELERATION", "0")
@@ -149,8 +151,15 @@ class LiveView:
 
     def show(self, frame: np.ndarray, lines: list[str]) -> None:
         pg = self.pygame
-        joystick = (pg.JOYAXISMOTION, pg.JOYBALLMOTION, pg.JOYHATMOTION, pg.JOYBUTTONDOWN, pg.JOYBUTTONUP,
-                    pg.JOYDEVICEADDED, pg.JOYDEVICEREMOVED)
+        joystick = (
+            pg.JOYAXISMOTION,
+            pg.JOYBALLMOTION,
+            pg.JOYHATMOTION,
+            pg.JOYBUTTONDOWN,
+            pg.JOYBUTTONUP,
+            pg.JOYDEVICEADDED,
+            pg.JOYDEVICEREMOVED,
+        )
         for event in pg.event.get(exclude=joystick):  # a gamepad device reads its own events
             if event.type == pg.QUIT:
                 self.closed = True
@@ -225,8 +234,9 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
             meta["noise"] = float(device.noise)
         with device:  # the device first: a missing device leaves no empty store behind
             store = EpisodeStore.create(config.out, spec, exist_ok=True)
-            summary = CollectSummary(task=spec.task, device=device.name, path=str(config.out),
-                                     episodes_in_store=store.num_episodes)
+            summary = CollectSummary(
+                task=spec.task, device=device.name, path=str(config.out), episodes_in_store=store.num_episodes
+            )
             writer = store.writer(source="teleop" if device.human else "scripted", robot=config.robot, **meta)
             if config.view:
                 view = LiveView(f"robotrl data collect {spec.task} ({device.name})")
@@ -243,8 +253,16 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
         env.close()
 
 
-def _session(config: CollectConfig, env: Any, spec: Spec, device: TeleopDevice, writer: Any,
-             summary: CollectSummary, view: LiveView | None, realtime: bool) -> None:
+def _session(
+    config: CollectConfig,
+    env: Any,
+    spec: Spec,
+    device: TeleopDevice,
+    writer: Any,
+    summary: CollectSummary,
+    view: LiveView | None,
+    realtime: bool,
+) -> None:
     """The episode loop: reset, step with the device's commands, keep or discard, until enough are kept."""
     start = time.monotonic()
     limiter = RateLimiter(spec.control_hz) if realtime else None
@@ -303,13 +321,23 @@ def _session(config: CollectConfig, env: Any, spec: Spec, device: TeleopDevice, 
         summary.late_steps = limiter.late if limiter is not None else 0
         summary.seconds = round(time.monotonic() - start, 3)
     if summary.discarded >= config.max_discarded and summary.kept < config.episodes:
-        _log(f"collect: stopped after {summary.discarded} discarded episodes (max_discarded={config.max_discarded}) "
-             f"with {summary.kept} of {config.episodes} kept")
+        _log(
+            f"collect: stopped after {summary.discarded} discarded episodes (max_discarded={config.max_discarded}) "
+            f"with {summary.kept} of {config.episodes} kept"
+        )
 
 
-def _episode(env: Any, spec: Spec, device: TeleopDevice, writer: Any, status: EpisodeStatus,
-             obs_batch: Mapping[str, Any], view: LiveView | None, limiter: RateLimiter | None,
-             summary: CollectSummary) -> tuple[str, str]:
+def _episode(
+    env: Any,
+    spec: Spec,
+    device: TeleopDevice,
+    writer: Any,
+    status: EpisodeStatus,
+    obs_batch: Mapping[str, Any],
+    view: LiveView | None,
+    limiter: RateLimiter | None,
+    summary: CollectSummary,
+) -> tuple[str, str]:
     """Run one episode into `writer`; returns (verdict, reason): keep, discard, restart (discarded before
     the first step) or quit. `status` is updated in place."""
     obs = {k: v[0] for k, v in obs_batch.items()}
@@ -330,15 +358,24 @@ def _episode(env: Any, spec: Spec, device: TeleopDevice, writer: Any, status: Ep
             return "keep", "end" if status.done else ("success" if status.success else "operator")
         if status.done:  # the env ended the episode: hold still until the operator decides
             if device.human and not prompted:
-                _log(f"episode {status.episode} ended ({'success' if status.any_success else 'no success'}): "
-                     "keep or discard it")
+                _log(
+                    f"episode {status.episode} ended ({'success' if status.any_success else 'no success'}): "
+                    "keep or discard it"
+                )
                 prompted = True
         else:
             action = command_to_action(command, spec)
             next_obs, reward, terminated, truncated, info = env.step(action[None])
             success = bool(np.asarray(info.get("success", [False]))[0])
-            writer.add(obs, action, float(reward[0]), bool(terminated[0]), bool(truncated[0]), success,
-                       bool(command.intervention))
+            writer.add(
+                obs,
+                action,
+                float(reward[0]),
+                bool(terminated[0]),
+                bool(truncated[0]),
+                success,
+                bool(command.intervention),
+            )
             status.step += 1
             status.success = success
             status.any_success = status.any_success or success
@@ -348,11 +385,19 @@ def _episode(env: Any, spec: Spec, device: TeleopDevice, writer: Any, status: Ep
             limiter.wait()
 
 
-def _status_lines(status: EpisodeStatus, summary: CollectSummary, command: TeleopCommand,
-                  device: TeleopDevice) -> list[str]:
+def _status_lines(
+    status: EpisodeStatus, summary: CollectSummary, command: TeleopCommand, device: TeleopDevice
+) -> list[str]:
     lines = [f"episode {status.episode}  step {status.step}  kept {summary.kept}  discarded {summary.discarded}"]
-    flags = [name for name, on in (("SUCCESS", status.any_success), ("TAKE-OVER", command.intervention),
-                                   ("ENDED: keep or discard?", status.done)) if on]
+    flags = [
+        name
+        for name, on in (
+            ("SUCCESS", status.any_success),
+            ("TAKE-OVER", command.intervention),
+            ("ENDED: keep or discard?", status.done),
+        )
+        if on
+    ]
     if flags:
         lines.append("  ".join(flags))
     if device.help:

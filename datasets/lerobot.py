@@ -97,8 +97,14 @@ STEP_FEATURES = {
     "timestamp": "complementary_info.wall_time",
 }
 INFO_REQUIRED = ("codebase_version", "fps", "features", "total_episodes", "total_frames", "data_path")
-EPISODE_COLUMNS = ("episode_index", "length", "data/chunk_index", "data/file_index",
-                   "dataset_from_index", "dataset_to_index")
+EPISODE_COLUMNS = (
+    "episode_index",
+    "length",
+    "data/chunk_index",
+    "data/file_index",
+    "dataset_from_index",
+    "dataset_to_index",
+)
 META_COLUMN = "robotrl/meta"
 
 
@@ -114,7 +120,7 @@ def feature_name(key: str, spec: ArraySpec) -> str:
     if key == "action":
         return "action"
     if spec.is_image:
-        return "observation.images." + (key[len("image_"):] if key.startswith("image_") else key)
+        return "observation.images." + (key[len("image_") :] if key.startswith("image_") else key)
     return f"observation.{key}"
 
 
@@ -123,9 +129,9 @@ def key_for_feature(name: str) -> str | None:
     if name == "action":
         return "action"
     if name.startswith("observation.images."):
-        return "image_" + name[len("observation.images."):].replace(".", "_")
+        return "image_" + name[len("observation.images.") :].replace(".", "_")
     if name.startswith("observation."):
-        return name[len("observation."):].replace(".", "_")
+        return name[len("observation.") :].replace(".", "_")
     return None
 
 
@@ -157,8 +163,11 @@ def _features_for(spec: Spec, video: bool) -> dict[str, dict[str, Any]]:
             )
         owner[name] = key
         if a.is_image:
-            out[name] = {"dtype": "video" if video else "image", "shape": list(a.shape),
-                         "names": ["height", "width", "channels"]}
+            out[name] = {
+                "dtype": "video" if video else "image",
+                "shape": list(a.shape),
+                "names": ["height", "width", "channels"],
+            }
         else:
             out[name] = _vector_feature(a.dtype, a.shape, _element_names(key, a))
     out["next.reward"] = _vector_feature("float32", ())
@@ -217,8 +226,9 @@ def _to_numpy(col: pa.ChunkedArray | pa.Array, shape: tuple[int, ...], where: st
     flat = arr.to_numpy(zero_copy_only=False)
     size = int(np.prod(shape, dtype=np.int64))
     if flat.size != rows * size:
-        raise LeRobotFormatError(f"{where}: expected {rows} rows of shape {list(shape)} ({rows * size} values), "
-                                 f"got {flat.size} values")
+        raise LeRobotFormatError(
+            f"{where}: expected {rows} rows of shape {list(shape)} ({rows * size} values), got {flat.size} values"
+        )
     return flat.reshape(rows, *shape)
 
 
@@ -256,8 +266,13 @@ def _aggregate_stats(per_episode: list[dict[str, np.ndarray]]) -> dict[str, np.n
     w = counts.reshape(-1, *[1] * (means.ndim - 1))
     mean = (means * w).sum(0) / total
     var = ((np.stack([s["std"] for s in per_episode]) ** 2 + (means - mean) ** 2) * w).sum(0) / total
-    out = {"min": np.min([s["min"] for s in per_episode], 0), "max": np.max([s["max"] for s in per_episode], 0),
-           "mean": mean, "std": np.sqrt(var), "count": total.astype(np.int64)}
+    out = {
+        "min": np.min([s["min"] for s in per_episode], 0),
+        "max": np.max([s["max"] for s in per_episode], 0),
+        "mean": mean,
+        "std": np.sqrt(var),
+        "count": total.astype(np.int64),
+    }
     for k in per_episode[0]:
         if k.startswith("q"):
             out[k] = (np.stack([s[k] for s in per_episode]) * w).sum(0) / total
@@ -347,8 +362,12 @@ class _VideoFiles:
                 self.container.mux(packet)
             self.frames += 1
         p = f"videos/{self.key}/"
-        return {p + "chunk_index": self.chunk, p + "file_index": self.file,
-                p + "from_timestamp": start / self.fps, p + "to_timestamp": self.frames / self.fps}
+        return {
+            p + "chunk_index": self.chunk,
+            p + "file_index": self.file,
+            p + "from_timestamp": start / self.fps,
+            p + "to_timestamp": self.frames / self.fps,
+        }
 
     def close(self) -> None:
         if self.container is not None:
@@ -365,10 +384,16 @@ def video_info(path: Path) -> dict[str, Any]:
         pix = s.codec_context.pix_fmt or s.pix_fmt
         if pix is None or s.base_rate is None:
             raise ValueError(f"{path}: its video stream has no pixel format or frame rate")
-        return {"video.height": s.height, "video.width": s.width, "video.codec": s.codec.canonical_name,
-                "video.pix_fmt": pix, "video.is_depth_map": False, "video.fps": int(s.base_rate),
-                "video.channels": 1 if "gray" in pix else 4 if pix.startswith(("rgba", "bgra", "yuva", "gbrap")) else 3,
-                "has_audio": len(c.streams.audio) > 0}
+        return {
+            "video.height": s.height,
+            "video.width": s.width,
+            "video.codec": s.codec.canonical_name,
+            "video.pix_fmt": pix,
+            "video.is_depth_map": False,
+            "video.fps": int(s.base_rate),
+            "video.channels": 1 if "gray" in pix else 4 if pix.startswith(("rgba", "bgra", "yuva", "gbrap")) else 3,
+            "has_audio": len(c.streams.audio) > 0,
+        }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -402,8 +427,10 @@ def export_lerobot(
         )
     rate = store.spec.control_hz if fps is None else fps
     if float(rate) <= 0 or not float(rate).is_integer():
-        raise ValueError(f"fps: LeRobot v3.0 needs a positive integer frame rate, got {rate!r}"
-                         + (" (the spec's control_hz); pass fps=" if fps is None else ""))
+        raise ValueError(
+            f"fps: LeRobot v3.0 needs a positive integer frame rate, got {rate!r}"
+            + (" (the spec's control_hz); pass fps=" if fps is None else "")
+        )
     if store.num_episodes == 0:
         raise ValueError(f"{store.path}: the store has no committed episodes; nothing to export")
     _, pix_fmt = _codec_options(vcodec, crf)  # a bad codec fails before any file is written
@@ -418,8 +445,9 @@ def export_lerobot(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        info = _write_dataset(store, tmp, int(rate), video, vcodec, crf, data_files_size_in_mb, video_files_size_in_mb,
-                              progress)
+        info = _write_dataset(
+            store, tmp, int(rate), video, vcodec, crf, data_files_size_in_mb, video_files_size_in_mb, progress
+        )
         info["repo_id"] = repo_id or f"robotrl/{store.spec.task}"
         info["robotrl_spec"] = store.spec.to_dict()
         (tmp / INFO_PATH).write_text(json.dumps(info, indent=4, ensure_ascii=False))
@@ -433,8 +461,17 @@ def export_lerobot(
     return out
 
 
-def _write_dataset(store: EpisodeStore, root: Path, fps: int, video: bool, vcodec: str, crf: int | None,
-                   data_mb: float, video_mb: float, progress: bool) -> dict[str, Any]:
+def _write_dataset(
+    store: EpisodeStore,
+    root: Path,
+    fps: int,
+    video: bool,
+    vcodec: str,
+    crf: int | None,
+    data_mb: float,
+    video_mb: float,
+    progress: bool,
+) -> dict[str, Any]:
     """Frames, videos, episodes, tasks and stats under `root`; returns info.json's LeRobot fields."""
     spec = store.spec
     features = _features_for(spec, video)
@@ -442,36 +479,59 @@ def _write_dataset(store: EpisodeStore, root: Path, fps: int, video: bool, vcode
     source = {feature_name(k, a): k for k, a in obs_keys.items()}  # LeRobot feature -> robotrl key
     source.update({"action": "action", **{v: k for k, v in STEP_FEATURES.items()}})
     columns = [name for name, ft in features.items() if ft["dtype"] != "video"]
-    schema = pa.schema([(n, _arrow_type(features[n])) for n in columns],
-                       metadata={"huggingface": json.dumps({"info": {"features": {
-                           n: _hf_feature(features[n]) for n in columns}}})})
+    schema = pa.schema(
+        [(n, _arrow_type(features[n])) for n in columns],
+        metadata={"huggingface": json.dumps({"info": {"features": {n: _hf_feature(features[n]) for n in columns}}})},
+    )
     data_files = _ParquetFiles(root, schema, data_mb)
-    videos = {name: _VideoFiles(root, name, fps, vcodec, crf, video_mb)
-              for name, ft in features.items() if ft["dtype"] == "video"}
+    videos = {
+        name: _VideoFiles(root, name, fps, vcodec, crf, video_mb)
+        for name, ft in features.items()
+        if ft["dtype"] == "video"
+    }
     tasks: dict[str, int] = {}
     episodes: list[dict[str, Any]] = []
     stats: dict[str, list[dict[str, np.ndarray]]] = {name: [] for name in features}
     frame = 0
     try:
-        for i in tqdm(range(store.num_episodes), desc=f"export {spec.task} to LeRobot", unit="ep",
-                      disable=not progress, leave=False):
+        for i in tqdm(
+            range(store.num_episodes),
+            desc=f"export {spec.task} to LeRobot",
+            unit="ep",
+            disable=not progress,
+            leave=False,
+        ):
             ep = store.episode(i)
             n = len(ep)
             task = ep.meta.get("instruction") or spec.task
             values = {name: ep.data[key] for name, key in source.items() if name in features}
-            values.update({
-                "next.done": ep.data["terminated"] | ep.data["truncated"],
-                "timestamp": (np.arange(n) / fps).astype(np.float32),
-                "frame_index": np.arange(n, dtype=np.int64), "episode_index": np.full(n, i, np.int64),
-                "index": np.arange(frame, frame + n, dtype=np.int64),
-                "task_index": np.full(n, tasks.setdefault(task, len(tasks)), np.int64),
-            })
-            table = pa.Table.from_arrays([_png_column(values[c]) if features[c]["dtype"] == "image"
-                                          else _column(values[c], features[c]) for c in columns], schema=schema)
+            values.update(
+                {
+                    "next.done": ep.data["terminated"] | ep.data["truncated"],
+                    "timestamp": (np.arange(n) / fps).astype(np.float32),
+                    "frame_index": np.arange(n, dtype=np.int64),
+                    "episode_index": np.full(n, i, np.int64),
+                    "index": np.arange(frame, frame + n, dtype=np.int64),
+                    "task_index": np.full(n, tasks.setdefault(task, len(tasks)), np.int64),
+                }
+            )
+            table = pa.Table.from_arrays(
+                [
+                    _png_column(values[c]) if features[c]["dtype"] == "image" else _column(values[c], features[c])
+                    for c in columns
+                ],
+                schema=schema,
+            )
             chunk, file = data_files.write(table)
-            row: dict[str, Any] = {"episode_index": i, "tasks": [task], "length": n,
-                                   "data/chunk_index": chunk, "data/file_index": file,
-                                   "dataset_from_index": frame, "dataset_to_index": frame + n}
+            row: dict[str, Any] = {
+                "episode_index": i,
+                "tasks": [task],
+                "length": n,
+                "data/chunk_index": chunk,
+                "data/file_index": file,
+                "dataset_from_index": frame,
+                "dataset_to_index": frame + n,
+            }
             for name, writer in videos.items():
                 row.update(writer.write(values[name]))
             row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
@@ -499,10 +559,16 @@ def _write_dataset(store: EpisodeStore, root: Path, fps: int, video: bool, vcode
     return {
         "codebase_version": CODEBASE_VERSION,
         "robot_type": spec.metadata.get("robot_type"),
-        "total_episodes": len(episodes), "total_frames": frame, "total_tasks": len(tasks),
-        "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": data_mb, "video_files_size_in_mb": video_mb,
-        "fps": fps, "splits": {"train": f"0:{len(episodes)}"},
-        "data_path": DATA_PATH, "video_path": VIDEO_PATH if videos else None,
+        "total_episodes": len(episodes),
+        "total_frames": frame,
+        "total_tasks": len(tasks),
+        "chunks_size": CHUNKS_SIZE,
+        "data_files_size_in_mb": data_mb,
+        "video_files_size_in_mb": video_mb,
+        "fps": fps,
+        "splits": {"train": f"0:{len(episodes)}"},
+        "data_path": DATA_PATH,
+        "video_path": VIDEO_PATH if videos else None,
         "features": features,
     }
 
@@ -516,29 +582,49 @@ def _png_column(frames: np.ndarray) -> pa.Array:
         buf = io.BytesIO()
         Image.fromarray(img).save(buf, format="PNG")
         data.append(buf.getvalue())
-    return pa.StructArray.from_arrays([pa.array(data, pa.binary()), pa.nulls(len(data), pa.string())],
-                                      names=["bytes", "path"])
+    return pa.StructArray.from_arrays(
+        [pa.array(data, pa.binary()), pa.nulls(len(data), pa.string())], names=["bytes", "path"]
+    )
 
 
 def _write_tasks(path: Path, tasks: Mapping[str, int]) -> None:
     """meta/tasks.parquet exactly as LeRobot writes it with pandas: the task string is the (unnamed) index."""
     pandas_meta = {
         "index_columns": ["__index_level_0__"],
-        "column_indexes": [{"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",
-                            "metadata": {"encoding": "UTF-8"}}],
+        "column_indexes": [
+            {
+                "name": None,
+                "field_name": None,
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": {"encoding": "UTF-8"},
+            }
+        ],
         "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
-             "metadata": None},
-            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object",
-             "metadata": None},
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": "__index_level_0__",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
         ],
         "creator": {"library": "pyarrow", "version": pa.__version__},
         "pandas_version": "2.2.3",
     }
-    schema = pa.schema([("task_index", pa.int64()), ("__index_level_0__", pa.string())],
-                       metadata={"pandas": json.dumps(pandas_meta)})
-    pq.write_table(pa.table({"task_index": list(tasks.values()), "__index_level_0__": list(tasks)}, schema=schema),
-                   path)
+    schema = pa.schema(
+        [("task_index", pa.int64()), ("__index_level_0__", pa.string())], metadata={"pandas": json.dumps(pandas_meta)}
+    )
+    pq.write_table(
+        pa.table({"task_index": list(tasks.values()), "__index_level_0__": list(tasks)}, schema=schema), path
+    )
 
 
 def _write_card(root: Path, info: Mapping[str, Any]) -> None:
@@ -548,7 +634,8 @@ def _write_card(root: Path, info: Mapping[str, Any]) -> None:
         "---\nlicense: other\ntags:\n- LeRobot\n- robotrl\ntask_categories:\n- robotics\nconfigs:\n"
         "- config_name: default\n  data_files: data/*/*.parquet\n---\n\n"
         f"# {info['repo_id']}\n\nExported from a robotrl episode store (task `{info['robotrl_spec']['task']}`).\n\n"
-        f"[meta/info.json](meta/info.json):\n```json\n{json.dumps(shown, indent=4)}\n```\n")
+        f"[meta/info.json](meta/info.json):\n```json\n{json.dumps(shown, indent=4)}\n```\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -566,8 +653,9 @@ def read_info(root: str | Path) -> dict[str, Any]:
             if (root / "zarr.json").exists()
             else ""
         )
-        raise LeRobotFormatError(f"{path}: expected the LeRobot v3.0 metadata file meta/info.json, "
-                                 f"got no such file{hint}")
+        raise LeRobotFormatError(
+            f"{path}: expected the LeRobot v3.0 metadata file meta/info.json, got no such file{hint}"
+        )
     info = read_json_object(path, LeRobotFormatError)
     version = info.get("codebase_version")
     if not isinstance(version, str) or not version.startswith("v3."):
@@ -582,15 +670,20 @@ def read_info(root: str | Path) -> dict[str, Any]:
         raise LeRobotFormatError(f"{path}: field 'fps': expected a positive number, got {info['fps']!r}")
     feats = info["features"]
     if not isinstance(feats, dict) or "action" not in feats:
-        raise LeRobotFormatError(f"{path}: field 'features': expected an object with an 'action' feature, "
-                                 f"got {sorted(feats) if isinstance(feats, dict) else feats!r}")
+        raise LeRobotFormatError(
+            f"{path}: field 'features': expected an object with an 'action' feature, "
+            f"got {sorted(feats) if isinstance(feats, dict) else feats!r}"
+        )
     for name, ft in feats.items():
         if not isinstance(ft, dict) or "dtype" not in ft or "shape" not in ft:
-            raise LeRobotFormatError(f"{path}: field 'features.{name}': expected an object with 'dtype' and 'shape', "
-                                     f"got {ft!r}")
+            raise LeRobotFormatError(
+                f"{path}: field 'features.{name}': expected an object with 'dtype' and 'shape', got {ft!r}"
+            )
     if any(ft["dtype"] == "video" for ft in feats.values()) and not info.get("video_path"):
-        raise LeRobotFormatError(f"{path}: field 'video_path': expected a path template (there are video "
-                                 f"features), got {info.get('video_path')!r}")
+        raise LeRobotFormatError(
+            f"{path}: field 'video_path': expected a path template (there are video "
+            f"features), got {info.get('video_path')!r}"
+        )
     return info
 
 
@@ -606,8 +699,10 @@ def read_tasks(root: Path) -> dict[int, str]:
         index_cols = [c for c in json.loads(meta[b"pandas"]).get("index_columns", []) if isinstance(c, str)]
     name = next((c for c in ["task", *index_cols, "__index_level_0__"] if c in table.column_names), None)
     if name is None or "task_index" not in table.column_names:
-        raise LeRobotFormatError(f"{path}: expected columns 'task_index' and the task string ('task' or the "
-                                 f"pandas index), got {table.column_names}")
+        raise LeRobotFormatError(
+            f"{path}: expected columns 'task_index' and the task string ('task' or the "
+            f"pandas index), got {table.column_names}"
+        )
     return dict(zip(table["task_index"].to_pylist(), table[name].to_pylist()))
 
 
@@ -616,8 +711,9 @@ def read_episodes(root: Path) -> list[dict[str, Any]]:
     columns import needs."""
     files = sorted((root / EPISODES_DIR).glob("*/*.parquet"))
     if not files:
-        raise LeRobotFormatError(f"{root / EPISODES_DIR}: expected episode metadata files chunk-XXX/file-YYY.parquet, "
-                                 "got none")
+        raise LeRobotFormatError(
+            f"{root / EPISODES_DIR}: expected episode metadata files chunk-XXX/file-YYY.parquet, got none"
+        )
     rows: list[dict[str, Any]] = []
     for f in files:
         table = pq.read_table(f)
@@ -698,17 +794,23 @@ class _VideoReader:
                 self.pending = frame
                 break
             if abs(t - (start + n / self.fps)) > half:
-                raise LeRobotFormatError(f"{path}: episode {ep['episode_index']} frame {n}: expected timestamp "
-                                         f"{start + n / self.fps:.4f} s, got {t:.4f} s")
+                raise LeRobotFormatError(
+                    f"{path}: episode {ep['episode_index']} frame {n}: expected timestamp "
+                    f"{start + n / self.fps:.4f} s, got {t:.4f} s"
+                )
             img = frame.to_ndarray(format="rgb24")
             if img.shape != tuple(shape):
-                raise LeRobotFormatError(f"{path}: expected frames of shape {list(shape)} (info.json features."
-                                         f"{self.key}), got {list(img.shape)}")
+                raise LeRobotFormatError(
+                    f"{path}: expected frames of shape {list(shape)} (info.json features."
+                    f"{self.key}), got {list(img.shape)}"
+                )
             out[n] = img
             n += 1
         if n != length:
-            raise LeRobotFormatError(f"{path}: episode {ep['episode_index']}: expected {length} frames from "
-                                     f"{start:.4f} s (its length), got {n}")
+            raise LeRobotFormatError(
+                f"{path}: episode {ep['episode_index']}: expected {length} frames from "
+                f"{start:.4f} s (its length), got {n}"
+            )
         return out
 
     def close(self) -> None:
@@ -780,8 +882,14 @@ def spec_from_info(root: Path, info: Mapping[str, Any]) -> Spec:
         action=ArraySpec(shape, ft["dtype"], low, high, fields=_names_as_fields(ft, shape)),
         action_mode="unknown",
         control_hz=float(info["fps"]),
-        metadata={"lerobot": {"repo_id": info.get("repo_id"), "robot_type": info.get("robot_type"),
-                              "codebase_version": info["codebase_version"], "skipped_features": skipped}},
+        metadata={
+            "lerobot": {
+                "repo_id": info.get("repo_id"),
+                "robot_type": info.get("robot_type"),
+                "codebase_version": info["codebase_version"],
+                "skipped_features": skipped,
+            }
+        },
     )
 
 
@@ -836,12 +944,15 @@ def import_lerobot(
             continue
         name = feature_name(key, a) if saved is not None else foreign.get(key, feature_name(key, a))
         if name not in feats:
-            raise SpecMismatchError(f"{root / INFO_PATH}: features: expected {name!r} for spec key {key!r}, "
-                                    f"got only {sorted(feats)}")
+            raise SpecMismatchError(
+                f"{root / INFO_PATH}: features: expected {name!r} for spec key {key!r}, got only {sorted(feats)}"
+            )
         shape = _feature_shape(name, feats[name])
         if int(np.prod(shape)) != a.size or (a.is_image and shape != a.shape):
-            raise SpecMismatchError(f"{root / INFO_PATH}: features.{name}.shape: spec key {key!r} has "
-                                    f"{list(a.shape)}, the dataset has {list(shape)}")
+            raise SpecMismatchError(
+                f"{root / INFO_PATH}: features.{name}.shape: spec key {key!r} has "
+                f"{list(a.shape)}, the dataset has {list(shape)}"
+            )
         mapping[key] = name
     tasks = read_tasks(root)
     episodes = read_episodes(root)
@@ -861,19 +972,30 @@ def import_lerobot(
     return store
 
 
-def _episode(ep: Mapping[str, Any], data: _DataReader, videos: Mapping[str, _VideoReader], mapping: Mapping[str, str],
-             spec: Spec, tasks: Mapping[int, str], info: Mapping[str, Any],
-             root: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _episode(
+    ep: Mapping[str, Any],
+    data: _DataReader,
+    videos: Mapping[str, _VideoReader],
+    mapping: Mapping[str, str],
+    spec: Spec,
+    tasks: Mapping[int, str],
+    info: Mapping[str, Any],
+    root: Path,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """One episode's per-step arrays and metadata, read from its rows and videos and checked against its row."""
     i, n = int(ep["episode_index"]), int(ep["length"])
     table, path = data.episode(ep)
     where = f"{path}: episode {i}"
     if table.num_rows != n or int(ep["dataset_to_index"]) - int(ep["dataset_from_index"]) != n:
-        raise LeRobotFormatError(f"{where}: expected {n} frame rows (meta/episodes length; dataset_from/to_index "
-                                 f"{ep['dataset_from_index']}..{ep['dataset_to_index']}), got {table.num_rows}")
+        raise LeRobotFormatError(
+            f"{where}: expected {n} frame rows (meta/episodes length; dataset_from/to_index "
+            f"{ep['dataset_from_index']}..{ep['dataset_to_index']}), got {table.num_rows}"
+        )
     if not np.array_equal(table["frame_index"].to_numpy(), np.arange(n)):
-        raise LeRobotFormatError(f"{where}: column 'frame_index': expected 0..{n - 1}, got "
-                                 f"{table['frame_index'].to_numpy()[:10].tolist()}...")
+        raise LeRobotFormatError(
+            f"{where}: column 'frame_index': expected 0..{n - 1}, got "
+            f"{table['frame_index'].to_numpy()[:10].tolist()}..."
+        )
     arrays_spec = {k: a for k, a in spec.observations.items() if a.dtype != STRING}
     arrays_spec["action"] = spec.action
     out: dict[str, np.ndarray] = {}
@@ -909,17 +1031,24 @@ def _episode(ep: Mapping[str, Any], data: _DataReader, videos: Mapping[str, _Vid
         got = column(STEP_FEATURES[key], default.dtype.name)
         out[key] = default if got is None else got
     wall, episode_time = column(STEP_FEATURES["timestamp"], "float64"), column("timestamp", "float64")
-    out["timestamp"] = wall if wall is not None else episode_time if episode_time is not None else \
-        np.arange(n) / float(info["fps"])
+    out["timestamp"] = (
+        wall if wall is not None else episode_time if episode_time is not None else np.arange(n) / float(info["fps"])
+    )
 
     if ep.get(META_COLUMN):
         meta = json.loads(ep[META_COLUMN])
     else:
         ids = table["task_index"].to_numpy() if "task_index" in table.column_names else np.zeros(0, int)
         names = [tasks.get(int(t)) for t in dict.fromkeys(ids.tolist())] or list(ep.get("tasks") or [])
-        meta = {"instruction": names[0] if names else None, "success": bool(out["success"].any()),
-                "source": "imported", "robot": info.get("robot_type") or "unknown", "control_hz": float(info["fps"]),
-                "lerobot_episode_index": i, "origin": {"dataset": str(root), "episode": i}}
+        meta = {
+            "instruction": names[0] if names else None,
+            "success": bool(out["success"].any()),
+            "source": "imported",
+            "robot": info.get("robot_type") or "unknown",
+            "control_hz": float(info["fps"]),
+            "lerobot_episode_index": i,
+            "origin": {"dataset": str(root), "episode": i},
+        }
         if len(names) > 1:
             meta["tasks"] = names
     return out, meta
@@ -940,5 +1069,15 @@ def _decode_pngs(col: pa.ChunkedArray, shape: tuple[int, ...], where: str) -> np
     return out
 
 
-__all__ = ["CODEBASE_VERSION", "LeRobotFormatError", "export_lerobot", "feature_name", "import_lerobot",
-           "key_for_feature", "read_episodes", "read_info", "read_tasks", "spec_from_info"]
+__all__ = [
+    "CODEBASE_VERSION",
+    "LeRobotFormatError",
+    "export_lerobot",
+    "feature_name",
+    "import_lerobot",
+    "key_for_feature",
+    "read_episodes",
+    "read_info",
+    "read_tasks",
+    "spec_from_info",
+]

@@ -123,12 +123,16 @@ class JointLayout:
         pos = slices["joint_pos"]
         n_arm = pos.stop - pos.start
         if len(spec.joint_names) < n_arm:
-            raise SpecMismatchError(f"spec.joint_names: expected at least {n_arm} names for field '{key}.joint_pos', "
-                                    f"got {len(spec.joint_names)}: {list(spec.joint_names)}")
+            raise SpecMismatchError(
+                f"spec.joint_names: expected at least {n_arm} names for field '{key}.joint_pos', "
+                f"got {len(spec.joint_names)}: {list(spec.joint_names)}"
+            )
         vel = slices.get("joint_vel")
         if vel is not None and vel.stop - vel.start > n_arm:
-            raise SpecMismatchError(f"field '{key}.joint_vel': expected at most {n_arm} entries (one per joint_pos), "
-                                    f"got {vel.stop - vel.start}")
+            raise SpecMismatchError(
+                f"field '{key}.joint_vel': expected at most {n_arm} entries (one per joint_pos), "
+                f"got {vel.stop - vel.start}"
+            )
         extra = spec.joint_names[n_arm:]
         grip = slices.get("gripper")
         if grip is not None and extra and (grip.stop - grip.start) in (1, len(extra)):
@@ -158,8 +162,10 @@ class JointLayout:
         index = {n: i for i, n in enumerate(names)}
         missing = [n for n in self.names if n not in index]
         if missing or len(position) != len(names):
-            raise McapError(f"{where}: joint names: expected to contain {list(self.names)}, got {list(names)} "
-                            f"with {len(position)} positions (missing {missing})")
+            raise McapError(
+                f"{where}: joint names: expected to contain {list(self.names)}, got {list(names)} "
+                f"with {len(position)} positions (missing {missing})"
+            )
         order = np.array([index[n] for n in self.names])
         out = np.zeros(size, np.float64)
         n_arm = self.pos.stop - self.pos.start
@@ -202,8 +208,10 @@ class _McapWriter:
     def __init__(self, f: Any, types: dict[str, str], spec: Spec, clock: str) -> None:
         self.w = Writer(f, compression=CompressionType.ZSTD)
         self.w.start(profile="ros2", library=f"robotrl {FORMAT} v{VERSION}")
-        schemas = {t: self.w.register_schema(t, "ros2msg", _typestore().generate_msgdef(t, ros_version=2)[0].encode())
-                   for t in sorted(set(types.values()))}
+        schemas = {
+            t: self.w.register_schema(t, "ros2msg", _typestore().generate_msgdef(t, ros_version=2)[0].encode())
+            for t in sorted(set(types.values()))
+        }
         self.channels = {topic: self.w.register_channel(topic, "cdr", schemas[t]) for topic, t in types.items()}
         self.types, self.seq = types, dict.fromkeys(types, 0)
         self.w.add_metadata(
@@ -238,8 +246,10 @@ def _timelines(stamps: list[np.ndarray], hz: float, clock: Clock) -> tuple[str, 
         if np.any(d <= 0):
             problem = f"episode #{i} of the export: timestamps do not increase at step {int(np.argmax(d <= 0)) + 1}"
         elif len(d) and not 0.5 <= np.median(d) * hz <= 2.0:
-            problem = (f"episode #{i} of the export: median step {np.median(d) * 1e3:.3g} ms, expected about "
-                       f"{1e3 / hz:.3g} ms at control_hz={hz} (simulated faster than real time?)")
+            problem = (
+                f"episode #{i} of the export: median step {np.median(d) * 1e3:.3g} ms, expected about "
+                f"{1e3 / hz:.3g} ms at control_hz={hz} (simulated faster than real time?)"
+            )
         elif i and s[0] <= stamps[i - 1][-1]:
             problem = (
                 f"episode #{i} of the export starts at {s[0]:.6f} s, "
@@ -280,15 +290,21 @@ def export_mcap(
     images = [k for k in spec.observations if k in arrays and arrays[k].is_image]
     vectors = [k for k in spec.observations if k in arrays and not arrays[k].is_image]
     joints = JointLayout.of(spec)
-    types = {topics.episode: STRING_MSG, topics.instruction: STRING_MSG, topics.command: FLOAT_ARRAY,
-             topics.step: FLOAT_ARRAY, **{topics.obs(k): FLOAT_ARRAY for k in vectors},
-             **{topics.image(k): IMAGE for k in images}}
+    types = {
+        topics.episode: STRING_MSG,
+        topics.instruction: STRING_MSG,
+        topics.command: FLOAT_ARRAY,
+        topics.step: FLOAT_ARRAY,
+        **{topics.obs(k): FLOAT_ARRAY for k in vectors},
+        **{topics.image(k): IMAGE for k in images},
+    }
     if joints is not None:
         types[topics.joint_states] = JOINT_STATE
     if len(types) != 4 + len(vectors) + len(images) + (joints is not None):
         raise McapError(f"topics: expected a distinct topic per stream, got a collision in {topics}")
-    clock_used, times = _timelines([store.episode(i, keys=["timestamp"]).data["timestamp"] for i in indices],
-                                   spec.control_hz, clock)
+    clock_used, times = _timelines(
+        [store.episode(i, keys=["timestamp"]).data["timestamp"] for i in indices], spec.control_hz, clock
+    )
 
     msg = _typestore().types
     layouts = {topics.obs(k): _layout(_fields(arrays[k], k)) for k in vectors}
@@ -307,8 +323,14 @@ def export_mcap(
             for i, t_ns in zip(indices, times):
                 ep = store.episode(i)
                 meta = user_meta(ep.meta)
-                marker = {"format": FORMAT, "episode": ep.index, "length": len(ep), "control_hz": spec.control_hz,
-                          "clock": clock_used, "meta": meta}
+                marker = {
+                    "format": FORMAT,
+                    "episode": ep.index,
+                    "length": len(ep),
+                    "control_hz": spec.control_hz,
+                    "clock": clock_used,
+                    "meta": meta,
+                }
                 w.write(topics.episode, int(t_ns[0]), msg[STRING_MSG](data=json.dumps(marker)))
                 if meta.get("instruction"):
                     w.write(topics.instruction, int(t_ns[0]), msg[STRING_MSG](data=str(meta["instruction"])))
@@ -316,14 +338,33 @@ def export_mcap(
                 for k, t in enumerate(int(t) for t in t_ns):
                     if joints is not None:
                         pos, vel = joints.to_joints(d[joints.key][k])
-                        w.write(topics.joint_states, t, msg[JOINT_STATE](
-                            header=_header(t), name=list(joints.names), position=pos, velocity=vel, effort=np.zeros(0)))
+                        w.write(
+                            topics.joint_states,
+                            t,
+                            msg[JOINT_STATE](
+                                header=_header(t),
+                                name=list(joints.names),
+                                position=pos,
+                                velocity=vel,
+                                effort=np.zeros(0),
+                            ),
+                        )
                     for key in images:
                         img = np.ascontiguousarray(d[key][k])
                         h, wd = img.shape[:2]
-                        w.write(topics.image(key), t, msg[IMAGE](
-                            header=_header(t, f"{key.removeprefix('image_')}_camera"), height=h, width=wd,
-                            encoding="rgb8", is_bigendian=0, step=3 * wd, data=img.reshape(-1)))
+                        w.write(
+                            topics.image(key),
+                            t,
+                            msg[IMAGE](
+                                header=_header(t, f"{key.removeprefix('image_')}_camera"),
+                                height=h,
+                                width=wd,
+                                encoding="rgb8",
+                                is_bigendian=0,
+                                step=3 * wd,
+                                data=img.reshape(-1),
+                            ),
+                        )
                     for key in vectors:
                         w.write(topics.obs(key), t, array(topics.obs(key), d[key][k]))
                     w.write(topics.command, t, array(topics.command, d["action"][k]))
@@ -354,8 +395,9 @@ def _open_reader(path: Path, f: Any) -> Any:
         return make_reader(f)
     except (_McapFormatError, ValueError, EOFError) as e:
         f.seek(0)
-        raise McapError(f"{path}: expected an MCAP file (starting with magic b'\\x89MCAP0\\r\\n'), "
-                        f"got {f.read(8)!r} ({e})") from None
+        raise McapError(
+            f"{path}: expected an MCAP file (starting with magic b'\\x89MCAP0\\r\\n'), got {f.read(8)!r} ({e})"
+        ) from None
 
 
 def embedded_spec(in_path: str | Path) -> Spec | None:
@@ -423,6 +465,7 @@ def _float_array_decoder(key: str, fields: tuple[tuple[str, int], ...], size: in
         if len(m.data) != size:
             raise McapError(f"{where}: '{key}': expected {size} values, got {len(m.data)}")
         return np.asarray(m.data, np.float64)
+
     return decode
 
 
@@ -443,6 +486,7 @@ def _plan(spec: Spec, topics: TopicMap, channels: dict[str, tuple[str, str, str]
                     )
                 img = np.asarray(m.data, np.uint8).reshape(h, m.step)[:, : 3 * w].reshape(h, w, 3)
                 return img[..., ::-1] if m.encoding == "bgr8" else img
+
             sources.append(_Source(key, topics.image(key), IMAGE, decode_image))
             continue
         topic = topics.obs(key)
@@ -453,8 +497,10 @@ def _plan(spec: Spec, topics: TopicMap, channels: dict[str, tuple[str, str, str]
         lacking = [n for n, _ in a.fields if joints is None or n not in joints.provides] if a.fields else [key]
         if lacking:
             have = f"it provides {list(joints.provides)}" if joints else "the state has no 'joint_pos' field"
-            raise McapError(f"{where}: observation '{key}': topic {topic} is absent, and {topics.joint_states} cannot "
-                            f"supply field(s) {lacking} ({have}); topics in the file: {sorted(channels)}")
+            raise McapError(
+                f"{where}: observation '{key}': topic {topic} is absent, and {topics.joint_states} cannot "
+                f"supply field(s) {lacking} ({have}); topics in the file: {sorted(channels)}"
+            )
         if topics.joint_states not in channels:
             raise McapError(
                 f"{where}: observation '{key}': expected topic {topic} ({FLOAT_ARRAY}) or "
@@ -462,29 +508,47 @@ def _plan(spec: Spec, topics: TopicMap, channels: dict[str, tuple[str, str, str]
             )
 
         assert joints is not None  # `lacking` is empty: the joint states supply every field
+
         def decode_joints(raw: bytes, at: str, joints: JointLayout = joints, size: int = a.size) -> np.ndarray:
             m = _typestore().deserialize_cdr(raw, JOINT_STATE)
             return joints.from_joints(list(m.name), np.asarray(m.position), np.asarray(m.velocity), size, at)
+
         sources.append(_Source(key, topics.joint_states, JOINT_STATE, decode_joints))
-    sources.append(_Source("action", topics.command, FLOAT_ARRAY,
-                           _float_array_decoder("action", _fields(spec.action, "action"), spec.action.size)))
-    step = _Source("step", topics.step, FLOAT_ARRAY,
-                   _float_array_decoder("step", tuple((f, 1) for f in STEP_FIELDS), len(STEP_FIELDS)))
+    sources.append(
+        _Source(
+            "action",
+            topics.command,
+            FLOAT_ARRAY,
+            _float_array_decoder("action", _fields(spec.action, "action"), spec.action.size),
+        )
+    )
+    step = _Source(
+        "step",
+        topics.step,
+        FLOAT_ARRAY,
+        _float_array_decoder("step", tuple((f, 1) for f in STEP_FIELDS), len(STEP_FIELDS)),
+    )
     optional = {topics.step: FLOAT_ARRAY, topics.episode: STRING_MSG, topics.instruction: STRING_MSG}
     for topic, msgtype in [(s.topic, s.msgtype) for s in sources] + list(optional.items()):
         if topic not in channels:
             if topic in optional:
                 continue
-            raise McapError(f"{where}: topic {topic}: expected {msgtype} messages (for the spec's "
-                            f"{[s.key for s in sources if s.topic == topic]}), got no such topic; "
-                            f"topics in the file: {sorted(channels)}")
+            raise McapError(
+                f"{where}: topic {topic}: expected {msgtype} messages (for the spec's "
+                f"{[s.key for s in sources if s.topic == topic]}), got no such topic; "
+                f"topics in the file: {sorted(channels)}"
+            )
         name, schema_enc, msg_enc = channels[topic]
         if (name, schema_enc, msg_enc) != (msgtype, "ros2msg", "cdr"):
-            raise McapError(f"{where}: topic {topic}: expected {msgtype} (ros2msg schema, cdr), "
-                            f"got {name or '<no schema>'} ({schema_enc or '-'} schema, {msg_enc})")
+            raise McapError(
+                f"{where}: topic {topic}: expected {msgtype} (ros2msg schema, cdr), "
+                f"got {name or '<no schema>'} ({schema_enc or '-'} schema, {msg_enc})"
+            )
     if string_keys(spec) and topics.instruction not in channels and topics.episode not in channels:
-        raise McapError(f"{where}: topic {topics.instruction}: expected std_msgs/msg/String for the spec's string "
-                        f"observation {string_keys(spec)}, got no such topic (and no {topics.episode} metadata)")
+        raise McapError(
+            f"{where}: topic {topics.instruction}: expected std_msgs/msg/String for the spec's string "
+            f"observation {string_keys(spec)}, got no such topic (and no {topics.episode} metadata)"
+        )
     return _Plan(sources, step if topics.step in channels else None, topics.episode in channels, topics.instruction)
 
 
@@ -501,8 +565,9 @@ class _Segment:
         raws.append(data)
 
 
-def _segments(files: list[Path], plan: _Plan, topics: TopicMap, max_gap_s: float,
-              instructions: list[tuple[int, str]]) -> Iterator[_Segment]:
+def _segments(
+    files: list[Path], plan: _Plan, topics: TopicMap, max_gap_s: float, instructions: list[tuple[int, str]]
+) -> Iterator[_Segment]:
     """Episodes in log-time order: split at each episode marker when the recording has them, else wherever no
     required topic has a message for more than `max_gap_s`. Instruction messages go to `instructions`."""
     wanted = set(plan.required) | ({plan.step.topic} if plan.step else set())
@@ -574,8 +639,10 @@ def _episode(
     def held(source: _Source) -> np.ndarray:
         ts, raws = times[source.topic], seg.messages[source.topic][1]
         idx = np.searchsorted(ts, ticks, side="right") - 1
-        rows = {int(i): source.decode(raws[i], f"{where}: topic {source.topic} at t={ts[i] / 1e9:.9f} s")
-                for i in np.unique(idx)}
+        rows = {
+            int(i): source.decode(raws[i], f"{where}: topic {source.topic} at t={ts[i] / 1e9:.9f} s")
+            for i in np.unique(idx)
+        }
         return np.stack([rows[int(i)] for i in idx])
 
     arrays = step_arrays(spec)
@@ -606,9 +673,13 @@ def _episode(
             f"for the spec's string observation {string_keys(spec)}, got none"
         )
     meta = user_meta(marker_meta)
-    meta.update(instruction=instruction or None, control_hz=float(hz or spec.control_hz),
-                success=bool(meta.get("success", bool(data["success"].any()))),
-                interventions=int(data["intervention"].sum()), imported_from=source_name)
+    meta.update(
+        instruction=instruction or None,
+        control_hz=float(hz or spec.control_hz),
+        success=bool(meta.get("success", bool(data["success"].any()))),
+        interventions=int(data["intervention"].sum()),
+        imported_from=source_name,
+    )
     if meta.get("source") not in SOURCES:
         meta["source"] = "imported"
     meta.setdefault("t_start", float(data["timestamp"][0]))
@@ -652,8 +723,10 @@ def import_mcap(
                 store = EpisodeStore.create(out, spec, exist_ok=True)
             store.append_episode(*episode)
         if store is None:
-            raise McapError(f"{in_path}: expected at least one episode with messages on every required topic "
-                            f"{plan.required}, got none")
+            raise McapError(
+                f"{in_path}: expected at least one episode with messages on every required topic "
+                f"{plan.required}, got none"
+            )
     except BaseException:
         if store is not None:
             store.close()

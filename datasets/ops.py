@@ -98,9 +98,11 @@ def info(config: DataInfo) -> dict[str, Any]:
         print(json.dumps(summary))
     else:
         ln = summary["length"]
-        print(f"{summary['path']}: task {summary['task']}, {summary['episodes']} episodes, {summary['steps']} steps "
-              f"({summary['control_hz']:g} Hz); length {ln['min']}/{ln['mean']:.1f}/{ln['max']} (min/mean/max); "
-              f"success {summary['success_rate']:.1%}; sources {summary['sources']}")
+        print(
+            f"{summary['path']}: task {summary['task']}, {summary['episodes']} episodes, {summary['steps']} steps "
+            f"({summary['control_hz']:g} Hz); length {ln['min']}/{ln['mean']:.1f}/{ln['max']} (min/mean/max); "
+            f"success {summary['success_rate']:.1%}; sources {summary['sources']}"
+        )
         for instruction in summary["instructions"]:
             print(f"  instruction: {instruction}")
         for key, k in summary["keys"].items():

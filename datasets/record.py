@@ -68,8 +68,17 @@ def record_expert(
     expert = env.task.expert(noise=noise, seed=seed)
     expert.reset(num_envs)
     store = EpisodeStore.create(out, env.task_spec, exist_ok=True)
-    record_policy(env, expert.act, store, episodes, source="scripted", on_episode_end=expert.reset_env,
-                  seed=seed, progress=progress, noise=noise)
+    record_policy(
+        env,
+        expert.act,
+        store,
+        episodes,
+        source="scripted",
+        on_episode_end=expert.reset_env,
+        seed=seed,
+        progress=progress,
+        noise=noise,
+    )
     env.close()
     return store
 
@@ -98,9 +107,19 @@ class DataRecord:
 
 
 def run_record(config: DataRecord) -> EpisodeStore:
-    options = {k: v for k in ("episode_steps", "images", "image_size", "randomization")
-               if (v := getattr(config, k)) is not None}
-    store = record_expert(config.out, config.task, config.episodes, num_envs=config.num_envs, noise=config.noise,
-                          seed=config.seed, **options)
+    options = {
+        k: v
+        for k in ("episode_steps", "images", "image_size", "randomization")
+        if (v := getattr(config, k)) is not None
+    }
+    store = record_expert(
+        config.out,
+        config.task,
+        config.episodes,
+        num_envs=config.num_envs,
+        noise=config.noise,
+        seed=config.seed,
+        **options,
+    )
     print(json.dumps({k: v for k, v in store.summary().items() if k != "keys"}))
     return store

@@ -60,7 +60,7 @@ class ChunkCache:
     def _chunk(self, c: int) -> np.ndarray:
         got = self._cache.get(c)
         if got is None:
-            got = np.asarray(self.array[c * self.chunk: min((c + 1) * self.chunk, self.rows)])
+            got = np.asarray(self.array[c * self.chunk : min((c + 1) * self.chunk, self.rows)])
             self._cache[c] = got
             if len(self._cache) > self.max_chunks:
                 self._cache.popitem(last=False)
@@ -131,8 +131,9 @@ class SequenceSampler:
             raise IndexError(f"episodes: expected indices in [0, {len(ends)}), got {chosen.min()}..{chosen.max()}")
         for k, v in self.text.items():
             if v.shape != (len(ends),):
-                raise ValueError(f"SequenceSampler.text[{k!r}]: expected one string per episode ({len(ends)}), got "
-                                 f"shape {v.shape}")
+                raise ValueError(
+                    f"SequenceSampler.text[{k!r}]: expected one string per episode ({len(ends)}), got shape {v.shape}"
+                )
         lengths = ends[chosen] - starts[chosen]
         # one anchor per step of every chosen episode, with its episode's bounds
         self.anchor = (
@@ -145,15 +146,17 @@ class SequenceSampler:
         self._act_offsets = np.arange(self.config.action_horizon)
 
     @classmethod
-    def from_store(cls, store: EpisodeStore, config: SequenceConfig | None = None,
-                   episodes: Sequence[int] | None = None) -> SequenceSampler:
+    def from_store(
+        cls, store: EpisodeStore, config: SequenceConfig | None = None, episodes: Sequence[int] | None = None
+    ) -> SequenceSampler:
         config = config or SequenceConfig()
         numeric = [k for k, v in store.spec.observations.items() if v.dtype != STRING]
         obs_keys = list(config.obs_keys) if config.obs_keys is not None else numeric
         unknown = [k for k in obs_keys if k not in numeric]
         if unknown:
-            raise SpecMismatchError(f"SequenceConfig.obs_keys: {unknown} not in store {store.path.name}'s numeric "
-                                    f"observations {numeric}")
+            raise SpecMismatchError(
+                f"SequenceConfig.obs_keys: {unknown} not in store {store.path.name}'s numeric observations {numeric}"
+            )
         keys = [*obs_keys, "action", *config.extra_keys]
         if config.in_memory:
             data: Mapping[str, Rows] = store.load(keys)
@@ -173,8 +176,10 @@ class SequenceSampler:
         act_rows = t + self._act_offsets
         episode = self.ep_index[index]
         out: dict[str, Any] = {
-            "obs": {**{k: self.data[k][np.clip(obs_rows, lo, hi)] for k in self.obs_keys},
-                    **{k: v[episode] for k, v in self.text.items()}},
+            "obs": {
+                **{k: self.data[k][np.clip(obs_rows, lo, hi)] for k in self.obs_keys},
+                **{k: v[episode] for k, v in self.text.items()},
+            },
             "action": self.data["action"][np.clip(act_rows, lo, hi)],
             "obs_is_pad": obs_rows < lo,
             "action_is_pad": act_rows > hi,
@@ -197,8 +202,9 @@ class MixedSampler:
 
     def __init__(self, samplers: Sequence[SequenceSampler], ratios: Sequence[float]) -> None:
         if len(samplers) != len(ratios) or not samplers:
-            raise ValueError(f"MixedSampler: expected one ratio per sampler, got {len(samplers)} samplers and "
-                             f"{len(ratios)} ratios")
+            raise ValueError(
+                f"MixedSampler: expected one ratio per sampler, got {len(samplers)} samplers and {len(ratios)} ratios"
+            )
         r = np.asarray(ratios, dtype=np.float64)
         if np.any(r < 0) or r.sum() <= 0:
             raise ValueError(
@@ -206,11 +212,16 @@ class MixedSampler:
             )
         first = samplers[0]
         for i, s in enumerate(samplers[1:], 1):
-            if s.obs_keys != first.obs_keys or s.config.obs_horizon != first.config.obs_horizon \
-                    or s.config.action_horizon != first.config.action_horizon:
-                raise SpecMismatchError(f"MixedSampler: sampler {i} windows ({s.obs_keys}, To={s.config.obs_horizon}, "
-                                        f"H={s.config.action_horizon}) differ from sampler 0's ({first.obs_keys}, "
-                                        f"To={first.config.obs_horizon}, H={first.config.action_horizon})")
+            if (
+                s.obs_keys != first.obs_keys
+                or s.config.obs_horizon != first.config.obs_horizon
+                or s.config.action_horizon != first.config.action_horizon
+            ):
+                raise SpecMismatchError(
+                    f"MixedSampler: sampler {i} windows ({s.obs_keys}, To={s.config.obs_horizon}, "
+                    f"H={s.config.action_horizon}) differ from sampler 0's ({first.obs_keys}, "
+                    f"To={first.config.obs_horizon}, H={first.config.action_horizon})"
+                )
             if sorted(s.text) != sorted(first.text):
                 raise SpecMismatchError(
                     f"MixedSampler: sampler {i} has string observations {sorted(s.text)}, sampler 0 "
@@ -219,8 +230,10 @@ class MixedSampler:
             for k in (*first.obs_keys, "action"):
                 a, b = first.data[k], s.data[k]
                 if tuple(a.shape[1:]) != tuple(b.shape[1:]) or np.dtype(a.dtype) != np.dtype(b.dtype):
-                    raise SpecMismatchError(f"MixedSampler: key {k!r} is {tuple(b.shape[1:])} {b.dtype} in sampler {i} "
-                                            f"but {tuple(a.shape[1:])} {a.dtype} in sampler 0")
+                    raise SpecMismatchError(
+                        f"MixedSampler: key {k!r} is {tuple(b.shape[1:])} {b.dtype} in sampler {i} "
+                        f"but {tuple(a.shape[1:])} {a.dtype} in sampler 0"
+                    )
         self.samplers = list(samplers)
         self.ratios = r / r.sum()
 
@@ -267,12 +280,24 @@ class SequenceDataset(torch.utils.data.Dataset):
         return self.sampler.get(np.atleast_1d(np.asarray(index, dtype=np.int64)))
 
 
-def dataloader(sampler: SequenceSampler, batch_size: int, num_workers: int = 0, seed: int = 0,
-               drop_last: bool = True, **kwargs: Any) -> torch.utils.data.DataLoader:
+def dataloader(
+    sampler: SequenceSampler,
+    batch_size: int,
+    num_workers: int = 0,
+    seed: int = 0,
+    drop_last: bool = True,
+    **kwargs: Any,
+) -> torch.utils.data.DataLoader:
     """A torch DataLoader of shuffled batches (dicts of tensors) over `sampler`'s windows."""
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
     generator = torch.Generator().manual_seed(seed)
     batches = BatchSampler(RandomSampler(range(len(sampler)), generator=generator), batch_size, drop_last)
-    return DataLoader(SequenceDataset(sampler), batch_size=None, sampler=batches, num_workers=num_workers,
-                      persistent_workers=num_workers > 0, **kwargs)
+    return DataLoader(
+        SequenceDataset(sampler),
+        batch_size=None,
+        sampler=batches,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        **kwargs,
+    )

@@ -117,8 +117,13 @@ def update_stats(stats: dict[str, Any], data: Mapping[str, np.ndarray]) -> dict[
         if old is not None:
             s, ss = s + np.asarray(old["sum"]), ss + np.asarray(old["sumsq"])
             lo, hi = np.minimum(lo, old["min"]), np.maximum(hi, old["max"])
-        out[key] = {"count": len(x) + (old["count"] if old else 0), "sum": s.tolist(), "sumsq": ss.tolist(),
-                    "min": lo.tolist(), "max": hi.tolist()}
+        out[key] = {
+            "count": len(x) + (old["count"] if old else 0),
+            "sum": s.tolist(),
+            "sumsq": ss.tolist(),
+            "min": lo.tolist(),
+            "max": hi.tolist(),
+        }
     return out
 
 
@@ -133,8 +138,10 @@ def summarize_stats(
         var = np.maximum(np.asarray(st["sumsq"]) / n - mean**2, 0.0)
         shape = shapes.get(key, (len(mean),))
         out[key] = {
-            "mean": mean.reshape(shape), "std": np.sqrt(var).reshape(shape),
-            "min": np.asarray(st["min"]).reshape(shape), "max": np.asarray(st["max"]).reshape(shape),
+            "mean": mean.reshape(shape),
+            "std": np.sqrt(var).reshape(shape),
+            "min": np.asarray(st["min"]).reshape(shape),
+            "max": np.asarray(st["max"]).reshape(shape),
             "count": np.asarray(st["count"]),
         }
     return out
@@ -211,9 +218,15 @@ class EpisodeStore:
         root = zarr.open_group(zarr.storage.LocalStore(path), mode="w")
         data = root.create_group("data")
         for key, a in arrays.items():
-            data.create_array(key, shape=(0, *a.shape), chunks=(chunk_rows(a.shape, a.dtype), *a.shape),
-                              dtype=a.dtype, compressors=[ZstdCodec(level=3), Crc32cCodec()], fill_value=0,
-                              config=ARRAY_CONFIG)
+            data.create_array(
+                key,
+                shape=(0, *a.shape),
+                chunks=(chunk_rows(a.shape, a.dtype), *a.shape),
+                dtype=a.dtype,
+                compressors=[ZstdCodec(level=3), Crc32cCodec()],
+                fill_value=0,
+                config=ARRAY_CONFIG,
+            )
         root.create_group("meta").attrs.put({"episode_ends": [], "episodes": [], "stats": {}})
         # the root attributes go last: a directory without them is not yet a store
         root.attrs.put({"robotrl": {"format": FORMAT, "version": VERSION}, "spec": spec.to_dict()})
@@ -231,11 +244,10 @@ class EpisodeStore:
         self.episodes: list[dict[str, Any]] = list(cast(list[dict[str, Any]], meta["episodes"]))
         self._stats: dict[str, Any] = dict(cast(dict[str, Any], meta.get("stats", {})))
         if len(self.episodes) != len(self.episode_ends):
-            raise StoreError(f"{self.path}: meta has {len(self.episode_ends)} episode ends but {len(self.episodes)} "
-                             "episode records")
-        self._arrays = {
-            k: self._open_array(k) for k in self.arrays_spec
-        }
+            raise StoreError(
+                f"{self.path}: meta has {len(self.episode_ends)} episode ends but {len(self.episodes)} episode records"
+            )
+        self._arrays = {k: self._open_array(k) for k in self.arrays_spec}
 
     def _open_array(self, key: str) -> zarr.Array:
         try:
@@ -410,8 +422,11 @@ class EpisodeStore:
         for start in range(0, end, 1 << 16):  # the running statistics cannot be subtracted from: recount
             stop = min(end, start + (1 << 16))
             stats = update_stats(stats, {k: self._read(k, start, stop) for k in _stat_keys(self.arrays_spec)})
-        commit = {"episode_ends": self.episode_ends[:num_episodes].tolist(), "episodes": self.episodes[:num_episodes],
-                  "stats": stats}
+        commit = {
+            "episode_ends": self.episode_ends[:num_episodes].tolist(),
+            "episodes": self.episodes[:num_episodes],
+            "stats": stats,
+        }
         zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(commit)
         self.refresh()
         self._trim_uncommitted()
@@ -444,8 +459,10 @@ class EpisodeWriter:
 
     def unfinished(self) -> dict[str, np.ndarray]:
         """The steps added since the last finalize, one array per per-step key (a run's train state keeps them)."""
-        return {k: np.stack([np.asarray(v) for v in vals]) if vals else np.zeros((0, *a.shape), a.dtype)
-                for (k, vals), a in zip(self._steps.items(), self.store.arrays_spec.values())}
+        return {
+            k: np.stack([np.asarray(v) for v in vals]) if vals else np.zeros((0, *a.shape), a.dtype)
+            for (k, vals), a in zip(self._steps.items(), self.store.arrays_spec.values())
+        }
 
     def add(
         self,
@@ -487,8 +504,14 @@ class EpisodeWriter:
         if self._t_start is None:
             self._t_start = now
         self._steps["action"].append(act)
-        for key, value in (("reward", reward), ("terminated", terminated), ("truncated", truncated),
-                           ("success", success), ("intervention", intervention), ("timestamp", now)):
+        for key, value in (
+            ("reward", reward),
+            ("terminated", terminated),
+            ("truncated", truncated),
+            ("success", success),
+            ("intervention", intervention),
+            ("timestamp", now),
+        ):
             self._steps[key].append(value)
         if not np.isfinite(float(reward)):
             raise ValueError(f"{where}: reward is {reward}")
@@ -501,10 +524,14 @@ class EpisodeWriter:
         record = {
             "instruction": self._instruction,
             "success": bool(data["success"].any() if success is None else success),
-            "source": self.source, "robot": self.robot, "control_hz": self.store.spec.control_hz,
-            "t_start": float(self._t_start or 0.0), "t_end": float(data["timestamp"][-1]),
+            "source": self.source,
+            "robot": self.robot,
+            "control_hz": self.store.spec.control_hz,
+            "t_start": float(self._t_start or 0.0),
+            "t_end": float(data["timestamp"][-1]),
             "interventions": int(data["intervention"].sum()),
-            **self.meta, **meta,
+            **self.meta,
+            **meta,
         }
         index = self.store.append_episode(data, record)
         self._reset()
@@ -624,8 +651,10 @@ def validate(store: EpisodeStore, spec: Spec | None = None) -> list[str]:
         errors.append(f"{store.path}: meta.episode_ends is not strictly increasing: {ends.tolist()[:10]}...")
     for i, rec in enumerate(store.episodes):
         if rec.get("index") != i or rec.get("end") != int(ends[i]):
-            errors.append(f"{store.path}: meta.episodes[{i}] has index {rec.get('index')} / end {rec.get('end')}, "
-                          f"expected {i} / {int(ends[i])}")
+            errors.append(
+                f"{store.path}: meta.episodes[{i}] has index {rec.get('index')} / end {rec.get('end')}, "
+                f"expected {i} / {int(ends[i])}"
+            )
             break
     for key, a in store.arrays_spec.items():
         try:

@@ -126,8 +126,10 @@ def action_axes(spec: Spec) -> tuple[str, ...]:
         from robotrl.envs.tasks import TASKS
 
         drivable = [name for name in sorted(TASKS) if teleop_axes(name) is not None]
-        raise TeleopError(f"task: no teleop mapping for {spec.task!r} (its Task class sets no teleop_axes); expected "
-                          f"one of {drivable}")
+        raise TeleopError(
+            f"task: no teleop mapping for {spec.task!r} (its Task class sets no teleop_axes); expected "
+            f"one of {drivable}"
+        )
     if spec.action.shape != (len(axes),):
         raise SpecMismatchError(
             f"{spec.task}: action shape: the teleop mapping {axes} expects ({len(axes)},), "
@@ -234,8 +236,14 @@ class _Latch:
         with self.lock:
             events, self.pending = self.pending, set()
             grip = (1.0 if self.gripper_closed else -1.0) if gripper is None else gripper
-            return TeleopCommand(twist=twist, gripper=grip, keep="keep" in events, discard="discard" in events,
-                                 quit="quit" in events, intervention=self.intervention)
+            return TeleopCommand(
+                twist=twist,
+                gripper=grip,
+                keep="keep" in events,
+                discard="discard" in events,
+                quit="quit" in events,
+                intervention=self.intervention,
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -243,12 +251,26 @@ class _Latch:
 # ---------------------------------------------------------------------------------------------------
 #: key -> (twist axis index, sign)
 KEYBOARD_MOTION: dict[str, tuple[int, float]] = {
-    "w": (0, 1.0), "s": (0, -1.0), "a": (1, 1.0), "d": (1, -1.0), "r": (2, 1.0), "f": (2, -1.0),
-    "right": (3, 1.0), "left": (3, -1.0), "up": (4, 1.0), "down": (4, -1.0), "q": (5, 1.0), "e": (5, -1.0),
+    "w": (0, 1.0),
+    "s": (0, -1.0),
+    "a": (1, 1.0),
+    "d": (1, -1.0),
+    "r": (2, 1.0),
+    "f": (2, -1.0),
+    "right": (3, 1.0),
+    "left": (3, -1.0),
+    "up": (4, 1.0),
+    "down": (4, -1.0),
+    "q": (5, 1.0),
+    "e": (5, -1.0),
 }
 #: key -> operator event ("gripper" and "intervention" toggle)
 KEYBOARD_EVENTS: dict[str, str] = {
-    "space": "gripper", "enter": "keep", "backspace": "discard", "i": "intervention", "esc": "quit",
+    "space": "gripper",
+    "enter": "keep",
+    "backspace": "discard",
+    "i": "intervention",
+    "esc": "quit",
 }
 
 
@@ -274,8 +296,10 @@ class KeyboardDevice(TeleopDevice):
     """
 
     name = "keyboard"
-    help = ("W/S x  A/D y  R/F z  Q/E yaw  arrows roll/pitch  Shift slow  Space gripper  I take-over  "
-            "Enter keep  Backspace discard  Esc quit")
+    help = (
+        "W/S x  A/D y  R/F z  Q/E yaw  arrows roll/pitch  Shift slow  Space gripper  I take-over  "
+        "Enter keep  Backspace discard  Esc quit"
+    )
 
     def __init__(self, slow: float = 0.25) -> None:
         if not 0.0 < slow <= 1.0:
@@ -485,8 +509,15 @@ class GamepadDevice(TeleopDevice):
         self._joystick = pygame.joystick.Joystick(self.index)
         self._joystick.init()
         # every joystick event type, handled or not, so none piles up in SDL's (bounded) event queue
-        self._types = [pygame.JOYAXISMOTION, pygame.JOYBALLMOTION, pygame.JOYHATMOTION, pygame.JOYBUTTONDOWN,
-                       pygame.JOYBUTTONUP, pygame.JOYDEVICEADDED, pygame.JOYDEVICEREMOVED]
+        self._types = [
+            pygame.JOYAXISMOTION,
+            pygame.JOYBALLMOTION,
+            pygame.JOYHATMOTION,
+            pygame.JOYBUTTONDOWN,
+            pygame.JOYBUTTONUP,
+            pygame.JOYDEVICEADDED,
+            pygame.JOYDEVICEREMOVED,
+        ]
         self._axes = {i: float(self._joystick.get_axis(i)) for i in range(self._joystick.get_numaxes())}
         has_hat = self._joystick.get_numhats() > self.layout.hat
         self._hat = tuple(self._joystick.get_hat(self.layout.hat)) if has_hat else (0, 0)
@@ -539,11 +570,16 @@ class GamepadDevice(TeleopDevice):
         """(twist, gripper) from the current stick, d-pad and trigger values."""
         lay, dz = self.layout, self.deadzone
         axis = lambda i: self._axes.get(i, 0.0)  # noqa: E731
-        twist = np.array([
-            -apply_deadzone(axis(lay.lefty), dz), -apply_deadzone(axis(lay.leftx), dz),
-            -apply_deadzone(axis(lay.righty), dz), float(self._hat[0]), float(self._hat[1]),
-            -apply_deadzone(axis(lay.rightx), dz),
-        ])
+        twist = np.array(
+            [
+                -apply_deadzone(axis(lay.lefty), dz),
+                -apply_deadzone(axis(lay.leftx), dz),
+                -apply_deadzone(axis(lay.righty), dz),
+                float(self._hat[0]),
+                float(self._hat[1]),
+                -apply_deadzone(axis(lay.rightx), dz),
+            ]
+        )
         return twist, float(np.clip(axis(lay.righttrigger) if lay.righttrigger in self._axes else -1.0, -1.0, 1.0))
 
     def read(self, obs: Mapping[str, Any], status: EpisodeStatus | None = None) -> TeleopCommand:
@@ -575,8 +611,14 @@ class SpaceMouseDevice(TeleopDevice):
     name = "spacemouse"
     help = "puck: 6-DoF motion  left button gripper  right button keep  Ctrl-C discard and stop"
 
-    def __init__(self, deadzone: float = 0.05, gain: float = 1.0, buttons: Mapping[int, str] | None = None,
-                 device: str | None = None, mouse: Any = None) -> None:
+    def __init__(
+        self,
+        deadzone: float = 0.05,
+        gain: float = 1.0,
+        buttons: Mapping[int, str] | None = None,
+        device: str | None = None,
+        mouse: Any = None,
+    ) -> None:
         self.deadzone = _check_deadzone(deadzone)
         if gain <= 0:
             raise ValueError(f"gain: expected > 0, got {gain}")
@@ -599,15 +641,17 @@ class SpaceMouseDevice(TeleopDevice):
         try:
             import pyspacemouse
         except ImportError as e:
-            raise TeleopError(f"SpaceMouseDevice: pyspacemouse is not installed ({e}); install it with {INSTALL_HINT} "
-                              "and the hidapi library (Debian: apt install libhidapi-hidraw0)") from e
+            raise TeleopError(
+                f"SpaceMouseDevice: pyspacemouse is not installed ({e}); install it with {INSTALL_HINT} "
+                "and the hidapi library (Debian: apt install libhidapi-hidraw0)"
+            ) from e
         try:
             self._mouse = pyspacemouse.open(device=self.device_name, axis_convention=pyspacemouse.AxisConvention.ROS)
         except (RuntimeError, ValueError, OSError, AttributeError) as e:
             raise TeleopError(
                 f"SpaceMouseDevice: no SpaceMouse could be opened ({e}). Plug it in, and give your user access "
-                "to its /dev/hidraw* node (a udev rule: SUBSYSTEM==\"hidraw\", ATTRS{idVendor}==\"256f\", "
-                "MODE=\"0666\"; older models use vendor 046d)"
+                'to its /dev/hidraw* node (a udev rule: SUBSYSTEM=="hidraw", ATTRS{idVendor}=="256f", '
+                'MODE="0666"; older models use vendor 046d)'
             ) from e
         self._previous = []
         self._last_t = float("nan")
@@ -724,7 +768,10 @@ class ScriptedDevice(TeleopDevice):
 # factory
 # ---------------------------------------------------------------------------------------------------
 DEVICES: dict[str, type[TeleopDevice]] = {
-    "keyboard": KeyboardDevice, "gamepad": GamepadDevice, "spacemouse": SpaceMouseDevice, "scripted": ScriptedDevice,
+    "keyboard": KeyboardDevice,
+    "gamepad": GamepadDevice,
+    "spacemouse": SpaceMouseDevice,
+    "scripted": ScriptedDevice,
 }
 
 

@@ -1,8 +1,8 @@
 """robotrl.envs: the MuJoCo task suite behind one vector-env API on two backends (CPU threads, MJX).
 
-    from robotrl.envs import make
-    env = make("Reach", num_envs=8)                   # CPU threads
-    env = make("Reach", num_envs=4096, backend="mjx")  # JAX / GPU
+from robotrl.envs import make
+env = make("Reach", num_envs=8)                   # CPU threads
+env = make("Reach", num_envs=4096, backend="mjx")  # JAX / GPU
 """
 
 from __future__ import annotations

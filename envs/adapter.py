@@ -47,8 +47,14 @@ def spec_from_env(env: gym.Env, name: str) -> Spec:
         raise TypeError(f"action_space: expected a gymnasium.spaces.Box, got {env.action_space}")
     fps = env.metadata.get("render_fps") or 0.0
     steps = env.spec.max_episode_steps if env.spec is not None and env.spec.max_episode_steps else 0
-    return Spec(task=name, observations=observations, action=action, action_mode="native", control_hz=float(fps),
-                episode_steps=int(steps))
+    return Spec(
+        task=name,
+        observations=observations,
+        action=action,
+        action_mode="native",
+        control_hz=float(fps),
+        episode_steps=int(steps),
+    )
 
 
 class GymVectorAdapter(gym.vector.VectorEnv):

@@ -81,8 +81,9 @@ def bench_async(task: str, n: int, config: BenchConfig) -> float:
     from robotrl.envs.gym_env import RobotEnv
 
     # forkserver: the workers fork from a clean server, never from this (possibly JAX-threaded) process
-    env = gym.vector.AsyncVectorEnv([lambda: RobotEnv(task, render_images=False) for _ in range(n)],
-                                    context="forkserver")
+    env = gym.vector.AsyncVectorEnv(
+        [lambda: RobotEnv(task, render_images=False) for _ in range(n)], context="forkserver"
+    )
     try:
         env.reset(seed=config.seed)
         actions = random_actions(env.action_space, 64, config.seed)
@@ -123,8 +124,17 @@ def bench_ceiling(task: str, n: int, config: BenchConfig, steps: int) -> float:
         pool = mujoco.rollout.Rollout(nthread=threads if threads > 1 else 0)
         datas = [mujoco.MjData(model) for _ in range(threads)]
         start = time.perf_counter()
-        pool.rollout([model] * n, datas, initial, controls, skip_checks=True, nstep=nstep,
-                     control_spec=int(mujoco.mjtState.mjSTATE_CTRL), state=out_state, sensordata=out_sens)
+        pool.rollout(
+            [model] * n,
+            datas,
+            initial,
+            controls,
+            skip_checks=True,
+            nstep=nstep,
+            control_spec=int(mujoco.mjtState.mjSTATE_CTRL),
+            state=out_state,
+            sensordata=out_sens,
+        )
         best = min(best, time.perf_counter() - start)
         pool.close()
     return n * steps / best
@@ -156,9 +166,14 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
         for n in config.num_envs:
             cpu, steps = bench_cpu(task, n, config)
             ceiling = bench_ceiling(task, n, config, max(steps, 8))
-            rec: dict[str, Any] = {"bench": "envs", "task": task, "num_envs": n,
-                                   "cpu_steps_per_s": round(cpu, 1), "ceiling_steps_per_s": round(ceiling, 1),
-                                   "fraction_of_ceiling": round(cpu / ceiling, 3)}
+            rec: dict[str, Any] = {
+                "bench": "envs",
+                "task": task,
+                "num_envs": n,
+                "cpu_steps_per_s": round(cpu, 1),
+                "ceiling_steps_per_s": round(ceiling, 1),
+                "fraction_of_ceiling": round(cpu / ceiling, 3),
+            }
             if not config.skip_async:
                 asynchronous = bench_async(task, n, config)
                 rec.update(async_steps_per_s=round(asynchronous, 1), vs_async=round(cpu / asynchronous, 2))
@@ -167,4 +182,3 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
         if config.profile:
             print(profile_cpu(task, max(config.num_envs), config), flush=True)
     return records
-

@@ -90,8 +90,15 @@ class CpuVectorEnv(RobotVectorEnv):
             action, self._history = delay_actions(np, self._history, action, self._latency)
         self._ctrl[:] = self.task.control(np, self.frame(), action)[:, None, :]
         self._pool.rollout(
-            self._models, self._datas, self._state, self._ctrl, control_spec=CTRL, skip_checks=True,
-            nstep=self.task.n_substeps, state=self._out_state, sensordata=self._out_sens,
+            self._models,
+            self._datas,
+            self._state,
+            self._ctrl,
+            control_spec=CTRL,
+            skip_checks=True,
+            nstep=self.task.n_substeps,
+            state=self._out_state,
+            sensordata=self._out_sens,
         )
         self._state[:] = self._out_state[:, -1]
         self._sens[:] = self._out_sens[:, -1]

@@ -64,8 +64,14 @@ def _compiled(env: MjxVectorEnv) -> dict[str, Any]:
     which compute exactly the same thing. The cache keeps that first env alive.
     """
     key = (
-        type(env.task), repr(env.task.config), env.num_envs, repr(env.randomization), env.autoreset,
-        env.reward_type, str(np.dtype(env.dtype)), jax.default_backend(),
+        type(env.task),
+        repr(env.task.config),
+        env.num_envs,
+        repr(env.randomization),
+        env.autoreset,
+        env.reward_type,
+        str(np.dtype(env.dtype)),
+        jax.default_backend(),
     )
     if key not in _JITS:
         _JITS[key] = {"core": jax.jit(env._core), "step": jax.jit(env.step_fn), "init": jax.jit(env.init)}
@@ -254,8 +260,12 @@ class MjxVectorEnv(RobotVectorEnv):
             for name in ("qpos", "qvel", "act", "mocap_pos", "mocap_quat"):
                 getattr(scratch, name)[:] = np.asarray(getattr(host, name)[i]).reshape(getattr(scratch, name).shape)
             mujoco.mj_getState(m, scratch, physics[i], FULLPHYSICS)
-        return {"physics": physics, "sensordata": np.asarray(host.sensordata, np.float64).copy(),
-                "goal": np.asarray(s.goal, np.float64).copy(), "steps": np.asarray(s.steps).astype(np.int64)}
+        return {
+            "physics": physics,
+            "sensordata": np.asarray(host.sensordata, np.float64).copy(),
+            "goal": np.asarray(s.goal, np.float64).copy(),
+            "steps": np.asarray(s.steps).astype(np.int64),
+        }
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
         """Continue from a state in the CPU backend's layout (e.g. `CpuVectorEnv.get_state()`).
@@ -263,8 +273,12 @@ class MjxVectorEnv(RobotVectorEnv):
         Randomized model fields and latencies are kept from the last reset (nominal ones before any reset).
         """
         m, n = self.task.model, self.num_envs
-        expected = {"physics": (n, mujoco.mj_stateSize(m, FULLPHYSICS)), "sensordata": (n, m.nsensordata),
-                    "goal": (n, self.task.goal_dim), "steps": (n,)}
+        expected = {
+            "physics": (n, mujoco.mj_stateSize(m, FULLPHYSICS)),
+            "sensordata": (n, m.nsensordata),
+            "goal": (n, self.task.goal_dim),
+            "steps": (n,),
+        }
         for key, shape in expected.items():
             got = np.shape(state[key])
             if got != shape:
@@ -288,8 +302,7 @@ class MjxVectorEnv(RobotVectorEnv):
         steps = jnp.asarray(state["steps"], jnp.int32)
         frame = Frame(data.qpos, data.qvel, data.sensordata, goal)
         obs = dict(self.task.observe(jnp, frame))
-        self._state = base._replace(data=data, goal=goal, steps=steps, obs=obs,
-                                    history=jnp.zeros_like(base.history))
+        self._state = base._replace(data=data, goal=goal, steps=steps, obs=obs, history=jnp.zeros_like(base.history))
 
     # --- internals ------------------------------------------------------------------------------------
     def _nominal_state(self) -> MjxState:
@@ -298,17 +311,25 @@ class MjxVectorEnv(RobotVectorEnv):
         if self.randomization.changes_model:
             fields = {k: jnp.broadcast_to(jnp.asarray(v, self.dtype), (n, *v.shape)) for k, v in self._nominal.items()}
         return MjxState(
-            data=self._batched_template(), goal=jnp.zeros((n, self.task.goal_dim), self.dtype),
-            steps=jnp.zeros(n, jnp.int32), latency=jnp.zeros(n, jnp.int32),
+            data=self._batched_template(),
+            goal=jnp.zeros((n, self.task.goal_dim), self.dtype),
+            steps=jnp.zeros(n, jnp.int32),
+            latency=jnp.zeros(n, jnp.int32),
             history=jnp.zeros((n, self.randomization.max_latency + 1, *self.task_spec.action.shape), self.dtype),
-            fields=fields, obs=self._zero_obs(), key=self._key,
+            fields=fields,
+            obs=self._zero_obs(),
+            key=self._key,
         )
 
     def _zero_obs(self) -> dict[str, jax.Array]:
         """Zero observations of the right structure, so a hand-built state hits the compiled program."""
         n, m, f = self.num_envs, self.task.model, self.dtype
-        frame = Frame(jnp.zeros((n, m.nq), f), jnp.zeros((n, m.nv), f), jnp.zeros((n, m.nsensordata), f),
-                      jnp.zeros((n, self.task.goal_dim), f))
+        frame = Frame(
+            jnp.zeros((n, m.nq), f),
+            jnp.zeros((n, m.nv), f),
+            jnp.zeros((n, m.nsensordata), f),
+            jnp.zeros((n, self.task.goal_dim), f),
+        )
         shapes = jax.eval_shape(lambda fr: self.task.observe(jnp, fr), frame)
         return {k: jnp.zeros(v.shape, v.dtype) for k, v in shapes.items()}
 
@@ -364,9 +385,14 @@ class MjxVectorEnv(RobotVectorEnv):
         data = self._forward(fields, data)  # sensors of the initial state
         frame = Frame(data.qpos, data.qvel, data.sensordata, goal)
         return MjxState(
-            data=data, goal=goal, steps=jnp.zeros(n, jnp.int32), latency=latency,
+            data=data,
+            goal=goal,
+            steps=jnp.zeros(n, jnp.int32),
+            latency=latency,
             history=jnp.zeros((n, self.randomization.max_latency + 1, *self.task_spec.action.shape), f),
-            fields=fields, obs=self._observe(frame, k_noise), key=key,
+            fields=fields,
+            obs=self._observe(frame, k_noise),
+            key=key,
         )
 
     def _reset_where(self, state: MjxState, mask: jax.Array, key: jax.Array) -> MjxState:

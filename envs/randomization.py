@@ -53,8 +53,14 @@ class Randomization:
     def sim2real(cls) -> Randomization:
         """A moderate default for sim-to-real training."""
         return cls(
-            friction=(0.7, 1.3), mass=(0.8, 1.2), damping=(0.8, 1.2), actuator_gain=(0.85, 1.15),
-            latency_steps=(0, 2), obs_noise=0.005, camera_pos=0.02, light=0.3,
+            friction=(0.7, 1.3),
+            mass=(0.8, 1.2),
+            damping=(0.8, 1.2),
+            actuator_gain=(0.85, 1.15),
+            latency_steps=(0, 2),
+            obs_noise=0.005,
+            camera_pos=0.02,
+            light=0.3,
         )
 
 

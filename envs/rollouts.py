@@ -47,8 +47,11 @@ class EpisodeStats:
         out = {}
         for text in sorted(set(self.instruction.tolist())):
             sel = self.instruction == text
-            row: dict[str, Any] = {"episodes": int(sel.sum()), "success_rate": float(self.success[sel].mean()),
-                                   "ci95": list(wilson_ci95(self.success[sel]))}
+            row: dict[str, Any] = {
+                "episodes": int(sel.sum()),
+                "success_rate": float(self.success[sel].mean()),
+                "ci95": list(wilson_ci95(self.success[sel])),
+            }
             if self.wrong_object is not None:
                 row["wrong_object_rate"] = float(self.wrong_object[sel].mean())
             out[text] = row
@@ -115,9 +118,13 @@ def run_episodes(
                 text[i] = obs["instruction"][i]
             if on_episode_start is not None:
                 on_episode_start(int(i))
-    return EpisodeStats(np.array(success, dtype=bool), np.array(returns), np.array(lengths),
-                        np.array(instructions, dtype=object) if text is not None else None,
-                        np.array(wrongs, dtype=bool) if has_wrong else None)
+    return EpisodeStats(
+        np.array(success, dtype=bool),
+        np.array(returns),
+        np.array(lengths),
+        np.array(instructions, dtype=object) if text is not None else None,
+        np.array(wrongs, dtype=bool) if has_wrong else None,
+    )
 
 
 def evaluate_expert(env: Any, noise: float = 0.0, episodes: int = 200, seed: int = 0) -> EpisodeStats:

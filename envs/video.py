@@ -21,8 +21,14 @@ def write_mp4(path: str | Path, frames: Iterable[np.ndarray] | np.ndarray, fps: 
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with imageio.get_writer(
-        str(path), format="FFMPEG", mode="I", fps=fps, codec="libx264", quality=quality,
-        pixelformat="yuv420p", macro_block_size=1,
+        str(path),
+        format="FFMPEG",
+        mode="I",
+        fps=fps,
+        codec="libx264",
+        quality=quality,
+        pixelformat="yuv420p",
+        macro_block_size=1,
     ) as writer:
         shape: tuple[int, ...] | None = None
         for frame in frames:

@@ -81,8 +81,10 @@ class DeployConfig:
         if self.trigger not in TRIGGERS:
             raise ValueError(f"DeployConfig.trigger: expected one of {TRIGGERS}, got {self.trigger!r}")
         if not 0 <= self.realtime_priority <= 99:
-            raise ValueError(f"DeployConfig.realtime_priority: expected 0 (off) or a SCHED_FIFO priority in 1..99, "
-                             f"got {self.realtime_priority}")
+            raise ValueError(
+                f"DeployConfig.realtime_priority: expected 0 (off) or a SCHED_FIFO priority in 1..99, "
+                f"got {self.realtime_priority}"
+            )
 
 
 class DeployNode(RobotNode):
@@ -94,10 +96,17 @@ class DeployNode(RobotNode):
         self.policy = runtime.load(cfg.policy, seed=cfg.seed, threads=cfg.threads)
         warmup = self.policy.warmup()  # the language encoder loads now, not at the first control step
         self.connect_robot(RobotConfig.load(cfg.robot), self.policy.spec, self.policy.obs_keys, cfg.instruction)
-        execution = ExecutionConfig(cfg.execute, cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None,
-                                    cfg.asynchronous, cfg.delay_steps)
-        self.runner = ChunkExecutor(self.policy.act, self.policy.obs_keys, self.policy.obs_horizon, execution,
-                                    roll_forward=self.io.roll_forward, text_keys=self.text_keys)
+        execution = ExecutionConfig(
+            cfg.execute, cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None, cfg.asynchronous, cfg.delay_steps
+        )
+        self.runner = ChunkExecutor(
+            self.policy.act,
+            self.policy.obs_keys,
+            self.policy.obs_horizon,
+            execution,
+            roll_forward=self.io.roll_forward,
+            text_keys=self.text_keys,
+        )
         self.fresh: set[str] = set()  # keys updated since the last command (trigger=observation)
         self.heard_set = False  # a whole observation set has arrived (trigger=observation)
         self.inference_ms: list[float] = []
@@ -107,8 +116,9 @@ class DeployNode(RobotNode):
         self.yielded = False
         if cfg.hil:
             self.action_pub = self.create_publisher(Float64MultiArray, POLICY_ACTION_TOPIC, 10)
-            self.create_subscription(Bool, INTERVENTION_TOPIC,
-                                     lambda m: setattr(self, "operator", (bool(m.data), time.monotonic())), 10)
+            self.create_subscription(
+                Bool, INTERVENTION_TOPIC, lambda m: setattr(self, "operator", (bool(m.data), time.monotonic())), 10
+            )
         topics = self.robot.topics
         self.create_service(Trigger, "~/estop", self._srv_estop)
         self.create_service(Trigger, "~/reset", self._srv_reset)
@@ -116,9 +126,11 @@ class DeployNode(RobotNode):
         if cfg.trigger == "timer":
             self.create_timer(1.0 / self.robot.control_hz, self.tick)
         self.create_timer(1.0 / cfg.diagnostics_hz, self._publish_diagnostics)
-        self.get_logger().info(f"deploying {self.policy!r} on {self.robot.name} ({self.robot.command_type} on "
-                               f"{topics.command}, {self.robot.control_hz:g} Hz, trigger {cfg.trigger}; warm-up "
-                               f"{warmup:.2f} s)")
+        self.get_logger().info(
+            f"deploying {self.policy!r} on {self.robot.name} ({self.robot.command_type} on "
+            f"{topics.command}, {self.robot.control_hz:g} Hz, trigger {cfg.trigger}; warm-up "
+            f"{warmup:.2f} s)"
+        )
         for problem in make_realtime(cfg.realtime_priority):  # last: the node's threads all exist now
             self.get_logger().warning(problem)
 
@@ -203,12 +215,21 @@ class DeployNode(RobotNode):
 
     def _publish_diagnostics(self) -> None:
         status = self.safety.status()
-        level = {"armed": DiagnosticStatus.OK, "waiting": DiagnosticStatus.WARN, "holding": DiagnosticStatus.WARN,
-                 "estopped": DiagnosticStatus.ERROR}[status["state"]]
+        level = {
+            "armed": DiagnosticStatus.OK,
+            "waiting": DiagnosticStatus.WARN,
+            "holding": DiagnosticStatus.WARN,
+            "estopped": DiagnosticStatus.ERROR,
+        }[status["state"]]
         times = np.asarray(self.inference_ms[-1000:]) if self.inference_ms else np.zeros(1)
-        values = {**status, **{f"malformed {k}": v for k, v in self.malformed.items()},
-                  "ticks": self.ticks, "inferences": self.runner.inferences,
-                  "step ms p50": f"{np.percentile(times, 50):.3f}", "step ms p99": f"{np.percentile(times, 99):.3f}"}
+        values = {
+            **status,
+            **{f"malformed {k}": v for k, v in self.malformed.items()},
+            "ticks": self.ticks,
+            "inferences": self.runner.inferences,
+            "step ms p50": f"{np.percentile(times, 50):.3f}",
+            "step ms p99": f"{np.percentile(times, 99):.3f}",
+        }
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.status = [

@@ -55,9 +55,15 @@ class ExecutionConfig:
 class ChunkExecutor:
     """One robot: unbatched observations in (one frame per key), one action (A,) out per control step."""
 
-    def __init__(self, act: Callable[[dict[str, Any]], np.ndarray], obs_keys: tuple[str, ...], obs_horizon: int,
-                 config: ExecutionConfig | None = None, roll_forward: RollForward | None = None,
-                 text_keys: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        act: Callable[[dict[str, Any]], np.ndarray],
+        obs_keys: tuple[str, ...],
+        obs_horizon: int,
+        config: ExecutionConfig | None = None,
+        roll_forward: RollForward | None = None,
+        text_keys: tuple[str, ...] = (),
+    ) -> None:
         self.act, self.obs_keys, self.obs_horizon = act, tuple(obs_keys), obs_horizon
         self.config = config or ExecutionConfig()
         self.roll_forward, self.text_keys = roll_forward, tuple(text_keys)

@@ -190,9 +190,7 @@ def joint_state_to_arrays(msg: JointState, joint_names: Sequence[str]) -> tuple[
     if velocity.shape[0] == 0:
         return position, None
     if velocity.shape[0] != n_msg:
-        raise MalformedMessage(
-            "JointState", "velocity", f"0 or {n_msg} values (one per name)", f"{velocity.shape[0]}"
-        )
+        raise MalformedMessage("JointState", "velocity", f"0 or {n_msg} values (one per name)", f"{velocity.shape[0]}")
     velocity = velocity[index]
     _check_finite(velocity, "JointState", "velocity", names)
     return position, velocity

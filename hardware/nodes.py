@@ -57,15 +57,24 @@ def _ros_value(value: Any) -> str:
 
 NODES: dict[str, NodeSpec] = {
     "deploy": NodeSpec("robotrl-deploy", "robotrl_deploy", "deploy.yaml", {"policy": "", "robot": "sim_panda"}),
-    "sim_robot": NodeSpec("robotrl-sim-robot", "robotrl_sim_robot", "sim_robot.yaml",
-                          {"robot": "sim_panda", "task": "PushT", "perturbation": "none"}),
-    "teleop": NodeSpec("robotrl-teleop", "robotrl_teleop", "teleop.yaml",
-                       {"robot": "sim_panda", "task": "PushT", "store": "data/teleop.zarr", "device": "keyboard"}),
+    "sim_robot": NodeSpec(
+        "robotrl-sim-robot",
+        "robotrl_sim_robot",
+        "sim_robot.yaml",
+        {"robot": "sim_panda", "task": "PushT", "perturbation": "none"},
+    ),
+    "teleop": NodeSpec(
+        "robotrl-teleop",
+        "robotrl_teleop",
+        "teleop.yaml",
+        {"robot": "sim_panda", "task": "PushT", "store": "data/teleop.zarr", "device": "keyboard"},
+    ),
 }
 
 
-def start(overrides: Mapping[str, Mapping[str, Any]], log_dir: Path, domain_id: int | None = None
-          ) -> dict[str, subprocess.Popen]:
+def start(
+    overrides: Mapping[str, Mapping[str, Any]], log_dir: Path, domain_id: int | None = None
+) -> dict[str, subprocess.Popen]:
     """Start nodes as their launch files do (`NODES[key].command(params)` per key), each in its own process with
     its output in `log_dir/<key>.log`, optionally on a private DDS domain. The console scripts are looked up next
     to this interpreter first (a venv need not be activated)."""
@@ -104,6 +113,11 @@ def launch_description(key: str) -> Any:
 
     spec = NODES[key]
     args = [DeclareLaunchArgument(name, default_value=default) for name, default in spec.arguments.items()]
-    node = Node(executable=spec.executable, name=spec.name, output="screen", emulate_tty=True,
-                parameters=[str(spec.params_file), {name: LaunchConfiguration(name) for name in spec.arguments}])
+    node = Node(
+        executable=spec.executable,
+        name=spec.name,
+        output="screen",
+        emulate_tty=True,
+        parameters=[str(spec.params_file), {name: LaunchConfiguration(name) for name in spec.arguments}],
+    )
     return LaunchDescription([*args, node])

@@ -110,8 +110,9 @@ class RobotConfig:
             path = ROBOTS_DIR / f"{name_or_path}.yaml"
             if not path.exists():
                 have = sorted(p.stem for p in ROBOTS_DIR.glob("*.yaml"))
-                raise RobotConfigError(f"robot {name_or_path!r}: expected a bundled robot {have} or a path to a "
-                                       f".yaml file")
+                raise RobotConfigError(
+                    f"robot {name_or_path!r}: expected a bundled robot {have} or a path to a .yaml file"
+                )
         if not path.exists():
             raise RobotConfigError(f"{path}: no such robot file")
         try:
@@ -140,8 +141,10 @@ class RobotConfig:
         }
         bad = [i for i in range(n) if not vec["lower"][i] < vec["upper"][i]]
         if bad:
-            raise RobotConfigError(f"{where}: limits: expected lower < upper for every joint, got lower "
-                                   f"{vec['lower'][bad[0]]} >= upper {vec['upper'][bad[0]]} for {names[bad[0]]!r}")
+            raise RobotConfigError(
+                f"{where}: limits: expected lower < upper for every joint, got lower "
+                f"{vec['lower'][bad[0]]} >= upper {vec['upper'][bad[0]]} for {names[bad[0]]!r}"
+            )
         for k in ("velocity", "acceleration"):
             if min(vec[k]) <= 0:
                 raise RobotConfigError(f"{where}: limits.{k}: expected positive values, got {list(vec[k])}")
@@ -162,8 +165,10 @@ class RobotConfig:
         if workspace is not None and kinematics == "none":
             raise RobotConfigError(f"{where}: workspace: needs kinematics (one of {KINEMATICS[:-1]}) to be checked")
         if kinematics in ARM_JOINTS and n < ARM_JOINTS[kinematics]:
-            raise RobotConfigError(f"{where}: kinematics {kinematics!r}: expected the arm's {ARM_JOINTS[kinematics]} "
-                                   f"joints first (then any gripper joints), got {n} joints")
+            raise RobotConfigError(
+                f"{where}: kinematics {kinematics!r}: expected the arm's {ARM_JOINTS[kinematics]} "
+                f"joints first (then any gripper joints), got {n} joints"
+            )
         command_type = d.get("command_type", "joint_trajectory")
         if command_type not in COMMAND_TYPES:
             raise RobotConfigError(f"{where}: command_type: expected one of {COMMAND_TYPES}, got {command_type!r}")
@@ -177,11 +182,21 @@ class RobotConfig:
         t = _mapping(d.get("topics", {}), f"{where}: topics")
         _known(t, {f.name for f in dataclasses.fields(Topics)}, f"{where}: topics")
         images = _mapping(t.get("images", {}), f"{where}: topics.images")
-        topics = Topics(**{k: _topic(v, f"{where}: topics.{k}") for k, v in t.items() if k != "images"},
-                        images={str(k): _topic(v, f"{where}: topics.images.{k}") for k, v in images.items()})
-        return cls(name=str(d["name"]), joint_names=tuple(names),
-                   limits=JointLimits(**vec), workspace=workspace, kinematics=kinematics,
-                   command_type=command_type, topics=topics, description=str(d.get("description", "")), **positive)
+        topics = Topics(
+            **{k: _topic(v, f"{where}: topics.{k}") for k, v in t.items() if k != "images"},
+            images={str(k): _topic(v, f"{where}: topics.images.{k}") for k, v in images.items()},
+        )
+        return cls(
+            name=str(d["name"]),
+            joint_names=tuple(names),
+            limits=JointLimits(**vec),
+            workspace=workspace,
+            kinematics=kinematics,
+            command_type=command_type,
+            topics=topics,
+            description=str(d.get("description", "")),
+            **positive,
+        )
 
 
 def _mapping(x: Any, where: str) -> dict[str, Any]:

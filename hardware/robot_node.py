@@ -59,18 +59,26 @@ class RobotNode(Node):
         self.inputs = [self.create_subscription(JointState, topics.joint_states, self._on_joint_state, sensor)]
         vector = [k for k in self.obs_keys if not spec.observations[k].is_image]
         if len(vector) > 1:
-            raise SpecMismatchError(f"{name}: {spec.task} observes {len(vector)} vectors {vector}; the robot offers "
-                                    f"one task-state topic ({topics.task_state})")
+            raise SpecMismatchError(
+                f"{name}: {spec.task} observes {len(vector)} vectors {vector}; the robot offers "
+                f"one task-state topic ({topics.task_state})"
+            )
         for key in vector:
-            self.inputs.append(self.create_subscription(Float64MultiArray, topics.task_state,
-                                                        lambda m, k=key: self._on_vector(k, m), sensor))
+            self.inputs.append(
+                self.create_subscription(
+                    Float64MultiArray, topics.task_state, lambda m, k=key: self._on_vector(k, m), sensor
+                )
+            )
         for key in self.obs_keys:
             if spec.observations[key].is_image:
                 if key not in topics.images:
-                    raise SpecMismatchError(f"{name}: {spec.task} observes camera {key!r}; robot {robot.name} names "
-                                            f"cameras {sorted(topics.images)} (topics.images in its file)")
-                self.inputs.append(self.create_subscription(Image, topics.images[key],
-                                                            lambda m, k=key: self._on_image(k, m), sensor))
+                    raise SpecMismatchError(
+                        f"{name}: {spec.task} observes camera {key!r}; robot {robot.name} names "
+                        f"cameras {sorted(topics.images)} (topics.images in its file)"
+                    )
+                self.inputs.append(
+                    self.create_subscription(Image, topics.images[key], lambda m, k=key: self._on_image(k, m), sensor)
+                )
         self.create_subscription(String, topics.instruction, self._on_instruction, 10)
         self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         msg_type = JointTrajectory if robot.command_type == "joint_trajectory" else Float64MultiArray
@@ -98,8 +106,9 @@ class RobotNode(Node):
     # --- inputs -------------------------------------------------------------------------------------
     def bad_message(self, topic: str, error: Exception) -> None:
         self.malformed[topic] = self.malformed.get(topic, 0) + 1
-        self.get_logger().warning(f"malformed message on {topic} (#{self.malformed[topic]}): {error}",
-                                  throttle_duration_sec=1.0)
+        self.get_logger().warning(
+            f"malformed message on {topic} (#{self.malformed[topic]}): {error}", throttle_duration_sec=1.0
+        )
 
     def _on_joint_state(self, msg: JointState) -> None:
         try:
@@ -163,8 +172,9 @@ class RobotNode(Node):
         if q is None:
             return
         if self.robot.command_type == "joint_trajectory":
-            msg = joint_trajectory(self.robot.joint_names, q, self.robot.time_from_start,
-                                   stamp=self.get_clock().now().to_msg())
+            msg = joint_trajectory(
+                self.robot.joint_names, q, self.robot.time_from_start, stamp=self.get_clock().now().to_msg()
+            )
         else:
             msg = float_array_to_msg(q)
         self.command_pub.publish(msg)

@@ -43,8 +43,9 @@ def json_object(text: str, where: str) -> dict[str, Any]:
     return value
 
 
-def spin_node(make: Callable[[], Node], args: Sequence[str] | None = None,
-              finished: Callable[[Any], bool] | None = None) -> int:
+def spin_node(
+    make: Callable[[], Node], args: Sequence[str] | None = None, finished: Callable[[Any], bool] | None = None
+) -> int:
     """rclpy.init, build the node, spin until Ctrl-C / SIGTERM (or until `finished(node)`), close and destroy it
     and shut down; 0 on a clean stop. One executor for the node's lifetime: `rclpy.spin_once(node)` would add and
     remove the node (rebuilding its wait set) on every wake-up, a cost paid on the control path."""

@@ -126,8 +126,9 @@ def main() -> None:
         stats = evaluate_over_ros(args.episodes, args.seed)
     finally:
         rclpy.shutdown()
-    print(json.dumps({"episodes": len(stats.success), "success_rate": stats.success_rate,
-                      "ci95": stats.success_ci95()}))
+    print(
+        json.dumps({"episodes": len(stats.success), "success_rate": stats.success_rate, "ci95": stats.success_ci95()})
+    )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,22 @@ class SafetyState(enum.StrEnum):
 
 
 #: the counters `SafetyFilter.counters` keeps (all start at 0)
-COUNTERS = ("published", "held_stale", "held_no_target", "rejected_nonfinite", "rejected_shape", "rejected_workspace",
-            "clipped_position", "limited_velocity", "limited_acceleration", "rate_limited", "blocked_estop",
-            "blocked_waiting", "estops", "resets")
+COUNTERS = (
+    "published",
+    "held_stale",
+    "held_no_target",
+    "rejected_nonfinite",
+    "rejected_shape",
+    "rejected_workspace",
+    "clipped_position",
+    "limited_velocity",
+    "limited_acceleration",
+    "rate_limited",
+    "blocked_estop",
+    "blocked_waiting",
+    "estops",
+    "resets",
+)
 
 
 class SafetyFilter:
@@ -82,8 +95,10 @@ class SafetyFilter:
     def reset(self, now: float) -> tuple[bool, str]:
         """Re-arm after an e-stop: only with a fresh joint state, restarting from the measured position."""
         if self.measured is None or self.stale(now):
-            return False, (f"not re-armed: no joint state in the last {self.robot.max_obs_age} s "
-                           f"(last {'never' if self.measured is None else f'{now - self.obs_stamp:.3f} s ago'})")
+            return False, (
+                f"not re-armed: no joint state in the last {self.robot.max_obs_age} s "
+                f"(last {'never' if self.measured is None else f'{now - self.obs_stamp:.3f} s ago'})"
+            )
         self.state, self.estop_reason = SafetyState.ARMED, ""
         self.restart()
         self.counters["resets"] += 1

@@ -81,8 +81,10 @@ class SimRobot:
             )
         _check_seed(config.seed, "SimRobotConfig.seed")
         if config.perturbation is not None and not isinstance(config.perturbation, Randomization):
-            raise TypeError(f"SimRobotConfig.perturbation: expected a Randomization or None, "
-                            f"got {type(config.perturbation).__name__}")
+            raise TypeError(
+                f"SimRobotConfig.perturbation: expected a Randomization or None, "
+                f"got {type(config.perturbation).__name__}"
+            )
         for name in ("joint_noise", "command_latency"):
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -133,15 +135,18 @@ class SimRobot:
         for a in range(m.nu):
             name = mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_ACTUATOR, a) or f"#{a}"
             joint = int(m.actuator_trnid[a, 0])
-            position = (int(m.actuator_biastype[a]) == int(mujoco.mjtBias.mjBIAS_AFFINE)
-                        and m.actuator_biasprm[a, 1] < 0)
+            position = int(m.actuator_biastype[a]) == int(mujoco.mjtBias.mjBIAS_AFFINE) and m.actuator_biasprm[a, 1] < 0
             if int(m.actuator_trntype[a]) != int(mujoco.mjtTrn.mjTRN_JOINT) or joint not in index or not position:
-                raise ValueError(f"SimRobot: task {self.task.name!r}: actuator {name!r} is not a position actuator "
-                                 f"on one of the joints {list(self.robot.joint_names)}; expected one per joint")
+                raise ValueError(
+                    f"SimRobot: task {self.task.name!r}: actuator {name!r} is not a position actuator "
+                    f"on one of the joints {list(self.robot.joint_names)}; expected one per joint"
+                )
             out.append(index[joint])
         if sorted(out) != list(range(len(jids))):
-            raise ValueError(f"SimRobot: task {self.task.name!r}: expected one position actuator per joint of "
-                             f"{list(self.robot.joint_names)}, got actuators on joints {out}")
+            raise ValueError(
+                f"SimRobot: task {self.task.name!r}: expected one position actuator per joint of "
+                f"{list(self.robot.joint_names)}, got actuators on joints {out}"
+            )
         return np.array(out, dtype=np.int64)
 
     # --- episodes ------------------------------------------------------------------------------------
@@ -160,8 +165,8 @@ class SimRobot:
         self._rng.random(self._camera_jitter.shape)
         self._rng.random(1)
         self._state[:] = 0.0
-        self._state[1:1 + m.nq] = start.qpos[0]
-        self._state[1 + m.nq:1 + m.nq + m.nv] = start.qvel[0]
+        self._state[1 : 1 + m.nq] = start.qpos[0]
+        self._state[1 + m.nq : 1 + m.nq + m.nv] = start.qvel[0]
         mujoco.mj_setState(m, d, self._state, FULLPHYSICS)
         self._goal = np.array(start.goal[0], dtype=np.float64)
         mocap = task.mocap(np, self._goal[None])
@@ -241,8 +246,10 @@ class SimRobot:
         except (TypeError, ValueError) as e:
             raise ValueError(f"action: expected {spec.shape} numbers, got {action!r}") from e
         if arr.shape != spec.shape:
-            raise ValueError(f"action: expected shape {spec.shape} (task {self.task.name!r}, action mode "
-                             f"{self.task.config.action_mode!r}), got {arr.shape}")
+            raise ValueError(
+                f"action: expected shape {spec.shape} (task {self.task.name!r}, action mode "
+                f"{self.task.config.action_mode!r}), got {arr.shape}"
+            )
         if not np.isfinite(arr).all():
             raise ValueError(f"action: expected finite values, got {arr.tolist()}")
         arr = np.clip(arr, spec.low_array(), spec.high_array()).astype(np.float64)
@@ -297,8 +304,11 @@ class SimRobot:
             self._renderer = BatchRenderer(self.task.model, self.task.config.image_size)
         mujoco.mj_getState(self.model, self.data, self._state, FULLPHYSICS)
         return self._renderer.render(
-            states=self._state[None], mocap=self._mocap, cameras=self.task.cameras,
-            camera_jitter=self._camera_jitter, light_scale=self._light_scale,
+            states=self._state[None],
+            mocap=self._mocap,
+            cameras=self.task.cameras,
+            camera_jitter=self._camera_jitter,
+            light_scale=self._light_scale,
         )
 
 

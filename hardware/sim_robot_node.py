@@ -85,8 +85,9 @@ class SimRobotNode(Node):
         self.robot = RobotConfig.load(cfg.robot)
         options = json_object(cfg.task_options, "task_options")
         perturbation = make_task(cfg.task, **options).default_randomization() if cfg.perturbation == "task" else None
-        self.sim = SimRobot(SimRobotConfig(cfg.task, options, cfg.seed, perturbation, cfg.joint_noise,
-                                           cfg.command_latency), self.robot)
+        self.sim = SimRobot(
+            SimRobotConfig(cfg.task, options, cfg.seed, perturbation, cfg.joint_noise, cfg.command_latency), self.robot
+        )
         self.episode, self.malformed = 0, 0
         self.done = False
         self.awaiting_since = time.monotonic()
@@ -108,8 +109,10 @@ class SimRobotNode(Node):
         self.create_service(Trigger, "~/reset", self._srv_reset)
         period = 1.0 / self.sim.control_hz
         self.create_timer(period, self._lockstep_watchdog if cfg.lockstep else self._tick)
-        self.get_logger().info(f"sim robot {self.robot.name}: {cfg.task}, {self.sim.control_hz:g} Hz, "
-                               f"{'lockstep' if cfg.lockstep else 'real time'}, perturbation {cfg.perturbation}")
+        self.get_logger().info(
+            f"sim robot {self.robot.name}: {cfg.task}, {self.sim.control_hz:g} Hz, "
+            f"{'lockstep' if cfg.lockstep else 'real time'}, perturbation {cfg.perturbation}"
+        )
         self.publish()
 
     # --- commands -----------------------------------------------------------------------------------
@@ -176,7 +179,8 @@ class SimRobotNode(Node):
         stamp = self.get_clock().now().to_msg()
         q, dq = self.sim.joint_state()
         messages: list[tuple[Publisher, Any]] = [
-            (self.js_pub, arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))]
+            (self.js_pub, arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))
+        ]
         if "instruction" in obs:
             messages.append((self.instruction_pub, String(data=str(obs["instruction"]))))
         messages += [(pub, array_to_image(obs[key], stamp=stamp, frame_id=key)) for key, pub in self.image_pubs.items()]

@@ -28,9 +28,11 @@ class TaskIO:
         self.spec, self.robot, self._frame = spec, robot, Frame
         model = self.task.model
         if model.nu != robot.dof:
-            raise SpecMismatchError(f"robot {robot.name}: the {spec.task} policy drives {model.nu} actuators "
-                                    f"{list(self.task.joint_names())}, the robot has {robot.dof} joints "
-                                    f"{list(robot.joint_names)}")
+            raise SpecMismatchError(
+                f"robot {robot.name}: the {spec.task} policy drives {model.nu} actuators "
+                f"{list(self.task.joint_names())}, the robot has {robot.dof} joints "
+                f"{list(robot.joint_names)}"
+            )
         self.nq, self.nv, self.nsens = model.nq, model.nv, model.nsensordata
         self.goal_dim = getattr(self.task, "goal_dim", 0)
         state = spec.observations.get("state")
@@ -56,7 +58,7 @@ class TaskIO:
             step = float(getattr(self.task.config, "max_ee_step", 0.0))
             sl = self.fields["tool_pos"]
             dims = min(planned.shape[1], 3)
-            last[sl.start:sl.start + dims] += step * planned[:, :dims].sum(0)
+            last[sl.start : sl.start + dims] += step * planned[:, :dims].sum(0)
         elif mode == "joint_pos" and "joint_pos" in self.fields:
             from robotrl.envs.tasks.arm import joint_targets_from_action
 

@@ -112,22 +112,27 @@ class TeleopNodeConfig:
         for name in ("policy_topic", "reset_service"):
             value = getattr(self, name)
             if value and (not value.startswith("/") or " " in value):
-                raise ValueError(f"TeleopNodeConfig.{name}: expected '' or an absolute name like "
-                                 f"'/robotrl/policy_action', got {value!r}")
+                raise ValueError(
+                    f"TeleopNodeConfig.{name}: expected '' or an absolute name like "
+                    f"'/robotrl/policy_action', got {value!r}"
+                )
         for name in ("episode_steps", "episodes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TeleopNodeConfig.{name}: expected >= 0, got {getattr(self, name)}")
         if not self.max_obs_age >= 0:
-            raise ValueError(f"TeleopNodeConfig.max_obs_age: expected >= 0 (0: the robot file's), "
-                             f"got {self.max_obs_age}")
+            raise ValueError(
+                f"TeleopNodeConfig.max_obs_age: expected >= 0 (0: the robot file's), got {self.max_obs_age}"
+            )
 
     def options(self) -> dict[str, Any]:
         """The task's options: `task_options` with `episode_steps` folded in."""
         options = json_object(self.task_options, "TeleopNodeConfig.task_options")
         if self.episode_steps:
             if options.get("episode_steps", self.episode_steps) != self.episode_steps:
-                raise ValueError(f"TeleopNodeConfig: episode_steps is {self.episode_steps} but task_options sets "
-                                 f"episode_steps {options['episode_steps']}; set one of them")
+                raise ValueError(
+                    f"TeleopNodeConfig: episode_steps is {self.episode_steps} but task_options sets "
+                    f"episode_steps {options['episode_steps']}; set one of them"
+                )
             options["episode_steps"] = self.episode_steps
         return options
 
@@ -161,9 +166,11 @@ class TeleopNode(RobotNode):
         self.task = make_task(cfg.task, **cfg.options())
         spec = self.spec = self.task.spec()
         if not np.isclose(spec.control_hz, self.robot.control_hz):
-            raise SpecMismatchError(f"robotrl-teleop: task {spec.task} records at {spec.control_hz:g} Hz, robot "
-                                    f"{self.robot.name} is controlled at {self.robot.control_hz:g} Hz (control_hz in "
-                                    "its file); the store's rate must be the rate the steps are taken at")
+            raise SpecMismatchError(
+                f"robotrl-teleop: task {spec.task} records at {spec.control_hz:g} Hz, robot "
+                f"{self.robot.name} is controlled at {self.robot.control_hz:g} Hz (control_hz in "
+                "its file); the store's rate must be the rate the steps are taken at"
+            )
         self.intervention_mode = bool(cfg.policy_topic)
         if device is None:
             device = make_device(cfg.device, self.task, **json_object(cfg.device_options, "device_options"))
@@ -175,8 +182,12 @@ class TeleopNode(RobotNode):
         self.device = device
         self.store = EpisodeStore.create(store_path, spec, exist_ok=True)
         source = "intervention" if self.intervention_mode else ("teleop" if device.human else "scripted")
-        self.writer = self.store.writer(source=source, robot=self.robot.name, device=device.name,
-                                        mode="intervention" if self.intervention_mode else "teleop")
+        self.writer = self.store.writer(
+            source=source,
+            robot=self.robot.name,
+            device=device.name,
+            mode="intervention" if self.intervention_mode else "teleop",
+        )
 
         self.sim_status: dict[str, Any] | None = None
         self.policy_action: tuple[np.ndarray, float] | None = None
@@ -194,8 +205,9 @@ class TeleopNode(RobotNode):
         self.min_sim_episode = 0
         self.reseed = True
 
-        self.connect_robot(self.robot, spec, [k for k, v in spec.observations.items() if v.dtype != STRING],
-                           cfg.instruction)
+        self.connect_robot(
+            self.robot, spec, [k for k, v in spec.observations.items() if v.dtype != STRING], cfg.instruction
+        )
         self.create_subscription(String, STATUS_TOPIC, self._on_status, 10)
         self.create_service(Trigger, "~/reset", self._srv_reset)
         if self.intervention_mode:
@@ -205,8 +217,10 @@ class TeleopNode(RobotNode):
         self._begin_episode()
         self.create_timer(1.0 / self.robot.control_hz, self.tick)
         mode = f"intervention mode (policy on {cfg.policy_topic})" if self.intervention_mode else "teleop"
-        self.get_logger().info(f"recording {spec.task} on {self.robot.name} into {store_path} "
-                               f"({self.store.num_episodes} episodes there) with {device.name}, {mode}")
+        self.get_logger().info(
+            f"recording {spec.task} on {self.robot.name} into {store_path} "
+            f"({self.store.num_episodes} episodes there) with {device.name}, {mode}"
+        )
         if device.human and device.help:
             self.get_logger().info(f"{device.name}: {device.help}")
 
@@ -293,8 +307,10 @@ class TeleopNode(RobotNode):
             index = self.writer.finalize(success=bool(self.ep.any_success), end_reason=reason)
             self.kept += 1
             self.kept_indices.append(index)
-            self.get_logger().info(f"episode {self.episode}: kept as #{index} ({steps} steps, "
-                                   f"{'success' if self.ep.any_success else 'no success'}, {reason})")
+            self.get_logger().info(
+                f"episode {self.episode}: kept as #{index} ({steps} steps, "
+                f"{'success' if self.ep.any_success else 'no success'}, {reason})"
+            )
         else:
             self.writer.discard()
             self.pending = None
@@ -303,8 +319,10 @@ class TeleopNode(RobotNode):
                 self.get_logger().info(f"episode {self.episode}: discarded ({steps} steps, {reason})")
         if verdict == "quit" or (self.config.episodes and self.kept >= self.config.episodes):
             self.finished = True
-            self.get_logger().info(f"done: {self.kept} episode(s) kept, {self.discarded} discarded "
-                                   f"({'operator quit' if verdict == 'quit' else 'enough episodes'})")
+            self.get_logger().info(
+                f"done: {self.kept} episode(s) kept, {self.discarded} discarded "
+                f"({'operator quit' if verdict == 'quit' else 'enough episodes'})"
+            )
             return
         self.episode += 1
         self._begin_episode()
@@ -324,8 +342,9 @@ class TeleopNode(RobotNode):
             return False
         result, self.reset_future = self.reset_future.result(), None
         if result is None or not result.success:
-            self.get_logger().error(f"{self.config.reset_service} failed ({result}); trying again",
-                                    throttle_duration_sec=1.0)
+            self.get_logger().error(
+                f"{self.config.reset_service} failed ({result}); trying again", throttle_duration_sec=1.0
+            )
             return False
         numbered = re.fullmatch(r"episode (\d+)", result.message)  # the sim robot answers with its new episode
         if numbered:

@@ -11,10 +11,20 @@ from typing import Any
 
 #: public name -> defining module
 _EXPORTS = {
-    "POLICIES": "base", "CheckpointError": "base", "Policy": "base", "PolicyConfig": "base", "load": "base",
-    "register_all": "base", "policy_class": "base", "policy_config": "base",
-    "DiffusionConfig": "diffusion", "DiffusionPolicy": "diffusion",
-    "FlowConfig": "flow", "FlowPolicy": "flow", "VLAConfig": "vla", "VLAPolicy": "vla",
+    "POLICIES": "base",
+    "CheckpointError": "base",
+    "Policy": "base",
+    "PolicyConfig": "base",
+    "load": "base",
+    "register_all": "base",
+    "policy_class": "base",
+    "policy_config": "base",
+    "DiffusionConfig": "diffusion",
+    "DiffusionPolicy": "diffusion",
+    "FlowConfig": "flow",
+    "FlowPolicy": "flow",
+    "VLAConfig": "vla",
+    "VLAPolicy": "vla",
 }
 
 __all__ = sorted(_EXPORTS)

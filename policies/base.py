@@ -67,8 +67,9 @@ def config_from_dict(cls: type[PolicyConfig], d: Mapping[str, Any], where: str) 
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - names)
     if unknown:
-        raise CheckpointError(f"{where}: config has unknown field(s) {unknown} for {cls.__name__}; expected some of "
-                              f"{sorted(names)}")
+        raise CheckpointError(
+            f"{where}: config has unknown field(s) {unknown} for {cls.__name__}; expected some of {sorted(names)}"
+        )
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {
         k: tuple(v) if isinstance(v, list) and "tuple" in str(hints.get(k)) else v for k, v in d.items()
@@ -122,8 +123,10 @@ def keep_masks(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) ->
     unknown = [f for f in fields if f not in found]
     if unknown:
         have = [n for k in vector_keys for n, _ in spec.observations[k].fields]
-        raise SpecMismatchError(f"state_mask_fields: {unknown} are not fields of the observations "
-                                f"{list(vector_keys)}; their fields are {have}")
+        raise SpecMismatchError(
+            f"state_mask_fields: {unknown} are not fields of the observations "
+            f"{list(vector_keys)}; their fields are {have}"
+        )
     return masks
 
 
@@ -140,8 +143,10 @@ def register(cls: type[Policy]) -> type[Policy]:
     and the pipeline find it there. Its config class must be its own (a config names its policy: `policy_name`)."""
     for name, other in POLICIES.items():
         if other.config_cls is cls.config_cls and name != cls.name:
-            raise TypeError(f"register: {cls.__name__}.config_cls {cls.config_cls.__name__} is already {name!r}'s; "
-                            "expected a config class of its own")
+            raise TypeError(
+                f"register: {cls.__name__}.config_cls {cls.config_cls.__name__} is already {name!r}'s; "
+                "expected a config class of its own"
+            )
     POLICIES[cls.name] = cls
     return cls
 
@@ -152,8 +157,10 @@ def policy_class(config: PolicyConfig) -> type[Policy]:
     for cls in POLICIES.values():
         if type(config) is cls.config_cls:
             return cls
-    raise TypeError(f"policy: {type(config).__name__} is the config of no registered policy; expected one of "
-                    f"{sorted(c.config_cls.__name__ for c in POLICIES.values())}")
+    raise TypeError(
+        f"policy: {type(config).__name__} is the config of no registered policy; expected one of "
+        f"{sorted(c.config_cls.__name__ for c in POLICIES.values())}"
+    )
 
 
 def policy_config(name: str) -> PolicyConfig:
@@ -187,8 +194,9 @@ class Policy(nn.Module):
     #: class builds it with `from_teacher`; None: the policy is no teacher
     student: ClassVar[str | None] = None
 
-    def __init__(self, spec: Spec, config: PolicyConfig | None = None,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, spec: Spec, config: PolicyConfig | None = None, stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.config = config if config is not None else self.config_cls()
@@ -281,16 +289,23 @@ class Policy(nn.Module):
 
     # --- checkpoints -------------------------------------------------------------------------------
     def manifest(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "policy": self.name, "config": asdict(self.config),
-                "spec": self.spec.to_dict(), "stats": self.stats}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "policy": self.name,
+            "config": asdict(self.config),
+            "spec": self.spec.to_dict(),
+            "stats": self.stats,
+        }
 
     def save(self, path: str | Path) -> Path:
         """Write the checkpoint directory (weights first, the manifest with their hash last)."""
         return save_weights(path, self.state_dict(), self.manifest(), {"format": FORMAT, "policy": self.name})
 
 
-def save_weights(path: str | Path, state: Mapping[str, torch.Tensor], manifest: Mapping[str, Any],
-                 metadata: Mapping[str, str]) -> Path:
+def save_weights(
+    path: str | Path, state: Mapping[str, torch.Tensor], manifest: Mapping[str, Any], metadata: Mapping[str, str]
+) -> Path:
     """A checkpoint directory: `state` as model.safetensors first, then `manifest` with the weights' hash, each
     replaced atomically, so a directory whose manifest names a hash always holds those whole weights."""
     from safetensors.torch import save_file
@@ -344,11 +359,15 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
     try:
         missing, unexpected = policy.load_state_dict(state, strict=False)
     except RuntimeError as e:  # a tensor of another shape
-        raise CheckpointError(f"{weights}: weights do not fit {cls.__name__} with the manifest's config: "
-                              f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from None
+        raise CheckpointError(
+            f"{weights}: weights do not fit {cls.__name__} with the manifest's config: "
+            f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}"
+        ) from None
     if missing or unexpected:
-        raise CheckpointError(f"{weights}: weights do not fit {cls.__name__} with the manifest's config: missing "
-                              f"{missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(
+            f"{weights}: weights do not fit {cls.__name__} with the manifest's config: missing "
+            f"{missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return policy.to(device).eval()
 
 
@@ -362,8 +381,10 @@ def load_weights(path: str | Path, manifest: Mapping[str, Any], device: str = "c
         raise CheckpointError(f"{path}: {WEIGHTS} missing")
     digest = sha256(weights)
     if digest != manifest["weights_sha256"]:
-        raise CheckpointError(f"{weights}: sha256 {digest[:12]}... does not match the manifest's "
-                              f"{manifest['weights_sha256'][:12]}... (weights from another checkpoint, or damaged)")
+        raise CheckpointError(
+            f"{weights}: sha256 {digest[:12]}... does not match the manifest's "
+            f"{manifest['weights_sha256'][:12]}... (weights from another checkpoint, or damaged)"
+        )
     try:
         return load_file(str(weights), device=device)
     except SafetensorError as e:

@@ -81,12 +81,16 @@ class ConsistencyConfig(GenerativeConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.teacher not in ("flow", "diffusion"):
-            raise ValueError(f"ConsistencyConfig.teacher: expected 'flow' or 'diffusion' (a VLA's student is "
-                             f"VLAConsistencyPolicy), got {self.teacher!r}")
+            raise ValueError(
+                f"ConsistencyConfig.teacher: expected 'flow' or 'diffusion' (a VLA's student is "
+                f"VLAConsistencyPolicy), got {self.teacher!r}"
+            )
         check_grid(self)
         if self.teacher == "diffusion" and self.teacher_steps > self.train_steps:
-            raise ValueError(f"ConsistencyConfig.teacher_steps: expected <= train_steps ({self.train_steps}) for a "
-                             f"diffusion teacher, got {self.teacher_steps}")
+            raise ValueError(
+                f"ConsistencyConfig.teacher_steps: expected <= train_steps ({self.train_steps}) for a "
+                f"diffusion teacher, got {self.teacher_steps}"
+            )
 
 
 class ConsistencyHead:
@@ -126,8 +130,10 @@ class ConsistencyHead:
         for f in dataclasses.fields(self.shared_config):
             mine, theirs = getattr(self.config, f.name), getattr(teacher.config, f.name)
             if mine != theirs and not (f.name == "channels" and len(mine) == len(theirs)):
-                raise SpecMismatchError(f"{self.name} student: config.{f.name} is {mine!r} but the teacher's is "  # type: ignore[attr-defined]
-                                        f"{theirs!r}; build the student with student_for(teacher)")
+                raise SpecMismatchError(
+                    f"{self.name} student: config.{f.name} is {mine!r} but the teacher's is "  # type: ignore[attr-defined]
+                    f"{theirs!r}; build the student with student_for(teacher)"
+                )
 
     # --- the trajectory grid -----------------------------------------------------------------------
     def _at(self, values: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
@@ -185,12 +191,15 @@ class ConsistencyHead:
 
     # --- training and sampling -----------------------------------------------------------------------
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
-        raise RuntimeError(f"{type(self).__name__} is trained by distillation from a teacher: use "
-                           "distill_loss(teacher, target, obs, action, action_is_pad) (robotrl.stages.distill does), "
-                           "not loss()")
+        raise RuntimeError(
+            f"{type(self).__name__} is trained by distillation from a teacher: use "
+            "distill_loss(teacher, target, obs, action, action_is_pad) (robotrl.stages.distill does), "
+            "not loss()"
+        )
 
-    def distill_loss(self, teacher: Any, target: Any, obs: dict[str, torch.Tensor], action: torch.Tensor,
-                     action_is_pad: torch.Tensor) -> torch.Tensor:
+    def distill_loss(
+        self, teacher: Any, target: Any, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor
+    ) -> torch.Tensor:
         """Consistency-distillation loss on a normalized batch: ||f(x_i, i) - f_target(x_{i+1}, i + 1)||^2 with
         x_i the chunk noised to a random grid point and x_{i+1} one teacher step further (no gradient to the
         teacher or the target; at i + 1 = N the target is the teacher's step itself). The noise is drawn where the
@@ -251,14 +260,20 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
     def teacher_name(self) -> str:  # type: ignore[override]
         return self.config.teacher
 
-    def __init__(self, spec: Spec, config: ConsistencyConfig | None = None,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, spec: Spec, config: ConsistencyConfig | None = None, stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         super().__init__(spec, config, stats)
         self.init_grid(self.config.train_steps)
 
     @classmethod
-    def from_teacher(cls, teacher: GenerativePolicy, teacher_steps: int | None = None,
-                     teacher_solver: str | None = None, channels: tuple[int, ...] | None = None) -> ConsistencyPolicy:
+    def from_teacher(
+        cls,
+        teacher: GenerativePolicy,
+        teacher_steps: int | None = None,
+        teacher_solver: str | None = None,
+        channels: tuple[int, ...] | None = None,
+    ) -> ConsistencyPolicy:
         """A student with the teacher's spec, normalization, architecture and weights, distilled on the teacher's
         own sampler grid unless `teacher_steps` / `teacher_solver` say otherwise.
 
@@ -267,21 +282,28 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
         the teacher's), so it needs more distillation steps than a student that starts as the teacher."""
         kind = ode_kind(teacher)
         if teacher.student != cls.name or kind is None:
-            raise TypeError(f"ConsistencyPolicy.from_teacher: expected a flow or diffusion teacher whose student is "
-                            f"{cls.name!r}, got {teacher.name!r} ({type(teacher).__name__}, student "
-                            f"{teacher.student!r}); student_for(teacher) picks the student")
+            raise TypeError(
+                f"ConsistencyPolicy.from_teacher: expected a flow or diffusion teacher whose student is "
+                f"{cls.name!r}, got {teacher.name!r} ({type(teacher).__name__}, student "
+                f"{teacher.student!r}); student_for(teacher) picks the student"
+            )
         tc = teacher.config
         shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(GenerativeConfig)}
         if channels is not None:
             if len(channels) != len(tc.channels):
-                raise ValueError(f"ConsistencyPolicy.from_teacher: channels: expected {len(tc.channels)} U-Net levels "
-                                 f"as the teacher's {tc.channels} (the padded chunk length depends on them), got "
-                                 f"{tuple(channels)}")
+                raise ValueError(
+                    f"ConsistencyPolicy.from_teacher: channels: expected {len(tc.channels)} U-Net levels "
+                    f"as the teacher's {tc.channels} (the padded chunk length depends on them), got "
+                    f"{tuple(channels)}"
+                )
             shared["channels"] = tuple(channels)
-        config = ConsistencyConfig(**shared, teacher=kind,
-                                   teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
-                                   teacher_solver=teacher_solver or str(getattr(tc, "solver", "euler")),
-                                   train_steps=getattr(tc, "train_steps", ConsistencyConfig.train_steps))
+        config = ConsistencyConfig(
+            **shared,
+            teacher=kind,
+            teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
+            teacher_solver=teacher_solver or str(getattr(tc, "solver", "euler")),
+            train_steps=getattr(tc, "train_steps", ConsistencyConfig.train_steps),
+        )
         student = cls(teacher.spec, config, teacher.stats or None)
         if config.channels == tc.channels:
             student.load_state_dict(teacher.state_dict())
@@ -323,37 +345,57 @@ class VLAConsistencyPolicy(ConsistencyHead, VLAPolicy):  # type: ignore[misc]  #
     teacher_name = "vla"
     shared_config = VLAConfig
 
-    def __init__(self, spec: Spec, config: VLAConsistencyConfig | None = None,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        config: VLAConsistencyConfig | None = None,
+        stats: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         super().__init__(spec, config, stats)
         self.init_grid()
 
     @classmethod
-    def from_teacher(cls, teacher: VLAPolicy, teacher_steps: int | None = None, teacher_solver: str | None = None,
-                     channels: tuple[int, ...] | None = None) -> VLAConsistencyPolicy:
+    def from_teacher(
+        cls,
+        teacher: VLAPolicy,
+        teacher_steps: int | None = None,
+        teacher_solver: str | None = None,
+        channels: tuple[int, ...] | None = None,
+    ) -> VLAConsistencyPolicy:
         """The student of a VLA teacher: its spec, normalization, config and weights; untrained, it is the
         teacher's one-step Euler sampler. It keeps the teacher's transformer (`channels` narrows U-Nets only)."""
         if not isinstance(teacher, VLAPolicy) or teacher.student != cls.name:
             raise TypeError(f"VLAConsistencyPolicy.from_teacher: expected a 'vla' teacher, got {teacher.name!r}")
         if channels is not None:
-            raise ValueError(f"student_for: channels={tuple(channels)} narrows a U-Net student; a VLA's student keeps "
-                             "its teacher's transformer (leave channels unset)")
+            raise ValueError(
+                f"student_for: channels={tuple(channels)} narrows a U-Net student; a VLA's student keeps "
+                "its teacher's transformer (leave channels unset)"
+            )
         tc = teacher.config
         shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(VLAConfig)}
-        config = VLAConsistencyConfig(**shared, teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
-                                      teacher_solver=teacher_solver or tc.solver)
+        config = VLAConsistencyConfig(
+            **shared,
+            teacher_steps=teacher_steps if teacher_steps is not None else tc.steps,
+            teacher_solver=teacher_solver or tc.solver,
+        )
         student = cls(teacher.spec, config, teacher.stats or None)
         student.load_state_dict(teacher.state_dict())
         return student.to(next(teacher.parameters()).device)
 
 
-def student_for(teacher: Any, teacher_steps: int | None = None, teacher_solver: str | None = None,
-                channels: tuple[int, ...] | None = None) -> ConsistencyPolicy | VLAConsistencyPolicy:
+def student_for(
+    teacher: Any,
+    teacher_steps: int | None = None,
+    teacher_solver: str | None = None,
+    channels: tuple[int, ...] | None = None,
+) -> ConsistencyPolicy | VLAConsistencyPolicy:
     """The one-step student of a teacher, of the registered class its own class names (`Policy.student`);
     `channels`: a narrower U-Net (U-Net teachers only)."""
     if teacher.student is None:
-        raise TypeError(f"student_for: expected a teacher, one of {teachers()}, got {teacher.name!r} "
-                        f"({type(teacher).__name__}, which names no student)")
+        raise TypeError(
+            f"student_for: expected a teacher, one of {teachers()}, got {teacher.name!r} "
+            f"({type(teacher).__name__}, which names no student)"
+        )
     student_cls = register_all()[teacher.student]
     if not issubclass(student_cls, (ConsistencyPolicy, VLAConsistencyPolicy)):
         raise TypeError(

@@ -17,8 +17,14 @@ class ChunkController:
     """Callable on batched observations (one step, all envs) -> actions (n, A); call `reset_env(i)` when env i
     starts a new episode (its history restarts from the next observation, and its chunk is dropped)."""
 
-    def __init__(self, act: Callable[[dict[str, Any]], np.ndarray], obs_keys: tuple[str, ...], obs_horizon: int,
-                 execute: int, text_keys: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        act: Callable[[dict[str, Any]], np.ndarray],
+        obs_keys: tuple[str, ...],
+        obs_horizon: int,
+        execute: int,
+        text_keys: tuple[str, ...] = (),
+    ) -> None:
         if execute < 1:
             raise ValueError(f"execute: expected >= 1 actions per chunk, got {execute}")
         self.act, self.obs_keys, self.obs_horizon, self.execute = act, obs_keys, obs_horizon, execute

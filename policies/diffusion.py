@@ -52,8 +52,9 @@ class DiffusionPolicy(GenerativePolicy):
     #: backends (~1e-7) come out up to ~2000x larger where the clean-chunk estimate is not clamped (1.2e-4 seen)
     export_tolerance = 1e-3
 
-    def __init__(self, spec: Spec, config: DiffusionConfig | None = None,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, spec: Spec, config: DiffusionConfig | None = None, stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         super().__init__(spec, config, stats)
         self.register_buffer("alpha_bar", cosine_alphas_cumprod(self.config.train_steps), persistent=False)
 

@@ -76,8 +76,10 @@ def sample_from_noise(policy: Policy, obs: dict[str, torch.Tensor], noise: torch
     if callable(hook):
         return hook(obs, noise)
     if not callable(getattr(policy, "noise", None)):
-        raise ExportError(f"{policy.name}: cannot feed the initial noise to {type(policy).__name__}.sample: it has "
-                          f"neither sample_from_noise(obs, noise) nor a noise(batch, device) method to stand in for")
+        raise ExportError(
+            f"{policy.name}: cannot feed the initial noise to {type(policy).__name__}.sample: it has "
+            f"neither sample_from_noise(obs, noise) nor a noise(batch, device) method to stand in for"
+        )
     calls: list[Any] = []
 
     def given(batch: Any, device: Any) -> torch.Tensor:
@@ -90,8 +92,10 @@ def sample_from_noise(policy: Policy, obs: dict[str, torch.Tensor], noise: torch
     finally:
         del policy.noise
     if len(calls) != 1:
-        raise ExportError(f"{policy.name}: {type(policy).__name__}.sample drew its noise through self.noise "
-                          f"{len(calls)} times (expected once); define sample_from_noise(obs, noise) for export")
+        raise ExportError(
+            f"{policy.name}: {type(policy).__name__}.sample drew its noise through self.noise "
+            f"{len(calls)} times (expected once); define sample_from_noise(obs, noise) for export"
+        )
     return chunk
 
 
@@ -152,11 +156,24 @@ def input_specs(policy: Policy) -> list[dict[str, Any]]:
         if k in (NOISE, ACTION):
             raise ExportError(f"{policy.name}: observation key {k!r} collides with the graph's {k!r} tensor")
         image = k in policy.image_keys
-        out.append({"name": k, "shape": [BATCH, horizon, *policy.spec.observations[k].shape],
-                    "dtype": "uint8" if image else "float32", "role": "observation"})
+        out.append(
+            {
+                "name": k,
+                "shape": [BATCH, horizon, *policy.spec.observations[k].shape],
+                "dtype": "uint8" if image else "float32",
+                "role": "observation",
+            }
+        )
     for k, text in policy.text_inputs.items():
-        out.append({"name": k, "shape": [BATCH, int(text["dim"])], "dtype": "float32", "role": "text_embedding",
-                    "encoder": text["encoder"]})
+        out.append(
+            {
+                "name": k,
+                "shape": [BATCH, int(text["dim"])],
+                "dtype": "float32",
+                "role": "text_embedding",
+                "encoder": text["encoder"],
+            }
+        )
     out.append({"name": NOISE, "shape": [BATCH, *noise_shape(policy)], "dtype": "float32", "role": "noise"})
     return out
 
@@ -185,8 +202,15 @@ def example_inputs(policy: Policy, batch: int, seed: int = 0) -> list[np.ndarray
 # ---------------------------------------------------------------------------------------------------
 # export
 # ---------------------------------------------------------------------------------------------------
-def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["onnx", "torchscript"] = "onnx",
-           steps: int | None = None, opset: int = OPSET, verify: bool = True, tolerance: float | None = None) -> Path:
+def export(
+    policy: Policy | str | Path,
+    out_dir: str | Path,
+    format: Literal["onnx", "torchscript"] = "onnx",
+    steps: int | None = None,
+    opset: int = OPSET,
+    verify: bool = True,
+    tolerance: float | None = None,
+) -> Path:
     """Write `out_dir`/policy.onnx (or policy.pt) and manifest.json for a policy or a checkpoint directory;
     returns `out_dir`. `steps` overrides the policy's inference steps (flow, DDIM) for the export only.
 
@@ -237,13 +261,26 @@ def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["on
             "format": format,
             "file": file.name,
             "opset": opset if format == "onnx" else None,
-            "exporter": (f"torch.onnx.export (TorchScript-based, opset {opset})" if format == "onnx"
-                         else "torch.jit.trace") + f", torch {torch.__version__}",
+            "exporter": (
+                f"torch.onnx.export (TorchScript-based, opset {opset})" if format == "onnx" else "torch.jit.trace"
+            )
+            + f", torch {torch.__version__}",
             "inputs": specs,
-            "outputs": [{"name": ACTION, "shape": [BATCH, cfg.action_horizon, model.policy.action_dim],
-                         "dtype": "float32", "units": "env", "clipped_to_spec_bounds": True}],
-            "noise": {"input": NOISE, "shape": [BATCH, *noise_shape(model.policy)], "dtype": "float32",
-                      "distribution": "standard_normal"},
+            "outputs": [
+                {
+                    "name": ACTION,
+                    "shape": [BATCH, cfg.action_horizon, model.policy.action_dim],
+                    "dtype": "float32",
+                    "units": "env",
+                    "clipped_to_spec_bounds": True,
+                }
+            ],
+            "noise": {
+                "input": NOISE,
+                "shape": [BATCH, *noise_shape(model.policy)],
+                "dtype": "float32",
+                "distribution": "standard_normal",
+            },
             "deterministic": deterministic,
             "steps": getattr(cfg, "steps", None),
             "checkpoint_weights_sha256": source.get("weights_sha256"),
@@ -258,16 +295,32 @@ def export(policy: Policy | str | Path, out_dir: str | Path, format: Literal["on
     return out_dir
 
 
-def _write(model: ExportedPolicy, inputs: tuple[torch.Tensor, ...], names: list[str], tmp: Path, format: str,
-           opset: int, verify: bool, tolerance: float) -> tuple[bool, float | None]:
+def _write(
+    model: ExportedPolicy,
+    inputs: tuple[torch.Tensor, ...],
+    names: list[str],
+    tmp: Path,
+    format: str,
+    opset: int,
+    verify: bool,
+    tolerance: float,
+) -> tuple[bool, float | None]:
     """Trace `model` into `tmp`; returns (deterministic, verified max abs error or None)."""
     with torch.no_grad(), warnings.catch_warnings():
         # TracerWarnings flag Python values that become constants; `verify` checks the trace on other inputs
         warnings.simplefilter("ignore")
         if format == "onnx":
-            torch.onnx.export(model, inputs, str(tmp), dynamo=False, opset_version=opset, input_names=names,
-                              output_names=[ACTION], dynamic_axes={n: {0: BATCH} for n in [*names, ACTION]},
-                              do_constant_folding=True)
+            torch.onnx.export(
+                model,
+                inputs,
+                str(tmp),
+                dynamo=False,
+                opset_version=opset,
+                input_names=names,
+                output_names=[ACTION],
+                dynamic_axes={n: {0: BATCH} for n in [*names, ACTION]},
+                do_constant_folding=True,
+            )
             deterministic = _onnx_is_deterministic(tmp)
         else:
             traced = torch.jit.trace(model, inputs, check_trace=False)
@@ -307,13 +360,17 @@ def _verify(model: ExportedPolicy, path: Path, format: str, tolerance: float) ->
         expected = model(*(torch.from_numpy(x) for x in inputs)).numpy()
     got = _run_file(path, format, inputs)
     if got.shape != expected.shape:
-        raise ExportError(f"{path.name}: output shape {got.shape} at batch 3, expected {expected.shape} (the batch "
-                          f"axis did not stay dynamic)")
+        raise ExportError(
+            f"{path.name}: output shape {got.shape} at batch 3, expected {expected.shape} (the batch "
+            f"axis did not stay dynamic)"
+        )
     error = float(np.abs(got - expected).max())
     if not error <= tolerance:
-        raise ExportError(f"{path.name}: differs from the torch policy by {error:.3g} (max abs, env units) on the "
-                          f"same inputs and noise; tolerance {tolerance:.3g}. Something input-dependent was traced "
-                          f"as a constant (a Python branch on a tensor value or shape)")
+        raise ExportError(
+            f"{path.name}: differs from the torch policy by {error:.3g} (max abs, env units) on the "
+            f"same inputs and noise; tolerance {tolerance:.3g}. Something input-dependent was traced "
+            f"as a constant (a Python branch on a tensor value or shape)"
+        )
     return error
 
 
@@ -342,7 +399,17 @@ def run_export(config: ExportConfig) -> Path:
     out = export(config.policy, out, config.format, steps=config.sampler_steps)
     manifest = json.loads((out / MANIFEST).read_text())
     info = manifest["export"]
-    print(json.dumps({"path": str(out / info["file"]), "format": config.format, "policy": manifest["policy"],
-                      "steps": info["steps"], "deterministic": info["deterministic"],
-                      "verified_max_abs_error": info["verified_max_abs_error"], "sha256": manifest["weights_sha256"]}))
+    print(
+        json.dumps(
+            {
+                "path": str(out / info["file"]),
+                "format": config.format,
+                "policy": manifest["policy"],
+                "steps": info["steps"],
+                "deterministic": info["deterministic"],
+                "verified_max_abs_error": info["verified_max_abs_error"],
+                "sha256": manifest["weights_sha256"],
+            }
+        )
+    )
     return out

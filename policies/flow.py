@@ -37,8 +37,13 @@ class FlowPolicy(GenerativePolicy):
     student: ClassVar[str | None] = "consistency"
     time_scale = 100.0  # t in [0, 1]: spread it over the embedding's frequencies
 
-    def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor,
-             weight: torch.Tensor | None = None) -> torch.Tensor:
+    def loss(
+        self,
+        obs: dict[str, torch.Tensor],
+        action: torch.Tensor,
+        action_is_pad: torch.Tensor,
+        weight: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Flow matching on normalized chunks; `weight` (B,) weighs the samples (offline RL's AWR extraction)."""
         x1, mask = self.pad_chunk(action, action_is_pad)
         x0 = torch.randn_like(x1)

@@ -87,8 +87,15 @@ class CriticEnsemble(nn.Module):
     """E Q-functions Q_e(s, a) with LayerNorm after every hidden layer (RLPD: LayerNorm keeps Q bounded when
     extrapolating to actions off the data). `outputs` > 1 gives each member a categorical head (HL-Gauss)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, members: int = 2, hidden: Sequence[int] = (256, 256),
-                 outputs: int = 1, layer_norm: bool = True) -> None:
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        members: int = 2,
+        hidden: Sequence[int] = (256, 256),
+        outputs: int = 1,
+        layer_norm: bool = True,
+    ) -> None:
         super().__init__()
         self.members = members
         layers: list[nn.Module] = []

@@ -56,8 +56,9 @@ class ChunkGaussian(nn.Module):
     bounded to [-bound, bound] per element and zero at first (its last layer starts at zero), the std a learned
     per-element parameter in [e^-7, 1] starting at `std`."""
 
-    def __init__(self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float,
-                 std: float) -> None:
+    def __init__(
+        self, feature_dim: int, shape: tuple[int, int], hidden: tuple[int, ...], bound: float, std: float
+    ) -> None:
         super().__init__()
         self.shape, self.bound = shape, bound
         self.net = mlp([feature_dim, *hidden, shape[0] * shape[1]], act=nn.Tanh)
@@ -103,16 +104,18 @@ class GenerativePolicy(Policy):
     encoder: nn.Module
     net: nn.Module
 
-    def __init__(self, spec: Spec, config: GenerativeConfig | None = None,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, spec: Spec, config: GenerativeConfig | None = None, stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         super().__init__(spec, config, stats)
         cfg = self.config
         vector_dims = {k: spec.observations[k].size for k in self.vector_keys}
         image_sizes = {k: spec.observations[k].shape[0] for k in self.image_keys}
         self.encoder = encoder = ObsEncoder(vector_dims, image_sizes, cfg.obs_horizon, cfg.image_dim)
         self.horizon = padded_horizon(cfg.action_horizon, len(cfg.channels))
-        self.net = TemporalUnet(self.action_dim, encoder.out_dim, cfg.channels, kernel=cfg.kernel,
-                                time_scale=self.time_scale)
+        self.net = TemporalUnet(
+            self.action_dim, encoder.out_dim, cfg.channels, kernel=cfg.kernel, time_scale=self.time_scale
+        )
         #: the learned initial-noise distribution (`GenerativeConfig.noise_prior`), or None for the standard normal
         self.prior: NoisePrior | None = None
         #: the learned chunk correction (`GenerativeConfig.action_residual`), or None
@@ -125,8 +128,9 @@ class GenerativePolicy(Policy):
     def feature_dim(self, field: str) -> int:
         """The size of `vector_features`, refused (naming the config `field`) for a policy without vectors."""
         if not self.vector_keys:
-            raise ValueError(f"{self.name}.{field}: it reads vector observations; this policy has only "
-                             f"{list(self.obs_keys)}")
+            raise ValueError(
+                f"{self.name}.{field}: it reads vector observations; this policy has only {list(self.obs_keys)}"
+            )
         return sum(self.config.obs_horizon * self.spec.observations[k].size for k in self.vector_keys)
 
     def add_noise_prior(self, hidden: tuple[int, ...], bound: float) -> NoisePrior:
@@ -178,7 +182,7 @@ class GenerativePolicy(Policy):
             return chunk
         mean, std = self.residual(self.vector_features(obs))
         h = chunk.shape[1]
-        return chunk + mean[:, :h] + std[:, :h] * eps[:, self.horizon:self.horizon + h]
+        return chunk + mean[:, :h] + std[:, :h] * eps[:, self.horizon : self.horizon + h]
 
     def pad_chunk(self, action: torch.Tensor, action_is_pad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Extend a (B, H, A) chunk to the U-Net's horizon by repeating its last action (masked out of the loss)."""
@@ -190,8 +194,9 @@ class GenerativePolicy(Policy):
         return action, mask
 
     @staticmethod
-    def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
-                   weight: torch.Tensor | None = None) -> torch.Tensor:
+    def masked_mse(
+        pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Mean squared error over the chunk's real steps; `weight` (B,) weighs each sample (advantage-weighted
         regression), the mean then taken over the weights."""
         err = ((pred - target) ** 2).mean(-1)

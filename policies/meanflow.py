@@ -59,13 +59,25 @@ class MeanFlowUnet(nn.Module):
     """The temporal U-Net with two times: t goes through the U-Net's own time embedding, the interval t - r
     through a second embedding concatenated to the observation features (the paper conditions on (t, t - r))."""
 
-    def __init__(self, action_dim: int, cond_dim: int, channels: Sequence[int], time_dim: int = 64, kernel: int = 5,
-                 time_scale: float = 100.0) -> None:
+    def __init__(
+        self,
+        action_dim: int,
+        cond_dim: int,
+        channels: Sequence[int],
+        time_dim: int = 64,
+        kernel: int = 5,
+        time_scale: float = 100.0,
+    ) -> None:
         super().__init__()
-        self.interval = nn.Sequential(SinusoidalEmbedding(time_dim, time_scale), nn.Linear(time_dim, 4 * time_dim),
-                                      nn.Mish(), nn.Linear(4 * time_dim, time_dim))
-        self.unet = TemporalUnet(action_dim, cond_dim + time_dim, channels, time_dim=time_dim, kernel=kernel,
-                                 time_scale=time_scale)
+        self.interval = nn.Sequential(
+            SinusoidalEmbedding(time_dim, time_scale),
+            nn.Linear(time_dim, 4 * time_dim),
+            nn.Mish(),
+            nn.Linear(4 * time_dim, time_dim),
+        )
+        self.unet = TemporalUnet(
+            action_dim, cond_dim + time_dim, channels, time_dim=time_dim, kernel=kernel, time_scale=time_scale
+        )
 
     def forward(self, z: torch.Tensor, r: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         """u(z, r, t | obs) for z (B, H, A), times r <= t (B,), observation features (B, D)."""
@@ -82,12 +94,14 @@ class MeanFlowPolicy(GenerativePolicy):
     config: MeanFlowConfig
     encoder: ObsEncoder
 
-    def __init__(self, spec: Spec, config: MeanFlowConfig | None = None,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, spec: Spec, config: MeanFlowConfig | None = None, stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         super().__init__(spec, config, stats)
         cfg = self.config
-        self.net = MeanFlowUnet(self.action_dim, self.encoder.out_dim, cfg.channels, kernel=cfg.kernel,
-                                time_scale=self.time_scale)
+        self.net = MeanFlowUnet(
+            self.action_dim, self.encoder.out_dim, cfg.channels, kernel=cfg.kernel, time_scale=self.time_scale
+        )
 
     def sample_times(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(r, t) with 0 <= r <= t <= 1: two logit-normal draws sorted, then r = t for `flow_ratio` of them."""
@@ -97,13 +111,15 @@ class MeanFlowPolicy(GenerativePolicy):
         same = torch.rand(batch, device=device) < cfg.flow_ratio
         return torch.where(same, t, r), t
 
-    def average_velocity(self, z: torch.Tensor, r: torch.Tensor, t: torch.Tensor, v: torch.Tensor,
-                         cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def average_velocity(
+        self, z: torch.Tensor, r: torch.Tensor, t: torch.Tensor, v: torch.Tensor, cond: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """u(z, r, t) and its total derivative du/dt along the flow (tangent (v, 0, 1)), by one JVP."""
         tangents = (v, torch.zeros_like(r), torch.ones_like(t))
         # torch's stubs type jvp's result for has_aux=True too (a 3-tuple); without it, (output, its JVP)
-        return cast("tuple[torch.Tensor, torch.Tensor]", jvp(lambda z_, r_, t_: self.net(z_, r_, t_, cond), (z, r, t),
-                                                              tangents))
+        return cast(
+            "tuple[torch.Tensor, torch.Tensor]", jvp(lambda z_, r_, t_: self.net(z_, r_, t_, cond), (z, r, t), tangents)
+        )
 
     def loss(self, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor) -> torch.Tensor:
         x, mask = self.pad_chunk(action, action_is_pad)

@@ -76,8 +76,16 @@ class TemporalUnet(nn.Module):
     """Predicts a (B, H, A) tensor (noise, velocity or clean chunk) from a noisy chunk, a noise level / time
     embedding and an observation feature vector. Down/up-samples the chunk's time axis once per level."""
 
-    def __init__(self, action_dim: int, cond_dim: int, channels: Sequence[int] = (64, 128, 256), time_dim: int = 64,
-                 kernel: int = 5, groups: int = 8, time_scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        action_dim: int,
+        cond_dim: int,
+        channels: Sequence[int] = (64, 128, 256),
+        time_dim: int = 64,
+        kernel: int = 5,
+        groups: int = 8,
+        time_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self.time = nn.Sequential(
             SinusoidalEmbedding(time_dim, time_scale),
@@ -171,8 +179,11 @@ class BasicBlock(nn.Module):
         self.n1 = nn.GroupNorm(groups, cout)
         self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
         self.n2 = nn.GroupNorm(groups, cout)
-        self.skip = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout)) \
-            if stride != 1 or cin != cout else nn.Identity()
+        self.skip = (
+            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.GroupNorm(groups, cout))
+            if stride != 1 or cin != cout
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(self.n2(self.conv2(F.relu(self.n1(self.conv1(x))))) + self.skip(x))
@@ -183,8 +194,14 @@ class ImageEncoder(nn.Module):
     head, trained from scratch; random crops during training (diffusion policy's augmentation), a centre crop
     at inference."""
 
-    def __init__(self, image_size: int, out_dim: int = 64, widths: Sequence[int] = (32, 64, 128), crop: float = 0.9,
-                 keypoints: int = 32) -> None:
+    def __init__(
+        self,
+        image_size: int,
+        out_dim: int = 64,
+        widths: Sequence[int] = (32, 64, 128),
+        crop: float = 0.9,
+        keypoints: int = 32,
+    ) -> None:
         super().__init__()
         self.crop = max(8, round(image_size * crop))
         layers: list[nn.Module] = [nn.Conv2d(3, widths[0], 5, 2, 2, bias=False), nn.GroupNorm(8, widths[0]), nn.ReLU()]
@@ -206,7 +223,7 @@ class ImageEncoder(nn.Module):
             left = torch.randint(0, w - c + 1, (1,)).item()
         else:
             top, left = (h - c) // 2, (w - c) // 2
-        x = x[..., top:top + c, left:left + c]
+        x = x[..., top : top + c, left : left + c]
         return self.head(self.pool(self.trunk(x * 2.0 - 1.0)))
 
 
@@ -228,8 +245,9 @@ class ObsEncoder(nn.Module):
     """Normalized observations (B, To, ...) per key -> one conditioning vector (B, cond_dim): vectors are
     concatenated as they are, each camera has its own `ImageEncoder`, all To frames are flattened together."""
 
-    def __init__(self, vector_dims: Mapping[str, int], image_sizes: Mapping[str, int], obs_horizon: int,
-                 image_dim: int = 64) -> None:
+    def __init__(
+        self, vector_dims: Mapping[str, int], image_sizes: Mapping[str, int], obs_horizon: int, image_dim: int = 64
+    ) -> None:
         super().__init__()
         self.vector_keys = list(vector_dims)
         self.images = nn.ModuleDict({k: ImageEncoder(s, image_dim) for k, s in image_sizes.items()})

@@ -51,8 +51,10 @@ class RuntimePolicy:
         self._run = run
 
     def __repr__(self) -> str:
-        return (f"RuntimePolicy({self.manifest['policy']!r}, {self.format}, task={self.spec.task!r}, "
-                f"obs={list(self.obs_keys)}, To={self.obs_horizon}, H={self.action_horizon}, path={str(self.path)!r})")
+        return (
+            f"RuntimePolicy({self.manifest['policy']!r}, {self.format}, task={self.spec.task!r}, "
+            f"obs={list(self.obs_keys)}, To={self.obs_horizon}, H={self.action_horizon}, path={str(self.path)!r})"
+        )
 
     def check_spec(self, spec: Spec, that: str = "env") -> None:
         self.spec.check(spec, this=f"exported policy {self.path.name}", that=that)
@@ -82,8 +84,10 @@ class RuntimePolicy:
         observations and zero noise (the noise stream is not drawn from); the seconds it took. A robot's first
         control step should not wait seconds for a model to load: the deploy node calls this at start-up."""
         began = time.perf_counter()
-        obs: dict[str, Any] = {i["name"]: np.zeros((1, *i["shape"][1:]), dtype=np.uint8 if i["dtype"] == "uint8"
-                                                   else np.float32) for i in self.obs_inputs}
+        obs: dict[str, Any] = {
+            i["name"]: np.zeros((1, *i["shape"][1:]), dtype=np.uint8 if i["dtype"] == "uint8" else np.float32)
+            for i in self.obs_inputs
+        }
         obs.update({i["name"]: "warm up" for i in self.text_inputs})
         self.act(obs, noise=np.zeros((1, *self.noise_shape), dtype=np.float32))
         return time.perf_counter() - began
@@ -95,15 +99,19 @@ class RuntimePolicy:
 
         key, dim = inp["name"], int(inp["shape"][1])
         if key not in obs:
-            raise SpecMismatchError(f"act: observation {key!r} missing: expected one instruction string per env "
-                                    f"(B,) or its embedding (B, {dim})")
+            raise SpecMismatchError(
+                f"act: observation {key!r} missing: expected one instruction string per env "
+                f"(B,) or its embedding (B, {dim})"
+            )
         text = check_instructions(obs[key], batch, dim, key, "act")
         if isinstance(text, np.ndarray):
             return text
         encoder = language_encoder(inp["encoder"])
         if encoder.dim != dim:
-            raise SpecMismatchError(f"act: observation {key!r}: the encoder {inp['encoder']} gives {encoder.dim}-dim "
-                                    f"embeddings, the graph takes {dim}")
+            raise SpecMismatchError(
+                f"act: observation {key!r}: the encoder {inp['encoder']} gives {encoder.dim}-dim "
+                f"embeddings, the graph takes {dim}"
+            )
         return encoder(text).numpy()
 
     def check_obs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -115,22 +123,27 @@ class RuntimePolicy:
         for inp in self.obs_inputs:
             key = inp["name"]
             if key not in obs:
-                raise SpecMismatchError(f"act: observation {key!r} missing; expected keys {list(self.obs_keys)}, "
-                                        f"got {sorted(obs)}")
+                raise SpecMismatchError(
+                    f"act: observation {key!r} missing; expected keys {list(self.obs_keys)}, got {sorted(obs)}"
+                )
             x = np.asarray(obs[key])
             want = tuple(inp["shape"][1:])
             if x.ndim != len(want) + 1 or x.shape[1:] != want:
-                raise SpecMismatchError(f"act: observation {key!r}: expected shape (B, {', '.join(map(str, want))}) "
-                                        f"(B envs, To={self.obs_horizon} frames), got {x.shape}")
+                raise SpecMismatchError(
+                    f"act: observation {key!r}: expected shape (B, {', '.join(map(str, want))}) "
+                    f"(B envs, To={self.obs_horizon} frames), got {x.shape}"
+                )
             if batch is None:
                 batch = (key, x.shape[0])
             elif x.shape[0] != batch[1]:
-                raise SpecMismatchError(f"act: observation {key!r}: batch {x.shape[0]} differs from {batch[0]!r}'s "
-                                        f"{batch[1]}")
+                raise SpecMismatchError(
+                    f"act: observation {key!r}: batch {x.shape[0]} differs from {batch[0]!r}'s {batch[1]}"
+                )
             if inp["dtype"] == "uint8":
                 if x.dtype != np.uint8:
-                    raise SpecMismatchError(f"act: observation {key!r}: expected an image of dtype uint8 (HWC, 0-255), "
-                                            f"got {x.dtype}")
+                    raise SpecMismatchError(
+                        f"act: observation {key!r}: expected an image of dtype uint8 (HWC, 0-255), got {x.dtype}"
+                    )
             else:
                 if x.dtype.kind not in "fiub":
                     raise SpecMismatchError(f"act: observation {key!r}: expected a numeric array, got dtype {x.dtype}")
@@ -138,8 +151,10 @@ class RuntimePolicy:
                 bad = ~np.isfinite(x)
                 if bad.any():
                     where = tuple(int(i) for i in np.argwhere(bad)[0])
-                    raise SpecMismatchError(f"act: observation {key!r}: expected finite values, got {int(bad.sum())} "
-                                            f"NaN/inf (first at index {where}: {x[where]})")
+                    raise SpecMismatchError(
+                        f"act: observation {key!r}: expected finite values, got {int(bad.sum())} "
+                        f"NaN/inf (first at index {where}: {x[where]})"
+                    )
             feeds[key] = np.ascontiguousarray(x)
         return feeds
 
@@ -178,20 +193,28 @@ def check_manifest(manifest: dict[str, Any], spec: Spec, where: str) -> None:
             continue
         if inp.get("role") == "text_embedding":
             if key not in spec.observations or spec.observations[key].dtype != STRING:
-                raise SpecMismatchError(f"{where}: graph input {key!r} embeds a string observation, but the manifest's "
-                                        f"spec has no string observation {key!r}")
+                raise SpecMismatchError(
+                    f"{where}: graph input {key!r} embeds a string observation, but the manifest's "
+                    f"spec has no string observation {key!r}"
+                )
             if len(inp["shape"]) != 2 or not isinstance(inp.get("encoder"), str):
-                raise ExportedPolicyError(f"{where}: text input {key!r}: expected shape [batch, dim] and an 'encoder' "
-                                          f"name, got shape {inp['shape']} and encoder {inp.get('encoder')!r}")
+                raise ExportedPolicyError(
+                    f"{where}: text input {key!r}: expected shape [batch, dim] and an 'encoder' "
+                    f"name, got shape {inp['shape']} and encoder {inp.get('encoder')!r}"
+                )
             continue
         if key not in spec.observations:
-            raise SpecMismatchError(f"{where}: graph input {key!r} is not an observation of the manifest's spec "
-                                    f"(has {sorted(spec.observations)})")
+            raise SpecMismatchError(
+                f"{where}: graph input {key!r} is not an observation of the manifest's spec "
+                f"(has {sorted(spec.observations)})"
+            )
         obs = spec.observations[key]
         if list(inp["shape"][2:]) != list(obs.shape):
             takes = ", ".join(map(str, inp["shape"][2:]))
-            raise SpecMismatchError(f"{where}: observation {key!r}: the graph takes (B, To, {takes}), the manifest's "
-                                    f"spec has shape {tuple(obs.shape)}")
+            raise SpecMismatchError(
+                f"{where}: observation {key!r}: the graph takes (B, To, {takes}), the manifest's "
+                f"spec has shape {tuple(obs.shape)}"
+            )
         want = "uint8" if obs.is_image else "float32"
         if inp["dtype"] != want:
             raise SpecMismatchError(
@@ -219,8 +242,10 @@ def load(
         raise ExportedPolicyError(f"{path}: {export['file']} missing")
     digest = sha256(file)
     if digest != manifest["weights_sha256"]:
-        raise ExportedPolicyError(f"{file}: sha256 {digest[:12]}... does not match the manifest's "
-                                  f"{manifest['weights_sha256'][:12]}... (a file from another export, or damaged)")
+        raise ExportedPolicyError(
+            f"{file}: sha256 {digest[:12]}... does not match the manifest's "
+            f"{manifest['weights_sha256'][:12]}... (a file from another export, or damaged)"
+        )
     try:
         saved = Spec.from_dict(manifest["spec"])
     except (KeyError, TypeError, ValueError) as e:
@@ -252,8 +277,9 @@ def _onnx(file: Path, manifest: dict[str, Any], threads: int | None) -> Any:
         if [d if isinstance(d, int) else "batch" for d in inp.shape][1:] != list(want[1:]):
             raise SpecMismatchError(f"{file}: input {name!r}: graph shape {inp.shape}, the manifest declares {want}")
         if inp.type != f"tensor({'float' if declared[name]['dtype'] == 'float32' else declared[name]['dtype']})":
-            raise SpecMismatchError(f"{file}: input {name!r}: graph type {inp.type}, the manifest declares "
-                                    f"{declared[name]['dtype']}")
+            raise SpecMismatchError(
+                f"{file}: input {name!r}: graph type {inp.type}, the manifest declares {declared[name]['dtype']}"
+            )
     output = session.get_outputs()[0].name
     names = [i["name"] for i in manifest["export"]["inputs"]]
 

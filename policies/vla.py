@@ -114,7 +114,7 @@ class PatchEncoder(nn.Module):
             top, left = torch.randint(0, h - c + 1, (1,)).item(), torch.randint(0, w - c + 1, (1,)).item()
         else:
             top, left = (h - c) // 2, (w - c) // 2
-        feat = self.trunk(x[..., top:top + c, left:left + c] * 2.0 - 1.0)
+        feat = self.trunk(x[..., top : top + c, left : left + c] * 2.0 - 1.0)
         feat = torch.einsum("ih,nchw,jw->nijc", self.pool, feat, self.pool)  # adaptive average pooling to (g, g)
         return self.proj(feat.flatten(1, 2))
 
@@ -168,8 +168,9 @@ class Block(nn.Module):
         self.full = full
         if full:
             self.norm2 = nn.LayerNorm(width)
-            self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(approximate="tanh"),
-                                     nn.Linear(mlp_ratio * width, width))
+            self.mlp = nn.Sequential(
+                nn.Linear(width, mlp_ratio * width), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * width, width)
+            )
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (the layer's output tokens (x itself when not `full`), its keys/values (2, B, heads, T, hd))."""
@@ -190,11 +191,16 @@ class VLAPrefix(nn.Module):
         cfg = self.config = config
         w, to = cfg.width, cfg.obs_horizon
         self.image_keys, self.vector_keys = list(image_keys), list(vector_keys)
-        self.images = nn.ModuleDict({k: PatchEncoder(spec.observations[k].shape[0], w, cfg.image_widths, cfg.patch_grid,
-                                                     cfg.crop) for k in self.image_keys})
+        self.images = nn.ModuleDict(
+            {
+                k: PatchEncoder(spec.observations[k].shape[0], w, cfg.image_widths, cfg.patch_grid, cfg.crop)
+                for k in self.image_keys
+            }
+        )
         # where each patch token sits: (frame, patch) per camera
-        self.image_pos = nn.ParameterDict({k: nn.Parameter(0.02 * torch.randn(to * cfg.patch_grid ** 2, w))
-                                           for k in self.image_keys})
+        self.image_pos = nn.ParameterDict(
+            {k: nn.Parameter(0.02 * torch.randn(to * cfg.patch_grid**2, w)) for k in self.image_keys}
+        )
         self.language = nn.Linear(cfg.language_dim, w)
         state_dim = to * sum(spec.observations[k].size for k in self.vector_keys)
         self.state = mlp([state_dim, w, w]) if state_dim else None
@@ -208,7 +214,7 @@ class VLAPrefix(nn.Module):
         for k, enc in self.images.items():
             x = obs[k]  # (B, To, H, W, 3)
             b, to = x.shape[:2]
-            patches = enc(x.flatten(0, 1)).reshape(b, to * self.config.patch_grid ** 2, -1)
+            patches = enc(x.flatten(0, 1)).reshape(b, to * self.config.patch_grid**2, -1)
             parts.append(patches + self.image_pos[k])
         emb = obs[self.config.instruction_key]  # (B, language_dim): see VLAPolicy.normalize_obs
         parts.append((self.language(emb) + self.type_emb[0])[:, None])
@@ -217,8 +223,10 @@ class VLAPrefix(nn.Module):
             parts.append((self.state(state.flatten(1)) + self.type_emb[1])[:, None])
         batch = {int(p.shape[0]) for p in parts}
         if len(batch) != 1:
-            raise SpecMismatchError(f"vla: observations and instructions disagree on the batch size: got "
-                                    f"{emb.shape[0]} instruction(s) for {parts[0].shape[0]} observation window(s)")
+            raise SpecMismatchError(
+                f"vla: observations and instructions disagree on the batch size: got "
+                f"{emb.shape[0]} instruction(s) for {parts[0].shape[0]} observation window(s)"
+            )
         return torch.cat(parts, dim=1)
 
     def forward(self, obs: Mapping[str, Any]) -> torch.Tensor:
@@ -275,8 +283,9 @@ class VLAPolicy(FlowPolicy):
     encoder: VLAPrefix
     net: ActionExpert
 
-    def __init__(self, spec: Spec, config: VLAConfig | None = None,
-                 stats: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self, spec: Spec, config: VLAConfig | None = None, stats: Mapping[str, Mapping[str, Any]] | None = None
+    ) -> None:
         # Policy's setup (keys, normalizer), not GenerativePolicy's U-Net: the two networks are built here
         Policy.__init__(self, spec, config, stats)
         cfg = self.config
@@ -310,8 +319,10 @@ class VLAPolicy(FlowPolicy):
         precomputed embeddings (B, language_dim)) -> its frozen embedding (B, language_dim)."""
         key = self.config.instruction_key
         if key not in obs:
-            raise SpecMismatchError(f"{self.name}: observation {key!r} missing: expected one instruction string per "
-                                    f"env/window (B,) (a SequenceSampler batch carries it as batch['obs'][{key!r}])")
+            raise SpecMismatchError(
+                f"{self.name}: observation {key!r} missing: expected one instruction string per "
+                f"env/window (B,) (a SequenceSampler batch carries it as batch['obs'][{key!r}])"
+            )
         for k in self.obs_keys:
             want = (self.config.obs_horizon, *self.spec.observations[k].shape)
             if k not in obs or tuple(np.shape(obs[k]))[1:] != want:

@@ -91,8 +91,10 @@ def run_list(config: EnvsList) -> None:
             continue
         obs = ", ".join(f"{k} {'str' if v.dtype == 'str' else tuple(v.shape)}" for k, v in spec.observations.items())
         modes = "|".join(task.action_modes)
-        print(f"{name:<11} obs: {obs}; action: {spec.action_mode} {spec.action.shape} of {modes}; "
-              f"{spec.control_hz:g} Hz, {spec.episode_steps} steps")
+        print(
+            f"{name:<11} obs: {obs}; action: {spec.action_mode} {spec.action.shape} of {modes}; "
+            f"{spec.control_hz:g} Hz, {spec.episode_steps} steps"
+        )
 
 
 def run_check(config: EnvsCheck) -> None:
@@ -118,10 +120,24 @@ def run_check(config: EnvsCheck) -> None:
 def run_view(config: EnvsView) -> None:
     from robotrl.envs.video import record_expert_episode
 
-    video = record_expert_episode(config.task, config.out, seed=config.seed, noise=config.noise,
-                                  camera=config.camera, size=(config.height, config.width))
-    print(json.dumps({"path": str(video.path), "frames": video.frames, "success": video.success,
-                      "instruction": video.instruction}))
+    video = record_expert_episode(
+        config.task,
+        config.out,
+        seed=config.seed,
+        noise=config.noise,
+        camera=config.camera,
+        size=(config.height, config.width),
+    )
+    print(
+        json.dumps(
+            {
+                "path": str(video.path),
+                "frames": video.frames,
+                "success": video.success,
+                "instruction": video.instruction,
+            }
+        )
+    )
 
 
 def run_sb3(config: Any) -> Any:
@@ -129,9 +145,11 @@ def run_sb3(config: Any) -> Any:
 
     result = train(config)
     lo, hi = result.success_ci95
-    print(f"{config.task} {config.algo.upper()}: success rate {result.success_rate:.1%} "
-          f"(95% CI {lo:.1%}-{hi:.1%}) over {result.episodes} episodes after {result.timesteps} steps "
-          f"({result.train_seconds:.0f} s of training); run dir {result.run_dir}")
+    print(
+        f"{config.task} {config.algo.upper()}: success rate {result.success_rate:.1%} "
+        f"(95% CI {lo:.1%}-{hi:.1%}) over {result.episodes} episodes after {result.timesteps} steps "
+        f"({result.train_seconds:.0f} s of training); run dir {result.run_dir}"
+    )
     return result
 
 
@@ -179,7 +197,7 @@ GROUPS: dict[str, str] = {
     "envs": "Task suite: list, check, view and benchmark the environments.",
     "data": "Episode stores: record demos, collect by teleop, inspect, validate, merge, split, import and export.",
     "train": "Training: behaviour cloning of any registered policy, offline / online / HIL RL of flow policies, "
-             "DSRL, a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO and Stable-Baselines3.",
+    "DSRL, a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO and Stable-Baselines3.",
     "policy": "Policies: evaluate, export for the runtime, distill into a one-step student.",
 }
 
@@ -191,86 +209,167 @@ COMMANDS: dict[str, dict[str, Command]] = {
         "list": Command("List the tasks and their specs.", "robotrl.cli:EnvsList", "robotrl.cli:run_list"),
         "check": Command("Run gymnasium's env checker on a task.", "robotrl.cli:EnvsCheck", "robotrl.cli:run_check"),
         "view": Command("Render a scripted-expert episode to an mp4.", "robotrl.cli:EnvsView", "robotrl.cli:run_view"),
-        "bench": Command("Env throughput: CPU backend vs AsyncVectorEnv vs mujoco.rollout (JSON lines).",
-                         "robotrl.envs.benchmark:BenchConfig", "robotrl.envs.benchmark:main"),
+        "bench": Command(
+            "Env throughput: CPU backend vs AsyncVectorEnv vs mujoco.rollout (JSON lines).",
+            "robotrl.envs.benchmark:BenchConfig",
+            "robotrl.envs.benchmark:main",
+        ),
     },
     "data": {
         "info": Command("Summarize a store.", "robotrl.datasets.ops:DataInfo", "robotrl.datasets.ops:info"),
-        "validate": Command("Check a store's spec, commit record and checksums.", "robotrl.datasets.ops:DataValidate",
-                            "robotrl.datasets.ops:check"),
-        "stats": Command("Per-key normalization statistics.", "robotrl.datasets.ops:DataStats",
-                         "robotrl.datasets.ops:stats"),
-        "merge": Command("Concatenate stores with the same spec.", "robotrl.datasets.ops:DataMerge",
-                         "robotrl.datasets.ops:merge"),
-        "split": Command("Split a store's episodes into two stores.", "robotrl.datasets.ops:DataSplit",
-                         "robotrl.datasets.ops:split"),
-        "record": Command("Record a task's scripted expert across a vector env.", "robotrl.datasets.record:DataRecord",
-                          "robotrl.datasets.record:run_record"),
-        "collect": Command("Teleoperate (or script) a task and keep or discard each episode.",
-                           "robotrl.datasets.collect:CollectConfig", "robotrl.datasets.collect:run_collect",
-                           common=("task", "device", "out", "episodes", "noise", "seed", "view")),
-        "import": Command("Convert a LeRobot v3 dataset or a ROS 2 MCAP recording into a store.",
-                          "robotrl.datasets.ops:DataImport", "robotrl.datasets.ops:import_"),
-        "export": Command("Convert a store to a LeRobot v3 dataset or a ROS 2 MCAP recording.",
-                          "robotrl.datasets.ops:DataExport", "robotrl.datasets.ops:export"),
+        "validate": Command(
+            "Check a store's spec, commit record and checksums.",
+            "robotrl.datasets.ops:DataValidate",
+            "robotrl.datasets.ops:check",
+        ),
+        "stats": Command(
+            "Per-key normalization statistics.", "robotrl.datasets.ops:DataStats", "robotrl.datasets.ops:stats"
+        ),
+        "merge": Command(
+            "Concatenate stores with the same spec.", "robotrl.datasets.ops:DataMerge", "robotrl.datasets.ops:merge"
+        ),
+        "split": Command(
+            "Split a store's episodes into two stores.", "robotrl.datasets.ops:DataSplit", "robotrl.datasets.ops:split"
+        ),
+        "record": Command(
+            "Record a task's scripted expert across a vector env.",
+            "robotrl.datasets.record:DataRecord",
+            "robotrl.datasets.record:run_record",
+        ),
+        "collect": Command(
+            "Teleoperate (or script) a task and keep or discard each episode.",
+            "robotrl.datasets.collect:CollectConfig",
+            "robotrl.datasets.collect:run_collect",
+            common=("task", "device", "out", "episodes", "noise", "seed", "view"),
+        ),
+        "import": Command(
+            "Convert a LeRobot v3 dataset or a ROS 2 MCAP recording into a store.",
+            "robotrl.datasets.ops:DataImport",
+            "robotrl.datasets.ops:import_",
+        ),
+        "export": Command(
+            "Convert a store to a LeRobot v3 dataset or a ROS 2 MCAP recording.",
+            "robotrl.datasets.ops:DataExport",
+            "robotrl.datasets.ops:export",
+        ),
     },
     "train": {
-        "bc": Command("Behaviour cloning of any registered policy on a store.", "robotrl.stages.bc:BCConfig",
-                      "robotrl.stages.bc:run_train_bc", policy="policy",
-                      common=("store", "steps", "batch_size", "lr", "execute", "success_only")),
-        "offline": Command("Offline RL of a flow policy (RL-100): critic, gated chain updates, rollouts.",
-                           "robotrl.flowrl.offline:OfflineFlowConfig", "robotrl.flowrl.offline:run_train_offline",
-                           common=("policy", "store", "iterations", "extraction", "method", "lr")),
-        "online": Command("Online PPO of a flow policy over its denoising chain.", "robotrl.flowrl.online:OnlineConfig",
-                          "robotrl.flowrl.online:run_train_online",
-                          common=("policy", "method", "num_envs", "total_steps", "lr", "bc_coef")),
-        "hil": Command("Online RL of a flow policy with an operator who takes over (HIL).",
-                       "robotrl.flowrl.hil:HilConfig", "robotrl.flowrl.hil:run_train_hil",
-                       common=("policy", "operator", "demos", "num_envs", "total_steps", "lr")),
-        "dsrl": Command("Steer a frozen flow policy's initial noise with SAC (DSRL).", "robotrl.flowrl.dsrl:DsrlConfig",
-                        "robotrl.flowrl.dsrl:run_train_dsrl",
-                        common=("policy", "num_envs", "total_steps", "lr", "target_kl")),
-        "classifier": Command("A success classifier on a store's camera frames (a reward).",
-                              "robotrl.flowrl.classifier:ClassifierConfig",
-                              "robotrl.flowrl.classifier:run_train_classifier",
-                              common=("store", "camera", "proprio", "steps", "batch_size", "lr", "target_precision")),
-        "sac": Command("SAC, RLPD (--demos) and WSRL (--init) on a task's vector env.", "robotrl.rl.sac:SacConfig",
-                       "robotrl.rl.sac:run_train_sac", common=SAC_COMMON),
-        "sac-distributed": Command("SAC with rollout actors and a learner (threads or Ray).",
-                                   "robotrl.rl.actor_learner:ActorLearnerConfig",
-                                   "robotrl.rl.actor_learner:run_train_sac_distributed",
-                                   common=("task", "obs_keys", "num_envs", "total_steps", "workers", "transport",
-                                           "utd", "lr")),
-        "iql": Command("IQL from a store, offline.", "robotrl.rl.iql:IqlConfig", "robotrl.rl.iql:run_train_iql",
-                       common=("store", "obs_keys", "steps", "lr", "expectile", "beta")),
-        "calql": Command("Cal-QL from a store, offline.", "robotrl.rl.calql:CalqlConfig",
-                         "robotrl.rl.calql:run_train_calql",
-                         common=("store", "obs_keys", "steps", "lr", "cql_alpha", "calibrate")),
-        "ppo": Command("PPO on a task's vector env (CPU, or MJX on an accelerator).", "robotrl.rl.ppo:PpoConfig",
-                       "robotrl.cli:run_ppo",
-                       common=("task", "backend", "obs_keys", "num_envs", "total_steps", "rollout_steps", "lr")),
-        "sb3-sac": Command("Stable-Baselines3's SAC on a task.", "robotrl.rl.sb3:Sb3SacConfig", "robotrl.cli:run_sb3",
-                           common=SB3_COMMON, fixed=("algo",)),
-        "sb3-ppo": Command("Stable-Baselines3's PPO on a task.", "robotrl.rl.sb3:Sb3PpoConfig", "robotrl.cli:run_sb3",
-                           common=SB3_COMMON, fixed=("algo",)),
-        "sb3-td3": Command("Stable-Baselines3's TD3 on a task.", "robotrl.rl.sb3:Sb3Td3Config", "robotrl.cli:run_sb3",
-                           common=SB3_COMMON, fixed=("algo",)),
+        "bc": Command(
+            "Behaviour cloning of any registered policy on a store.",
+            "robotrl.stages.bc:BCConfig",
+            "robotrl.stages.bc:run_train_bc",
+            policy="policy",
+            common=("store", "steps", "batch_size", "lr", "execute", "success_only"),
+        ),
+        "offline": Command(
+            "Offline RL of a flow policy (RL-100): critic, gated chain updates, rollouts.",
+            "robotrl.flowrl.offline:OfflineFlowConfig",
+            "robotrl.flowrl.offline:run_train_offline",
+            common=("policy", "store", "iterations", "extraction", "method", "lr"),
+        ),
+        "online": Command(
+            "Online PPO of a flow policy over its denoising chain.",
+            "robotrl.flowrl.online:OnlineConfig",
+            "robotrl.flowrl.online:run_train_online",
+            common=("policy", "method", "num_envs", "total_steps", "lr", "bc_coef"),
+        ),
+        "hil": Command(
+            "Online RL of a flow policy with an operator who takes over (HIL).",
+            "robotrl.flowrl.hil:HilConfig",
+            "robotrl.flowrl.hil:run_train_hil",
+            common=("policy", "operator", "demos", "num_envs", "total_steps", "lr"),
+        ),
+        "dsrl": Command(
+            "Steer a frozen flow policy's initial noise with SAC (DSRL).",
+            "robotrl.flowrl.dsrl:DsrlConfig",
+            "robotrl.flowrl.dsrl:run_train_dsrl",
+            common=("policy", "num_envs", "total_steps", "lr", "target_kl"),
+        ),
+        "classifier": Command(
+            "A success classifier on a store's camera frames (a reward).",
+            "robotrl.flowrl.classifier:ClassifierConfig",
+            "robotrl.flowrl.classifier:run_train_classifier",
+            common=("store", "camera", "proprio", "steps", "batch_size", "lr", "target_precision"),
+        ),
+        "sac": Command(
+            "SAC, RLPD (--demos) and WSRL (--init) on a task's vector env.",
+            "robotrl.rl.sac:SacConfig",
+            "robotrl.rl.sac:run_train_sac",
+            common=SAC_COMMON,
+        ),
+        "sac-distributed": Command(
+            "SAC with rollout actors and a learner (threads or Ray).",
+            "robotrl.rl.actor_learner:ActorLearnerConfig",
+            "robotrl.rl.actor_learner:run_train_sac_distributed",
+            common=("task", "obs_keys", "num_envs", "total_steps", "workers", "transport", "utd", "lr"),
+        ),
+        "iql": Command(
+            "IQL from a store, offline.",
+            "robotrl.rl.iql:IqlConfig",
+            "robotrl.rl.iql:run_train_iql",
+            common=("store", "obs_keys", "steps", "lr", "expectile", "beta"),
+        ),
+        "calql": Command(
+            "Cal-QL from a store, offline.",
+            "robotrl.rl.calql:CalqlConfig",
+            "robotrl.rl.calql:run_train_calql",
+            common=("store", "obs_keys", "steps", "lr", "cql_alpha", "calibrate"),
+        ),
+        "ppo": Command(
+            "PPO on a task's vector env (CPU, or MJX on an accelerator).",
+            "robotrl.rl.ppo:PpoConfig",
+            "robotrl.cli:run_ppo",
+            common=("task", "backend", "obs_keys", "num_envs", "total_steps", "rollout_steps", "lr"),
+        ),
+        "sb3-sac": Command(
+            "Stable-Baselines3's SAC on a task.",
+            "robotrl.rl.sb3:Sb3SacConfig",
+            "robotrl.cli:run_sb3",
+            common=SB3_COMMON,
+            fixed=("algo",),
+        ),
+        "sb3-ppo": Command(
+            "Stable-Baselines3's PPO on a task.",
+            "robotrl.rl.sb3:Sb3PpoConfig",
+            "robotrl.cli:run_sb3",
+            common=SB3_COMMON,
+            fixed=("algo",),
+        ),
+        "sb3-td3": Command(
+            "Stable-Baselines3's TD3 on a task.",
+            "robotrl.rl.sb3:Sb3Td3Config",
+            "robotrl.cli:run_sb3",
+            common=SB3_COMMON,
+            fixed=("algo",),
+        ),
     },
     "policy": {
-        "eval": Command("Success rate over held-out seeds, with a 95% interval and videos.",
-                        "robotrl.training.evaluate:EvalConfig", "robotrl.training.evaluate:run_eval"),
-        "export": Command("Export a checkpoint to ONNX or TorchScript (+ manifest) for the runtime.",
-                          "robotrl.policies.export:ExportConfig", "robotrl.policies.export:run_export"),
-        "distill": Command("Distill a teacher into its one-step student.", "robotrl.stages.distill:DistillConfig",
-                           "robotrl.stages.distill:run_distill",
-                           common=("teacher", "store", "steps", "batch_size", "lr", "dagger_rounds")),
+        "eval": Command(
+            "Success rate over held-out seeds, with a 95% interval and videos.",
+            "robotrl.training.evaluate:EvalConfig",
+            "robotrl.training.evaluate:run_eval",
+        ),
+        "export": Command(
+            "Export a checkpoint to ONNX or TorchScript (+ manifest) for the runtime.",
+            "robotrl.policies.export:ExportConfig",
+            "robotrl.policies.export:run_export",
+        ),
+        "distill": Command(
+            "Distill a teacher into its one-step student.",
+            "robotrl.stages.distill:DistillConfig",
+            "robotrl.stages.distill:run_distill",
+            common=("teacher", "store", "steps", "batch_size", "lr", "dagger_rounds"),
+        ),
     },
 }
 
 #: `robotrl run`: the one command outside the groups
-RUN = Command("The whole pipeline on a task: demos, BC, offline RL, online RL with interventions, one-step "
-              "distillation, export.", "robotrl.stages.pipeline:PipelineConfig",
-              "robotrl.stages.pipeline:run_pipeline", common=("task", "preset", "policy", "threads"))
+RUN = Command(
+    "The whole pipeline on a task: demos, BC, offline RL, online RL with interventions, one-step distillation, export.",
+    "robotrl.stages.pipeline:PipelineConfig",
+    "robotrl.stages.pipeline:run_pipeline",
+    common=("task", "preset", "policy", "threads"),
+)
 
 
 def every_command() -> Iterator[tuple[tuple[str, ...], Command]]:
@@ -305,8 +404,13 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
         for stmt, after in itertools.pairwise(body):
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
                 docs[stmt.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
     return docs
 
@@ -324,8 +428,11 @@ def policy_choices(default: Any) -> tuple[Any, Any]:
     `policy:<name>` (their fields `--policy.<field>`), and its default as one of them."""
     from robotrl.policies.base import policy_config, register_all
 
-    options = [Annotated[cls.config_cls, tyro.conf.subcommand(name)] for name, cls in register_all().items()
-               if cls.learns_from_data]
+    options = [
+        Annotated[cls.config_cls, tyro.conf.subcommand(name)]
+        for name, cls in register_all().items()
+        if cls.learns_from_data
+    ]
     # a union built at run time from the registry: `X | Y` needs its members written out
     return Union[tuple(options)], policy_config(default) if isinstance(default, str) else default  # noqa: UP007
 
@@ -360,8 +467,9 @@ def parser_view(cls: type, command: Command) -> type:
     if advanced:
         group = dataclasses.make_dataclass("advanced", [spec(f) for f in advanced])
         group.__doc__ = "Options most runs leave at their defaults."
-        specs.append(("advanced", Annotated[group, tyro.conf.OmitArgPrefixes],
-                      dataclasses.field(default_factory=group)))
+        specs.append(
+            ("advanced", Annotated[group, tyro.conf.OmitArgPrefixes], dataclasses.field(default_factory=group))
+        )
     specs += [spec(f) for f in order if f.name == command.policy]
     view = dataclasses.make_dataclass(cls.__name__, specs)
     view.__doc__ = inspect.getdoc(cls)
@@ -456,8 +564,10 @@ def name_the_field(message: str, config: Any, error: BaseException) -> str:
     if config is None or not dataclasses.is_dataclass(config):
         return message
     names = [f.name for f in dataclasses.fields(config)]
-    if any(re.search(rf"(?<![\w-])(?:\w+\.)?{re.escape(n)}:|--{re.escape(n.replace('_', '-'))}(?![\w-])", message)
-           for n in names):  # `Config.field: ...`, `field: ...` or `--field`
+    if any(
+        re.search(rf"(?<![\w-])(?:\w+\.)?{re.escape(n)}:|--{re.escape(n.replace('_', '-'))}(?![\w-])", message)
+        for n in names
+    ):  # `Config.field: ...`, `field: ...` or `--field`
         return message
     filename = getattr(error, "filename", None)
     for n in names:
@@ -508,11 +618,16 @@ def listing(prog: str, description: str, title: str, rows: dict[str, str], usage
 
 def top_help() -> str:
     rows = {**GROUPS, "run": RUN.summary}
-    text = listing("robotrl", "Robot learning from demonstrations and parallel simulation to a distilled one-step "
-                   "policy on ROS 2.", "commands", rows, "{envs,data,train,policy} <command> [--options] | run "
-                   "[--options]")
-    return text + ("\n\n`robotrl <group> --help` lists a group's commands, `robotrl <group> <command> --help` its "
-                   "options.")
+    text = listing(
+        "robotrl",
+        "Robot learning from demonstrations and parallel simulation to a distilled one-step policy on ROS 2.",
+        "commands",
+        rows,
+        "{envs,data,train,policy} <command> [--options] | run [--options]",
+    )
+    return text + (
+        "\n\n`robotrl <group> --help` lists a group's commands, `robotrl <group> <command> --help` its options."
+    )
 
 
 def group_help(group: str) -> str:

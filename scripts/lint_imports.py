@@ -44,8 +44,9 @@ def main(args: list[str]) -> int:
     lint_imports = Path(sys.executable).parent / "lint-imports"
     with tempfile.TemporaryDirectory(prefix="robotrl-layout-") as tmp:
         view = lay_out(Path(tmp))
-        return subprocess.run([str(lint_imports), str(ROOT / "pyproject.toml"), "--no-cache", *args],
-                              cwd=view).returncode
+        return subprocess.run(
+            [str(lint_imports), str(ROOT / "pyproject.toml"), "--no-cache", *args], cwd=view
+        ).returncode
 
 
 if __name__ == "__main__":

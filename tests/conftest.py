@@ -49,8 +49,14 @@ def _release_jax_caches() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def pusht_demos(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
     """Four real PushT episodes of the noisy scripted expert (40 steps each), recorded once per test process."""
-    return record_expert(tmp_path_factory.mktemp("demos") / "pusht.zarr", "PushT", episodes=4, num_envs=4,
-                         episode_steps=40, progress=False)
+    return record_expert(
+        tmp_path_factory.mktemp("demos") / "pusht.zarr",
+        "PushT",
+        episodes=4,
+        num_envs=4,
+        episode_steps=40,
+        progress=False,
+    )
 
 
 def _kill_after_first_train_state(args: list[str], state: Path, timeout: float = 120.0) -> int:
@@ -106,10 +112,23 @@ def train_bc_flow(store: Path, run_dir: Path) -> Path:
     from robotrl.stages.bc import BCConfig, train
 
     torch.set_num_threads(1)
-    return train(BCConfig(store=store, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=400,
-                          batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, checkpoint_every=400,
-                          threads=1,
-                          run_dir=run_dir, progress=False)).checkpoint
+    return train(
+        BCConfig(
+            store=store,
+            policy=FlowConfig(channels=(32, 64), action_horizon=8),
+            steps=400,
+            batch_size=32,
+            warmup=10,
+            ema=0.99,
+            execute=4,
+            lr=3e-4,
+            eval_episodes=0,
+            checkpoint_every=400,
+            threads=1,
+            run_dir=run_dir,
+            progress=False,
+        )
+    ).checkpoint
 
 
 @pytest.fixture(scope="session")
@@ -190,18 +209,33 @@ def claim(request: pytest.FixtureRequest):
     import json
     import math
 
-    def check(name: str, value: float, lower: float | None = None, upper: float | None = None, **context: object) -> None:
+    def check(
+        name: str, value: float, lower: float | None = None, upper: float | None = None, **context: object
+    ) -> None:
         assert lower is not None or upper is not None, "a claim needs a bound"
         eps = 1e-9  # success rates are counts over episodes: 0.97 - 0.95 is 2 points, not 2.0000000000000018
-        ok = math.isfinite(value) and (lower is None or value >= lower - eps) and (upper is None or value <= upper + eps)
+        ok = (
+            math.isfinite(value) and (lower is None or value >= lower - eps) and (upper is None or value <= upper + eps)
+        )
         path = os.environ.get("ROBOTRL_CLAIMS")
         if path:
-            row = {"test": request.node.nodeid, "claim": name, "seed": LEARNING_SEED, "value": value, "lower": lower,
-                   "upper": upper, "ok": ok, **context}
+            row = {
+                "test": request.node.nodeid,
+                "claim": name,
+                "seed": LEARNING_SEED,
+                "value": value,
+                "lower": lower,
+                "upper": upper,
+                "ok": ok,
+                **context,
+            }
             with open(path, "a") as f:
                 f.write(json.dumps(row, default=float) + "\n")
-        bounds = " and ".join(b for b in ((lower is not None and f">= {lower:g}") or "",
-                                          (upper is not None and f"<= {upper:g}") or "") if b)
+        bounds = " and ".join(
+            b
+            for b in ((lower is not None and f">= {lower:g}") or "", (upper is not None and f"<= {upper:g}") or "")
+            if b
+        )
         assert ok, f"{name}: expected {bounds}, got {value:g} ({context})"
 
     return check

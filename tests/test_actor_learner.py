@@ -41,9 +41,22 @@ def ray_cluster() -> Any:
 
 def small(run_dir: Path, **overrides: Any) -> ActorLearnerConfig:
     """2 workers x 2 envs, 2 vector steps per call: 480 steps are 120 per env, two whole 60-step episodes each."""
-    base = ActorLearnerConfig(task="Reach", workers=2, num_envs=2, rollout_steps=2, total_steps=480,
-                              learning_starts=96, hidden=(64, 64), lr=1e-3, eval_episodes=2, eval_envs=2,
-                              checkpoint_every=96, log_every=96, run_dir=run_dir, progress=False)
+    base = ActorLearnerConfig(
+        task="Reach",
+        workers=2,
+        num_envs=2,
+        rollout_steps=2,
+        total_steps=480,
+        learning_starts=96,
+        hidden=(64, 64),
+        lr=1e-3,
+        eval_episodes=2,
+        eval_envs=2,
+        checkpoint_every=96,
+        log_every=96,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
@@ -84,24 +97,36 @@ def test_synchronous_schedule_is_the_same_in_process_and_on_ray(ray_cluster: Any
     assert store.num_steps == 480 and store.num_episodes == 8
     tags = sorted((e["worker"], e["worker_env"], e["env"]) for e in store.episodes)
     assert tags == [(0, 0, 0), (0, 0, 0), (0, 1, 1), (0, 1, 1), (1, 0, 2), (1, 0, 2), (1, 1, 3), (1, 1, 3)]
-    assert all(len(e["policy_version"]) == len(e["staleness"]) == 60 and set(e["staleness"]) == {0}
-               for e in store.episodes)
+    assert all(
+        len(e["policy_version"]) == len(e["staleness"]) == 60 and set(e["staleness"]) == {0} for e in store.episodes
+    )
     states = {e["env"]: store.episode(e["index"], ["state"]).data["state"] for e in store.episodes}
     assert len({s.tobytes() for s in states.values()}) == 4  # four distinct envs, not copies of one
 
 
 @pytest.mark.learning
-def test_asynchronous_workers_stay_within_the_staleness_bound_and_learn(ray_cluster: Any, reach_demos: Path,
-                                                                        tmp_path: Path, claim,
-                                                                        learning_seed: int) -> None:
+def test_asynchronous_workers_stay_within_the_staleness_bound_and_learn(
+    ray_cluster: Any, reach_demos: Path, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """max_staleness=2 on Ray: every stored transition's policy version is at most 2 behind the learner's newest
     when it reached the learner (an upper bound on its staleness when acted), some are behind (the workers do
     run ahead of the learner), and RLPD still takes Reach from the untrained actor (0-10%) to >= 40% in 2,000 env
     steps with 20 noisy demonstrations, as the one-process run does (seeds 0-4: bench/RESULTS.md, "Learning
     tests")."""
-    cfg = ActorLearnerConfig(task="Reach", workers=2, max_staleness=2, transport="ray", total_steps=2000,
-                             learning_starts=200, demos=reach_demos, eval_episodes=40, eval_envs=20,
-                             run_dir=tmp_path / "async", progress=False, seed=learning_seed)
+    cfg = ActorLearnerConfig(
+        task="Reach",
+        workers=2,
+        max_staleness=2,
+        transport="ray",
+        total_steps=2000,
+        learning_starts=200,
+        demos=reach_demos,
+        eval_episodes=40,
+        eval_envs=20,
+        run_dir=tmp_path / "async",
+        progress=False,
+        seed=learning_seed,
+    )
     torch.manual_seed(learning_seed)
     start = evaluate(Agent(23, 3, -torch.ones(3), torch.ones(3), cfg), cfg).success_rate
     result = train(cfg)
@@ -149,16 +174,49 @@ def test_killed_asynchronous_run_resumes_exactly(tmp_path: Path, kill_after_firs
     schedule) is SIGKILLed after its first train state; --resume ends with the weights and store of a run never
     stopped. Train states are taken at a barrier, so the workers' envs and RNGs match the learner's."""
     cfg = small(tmp_path / "killed", max_staleness=1)
-    args = [str(ROBOTRL), "train", "sac-distributed", "--task", "Reach", "--workers", "2", "--num-envs", "2",
-            "--rollout-steps", "2", "--max-staleness", "1", "--total-steps", "480", "--learning-starts", "96",
-            "--hidden", "64", "64", "--lr", "1e-3", "--eval-episodes", "2", "--eval-envs", "2", "--checkpoint-every",
-            "96", "--log-every", "96", "--run-dir", str(cfg.run_dir), "--no-progress"]
+    args = [
+        str(ROBOTRL),
+        "train",
+        "sac-distributed",
+        "--task",
+        "Reach",
+        "--workers",
+        "2",
+        "--num-envs",
+        "2",
+        "--rollout-steps",
+        "2",
+        "--max-staleness",
+        "1",
+        "--total-steps",
+        "480",
+        "--learning-starts",
+        "96",
+        "--hidden",
+        "64",
+        "64",
+        "--lr",
+        "1e-3",
+        "--eval-episodes",
+        "2",
+        "--eval-envs",
+        "2",
+        "--checkpoint-every",
+        "96",
+        "--log-every",
+        "96",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--no-progress",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 96 <= step < 480, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
-    staleness = np.concatenate([e["staleness"] for e in EpisodeStore.open(tmp_path / "killed" / "replay.zarr").episodes])
+    staleness = np.concatenate(
+        [e["staleness"] for e in EpisodeStore.open(tmp_path / "killed" / "replay.zarr").episodes]
+    )
     assert set(staleness) == {0, 1}  # asynchronous: workers acted one version behind, never two
 
 
@@ -188,8 +246,11 @@ def test_replay_rows_fill_at_their_own_rates_with_tags_and_rebuild_exactly(tmp_p
     batch = buffer.sample(500, rng)
     for o, n in zip(batch["obs"].numpy(), batch["next_obs"].numpy()):
         np.testing.assert_array_equal(n, successor[o.tobytes()])
-    assert [(e["env"], e["policy_version"]) for e in store.episodes] == [(0, [0, 1, 2, 3, 4]), (1, [0, 2, 4, 6, 8]),
-                                                                         (0, [5, 6, 7, 8, 9])]
+    assert [(e["env"], e["policy_version"]) for e in store.episodes] == [
+        (0, [0, 1, 2, 3, 4]),
+        (1, [0, 2, 4, 6, 8]),
+        (0, [5, 6, 7, 8, 9]),
+    ]
     state = buffer.state()
     snapshot = {k: getattr(buffer, k).copy() for k in ("obs", "action", "reward", "terminated", "truncated")}
     for it in range(13, 20):
@@ -207,10 +268,13 @@ def test_replay_rows_fill_at_their_own_rates_with_tags_and_rebuild_exactly(tmp_p
 
 
 def test_bad_configs_name_the_field(tmp_path: Path) -> None:
-    for field, value, expected in (("workers", 0, r"expected >= 1, got 0"), ("rollout_steps", 0, r"expected >= 1"),
-                                   ("max_staleness", -1, r"expected >= 0, got -1"),
-                                   ("transport", "tcp", r"expected 'local' or 'ray', got 'tcp'"),
-                                   ("ray_address", "127.0.0.1:6379", r"only used with transport='ray'")):
+    for field, value, expected in (
+        ("workers", 0, r"expected >= 1, got 0"),
+        ("rollout_steps", 0, r"expected >= 1"),
+        ("max_staleness", -1, r"expected >= 0, got -1"),
+        ("transport", "tcp", r"expected 'local' or 'ray', got 'tcp'"),
+        ("ray_address", "127.0.0.1:6379", r"only used with transport='ray'"),
+    ):
         with pytest.raises(ValueError, match=rf"ActorLearnerConfig\.{field}: {expected}"):
             small(tmp_path, **{field: value})
     with pytest.raises(ValueError, match=r"ActorLearnerConfig.obs_keys: \['nope'\] are not numeric state observations"):

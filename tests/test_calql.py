@@ -26,8 +26,19 @@ ROBOTRL = Path(sys.executable).parent / "robotrl"
 
 def small(store: Path, run_dir: Path, **overrides: object) -> CalqlConfig:
     """CI-sized Cal-QL: (128, 128) networks, 4 sampled actions of each kind, batch 128, lr 1e-3."""
-    base = CalqlConfig(store=store, steps=2000, batch_size=128, cql_actions=4, hidden=(128, 128), lr=1e-3,
-                       eval_episodes=40, eval_envs=20, log_every=250, run_dir=run_dir, progress=False)
+    base = CalqlConfig(
+        store=store,
+        steps=2000,
+        batch_size=128,
+        cql_actions=4,
+        hidden=(128, 128),
+        lr=1e-3,
+        eval_episodes=40,
+        eval_envs=20,
+        log_every=250,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
@@ -60,8 +71,9 @@ def test_mc_returns_end_with_each_episode(offline_reach_demos: Path, tmp_path: P
             last = i == len(rewards) - 1
             state = np.zeros(23, np.float32)
             state[0] = t  # which step this is, to find it in a sampled batch
-            writer.add({"state": state}, np.zeros(3, np.float32), r, last and end == "terminated",
-                       last and end == "truncated")
+            writer.add(
+                {"state": state}, np.zeros(3, np.float32), r, last and end == "terminated", last and end == "truncated"
+            )
             t += 1
         writer.finalize()
     store.close()
@@ -84,7 +96,7 @@ def test_mc_returns_end_with_each_episode(offline_reach_demos: Path, tmp_path: P
             episode = demos.episode(index, ["reward", "truncated"]).data
             start = int(demos.episode_starts[index])
             assert episode["truncated"][-1]
-            got = real.mc_return[start:start + len(episode["reward"])]
+            got = real.mc_return[start : start + len(episode["reward"])]
             np.testing.assert_allclose(got, direct_returns(episode["reward"].tolist(), 0.95), rtol=1e-5)
 
 
@@ -107,18 +119,24 @@ def below_mc(agent: Agent, data: DemoTransitions) -> dict[str, float]:
     obs, mc = torch.from_numpy(data.obs), torch.from_numpy(data.mc_return)
     q_data = agent.q(agent.critic, obs, torch.from_numpy(data.action)).mean(0)
     q_policy = agent.q(agent.critic, obs, agent.actor(obs, deterministic=True)[0]).mean(0)
-    return {"data_below": (q_data < mc).float().mean().item(), "policy_below": (q_policy < mc).float().mean().item(),
-            "data_gap": (q_data - mc).mean().item()}
+    return {
+        "data_below": (q_data < mc).float().mean().item(),
+        "policy_below": (q_policy < mc).float().mean().item(),
+        "data_gap": (q_data - mc).mean().item(),
+    }
 
 
-def test_calibration_keeps_q_above_the_mc_returns_that_cql_falls_under(calql_run: RLResult, offline_reach_demos: Path,
-                                                                       tmp_path: Path) -> None:
+def test_calibration_keeps_q_above_the_mc_returns_that_cql_falls_under(
+    calql_run: RLResult, offline_reach_demos: Path, tmp_path: Path
+) -> None:
     """The same code, data, seed and budget with the calibration off (plain CQL): CQL's Q on the data's and the
     policy's actions sinks below the data's Monte-Carlo returns on most transitions; Cal-QL's stays above them
     on most (measured: CQL 78% of transitions below on the data's actions, mean Q - MC -3.4; Cal-QL 3.5%, +4.4)."""
     cql_config = small(offline_reach_demos, tmp_path / "cql", calibrate=False, eval_episodes=0)
     cql_run = train(cql_config)
-    data = DemoTransitions(offline_reach_demos, EpisodeStore.open(offline_reach_demos).spec, ("state",), mc_gamma=cql_config.gamma)
+    data = DemoTransitions(
+        offline_reach_demos, EpisodeStore.open(offline_reach_demos).spec, ("state",), mc_gamma=cql_config.gamma
+    )
     cql = below_mc(trained_agent(cql_run, cql_config), data)
     calql = below_mc(trained_agent(calql_run, cql_config), data)
     assert cql["data_below"] >= 0.6 and cql["policy_below"] >= 0.6, cql
@@ -126,14 +144,49 @@ def test_calibration_keeps_q_above_the_mc_returns_that_cql_falls_under(calql_run
     assert calql["data_gap"] >= cql["data_gap"] + 3.0, (calql, cql)
 
 
-def test_killed_run_resumes_exactly(offline_reach_demos: Path, tmp_path: Path, kill_after_first_train_state, assert_same_run) -> None:
+def test_killed_run_resumes_exactly(
+    offline_reach_demos: Path, tmp_path: Path, kill_after_first_train_state, assert_same_run
+) -> None:
     """`robotrl train calql` is SIGKILLed after its first train state; `--resume` ends with the weights (actor,
     critics, targets, temperature) of a run that was never stopped."""
-    cfg = small(offline_reach_demos, tmp_path / "killed", steps=200, checkpoint_every=50, batch_size=32, cql_actions=2,
-                hidden=(32, 32), eval_episodes=0, log_every=50)
-    args = [str(ROBOTRL), "train", "calql", "--store", str(offline_reach_demos), "--steps", "200", "--checkpoint-every", "50",
-            "--batch-size", "32", "--cql-actions", "2", "--hidden", "32", "32", "--lr", "1e-3", "--eval-episodes", "0",
-            "--log-every", "50", "--run-dir", str(cfg.run_dir), "--no-progress"]
+    cfg = small(
+        offline_reach_demos,
+        tmp_path / "killed",
+        steps=200,
+        checkpoint_every=50,
+        batch_size=32,
+        cql_actions=2,
+        hidden=(32, 32),
+        eval_episodes=0,
+        log_every=50,
+    )
+    args = [
+        str(ROBOTRL),
+        "train",
+        "calql",
+        "--store",
+        str(offline_reach_demos),
+        "--steps",
+        "200",
+        "--checkpoint-every",
+        "50",
+        "--batch-size",
+        "32",
+        "--cql-actions",
+        "2",
+        "--hidden",
+        "32",
+        "32",
+        "--lr",
+        "1e-3",
+        "--eval-episodes",
+        "0",
+        "--log-every",
+        "50",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--no-progress",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 50 <= step < 200, step
     train(replace(cfg, resume=True))
@@ -142,8 +195,16 @@ def test_killed_run_resumes_exactly(offline_reach_demos: Path, tmp_path: Path, k
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(offline_reach_demos: Path, tmp_path: Path) -> None:
-    cfg = small(offline_reach_demos, tmp_path / "nan", lr=1e6, steps=200, checkpoint_every=1, batch_size=32, hidden=(32, 32),
-                eval_episodes=0)  # an absurd learning rate blows the weights up
+    cfg = small(
+        offline_reach_demos,
+        tmp_path / "nan",
+        lr=1e6,
+        steps=200,
+        checkpoint_every=1,
+        batch_size=32,
+        hidden=(32, 32),
+        eval_episodes=0,
+    )  # an absurd learning rate blows the weights up
     message = r"calql step (\d+) \(last train state: .*train_state.pt\): \w+ loss is (nan|inf)"
     with pytest.raises(TrainingDiverged, match=message) as error:
         train(cfg)
@@ -154,31 +215,47 @@ def test_nan_loss_stops_and_keeps_the_last_good_train_state(offline_reach_demos:
 
 
 def test_bad_configs_are_refused(offline_reach_demos: Path, tmp_path: Path) -> None:
-    for overrides, message in (({"critic_subset": 3}, r"CalqlConfig.critic_subset: expected <= critics \(2\), got 3"),
-                               ({"cql_actions": 0}, r"CalqlConfig.cql_actions: expected >= 1, got 0"),
-                               ({"cql_alpha": -1.0}, r"CalqlConfig.cql_alpha: expected >= 0, got -1.0"),
-                               ({"gamma": 1.0}, r"CalqlConfig.gamma: expected a value in \(0, 1\), got 1.0"),
-                               ({"tau": 0.0}, r"CalqlConfig.tau: expected a value in \(0, 1\], got 0.0"),
-                               ({"lr": 0.0}, r"CalqlConfig.lr: expected > 0, got 0.0")):
+    for overrides, message in (
+        ({"critic_subset": 3}, r"CalqlConfig.critic_subset: expected <= critics \(2\), got 3"),
+        ({"cql_actions": 0}, r"CalqlConfig.cql_actions: expected >= 1, got 0"),
+        ({"cql_alpha": -1.0}, r"CalqlConfig.cql_alpha: expected >= 0, got -1.0"),
+        ({"gamma": 1.0}, r"CalqlConfig.gamma: expected a value in \(0, 1\), got 1.0"),
+        ({"tau": 0.0}, r"CalqlConfig.tau: expected a value in \(0, 1\], got 0.0"),
+        ({"lr": 0.0}, r"CalqlConfig.lr: expected > 0, got 0.0"),
+    ):
         with pytest.raises(ValueError, match=message):
             small(offline_reach_demos, tmp_path, **overrides)
     with pytest.raises(ValueError, match=r"CalqlConfig.resume: needs run_dir"):
         CalqlConfig(store=offline_reach_demos, resume=True)
-    with pytest.raises(ValueError, match=r"CalqlConfig.obs_keys: \['nope'\] are not numeric state observations of Reach; expected some of \['state'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"CalqlConfig.obs_keys: \['nope'\] are not numeric state observations of Reach; expected some of \['state'\]",
+    ):
         train(small(offline_reach_demos, tmp_path / "keys", obs_keys=("nope",)))
 
 
 @pytest.mark.learning
-def test_wsrl_fine_tunes_a_calql_agent_online(offline_reach_demos: Path, tmp_path: Path, claim,
-                                              learning_seed: int) -> None:
+def test_wsrl_fine_tunes_a_calql_agent_online(
+    offline_reach_demos: Path, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """WSRL from Cal-QL: `sac --init` loads its actor, critics and target critics as they are, warms up with its
     rollouts and fine-tunes on online data only, ending well above the offline agent (seeds 0-4: bench/RESULTS.md,
     "Learning tests")."""
     offline = train(small(offline_reach_demos, tmp_path / "calql", steps=600, seed=learning_seed))
     assert offline.success_rate is not None
-    online_config = SacConfig(task="Reach", total_steps=3000, learning_starts=300, init=tmp_path / "calql",
-                              hidden=(128, 128), lr=1e-3, eval_episodes=40, eval_envs=20, run_dir=tmp_path / "wsrl",
-                              progress=False, seed=learning_seed)
+    online_config = SacConfig(
+        task="Reach",
+        total_steps=3000,
+        learning_starts=300,
+        init=tmp_path / "calql",
+        hidden=(128, 128),
+        lr=1e-3,
+        eval_episodes=40,
+        eval_envs=20,
+        run_dir=tmp_path / "wsrl",
+        progress=False,
+        seed=learning_seed,
+    )
     sac_agent = Agent(23, 3, -torch.ones(3), torch.ones(3), online_config)
     load_pretrained(sac_agent, tmp_path / "calql")
     weights = torch.load(tmp_path / "calql" / "train_state.pt", weights_only=True)["agent"]

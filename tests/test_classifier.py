@@ -33,10 +33,23 @@ from robotrl.policies.flow import FlowConfig
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:
-    base = ClassifierConfig(store=store, camera="front", steps=300, batch_size=32, encoder_widths=(8, 16, 32),
-                            encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0,
-                            checkpoint_every=100,
-                            log_every=50, threads=1, run_dir=run_dir, progress=False)
+    base = ClassifierConfig(
+        store=store,
+        camera="front",
+        steps=300,
+        batch_size=32,
+        encoder_widths=(8, 16, 32),
+        encoder_dim=32,
+        hidden=(64,),
+        holdout=0.3,
+        target_precision=0.8,
+        eval_every=0,
+        checkpoint_every=100,
+        log_every=50,
+        threads=1,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
@@ -44,8 +57,9 @@ def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:
 def pickplace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """18 PickPlace episodes of the expert at noise 0.8 with 32 px cameras: half of them succeed (measured 9/18)."""
     path = tmp_path_factory.mktemp("classifier") / "pickplace.zarr"
-    record_expert(path, "PickPlace", episodes=18, num_envs=9, noise=0.8, seed=3, progress=False, image_size=32,
-                  episode_steps=120).close()
+    record_expert(
+        path, "PickPlace", episodes=18, num_envs=9, noise=0.8, seed=3, progress=False, image_size=32, episode_steps=120
+    ).close()
     return path
 
 
@@ -73,8 +87,9 @@ def test_labels_are_the_frames_a_successful_step_reached() -> None:
 
 
 @pytest.mark.learning
-def test_classifier_beats_the_step_baseline_on_held_out_episodes(trained: ClassifierResult, pickplace: Path,
-                                                                 claim) -> None:
+def test_classifier_beats_the_step_baseline_on_held_out_episodes(
+    trained: ClassifierResult, pickplace: Path, claim
+) -> None:
     """Held-out precision and recall of the success classifier against the step-index baseline and the majority
     class (seeds 0-4: bench/RESULTS.md, "Learning tests")."""
     m, step, majority = trained.heldout, trained.baselines["step"], trained.baselines["majority"]
@@ -89,8 +104,9 @@ def test_classifier_beats_the_step_baseline_on_held_out_episodes(trained: Classi
     assert np.mean(losses[-2:]) < losses[0]
 
 
-def test_checkpoint_round_trips_with_its_threshold_and_report(trained: ClassifierResult, pickplace: Path,
-                                                             tmp_path: Path) -> None:
+def test_checkpoint_round_trips_with_its_threshold_and_report(
+    trained: ClassifierResult, pickplace: Path, tmp_path: Path
+) -> None:
     clf = load(trained.classifier)
     manifest = json.loads((trained.classifier / "manifest.json").read_text())
     assert manifest["inputs"]["image_front"]["shape"] == [32, 32, 3] and manifest["threshold"] == clf.threshold
@@ -106,7 +122,9 @@ def test_checkpoint_round_trips_with_its_threshold_and_report(trained: Classifie
 
 def test_bad_inputs_are_refused(trained: ClassifierResult, pickplace: Path, tmp_path: Path) -> None:
     clf = load(trained.classifier)
-    with pytest.raises(SpecMismatchError, match=r"'image_front': expected shape \(N, 32, 32, 3\), got \(2, 48, 48, 3\)"):
+    with pytest.raises(
+        SpecMismatchError, match=r"'image_front': expected shape \(N, 32, 32, 3\), got \(2, 48, 48, 3\)"
+    ):
         clf.predict(np.zeros((2, 48, 48, 3), np.uint8))
     with pytest.raises(SpecMismatchError, match="expected uint8 images"):
         clf.predict(np.zeros((2, 32, 32, 3), np.float32))
@@ -119,8 +137,11 @@ def test_bad_inputs_are_refused(trained: ClassifierResult, pickplace: Path, tmp_
     with pytest.raises(SpecMismatchError, match="input 'image_front'.*'PushT' has no such observation"):
         ClassifierReward(env, clf)
     env.close()
-    with pytest.raises(SpecMismatchError, match=r"camera: expected one of the image observations \['image_front', "
-                                                r"'image_wrist'\] of task 'PickPlace', got 'side'"):
+    with pytest.raises(
+        SpecMismatchError,
+        match=r"camera: expected one of the image observations \['image_front', "
+        r"'image_wrist'\] of task 'PickPlace', got 'side'",
+    ):
         train(small(pickplace, tmp_path / "bad", camera="side"))
     with pytest.raises(ValueError, match="ClassifierConfig.target_precision: expected a value in \\(0, 1\\], got 1.5"):
         small(pickplace, tmp_path / "bad", target_precision=1.5)
@@ -132,8 +153,10 @@ def test_bad_inputs_are_refused(trained: ClassifierResult, pickplace: Path, tmp_
         ep = src.episode(i)
         store.append_episode(ep.data, user_meta(ep.meta))
     store.close()
-    with pytest.raises(ValueError, match="ClassifierConfig.store: expected at least 2 episodes with success frames "
-                                         "and 2 without .*, got 3 and 0"):
+    with pytest.raises(
+        ValueError,
+        match="ClassifierConfig.store: expected at least 2 episodes with success frames and 2 without .*, got 3 and 0",
+    ):
         train(small(ok, tmp_path / "bad2"))
     # tampered weights
     copy = clf.save(tmp_path / "tampered")
@@ -176,10 +199,12 @@ def test_reward_wrapper_follows_the_classifier_on_a_rollout(trained: ClassifierR
 
 def test_killed_run_resumes_exactly(pickplace: Path, tmp_path: Path, kill_after_first_train_state) -> None:
     cfg = small(pickplace, tmp_path / "killed", steps=40, checkpoint_every=10, log_every=10)
-    code = (f"from pathlib import Path; from robotrl.flowrl.classifier import ClassifierConfig, train; "
-            f"train(ClassifierConfig(store=Path({str(pickplace)!r}), camera='front', steps=40, batch_size=32, "
-            f"encoder_widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
-            f"checkpoint_every=10, log_every=10, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))")
+    code = (
+        f"from pathlib import Path; from robotrl.flowrl.classifier import ClassifierConfig, train; "
+        f"train(ClassifierConfig(store=Path({str(pickplace)!r}), camera='front', steps=40, batch_size=32, "
+        f"encoder_widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
+        f"checkpoint_every=10, log_every=10, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))"
+    )
     step = kill_after_first_train_state([sys.executable, "-c", code], cfg.run_dir / "train_state.pt")
     assert 10 <= step < 40, step
     resumed = train(replace(cfg, resume=True))
@@ -193,15 +218,21 @@ def test_killed_run_resumes_exactly(pickplace: Path, tmp_path: Path, kill_after_
 def test_proprioception_is_an_input_when_asked_for(pickplace: Path, tmp_path: Path) -> None:
     result = train(small(pickplace, tmp_path / "proprio", proprio=("state",), steps=20, log_every=10))
     clf = load(result.classifier)
-    assert clf.net.proprio == ("state",) and "state" in json.loads((result.classifier / "manifest.json").read_text())["inputs"]
+    assert (
+        clf.net.proprio == ("state",)
+        and "state" in json.loads((result.classifier / "manifest.json").read_text())["inputs"]
+    )
     frames = load_frames(EpisodeStore.open(pickplace), "image_front", ("state",)).select([0])
     with pytest.raises(SpecMismatchError, match=r"proprioception \['state'\] missing"):
         clf.predict(frames.images)
     p = clf.predict(frames.images, frames.proprio)
     moved = clf.predict(frames.images, {"state": frames.proprio["state"] + 1.0})
     assert p.shape == (len(frames.labels),) and np.abs(p - moved).max() > 0  # the state reaches the output
-    with pytest.raises(SpecMismatchError, match="ClassifierConfig.proprio: expected some of the vector observations "
-                                                r"\['state'\], got \['image_wrist'\]"):
+    with pytest.raises(
+        SpecMismatchError,
+        match="ClassifierConfig.proprio: expected some of the vector observations "
+        r"\['state'\], got \['image_wrist'\]",
+    ):
         train(small(pickplace, tmp_path / "bad", proprio=("image_wrist",)))
 
 
@@ -212,11 +243,32 @@ def test_online_rl_trains_on_the_classifiers_reward(trained: ClassifierResult, p
     from robotrl.flowrl.online import OnlineConfig, train as train_online
     from robotrl.stages.bc import BCConfig, train as train_bc
 
-    bc = train_bc(BCConfig(store=pickplace, policy=FlowConfig(channels=(8, 16), obs_keys=("state",)), steps=10,
-                           batch_size=8, warmup=1, eval_episodes=0, run_dir=tmp_path / "bc", threads=1, progress=False))
-    config = OnlineConfig(policy=bc.checkpoint, reward_classifier=trained.classifier, num_envs=2, total_steps=96,
-                          rollout_steps=48, execute=8, sampler_steps=2, eval_episodes=0, threads=1,
-                          run_dir=tmp_path / "online", progress=False)
+    bc = train_bc(
+        BCConfig(
+            store=pickplace,
+            policy=FlowConfig(channels=(8, 16), obs_keys=("state",)),
+            steps=10,
+            batch_size=8,
+            warmup=1,
+            eval_episodes=0,
+            run_dir=tmp_path / "bc",
+            threads=1,
+            progress=False,
+        )
+    )
+    config = OnlineConfig(
+        policy=bc.checkpoint,
+        reward_classifier=trained.classifier,
+        num_envs=2,
+        total_steps=96,
+        rollout_steps=48,
+        execute=8,
+        sampler_steps=2,
+        eval_episodes=0,
+        threads=1,
+        run_dir=tmp_path / "online",
+        progress=False,
+    )
     env = training_env(load_flow_policy(bc.checkpoint, 2), config)
     assert isinstance(env, ClassifierReward) and "image_front" in env.reset(seed=0)[0]
     obs, reward, _, _, info = env.step(np.zeros((2, *env.task_spec.action.shape), np.float32))

@@ -61,8 +61,12 @@ def test_missing_or_unknown_command_is_an_error():
     assert in_process()[0] == 2
     assert in_process("envs")[0] == 2
     code, _, err = in_process("envs", "lst")
-    assert code == 2 and err == "robotrl envs: error: unknown command 'lst'; expected one of list, check, view, " \
-                                "bench (did you mean 'list'?)\n"
+    assert (
+        code == 2
+        and err
+        == "robotrl envs: error: unknown command 'lst'; expected one of list, check, view, "
+        "bench (did you mean 'list'?)\n"
+    )
     code, _, err = in_process("trian", "bc")
     assert code == 2 and "did you mean 'train'?" in err
 
@@ -120,10 +124,10 @@ def bad_inputs(command: cli.Command, tmp: Path) -> list[tuple[list[str], str]]:
     return cases
 
 
-@pytest.mark.parametrize("words, command", list(cli.every_command()),
-                         ids=[" ".join(words) for words, _ in cli.every_command()])
-def test_every_command_refuses_bad_input_in_one_line(words, command, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize(
+    "words, command", list(cli.every_command()), ids=[" ".join(words) for words, _ in cli.every_command()]
+)
+def test_every_command_refuses_bad_input_in_one_line(words, command, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Every command of the CLI's table, given each kind of bad input it takes (a number that is not one, an unknown
     task, a missing file it reads, a path it cannot write to), exits with status 2 and one line on stderr that
     names the field; no traceback."""
@@ -131,8 +135,9 @@ def test_every_command_refuses_bad_input_in_one_line(words, command, tmp_path: P
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the test process keeps its own threads
     cases = bad_inputs(command, tmp_path)
     fields = [f.name for f in dataclasses.fields(command.config_class())]
-    assert cases or all(typing.get_type_hints(command.config_class())[n] is bool for n in fields), \
+    assert cases or all(typing.get_type_hints(command.config_class())[n] is bool for n in fields), (
         f"robotrl {' '.join(words)}: no bad input to try; add its fields' kinds to bad_inputs"
+    )
     for args, field in cases:
         code, _, err = in_process(*words, *args)
         lines = err.strip().splitlines()
@@ -209,8 +214,11 @@ class ChunkMlpPolicy(Policy):
     def __init__(self, spec, config=None, stats=None) -> None:
         super().__init__(spec, config, stats)
         inputs = self.config.obs_horizon * sum(spec.observations[k].size for k in self.vector_keys)
-        self.net = nn.Sequential(nn.Linear(inputs, self.config.width), nn.ReLU(),
-                                 nn.Linear(self.config.width, self.config.action_horizon * self.action_dim))
+        self.net = nn.Sequential(
+            nn.Linear(inputs, self.config.width),
+            nn.ReLU(),
+            nn.Linear(self.config.width, self.config.action_horizon * self.action_dim),
+        )
 
     def chunk(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         x = torch.cat([obs[k].flatten(1) for k in self.vector_keys], dim=1)
@@ -238,10 +246,33 @@ def test_a_policy_registered_in_a_test_trains_through_train_bc_and_loads(tmp_pat
         code, out, _ = in_process("train", "bc", "--help")
         assert code == 0 and "policy:chunk-mlp" in out  # flags and subcommands are kebab-case
         code, out, err = in_process(
-            "train", "bc", "--store", str(tmp_path / "demos.zarr"), "--steps", "20", "--batch-size", "16",
-            "--warmup", "2", "--eval-episodes", "2", "--eval-envs", "2", "--execute", "4", "--threads", "1",
-            "--run-dir", str(tmp_path / "run"), "--no-progress",
-            "policy:chunk-mlp", "--policy.width", "8", "--policy.action-horizon", "4")
+            "train",
+            "bc",
+            "--store",
+            str(tmp_path / "demos.zarr"),
+            "--steps",
+            "20",
+            "--batch-size",
+            "16",
+            "--warmup",
+            "2",
+            "--eval-episodes",
+            "2",
+            "--eval-envs",
+            "2",
+            "--execute",
+            "4",
+            "--threads",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+            "policy:chunk-mlp",
+            "--policy.width",
+            "8",
+            "--policy.action-horizon",
+            "4",
+        )
         assert code == 0, err
         assert "bc chunk_mlp: success" in out
         policy = load(tmp_path / "run" / "policy")

@@ -30,8 +30,10 @@ FORBIDDEN = {
     "the word 'measured'": re.compile(r"\bmeasured\b", re.IGNORECASE),
     "the word 'session'": re.compile(r"\bsessions?\b", re.IGNORECASE),
     "a machine's name": re.compile(r"\bdev-2c\b|\b[hH][12]00\b"),
-    "a duration": re.compile(r"~\s?\d[\d,.]*\s?(?:ms|s|min|minutes|h|hours?)\b|\b\d+ min \d+ s\b|"
-                             r"\b\d[\d,.]* ?(?:s|min|minutes) (?:here|on (?:this|the|one|two))\b"),
+    "a duration": re.compile(
+        r"~\s?\d[\d,.]*\s?(?:ms|s|min|minutes|h|hours?)\b|\b\d+ min \d+ s\b|"
+        r"\b\d[\d,.]* ?(?:s|min|minutes) (?:here|on (?:this|the|one|two))\b"
+    ),
     "a speed-up": re.compile(r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x (?:faster|slower|as fast)\b"),
 }
 
@@ -103,34 +105,50 @@ def help_texts() -> tuple[tuple[str, str], ...]:
 
 def test_the_checker_catches_a_measurement_and_spares_a_stated_parameter():
     assert sorted(offences("on PushT online RL took it from measured 51% -> 75% (bench/RESULTS.md)")) == [
-        "a percentage: '51%'", "a percentage: '75%'", "the word 'measured': 'measured'"]
+        "a percentage: '51%'",
+        "a percentage: '75%'",
+        "the word 'measured': 'measured'",
+    ]
     assert offences("success with a 95% interval over held-out seeds; the gate wants 100% of 10 episodes") == []
     found = offences("sized to 15 minutes: 14 min 45 s on 2026-11-27 (~45 s here, 5-6x slower on dev-2c)")
     assert sorted(found) == [
-        "a date: '2026-11-27'", "a duration: '14 min 45 s'", "a duration: '~45 s'", "a machine's name: 'dev-2c'",
-        "a speed-up: '5-6x slower'"]
+        "a date: '2026-11-27'",
+        "a duration: '14 min 45 s'",
+        "a duration: '~45 s'",
+        "a machine's name: 'dev-2c'",
+        "a speed-up: '5-6x slower'",
+    ]
     assert offences("the twelfth session's run") == ["the word 'session': 'session'"]
     assert offences("restarts from the measured joint positions; run a collect session") == []
 
 
 def test_no_docstring_of_the_package_carries_a_measured_result_or_a_date():
-    bad = [f"{path.relative_to(ROOT)}:{line}: {hit}\n    {text.strip()[:200]!r}"
-           for path in package_files() for line, text in docstrings(path) for hit in offences(text)]
-    assert not bad, "measured results or dates in docstrings (name the bench/RESULTS.md section instead):\n" + \
-        "\n".join(bad)
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {hit}\n    {text.strip()[:200]!r}"
+        for path in package_files()
+        for line, text in docstrings(path)
+        for hit in offences(text)
+    ]
+    assert not bad, (
+        "measured results or dates in docstrings (name the bench/RESULTS.md section instead):\n" + "\n".join(bad)
+    )
 
 
 def test_no_help_of_the_cli_carries_a_measured_result_or_a_date():
     bad = [f"{command}: {hit}" for command, text in help_texts() for hit in offences(text)]
-    assert not bad, "measured results or dates in --help (name the bench/RESULTS.md section instead):\n" + \
-        "\n".join(bad)
+    assert not bad, "measured results or dates in --help (name the bench/RESULTS.md section instead):\n" + "\n".join(
+        bad
+    )
 
 
 def test_every_results_section_the_package_names_exists():
     """A docstring or comment that sends the reader to `bench/RESULTS.md, "<section>"` names a heading there (the
     heading itself or its start), so a renamed section fails here rather than leaving a dead reference."""
-    headings = [" ".join(line.lstrip("#").split()) for line in (ROOT / "bench" / "RESULTS.md").read_text().splitlines()
-                if line.startswith("#")]
+    headings = [
+        " ".join(line.lstrip("#").split())
+        for line in (ROOT / "bench" / "RESULTS.md").read_text().splitlines()
+        if line.startswith("#")
+    ]
     reference = re.compile(r'bench/RESULTS\.md,\s+((?:"[^"]+"(?:,?\s+(?:and|or)\s+)?)+)')
     bad = []
     for path in package_files():

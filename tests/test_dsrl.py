@@ -26,14 +26,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> DsrlConfig:
     """CI-sized: 16 envs, chunks of 4 executed, a 5-step ODE, 200 decisions from the BC prior before updates."""
-    base = DsrlConfig(policy=policy, num_envs=16, execute=4, sampler_steps=5, total_steps=11_520, learning_starts=200,
-                      eval_episodes=0, checkpoint_every=1920, log_every=1920, run_dir=run_dir, progress=False)
+    base = DsrlConfig(
+        policy=policy,
+        num_envs=16,
+        execute=4,
+        sampler_steps=5,
+        total_steps=11_520,
+        learning_starts=200,
+        eval_episodes=0,
+        checkpoint_every=1920,
+        log_every=1920,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
 @pytest.mark.learning
-def test_dsrl_raises_held_out_success_with_the_flow_network_frozen(reach_bc_flow: Path, reach_bc_flow_success: float,
-                                                                   tmp_path: Path, claim, learning_seed: int) -> None:
+def test_dsrl_raises_held_out_success_with_the_flow_network_frozen(
+    reach_bc_flow: Path, reach_bc_flow_success: float, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """7,680 env steps: held-out success on the same 100 episodes rises well above the BC start (seeds 0-4:
     bench/RESULTS.md, "Learning tests"). The checkpoint is what `robotrl policy eval` loads (the same success on the same
     seeds), its flow network the BC checkpoint's bit for bit: only the noise prior moved."""
@@ -80,22 +92,56 @@ def test_a_rollouts_decisions_become_transitions(reach_bc_flow: Path) -> None:
                 torch.testing.assert_close(batch["next_obs"][d], successor)
                 k = round(float(np.log(data["discount"][d]) / np.log(gamma)))
                 short += k < execute
-                torch.testing.assert_close(gamma**execute * (1 - batch["done"][d]),
-                                           torch.tensor(gamma**k, dtype=batch["done"].dtype))
+                torch.testing.assert_close(
+                    gamma**execute * (1 - batch["done"][d]), torch.tensor(gamma**k, dtype=batch["done"].dtype)
+                )
     env.close()
     assert ended > 0 and short > 0, (ended, short)
 
 
-def test_killed_run_resumes_exactly(reach_bc_flow: Path, tmp_path: Path, kill_after_first_train_state,
-                                    assert_same_run) -> None:
+def test_killed_run_resumes_exactly(
+    reach_bc_flow: Path, tmp_path: Path, kill_after_first_train_state, assert_same_run
+) -> None:
     """`robotrl train dsrl` is SIGKILLed after its first train state; `--resume` must end with the very weights
     (prior, critics, targets, temperature, Adam) and replay of a run that was never stopped."""
-    cfg = small(reach_bc_flow, tmp_path / "killed", num_envs=4, total_steps=4 * 4 * 10, learning_starts=8,
-                batch_size=16, checkpoint_every=32, log_every=32)
-    args = [str(ROBOTRL), "train", "dsrl", "--policy", str(reach_bc_flow), "--num-envs", "4", "--execute", "4",
-            "--sampler-steps", "5", "--total-steps", "160", "--learning-starts", "8", "--batch-size", "16",
-            "--checkpoint-every", "32", "--log-every", "32", "--eval-episodes", "0", "--run-dir",
-            str(cfg.run_dir), "--no-progress"]
+    cfg = small(
+        reach_bc_flow,
+        tmp_path / "killed",
+        num_envs=4,
+        total_steps=4 * 4 * 10,
+        learning_starts=8,
+        batch_size=16,
+        checkpoint_every=32,
+        log_every=32,
+    )
+    args = [
+        str(ROBOTRL),
+        "train",
+        "dsrl",
+        "--policy",
+        str(reach_bc_flow),
+        "--num-envs",
+        "4",
+        "--execute",
+        "4",
+        "--sampler-steps",
+        "5",
+        "--total-steps",
+        "160",
+        "--learning-starts",
+        "8",
+        "--batch-size",
+        "16",
+        "--checkpoint-every",
+        "32",
+        "--log-every",
+        "32",
+        "--eval-episodes",
+        "0",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--no-progress",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 1 <= step < 10, step
     train(replace(cfg, resume=True))
@@ -103,8 +149,9 @@ def test_killed_run_resumes_exactly(reach_bc_flow: Path, tmp_path: Path, kill_af
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
     a, b = (torch.load(p / "train_state.pt", weights_only=True) for p in (tmp_path / "straight", tmp_path / "killed"))
     for key in ("size", "cursor", "obs", "action", "reward", "done", "next_obs"):
-        torch.testing.assert_close(torch.as_tensor(a["replay"][key]), torch.as_tensor(b["replay"][key]), rtol=0,
-                                   atol=0, msg=key)
+        torch.testing.assert_close(
+            torch.as_tensor(a["replay"][key]), torch.as_tensor(b["replay"][key]), rtol=0, atol=0, msg=key
+        )
 
 
 def test_the_relative_log_density_is_a_kl_estimate_to_the_bc_noise() -> None:
@@ -126,14 +173,17 @@ def test_the_relative_log_density_is_a_kl_estimate_to_the_bc_noise() -> None:
     assert abs(float(-logp.mean()) - 16 * (np.log(s) + 0.5 * np.log(2 * np.pi * np.e))) < 0.1
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"utd": 0}, r"DsrlConfig.utd: expected >= 1, got 0"),
-    ({"critic_subset": 3}, r"DsrlConfig.critic_subset: expected <= critics \(2\), got 3"),
-    ({"gamma": 1.0}, r"DsrlConfig.gamma / tau: expected gamma in \(0, 1\)"),
-    ({"target_std": 1.5}, r"DsrlConfig.target_std: expected in \(0, 1\] .* got 1.5"),
-    ({"learning_starts": -1}, r"DsrlConfig.learning_starts: expected >= 0, got -1"),
-    ({"target_kl": 0.0}, r"DsrlConfig.target_kl: expected > 0 nats or None, got 0.0"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"utd": 0}, r"DsrlConfig.utd: expected >= 1, got 0"),
+        ({"critic_subset": 3}, r"DsrlConfig.critic_subset: expected <= critics \(2\), got 3"),
+        ({"gamma": 1.0}, r"DsrlConfig.gamma / tau: expected gamma in \(0, 1\)"),
+        ({"target_std": 1.5}, r"DsrlConfig.target_std: expected in \(0, 1\] .* got 1.5"),
+        ({"learning_starts": -1}, r"DsrlConfig.learning_starts: expected >= 0, got -1"),
+        ({"target_kl": 0.0}, r"DsrlConfig.target_kl: expected > 0 nats or None, got 0.0"),
+    ],
+)
 def test_bad_configs_are_refused(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DsrlConfig(**overrides)  # type: ignore[arg-type]
@@ -141,9 +191,23 @@ def test_bad_configs_are_refused(overrides: dict[str, object], message: str) -> 
 
 def test_a_missing_policy_is_refused_through_the_cli(tmp_path: Path, reach_bc_flow: Path) -> None:
     """The path is named and no run is started."""
-    out = subprocess.run([str(ROBOTRL), "train", "dsrl", "--policy", str(tmp_path / "missing"), "--run-dir",
-                          str(tmp_path / "run"), "--no-progress"], check=False, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            str(ROBOTRL),
+            "train",
+            "dsrl",
+            "--policy",
+            str(tmp_path / "missing"),
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode != 0
     assert "missing" in out.stderr
     assert not (tmp_path / "run" / "train_state.pt").exists()

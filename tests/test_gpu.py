@@ -82,24 +82,54 @@ def test_mjx_ppo_learns_reach_on_the_device(jax_platform: str, tmp_path: Path, c
     from robotrl.rl.ppo_mjx import train
 
     n = scale(4096, 32)
-    result = train(PpoConfig(task="Reach", backend="mjx", num_envs=n, rollout_steps=scale(16, 64),
-                             total_steps=scale(4096 * 16 * 30, 40_960), minibatches=scale(16, 4), eval_episodes=40,
-                             run_dir=tmp_path / "run", progress=False))
+    result = train(
+        PpoConfig(
+            task="Reach",
+            backend="mjx",
+            num_envs=n,
+            rollout_steps=scale(16, 64),
+            total_steps=scale(4096 * 16 * 30, 40_960),
+            minibatches=scale(16, 4),
+            eval_episodes=40,
+            run_dir=tmp_path / "run",
+            progress=False,
+        )
+    )
     assert result.success_rate is not None
-    claim("MJX PPO success on Reach", result.success_rate, lower=0.8, env_steps=result.steps,
-          steps_per_second=result.steps_per_second)
+    claim(
+        "MJX PPO success on Reach",
+        result.success_rate,
+        lower=0.8,
+        env_steps=result.steps,
+        steps_per_second=result.steps_per_second,
+    )
 
 
-def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(device: str, reach_demos: Path, tmp_path: Path,
-                                                              claim) -> None:
+def test_bc_on_the_device_learns_reach_and_saves_cpu_tensors(
+    device: str, reach_demos: Path, tmp_path: Path, claim
+) -> None:
     """`robotrl train bc --device cuda`: the CPU test's claim (tests/policies/test_bc.py) from the same demos, and a
     checkpoint that a CPU-only machine loads and evaluates to the same success."""
     from robotrl.stages.bc import BCConfig, train
 
-    result = train(BCConfig(store=reach_demos, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=1000,
-                            batch_size=64, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=100, eval_envs=25,
-                            device=device,
-                            run_dir=tmp_path / "bc", progress=False, threads=1))
+    result = train(
+        BCConfig(
+            store=reach_demos,
+            policy=FlowConfig(channels=(32, 64), action_horizon=8),
+            steps=1000,
+            batch_size=64,
+            warmup=10,
+            ema=0.99,
+            execute=4,
+            lr=3e-4,
+            eval_episodes=100,
+            eval_envs=25,
+            device=device,
+            run_dir=tmp_path / "bc",
+            progress=False,
+            threads=1,
+        )
+    )
     assert result.success_rate is not None
     claim("BC success on the device", result.success_rate, lower=0.85)
     policy = load(result.checkpoint)
@@ -115,23 +145,65 @@ def test_online_rl_and_distillation_on_the_device(device: str, reach_demos: Path
     from robotrl.stages.bc import BCConfig, train as train_bc
     from robotrl.stages.distill import DistillConfig, distill
 
-    start = train_bc(BCConfig(store=reach_demos, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=400,
-                              batch_size=32, warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0,
-                              run_dir=tmp_path / "bc",
-                              progress=False, threads=1)).checkpoint
+    start = train_bc(
+        BCConfig(
+            store=reach_demos,
+            policy=FlowConfig(channels=(32, 64), action_horizon=8),
+            steps=400,
+            batch_size=32,
+            warmup=10,
+            ema=0.99,
+            execute=4,
+            lr=3e-4,
+            eval_episodes=0,
+            run_dir=tmp_path / "bc",
+            progress=False,
+            threads=1,
+        )
+    ).checkpoint
     before = evaluate_policy(load_flow_policy(start, 5), 100, 25, execute=4).success_rate
-    online = train_online(OnlineConfig(policy=start, method="flow_sde", num_envs=16, rollout_steps=60, execute=4,
-                                       sampler_steps=5, total_steps=scale(28_800, 1_920), eval_episodes=100,
-                                       checkpoint_every=960, log_every=960, device=device, run_dir=tmp_path / "online",
-                                       progress=False))
+    online = train_online(
+        OnlineConfig(
+            policy=start,
+            method="flow_sde",
+            num_envs=16,
+            rollout_steps=60,
+            execute=4,
+            sampler_steps=5,
+            total_steps=scale(28_800, 1_920),
+            eval_episodes=100,
+            checkpoint_every=960,
+            log_every=960,
+            device=device,
+            run_dir=tmp_path / "online",
+            progress=False,
+        )
+    )
     assert online.success_rate is not None
     if not ON_CPU:
-        claim("online gain on the device", online.success_rate - before, lower=0.15, before=before,
-              after=online.success_rate)
-    student = distill(DistillConfig(teacher=online.weights, store=reach_demos, steps=scale(300, 20), batch_size=64,
-                                    warmup=20, ema=0.99, execute=4, eval_episodes=0, device=device,
-                                    run_dir=tmp_path / "distill", progress=False, threads=1))
+        claim(
+            "online gain on the device",
+            online.success_rate - before,
+            lower=0.15,
+            before=before,
+            after=online.success_rate,
+        )
+    student = distill(
+        DistillConfig(
+            teacher=online.weights,
+            store=reach_demos,
+            steps=scale(300, 20),
+            batch_size=64,
+            warmup=20,
+            ema=0.99,
+            execute=4,
+            eval_episodes=0,
+            device=device,
+            run_dir=tmp_path / "distill",
+            progress=False,
+            threads=1,
+        )
+    )
     rate = evaluate_policy(load(student), 100, 25, execute=4).success_rate
     if not ON_CPU:
         claim("student - teacher on the device", abs(rate - online.success_rate), upper=0.02)
-

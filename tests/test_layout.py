@@ -26,13 +26,18 @@ def folder_of(package: str) -> Path:
     """Where a package of the wheel comes from: its nearest mapped ancestor's folder, and the rest of its name."""
     dirs = package_dirs()
     base = max((name for name in dirs if package == name or package.startswith(name + ".")), key=len)
-    return dirs[base].joinpath(*package[len(base):].split(".")[1:])
+    return dirs[base].joinpath(*package[len(base) :].split(".")[1:])
 
 
 def lint_imports(view: Path) -> subprocess.CompletedProcess[str]:
     """The venv's `lint-imports` with pyproject.toml's contracts, on the robotrl laid out in `view`."""
-    return subprocess.run([str(Path(sys.executable).parent / "lint-imports"), str(ROOT / "pyproject.toml"),
-                           "--no-cache", "--no-logo"], cwd=view, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), str(ROOT / "pyproject.toml"), "--no-cache", "--no-logo"],
+        cwd=view,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_import_contracts_hold(tmp_path: Path) -> None:
@@ -62,8 +67,11 @@ def test_robotrl_top_level_holds_only_the_package_and_the_cli() -> None:
 
 def test_every_package_and_its_data_is_in_the_wheel() -> None:
     setuptools = PYPROJECT["tool"]["setuptools"]
-    found = {name + "".join(f".{part}" for part in init.parent.relative_to(folder).parts)
-             for name, folder in package_dirs().items() for init in folder.rglob("__init__.py")}
+    found = {
+        name + "".join(f".{part}" for part in init.parent.relative_to(folder).parts)
+        for name, folder in package_dirs().items()
+        for init in folder.rglob("__init__.py")
+    }
     assert sorted(setuptools["packages"]) == sorted(found)
     for package, patterns in setuptools["package-data"].items():
         for pattern in patterns:
@@ -73,7 +81,8 @@ def test_every_package_and_its_data_is_in_the_wheel() -> None:
 def test_the_hardware_contract_forbids_every_torch_policy_module() -> None:
     """A new module of robotrl.policies is forbidden to the robot side until it is named here as allowed."""
     contract = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["id"] == "hardware")
-    forbidden = {m.removeprefix("robotrl.policies.") for m in contract["forbidden_modules"]
-                 if m.startswith("robotrl.policies.")}
+    forbidden = {
+        m.removeprefix("robotrl.policies.") for m in contract["forbidden_modules"] if m.startswith("robotrl.policies.")
+    }
     modules = {p.stem for p in folder_of("robotrl.policies").glob("*.py")} - {"__init__"}
     assert forbidden == modules - HARDWARE_MAY_IMPORT

@@ -58,9 +58,20 @@ def bc_flow(reach_bc_flow: Path) -> Path:
 def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
     """CI-sized: 16 envs, one 60-step episode per env per iteration, chunks of 4 executed, a 5-step chain; Flow-SDE
     unless `method` says otherwise."""
-    base = OnlineConfig(policy=policy, method="flow_sde", num_envs=16, rollout_steps=60, execute=4, sampler_steps=5,
-                        total_steps=28_800, eval_episodes=0, checkpoint_every=960, log_every=960, run_dir=run_dir,
-                        progress=False)
+    base = OnlineConfig(
+        policy=policy,
+        method="flow_sde",
+        num_envs=16,
+        rollout_steps=60,
+        execute=4,
+        sampler_steps=5,
+        total_steps=28_800,
+        eval_episodes=0,
+        checkpoint_every=960,
+        log_every=960,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
@@ -68,25 +79,39 @@ def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
 #: held-out success over the BC start on the same 100 episodes (~2 standard errors of a paired difference at ~50%:
 #: a method that does not learn stays under it). The budgets are set from the spread over seeds 0-4
 #: (bench/learning_tests.py; bench/RESULTS.md, "Learning tests") so that every seed clears the bar.
-BUDGET = {"denoising_mdp": 57_600, "flow_sde": 28_800, "flow_noise": 43_200, "ode_noise": 43_200, "latent": 17_280,
-          "residual": 43_200}
+BUDGET = {
+    "denoising_mdp": 57_600,
+    "flow_sde": 28_800,
+    "flow_noise": 43_200,
+    "ode_noise": 43_200,
+    "latent": 17_280,
+    "residual": 43_200,
+}
 GAIN = 0.10
 
 
 @pytest.mark.learning
 @pytest.mark.parametrize("method", METHODS)
-def test_each_method_raises_held_out_success(method: str, bc_flow: Path, reach_bc_flow_success: float,
-                                             tmp_path: Path, claim, learning_seed: int) -> None:
+def test_each_method_raises_held_out_success(
+    method: str, bc_flow: Path, reach_bc_flow_success: float, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """Every method of `robotrl train online` fine-tunes the half-trained Reach flow policy to a higher success on
     the same 100 held-out episodes within a CI budget. The checkpoint is what `robotrl policy eval` loads (the same success
     on the same seeds): the ODE policy with K = 5 Euler steps, or, for the methods that train a head of a frozen flow
     network, the BC checkpoint's flow network bit for bit with that head added."""
     steps = BUDGET[method]
-    result = train(small(bc_flow, tmp_path / "run", method=method, total_steps=steps, eval_episodes=100,
-                         seed=learning_seed))
+    result = train(
+        small(bc_flow, tmp_path / "run", method=method, total_steps=steps, eval_episodes=100, seed=learning_seed)
+    )
     assert result.success_rate is not None
-    claim(f"{method} gain over BC", result.success_rate - reach_bc_flow_success, lower=GAIN,
-          before=reach_bc_flow_success, after=result.success_rate, env_steps=steps)
+    claim(
+        f"{method} gain over BC",
+        result.success_rate - reach_bc_flow_success,
+        lower=GAIN,
+        before=reach_bc_flow_success,
+        after=result.success_rate,
+        env_steps=steps,
+    )
     tuned, start = load(result.weights), load(bc_flow)
     assert tuned.name == "flow" and tuned.config.steps == 5 and tuned.config.solver == "euler"
     if method in HEADS:  # only the head moved
@@ -105,20 +130,28 @@ def test_latent_is_the_default_method() -> None:
 @pytest.mark.slow
 @pytest.mark.learning
 @pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"])
-def test_the_chain_methods_gain_more_on_a_longer_budget(bc_flow: Path, reach_bc_flow_success: float,
-                                                        tmp_path: Path, method: str, claim, learning_seed: int) -> None:
+def test_the_chain_methods_gain_more_on_a_longer_budget(
+    bc_flow: Path, reach_bc_flow_success: float, tmp_path: Path, method: str, claim, learning_seed: int
+) -> None:
     """86,400 env steps (~2.5 min each): the chain methods go well past their CI-budget gains (bench/RESULTS.md,
     "Online RL of a flow policy": 82-99% from the 51% start at this budget on seeds 0 and 1); asserted >= +25
     points, and the training episodes' success rises from the first iterations to the last."""
-    result = train(small(bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100,
-                         seed=learning_seed))
+    result = train(
+        small(bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100, seed=learning_seed)
+    )
     assert result.success_rate is not None
-    claim(f"{method} gain over BC at 86,400 steps", result.success_rate - reach_bc_flow_success, lower=0.25,
-          before=reach_bc_flow_success, after=result.success_rate)
+    claim(
+        f"{method} gain over BC at 86,400 steps",
+        result.success_rate - reach_bc_flow_success,
+        lower=0.25,
+        before=reach_bc_flow_success,
+        after=result.success_rate,
+    )
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     train_success = [m["train/success_rate"] for m in metrics if "train/success_rate" in m]
-    claim(f"{method} training success rise", float(np.mean(train_success[-3:]) - np.mean(train_success[:3])),
-          lower=0.05)
+    claim(
+        f"{method} training success rise", float(np.mean(train_success[-3:]) - np.mean(train_success[:3])), lower=0.05
+    )
 
 
 def test_pg_snr_bench_compares_the_gradients_with_shuffled_advantages(bc_flow: Path) -> None:
@@ -128,12 +161,23 @@ def test_pg_snr_bench_compares_the_gradients_with_shuffled_advantages(bc_flow: P
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import pg_snr
 
-    rows = pg_snr.main(pg_snr.PGSNRConfig(policy=bc_flow, methods=("flow_sde", "ode_noise"), num_envs=8,
-                                          rollout_steps=24, execute=4, warmup=1, parts=4))
+    rows = pg_snr.main(
+        pg_snr.PGSNRConfig(
+            policy=bc_flow,
+            methods=("flow_sde", "ode_noise"),
+            num_envs=8,
+            rollout_steps=24,
+            execute=4,
+            warmup=1,
+            parts=4,
+        )
+    )
     assert [r["method"] for r in rows] == ["flow_sde", "ode_noise"]
     for row in rows:
         assert row["task"] == "Reach" and row["decisions"] == 8 * 24 // 4
-        assert -1 <= row["cosine"] <= 1 and -1 <= row["cosine_shuffled"] <= 1 and math.isfinite(row["explained_variance"])
+        assert (
+            -1 <= row["cosine"] <= 1 and -1 <= row["cosine_shuffled"] <= 1 and math.isfinite(row["explained_variance"])
+        )
     sde, ode = rows[0]["per_step"], rows[1]["per_step"]
     assert len(sde) == load(bc_flow).config.steps and len(ode) == 1
     assert sde[-1][0] > 3 * sde[0][0], sde
@@ -148,9 +192,19 @@ def test_flow_noise_use_bench_compares_sampled_and_zero_noise(bc_flow: Path) -> 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     import flow_noise_use
 
-    rows = flow_noise_use.main(flow_noise_use.NoiseUseConfig(policy=bc_flow, episodes=8, num_envs=8, execute=4,
-                                                             states=2, candidates=2, repeats=2, horizon=16,
-                                                             scales=(1.0,)))
+    rows = flow_noise_use.main(
+        flow_noise_use.NoiseUseConfig(
+            policy=bc_flow,
+            episodes=8,
+            num_envs=8,
+            execute=4,
+            states=2,
+            candidates=2,
+            repeats=2,
+            horizon=16,
+            scales=(1.0,),
+        )
+    )
     assert [r["row"] for r in rows] == ["sampled", "zero", "scale", "x0_signal"]
     assert rows[0]["episodes"] == rows[1]["episodes"] == rows[2]["episodes"] == 8
     assert math.isclose(rows[1]["vs_sampled"], rows[1]["success"] - rows[0]["success"])
@@ -159,8 +213,9 @@ def test_flow_noise_use_bench_compares_sampled_and_zero_noise(bc_flow: Path) -> 
     assert len(states) == 2 and all(math.isfinite(x["signal_var"]) and x["noise_var"] >= 0 for x in states)
 
 
-def start_chains(bc_flow: Path, method: str, num_envs: int = 256, **overrides: Any) -> tuple[
-        OnlineConfig, Any, FlowAgent, Windows, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+def start_chains(
+    bc_flow: Path, method: str, num_envs: int = 256, **overrides: Any
+) -> tuple[OnlineConfig, Any, FlowAgent, Windows, dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """An agent of `method` on the Reach BC policy (a 5-step chain), fresh Reach windows, and the chains it draws
     for them."""
     torch.manual_seed(0)
@@ -216,15 +271,28 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
     assert agent.chain_log_prob(obs, chain, reference)[1].item() > 0.0
 
 
-def assert_ppo_moves_only(agent: FlowAgent, config: OnlineConfig, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                          logp: torch.Tensor, heads: tuple[str, ...]) -> None:
+def assert_ppo_moves_only(
+    agent: FlowAgent,
+    config: OnlineConfig,
+    obs: dict[str, torch.Tensor],
+    chain: torch.Tensor,
+    logp: torch.Tensor,
+    heads: tuple[str, ...],
+) -> None:
     """The stored density is the one PPO recomputes (first ratio 1), and the policy gradient reaches `heads`
     only (and the value network), never the flow network."""
     torch.testing.assert_close(agent.chain_log_prob(obs, chain)[0], logp)
     assert {n for n, p in agent.named_parameters() if p.requires_grad} == {
-        n for n in dict(agent.named_parameters()) if n.startswith((*heads, "value_net."))}
-    batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(len(logp)),
-             "adv": torch.linspace(-1.0, 1.0, len(logp)), "ret": torch.zeros(len(logp))}
+        n for n in dict(agent.named_parameters()) if n.startswith((*heads, "value_net."))
+    }
+    batch = {
+        "obs": obs,
+        "chain": chain,
+        "logp": logp,
+        "value": torch.zeros(len(logp)),
+        "adv": torch.linspace(-1.0, 1.0, len(logp)),
+        "ret": torch.zeros(len(logp)),
+    }
     loss, stats = ppo_loss(agent, batch, config, actor=True, reference=None)
     assert abs(stats["approx_kl"]) < 1e-6 and stats["clip_frac"] == 0.0
     loss.backward()
@@ -283,11 +351,14 @@ def test_residual_starts_as_the_bc_policy_and_trains_only_its_correction(bc_flow
         corrected = sample_from_noise(loaded, obs, eps)
         base = bc.integrate(eps[:, : bc.horizon], bc.encoder(obs), 5)[:, :8]
         mean, std = policy.residual(policy.vector_features(obs))
-        torch.testing.assert_close(corrected, base + mean[:, :8] + std[:, :8] * eps[:, bc.horizon:bc.horizon + 8])
+        torch.testing.assert_close(corrected, base + mean[:, :8] + std[:, :8] * eps[:, bc.horizon : bc.horizon + 8])
     assert (corrected - base).abs().max() > 0.1
     # online RL's other methods would not draw the correction the saved policy samples: refused
-    with pytest.raises(ValueError, match=r"OnlineConfig.method: 'flow_sde' would ignore the residual this policy "
-                                         r"was given by online RL; continue it with --method residual"):
+    with pytest.raises(
+        ValueError,
+        match=r"OnlineConfig.method: 'flow_sde' would ignore the residual this policy "
+        r"was given by online RL; continue it with --method residual",
+    ):
         FlowAgent(loaded, replace(config, method="flow_sde"), 5)
 
 
@@ -302,8 +373,7 @@ def test_advantage_floor_keeps_below_average_decisions_out_of_the_policy_update(
     def policy_grad(floor: float | None, chain: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
         config = OnlineConfig(policy=bc_flow, method="flow_sde", sampler_steps=5, advantage_floor=floor)
         agent.zero_grad()
-        batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(32), "adv": adv,
-                 "ret": torch.zeros(32)}
+        batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(32), "adv": adv, "ret": torch.zeros(32)}
         ppo_loss(agent, batch, config, actor=True, reference=None)[0].backward()
         return torch.cat([p.grad.flatten() for p in agent.policy.parameters() if p.grad is not None])
 
@@ -370,9 +440,11 @@ def test_dense_scale_scales_only_the_rewards_below_success(bc_flow: Path) -> Non
 
 def gaussian_velocity(mean: float, std: float):
     """The exact rectified-flow velocity E[x1 - x0 | x_t = x] when x1 ~ N(mean, std^2) per element."""
+
     def v(x: torch.Tensor, t: float) -> torch.Tensor:
         var = (1 - t) ** 2 + t * t * std * std
         return mean + (t * std * std - (1 - t)) * (x - t * mean) / var
+
     return v
 
 
@@ -407,27 +479,65 @@ def test_semi_mdp_gae_discounts_by_each_decisions_length() -> None:
     decision cut by the rollout's end (bootstrapped from last_value)."""
     g, lam = 0.9, 0.5
     reward = np.array([1.0, 2.0, 3.0])
-    discount = np.array([g ** 2, g ** 4, g ** 3])
+    discount = np.array([g**2, g**4, g**3])
     done = np.array([0.0, 0.0, 1.0])
     value = np.array([0.5, 0.25, 0.75])
     env = np.array([0, 1, 0])
     adv = semi_mdp_gae(reward, discount, done, value, env, np.array([10.0, 20.0]), lam)
     last0 = 3.0 - 0.75
-    first = 1.0 + g ** 2 * 0.75 - 0.5 + g ** 2 * lam * last0
-    np.testing.assert_allclose(adv, [first, 2.0 + g ** 4 * 20.0 - 0.25, last0])
+    first = 1.0 + g**2 * 0.75 - 0.5 + g**2 * lam * last0
+    np.testing.assert_allclose(adv, [first, 2.0 + g**4 * 20.0 - 0.25, last0])
 
 
-def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_first_train_state,
-                                    assert_same_run) -> None:
+def test_killed_run_resumes_exactly(
+    bc_flow: Path, tmp_path: Path, kill_after_first_train_state, assert_same_run
+) -> None:
     """`robotrl train online` is SIGKILLed after its first train state; `--resume` must end with the very weights
     (policy, value and noise nets, Adam, the saved weights' average) of a run that was never stopped."""
-    cfg = small(bc_flow, tmp_path / "killed", method="flow_noise", num_envs=4, rollout_steps=20, total_steps=4 * 20 * 5,
-                checkpoint_every=80, log_every=80, critic_warmup=1, ema=0.9)
-    args = [str(ROBOTRL), "train", "online", "--policy", str(bc_flow), "--method", "flow_noise", "--num-envs", "4",
-            "--ema", "0.9",
-            "--rollout-steps", "20", "--execute", "4", "--sampler-steps", "5", "--total-steps", "400",
-            "--checkpoint-every", "80", "--log-every", "80", "--critic-warmup", "1", "--eval-episodes", "0",
-            "--run-dir", str(cfg.run_dir), "--no-progress"]
+    cfg = small(
+        bc_flow,
+        tmp_path / "killed",
+        method="flow_noise",
+        num_envs=4,
+        rollout_steps=20,
+        total_steps=4 * 20 * 5,
+        checkpoint_every=80,
+        log_every=80,
+        critic_warmup=1,
+        ema=0.9,
+    )
+    args = [
+        str(ROBOTRL),
+        "train",
+        "online",
+        "--policy",
+        str(bc_flow),
+        "--method",
+        "flow_noise",
+        "--num-envs",
+        "4",
+        "--ema",
+        "0.9",
+        "--rollout-steps",
+        "20",
+        "--execute",
+        "4",
+        "--sampler-steps",
+        "5",
+        "--total-steps",
+        "400",
+        "--checkpoint-every",
+        "80",
+        "--log-every",
+        "80",
+        "--critic-warmup",
+        "1",
+        "--eval-episodes",
+        "0",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--no-progress",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 1 <= step < 5, step
     train(replace(cfg, resume=True))
@@ -441,8 +551,11 @@ def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_fi
 def test_run_keeps_its_best_evaluated_checkpoint(bc_flow: Path, tmp_path: Path) -> None:
     """Every evaluation offers the weights: best_policy holds those of the highest one (its success reproduces on
     the same seeds), a worse offer leaves them, and a resumed run's keeper compares against the record on disk."""
-    result = train(small(bc_flow, tmp_path / "run", method=OnlineConfig.method, total_steps=5_760, eval_every=1_920,
-                         eval_episodes=50))
+    result = train(
+        small(
+            bc_flow, tmp_path / "run", method=OnlineConfig.method, total_steps=5_760, eval_every=1_920, eval_episodes=50
+        )
+    )
     metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(m["step"], m["eval/success_rate"]) for m in metrics if "eval/success_rate" in m]
     assert [s for s, _ in evals] == [1_920, 3_840, 5_760], evals
@@ -464,8 +577,20 @@ def test_ema_saves_and_evaluates_an_average_of_the_weights_from_the_start(bc_flo
     is neither the live weights nor the start's, it lies nearer the start than the live weights do, and the run's
     evaluation scores it, not the live policy."""
     start = load(bc_flow)
-    result = train(small(bc_flow, tmp_path / "run", num_envs=4, rollout_steps=20, total_steps=4 * 20 * 4, critic_warmup=1,
-                         lr=1e-3, ema=0.9, eval_episodes=10, eval_envs=10))
+    result = train(
+        small(
+            bc_flow,
+            tmp_path / "run",
+            num_envs=4,
+            rollout_steps=20,
+            total_steps=4 * 20 * 4,
+            critic_warmup=1,
+            lr=1e-3,
+            ema=0.9,
+            eval_episodes=10,
+            eval_envs=10,
+        )
+    )
     state = torch.load(result.run_dir / "train_state.pt", weights_only=True)
     saved, live = load(result.run_dir / "policy").state_dict(), state["agent"]
     assert state["ema_step"] == 4  # one average per update (the critic's warm-up update included)
@@ -483,8 +608,16 @@ def test_ema_saves_and_evaluates_an_average_of_the_weights_from_the_start(bc_flo
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(bc_flow: Path, tmp_path: Path) -> None:
-    cfg = small(bc_flow, tmp_path / "nan", num_envs=4, rollout_steps=20, total_steps=4 * 20 * 30, critic_warmup=1,
-                lr=1e6, checkpoint_every=1)  # an absurd learning rate blows the weights up
+    cfg = small(
+        bc_flow,
+        tmp_path / "nan",
+        num_envs=4,
+        rollout_steps=20,
+        total_steps=4 * 20 * 30,
+        critic_warmup=1,
+        lr=1e6,
+        checkpoint_every=1,
+    )  # an absurd learning rate blows the weights up
     message = r"online iteration (\d+) \(last train state: .*train_state.pt\): loss is (nan|inf)"
     with pytest.raises(TrainingDiverged, match=message) as error:
         train(cfg)
@@ -494,21 +627,76 @@ def test_nan_loss_stops_and_keeps_the_last_good_train_state(bc_flow: Path, tmp_p
     assert all(torch.isfinite(v).all() for v in state["agent"].values())
 
 
-def test_fine_tuned_checkpoint_distills_and_evaluates_through_the_cli(bc_flow: Path, demos: Path,
-                                                                      tmp_path: Path) -> None:
-    result = train(small(bc_flow, tmp_path / "run", method="denoising_mdp", num_envs=4, rollout_steps=20,
-                         total_steps=80, critic_warmup=0))
-    out = subprocess.run([str(ROBOTRL), "policy", "distill", "--teacher", str(result.weights), "--store", str(demos),
-                          "--steps", "5", "--batch-size", "16", "--eval-episodes", "2", "--eval-envs", "2",
-                          "--execute", "4", "--gap-batch", "8", "--threads", "1", "--run-dir",
-                          str(tmp_path / "student"), "--no-progress"],
-                         check=False, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+def test_fine_tuned_checkpoint_distills_and_evaluates_through_the_cli(
+    bc_flow: Path, demos: Path, tmp_path: Path
+) -> None:
+    result = train(
+        small(
+            bc_flow,
+            tmp_path / "run",
+            method="denoising_mdp",
+            num_envs=4,
+            rollout_steps=20,
+            total_steps=80,
+            critic_warmup=0,
+        )
+    )
+    out = subprocess.run(
+        [
+            str(ROBOTRL),
+            "policy",
+            "distill",
+            "--teacher",
+            str(result.weights),
+            "--store",
+            str(demos),
+            "--steps",
+            "5",
+            "--batch-size",
+            "16",
+            "--eval-episodes",
+            "2",
+            "--eval-envs",
+            "2",
+            "--execute",
+            "4",
+            "--gap-batch",
+            "8",
+            "--threads",
+            "1",
+            "--run-dir",
+            str(tmp_path / "student"),
+            "--no-progress",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ONE_THREAD,
+    )
     assert out.returncode == 0, out.stderr
     student = load(tmp_path / "student" / "policy")
     assert student.name == "consistency"
-    out = subprocess.run([str(ROBOTRL), "policy", "eval", "--policy", str(result.weights), "--eval-episodes", "4",
-                          "--eval-envs", "4", "--execute", "4"], check=False, capture_output=True, text=True,
-                         timeout=300, env=ONE_THREAD)
+    out = subprocess.run(
+        [
+            str(ROBOTRL),
+            "policy",
+            "eval",
+            "--policy",
+            str(result.weights),
+            "--eval-episodes",
+            "4",
+            "--eval-envs",
+            "4",
+            "--execute",
+            "4",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ONE_THREAD,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1])["episodes"] == 4
 
@@ -519,9 +707,19 @@ def test_the_vla_plugs_into_the_same_loop(tmp_path: Path) -> None:
     spec = make("PickPlace", num_envs=1, render_images=False).task_spec
     start = VLAPolicy(spec, VLAConfig(obs_keys=("state",), width=32, depth=1, heads=2, action_horizon=4, steps=2))
     start.save(tmp_path / "vla")
-    cfg = OnlineConfig(policy=tmp_path / "vla", method="flow_noise", num_envs=2, rollout_steps=8, execute=4,
-                       total_steps=32, critic_warmup=0, eval_episodes=0, checkpoint_every=16, run_dir=tmp_path / "run",
-                       progress=False)
+    cfg = OnlineConfig(
+        policy=tmp_path / "vla",
+        method="flow_noise",
+        num_envs=2,
+        rollout_steps=8,
+        execute=4,
+        total_steps=32,
+        critic_warmup=0,
+        eval_episodes=0,
+        checkpoint_every=16,
+        run_dir=tmp_path / "run",
+        progress=False,
+    )
     tuned = load(train(cfg).weights)
     assert tuned.name == "vla" and tuned.config.steps == 2
     moved = [name for name, x in tuned.state_dict().items() if not torch.equal(x, start.state_dict()[name])]
@@ -530,16 +728,20 @@ def test_the_vla_plugs_into_the_same_loop(tmp_path: Path) -> None:
     instructions = state["windows"]["instruction"]
     assert len(instructions) == 2 and all(isinstance(t, str) and t for t in instructions), instructions
     for method, head in (("latent", "prior"), ("residual", "residual")):
-        with pytest.raises(ValueError, match=rf"OnlineConfig.method: '{method}' trains a {head} of a U-Net flow "
-                                             r"policy; a 'vla' policy has none"):
+        with pytest.raises(
+            ValueError,
+            match=rf"OnlineConfig.method: '{method}' trains a {head} of a U-Net flow "
+            r"policy; a 'vla' policy has none",
+        ):
             FlowAgent(tuned, replace(cfg, method=method), 2)
 
 
 def test_run_can_pick_its_best_by_another_sampler_than_it_trains(bc_flow: Path, tmp_path: Path) -> None:
     """eval_sampler_steps 1: the kept checkpoint's recorded success is its one-step sampler's (it reproduces with
     one Euler step on the same seeds), and the saved weights still sample with the run's own chain."""
-    result = train(small(bc_flow, tmp_path / "run", total_steps=1_920, eval_every=960, eval_episodes=50,
-                         eval_sampler_steps=1))
+    result = train(
+        small(bc_flow, tmp_path / "run", total_steps=1_920, eval_every=960, eval_episodes=50, eval_sampler_steps=1)
+    )
     assert result.best is not None and result.best_weights is not None
     kept = load(result.best_weights)
     assert kept.config.steps == 5 and load(result.weights).config.steps == 5
@@ -550,29 +752,40 @@ def test_run_can_pick_its_best_by_another_sampler_than_it_trains(bc_flow: Path, 
 
 def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) -> None:
     for overrides, message in (
-            ({"method": "ddpo"},
-             r"OnlineConfig.method: expected one of \('denoising_mdp', 'flow_sde', 'flow_noise', 'ode_noise', "
-             r"'latent', 'residual'\), got 'ddpo'"),
-            ({"prior_bound": 0.0}, r"OnlineConfig.prior_bound: expected > 0, got 0.0"),
-            ({"residual_bound": -1.0}, r"OnlineConfig.residual_bound: expected > 0, got -1.0"),
-            ({"ratio": "token"}, r"OnlineConfig.ratio: expected 'chain' or 'step', got 'token'"),
-            ({"num_envs": 0}, r"OnlineConfig.num_envs: expected >= 1, got 0"),
-            ({"sampler_steps": 0}, r"OnlineConfig.sampler_steps: expected >= 1, got 0"),
-            ({"clip": 0.0}, r"OnlineConfig.clip: expected > 0, got 0.0"),
-            ({"noise_min": 0.6},
-             r"OnlineConfig.noise_min / noise_max: expected 0 < noise_min < noise_max, got 0.6, 0.5"),
-            ({"method": "flow_noise", "noise_std": 0.6},
-             (r"OnlineConfig.noise_std: expected the initial std inside \(noise_min, noise_max\) = \(0.02, 0.5\) "
-              r"for flow_noise, got 0.6")),
-            ({"gamma": 0.0}, r"OnlineConfig.gamma / gae_lambda: expected \(0, 1\] and \[0, 1\], got 0.0, 0.9"),
-            ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1"),
-            ({"dense_scale": 0.0}, r"OnlineConfig.dense_scale: expected \(0, 1\], got 0.0"),
-            ({"ema": 1.0}, r"OnlineConfig.ema: expected a decay in \[0, 1\), got 1.0"),
-            ({"eval_sampler_steps": 0}, r"OnlineConfig.eval_sampler_steps: expected >= 1 \(or None: the policy's own\), "
-                                        r"got 0"),
-            ({"device": "gpu"}, r"OnlineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"),
-            ({"device": f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"},
-             r"OnlineConfig.device: expected a (device this machine has|GPU index below)")):
+        (
+            {"method": "ddpo"},
+            r"OnlineConfig.method: expected one of \('denoising_mdp', 'flow_sde', 'flow_noise', 'ode_noise', "
+            r"'latent', 'residual'\), got 'ddpo'",
+        ),
+        ({"prior_bound": 0.0}, r"OnlineConfig.prior_bound: expected > 0, got 0.0"),
+        ({"residual_bound": -1.0}, r"OnlineConfig.residual_bound: expected > 0, got -1.0"),
+        ({"ratio": "token"}, r"OnlineConfig.ratio: expected 'chain' or 'step', got 'token'"),
+        ({"num_envs": 0}, r"OnlineConfig.num_envs: expected >= 1, got 0"),
+        ({"sampler_steps": 0}, r"OnlineConfig.sampler_steps: expected >= 1, got 0"),
+        ({"clip": 0.0}, r"OnlineConfig.clip: expected > 0, got 0.0"),
+        ({"noise_min": 0.6}, r"OnlineConfig.noise_min / noise_max: expected 0 < noise_min < noise_max, got 0.6, 0.5"),
+        (
+            {"method": "flow_noise", "noise_std": 0.6},
+            (
+                r"OnlineConfig.noise_std: expected the initial std inside \(noise_min, noise_max\) = \(0.02, 0.5\) "
+                r"for flow_noise, got 0.6"
+            ),
+        ),
+        ({"gamma": 0.0}, r"OnlineConfig.gamma / gae_lambda: expected \(0, 1\] and \[0, 1\], got 0.0, 0.9"),
+        ({"critic_warmup": -1}, r"OnlineConfig.critic_warmup: expected >= 0, got -1"),
+        ({"dense_scale": 0.0}, r"OnlineConfig.dense_scale: expected \(0, 1\], got 0.0"),
+        ({"ema": 1.0}, r"OnlineConfig.ema: expected a decay in \[0, 1\), got 1.0"),
+        (
+            {"eval_sampler_steps": 0},
+            r"OnlineConfig.eval_sampler_steps: expected >= 1 \(or None: the policy's own\), "
+            r"got 0",
+        ),
+        ({"device": "gpu"}, r"OnlineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"),
+        (
+            {"device": f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"},
+            r"OnlineConfig.device: expected a (device this machine has|GPU index below)",
+        ),
+    ):
         with pytest.raises(ValueError, match=message):
             small(bc_flow, tmp_path, **overrides)
     with pytest.raises(ValueError, match=r"OnlineConfig.resume: needs run_dir"):
@@ -585,13 +798,30 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
     flow = load(bc_flow)
     diffusion = DiffusionPolicy(flow.spec, DiffusionConfig(channels=(32, 64), action_horizon=8), flow.stats)
     diffusion.save(tmp_path / "diffusion")
-    with pytest.raises(ValueError, match=r"OnlineConfig.policy: expected a flow policy checkpoint \(robotrl train bc "
-                                         r"policy:flow\), got a 'diffusion' policy at .*diffusion"):
+    with pytest.raises(
+        ValueError,
+        match=r"OnlineConfig.policy: expected a flow policy checkpoint \(robotrl train bc "
+        r"policy:flow\), got a 'diffusion' policy at .*diffusion",
+    ):
         train(small(tmp_path / "diffusion", tmp_path / "run"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="empty"):
         train(small(tmp_path / "empty", tmp_path / "run2"))
-    out = subprocess.run([str(ROBOTRL), "train", "online", "--policy", str(tmp_path / "diffusion"), "--run-dir",
-                          str(tmp_path / "run3"), "--no-progress"],
-                         check=False, capture_output=True, text=True, timeout=120, env=ONE_THREAD)
+    out = subprocess.run(
+        [
+            str(ROBOTRL),
+            "train",
+            "online",
+            "--policy",
+            str(tmp_path / "diffusion"),
+            "--run-dir",
+            str(tmp_path / "run3"),
+            "--no-progress",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ONE_THREAD,
+    )
     assert out.returncode == 2 and "got a 'diffusion' policy" in out.stderr, out.stderr

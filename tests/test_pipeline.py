@@ -73,8 +73,9 @@ def test_each_stage_wrote_the_documented_files(smoke):
     assert policies["distill"].name == "consistency" and policies["online"].name == "flow"
     assert (run_dir / "distill" / "dagger.npz").exists()
     exported = runtime.load(run_dir / "export", seed=0)
-    obs = {k: np.zeros((1, exported.obs_horizon, *store.spec.observations[k].shape), np.float32)
-           for k in exported.obs_keys}
+    obs = {
+        k: np.zeros((1, exported.obs_horizon, *store.spec.observations[k].shape), np.float32) for k in exported.obs_keys
+    }
     chunk = exported.act(obs)
     assert chunk.shape == (1, exported.action_horizon, *store.spec.action.shape) and np.isfinite(chunk).all()
     config = json.loads((run_dir / "config.json").read_text())
@@ -122,22 +123,52 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     (run_dir / "stages.jsonl").write_text("\n".join(finished) + "\n")
     assert (run_dir / "online" / "train_state.pt").exists()
     (run_dir / "online" / "best_policy.json").write_text(json.dumps({"step": 10**9, "success_rate": 2.0}))
-    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1",
-                  "--online-eval-every", "128", "--online-sampler-steps", "1", "--online-gate-episodes", "3",
-                  "--online-num-envs", "2", "--online-minibatch-size", "8", "--online-criterion", "stall",
-                  "--online-operator-fraction", "0.5", "--online-ema", "0.8")
+    out = robotrl(
+        "run",
+        "--preset",
+        "smoke",
+        "--run-dir",
+        str(run_dir),
+        "--resume",
+        "--no-progress",
+        "--threads",
+        "1",
+        "--online-eval-every",
+        "128",
+        "--online-sampler-steps",
+        "1",
+        "--online-gate-episodes",
+        "3",
+        "--online-num-envs",
+        "2",
+        "--online-minibatch-size",
+        "8",
+        "--online-criterion",
+        "stall",
+        "--online-operator-fraction",
+        "0.5",
+        "--online-ema",
+        "0.8",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_rows(run_dir / "stages.jsonl")
-    assert [r.stage for r in rows] == list(STAGES) and [json.dumps(r.extra) for r in rows[:3]] == \
-        [json.dumps(json.loads(line)["extra"]) for line in finished]
+    assert [r.stage for r in rows] == list(STAGES) and [json.dumps(r.extra) for r in rows[:3]] == [
+        json.dumps(json.loads(line)["extra"]) for line in finished
+    ]
     assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
     # the table's header names the budget fields set on top of the preset
-    assert "preset smoke (online_num_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" \
-        in out.stdout
+    assert (
+        "preset smoke (online_num_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" in out.stdout
+    )
     online = json.loads((run_dir / "online" / "config.json").read_text())
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
-    assert (online["num_envs"], online["minibatch_size"], online["criterion"], online["operator_fraction"],
-            online["ema"]) == (2, 8, "stall", 0.5, 0.8)
+    assert (
+        online["num_envs"],
+        online["minibatch_size"],
+        online["criterion"],
+        online["operator_fraction"],
+        online["ema"],
+    ) == (2, 8, "stall", 0.5, 0.8)
     assert rows[3].extra["gate"]["start_success"] in (0.0, 1 / 3, 2 / 3, 1.0)
     assert json.loads((run_dir / "config.json").read_text())["online_sampler_steps"] is None  # the first run's
     assert [json.loads(line)["online_sampler_steps"] for line in resumed.read_text().splitlines()] == [1]
@@ -201,8 +232,7 @@ def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reac
 
     shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
     budget = dataclasses.replace(PRESETS["smoke"], online_total_steps=256, online_num_envs=2, online_rollout_steps=64)
-    config = PipelineConfig(task="Reach", execute=4, run_dir=tmp_path, interventions=False, threads=1,
-                            progress=False)
+    config = PipelineConfig(task="Reach", execute=4, run_dir=tmp_path, interventions=False, threads=1, progress=False)
     weights, steps, extra = stage_online(config, budget, tmp_path)
     online = json.loads((tmp_path / "online" / "config.json").read_text())
     assert (online["method"], online["lr"], online["bc_coef"]) == ("flow_sde", 3e-5, 1.0)
@@ -221,7 +251,9 @@ def test_bad_config_names_the_field():
         PipelineConfig(bc_channels=(32, 0, 128))
     with pytest.raises(ValueError, match=r"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got 'dpo'"):
         PipelineConfig(offline_extraction="dpo")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"PipelineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"):
+    with pytest.raises(
+        ValueError, match=r"PipelineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"
+    ):
         PipelineConfig(device="gpu")
     with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: expected >= 0 or None .*got nan"):
         PipelineConfig(demo_noise=float("nan"))
@@ -237,10 +269,15 @@ def test_bad_config_names_the_field():
         PipelineConfig(online_criterion="lost")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PipelineConfig.online_ema: expected a decay in \[0, 1\), got 1.0"):
         PipelineConfig(online_ema=1.0)
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_operator_fraction: expected a share in \[0, 1\], got 1.5"):
+    with pytest.raises(
+        ValueError, match=r"PipelineConfig.online_operator_fraction: expected a share in \[0, 1\], got 1.5"
+    ):
         PipelineConfig(online_operator_fraction=1.5)
-    with pytest.raises(ValueError, match=r"PipelineConfig.interventions: the operator's options .*'stall'.*got "
-                                         r"interventions=False"):
+    with pytest.raises(
+        ValueError,
+        match=r"PipelineConfig.interventions: the operator's options .*'stall'.*got "
+        r"interventions=False",
+    ):
         PipelineConfig(interventions=False, online_criterion="stall")
     with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected >= 0, got nan"):
         PipelineConfig(online_bc_coef=float("nan"))
@@ -253,7 +290,12 @@ def test_bad_config_names_the_field():
         PipelineConfig(distill_gate_episodes=-1)
     # the BC recipe that took PushT to 97% on one core: the BC stage's options, the distillation's batch unchanged
     budget = PipelineConfig(preset="full", bc_batch_size=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
-    assert (budget.bc_batch_size, budget.bc_lr, budget.bc_channels, budget.distill_batch_size) == (256, 1e-3, (32, 64, 128), 64)
+    assert (budget.bc_batch_size, budget.bc_lr, budget.bc_channels, budget.distill_batch_size) == (
+        256,
+        1e-3,
+        (32, 64, 128),
+        64,
+    )
     # the GPU chain's online and student batches (bench/device_pipeline.sh)
     budget = PipelineConfig(preset="full", online_num_envs=64, distill_batch_size=1024).budget()
     assert (budget.online_num_envs, budget.distill_batch_size, budget.online_rollout_steps) == (64, 1024, 160)
@@ -285,8 +327,11 @@ def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
     mine = PipelineConfig(task="PickPlace", preset="default", bc_batch_size=48, bc_lr=1e-4)
     assert bc_recipe(mine, mine.budget()) == {"batch_size": 48, "lr": 1e-4, "policy": VLAConfig(obs_horizon=1)}
     flow = PipelineConfig(task="PickPlace", preset="default", policy="flow")
-    assert bc_recipe(flow, flow.budget()) == {"batch_size": 64, "lr": 1e-3,
-                                              "policy": FlowConfig(channels=(32, 64, 128))}
+    assert bc_recipe(flow, flow.budget()) == {
+        "batch_size": 64,
+        "lr": 1e-3,
+        "policy": FlowConfig(channels=(32, 64, 128)),
+    }
 
     smoke = PipelineConfig(task="PickPlace", preset="smoke", demo_episodes=1, bc_steps=2, threads=1, progress=False)
     assert bc_recipe(smoke, smoke.budget())["batch_size"] == 16  # smoke's batch stays small

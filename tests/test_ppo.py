@@ -20,8 +20,15 @@ ROBOTRL = Path(sys.executable).parent / "robotrl"
 def test_ppo_learns_reach(tmp_path: Path, claim, learning_seed: int) -> None:
     """32 envs, 40,960 env steps: from the untrained agent to a high success on 40 held-out episodes (seeds 0-4:
     bench/RESULTS.md, "Learning tests")."""
-    cfg = PpoConfig(task="Reach", num_envs=32, total_steps=40_960, eval_episodes=40, run_dir=tmp_path / "run",
-                    progress=False, seed=learning_seed)
+    cfg = PpoConfig(
+        task="Reach",
+        num_envs=32,
+        total_steps=40_960,
+        eval_episodes=40,
+        run_dir=tmp_path / "run",
+        progress=False,
+        seed=learning_seed,
+    )
     torch.manual_seed(learning_seed)
     start = evaluate_state_actor(PpoAgent(23, 3, cfg).act, "Reach", ("state",), 40, 25).success_rate
     result = train(cfg)
@@ -31,11 +38,40 @@ def test_ppo_learns_reach(tmp_path: Path, claim, learning_seed: int) -> None:
 
 
 def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state, assert_same_run) -> None:
-    cfg = PpoConfig(task="Reach", num_envs=8, rollout_steps=16, total_steps=8 * 16 * 6, hidden=(32, 32),
-                    checkpoint_every=128, eval_episodes=0, run_dir=tmp_path / "killed", progress=False)
-    args = [str(ROBOTRL), "train", "ppo", "--task", "Reach", "--num-envs", "8", "--rollout-steps", "16",
-            "--total-steps", str(8 * 16 * 6), "--hidden", "32", "32", "--checkpoint-every", "128",
-            "--eval-episodes", "0", "--run-dir", str(cfg.run_dir), "--no-progress"]
+    cfg = PpoConfig(
+        task="Reach",
+        num_envs=8,
+        rollout_steps=16,
+        total_steps=8 * 16 * 6,
+        hidden=(32, 32),
+        checkpoint_every=128,
+        eval_episodes=0,
+        run_dir=tmp_path / "killed",
+        progress=False,
+    )
+    args = [
+        str(ROBOTRL),
+        "train",
+        "ppo",
+        "--task",
+        "Reach",
+        "--num-envs",
+        "8",
+        "--rollout-steps",
+        "16",
+        "--total-steps",
+        str(8 * 16 * 6),
+        "--hidden",
+        "32",
+        "32",
+        "--checkpoint-every",
+        "128",
+        "--eval-episodes",
+        "0",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--no-progress",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 1 <= step < 6, step
     train(replace(cfg, resume=True))
@@ -53,7 +89,9 @@ def test_gae_stops_at_episode_ends() -> None:
 
 
 def test_bad_configs_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"PpoConfig.minibatches: expected a divisor of num_envs \* rollout_steps \(96\), got 5"):
+    with pytest.raises(
+        ValueError, match=r"PpoConfig.minibatches: expected a divisor of num_envs \* rollout_steps \(96\), got 5"
+    ):
         PpoConfig(num_envs=3, rollout_steps=32, minibatches=5)
     with pytest.raises(ValueError, match=r"PpoConfig.num_envs: expected >= 1, got 0"):
         PpoConfig(num_envs=0)

@@ -29,8 +29,19 @@ from robotrl.training.evaluate import evaluate_state_actor
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 N, HORIZON = 32, 64  # one iteration = 2,048 env steps
-MJX_ARGS = ["train", "ppo", "--backend", "mjx", "--task", "Reach", "--num-envs", str(N), "--rollout-steps",
-            str(HORIZON), "--no-progress"]
+MJX_ARGS = [
+    "train",
+    "ppo",
+    "--backend",
+    "mjx",
+    "--task",
+    "Reach",
+    "--num-envs",
+    str(N),
+    "--rollout-steps",
+    str(HORIZON),
+    "--no-progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +61,17 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def budget(iterations: int, run_dir: Path, *extra: str) -> list[str]:
-    return ["--total-steps", str(N * HORIZON * iterations), "--checkpoint-every", str(N * HORIZON),
-            "--eval-episodes", "0", "--run-dir", str(run_dir), *extra]
+    return [
+        "--total-steps",
+        str(N * HORIZON * iterations),
+        "--checkpoint-every",
+        str(N * HORIZON),
+        "--eval-episodes",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +89,16 @@ def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, lea
     cfg = PpoConfig(task="Reach", num_envs=N, rollout_steps=HORIZON)
     torch.manual_seed(learning_seed)
     start = evaluate_state_actor(PpoAgent(23, 3, cfg).act, "Reach", ("state",), 40, 25).success_rate
-    run_cli("--total-steps", "40960", "--eval-episodes", "40", "--run-dir", str(tmp_path / "run"), "--seed",
-            str(learning_seed))
+    run_cli(
+        "--total-steps",
+        "40960",
+        "--eval-episodes",
+        "40",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--seed",
+        str(learning_seed),
+    )
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     agent = PpoAgent(23, 3, cfg)
     agent.load_state_dict(torch.load(result["weights"], weights_only=True))
@@ -82,8 +110,9 @@ def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, lea
 
 def test_killed_run_resumes_exactly(tmp_path: Path, straight: Path, kill_after_first_train_state) -> None:
     killed = tmp_path / "killed"
-    step = kill_after_first_train_state([str(ROBOTRL), *MJX_ARGS, *budget(3, killed)], killed / "train_state.pt",
-                                        timeout=600)
+    step = kill_after_first_train_state(
+        [str(ROBOTRL), *MJX_ARGS, *budget(3, killed)], killed / "train_state.pt", timeout=600
+    )
     assert 1 <= step < 3, step
     run_cli(*budget(3, killed, "--resume"))
     a = torch.load(straight / "agent.pt", weights_only=True)
@@ -142,26 +171,36 @@ def test_jax_policy_and_loss_agree_with_the_torch_agent() -> None:
         torch.testing.assert_close(back[name], v, rtol=1e-6 if name.startswith("norm.") else 0, atol=0, msg=name)
     obs = np.random.default_rng(0).normal(3.0, 4.0, (50, 23)).astype(np.float32)
 
-    np.testing.assert_allclose(np.asarray(ppo_mjx.act(params, norm, jnp.asarray(obs), True)), agent.act(obs),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(ppo_mjx.act(params, norm, jnp.asarray(obs), True)), agent.act(obs), rtol=1e-5, atol=1e-5
+    )
     x = ppo_mjx.features(norm, jnp.asarray(obs), True)
     torch_value = agent.value(torch.from_numpy(obs)).detach().numpy()
     np.testing.assert_allclose(np.asarray(ppo_mjx.value(params, x)), torch_value, rtol=1e-5, atol=1e-5)
 
     # the minibatch loss and its gradient, on the same batch
     g = torch.Generator().manual_seed(2)
-    batch = {"obs": torch.from_numpy(obs), "action": torch.randn(50, 3, generator=g),
-             "logp": torch.randn(50, generator=g) - 3, "value": torch.randn(50, generator=g),
-             "adv": torch.randn(50, generator=g), "ret": torch.randn(50, generator=g)}
+    batch = {
+        "obs": torch.from_numpy(obs),
+        "action": torch.randn(50, 3, generator=g),
+        "logp": torch.randn(50, generator=g) - 3,
+        "value": torch.randn(50, generator=g),
+        "adv": torch.randn(50, generator=g),
+        "ret": torch.randn(50, generator=g),
+    }
     loss, stats = ppo_loss(agent, batch, cfg)
     loss.backward()
     (jloss, jstats), grads = jax.value_and_grad(ppo_mjx.ppo_loss, has_aux=True)(
-        params, norm, {k: jnp.asarray(v.numpy()) for k, v in batch.items()}, cfg)
+        params, norm, {k: jnp.asarray(v.numpy()) for k, v in batch.items()}, cfg
+    )
     assert float(jloss) == pytest.approx(loss.item(), rel=1e-5)
     for k, v in stats.items():
         assert float(jstats[k]) == pytest.approx(v, rel=1e-4, abs=1e-6), k
-    pairs = ((grads["actor"][0][0].T, agent.actor[0].weight), (grads["critic"][-1][1], agent.critic[-1].bias),
-             (grads["log_std"], agent.log_std))
+    pairs = (
+        (grads["actor"][0][0].T, agent.actor[0].weight),
+        (grads["critic"][-1][1], agent.critic[-1].bias),
+        (grads["log_std"], agent.log_std),
+    )
     for ours, theirs in pairs:
         np.testing.assert_allclose(np.asarray(ours), theirs.grad.numpy(), rtol=1e-4, atol=1e-6)
 
@@ -181,13 +220,22 @@ def test_bad_configs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"PpoConfig.backend: expected 'cpu' or 'mjx', got 'gpu'"):
         PpoConfig(backend="gpu")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PpoConfig.obs_keys: \['nope'\] are not numeric state observations of Reach"):
-        ppo_mjx.train(PpoConfig(task="Reach", backend="mjx", obs_keys=("nope",), run_dir=tmp_path / "keys",
-                                progress=False))
+        ppo_mjx.train(
+            PpoConfig(task="Reach", backend="mjx", obs_keys=("nope",), run_dir=tmp_path / "keys", progress=False)
+        )
     with pytest.raises(FileNotFoundError, match="train_state.pt does not exist"):
         ppo_mjx.train(PpoConfig(task="Reach", backend="mjx", resume=True, run_dir=tmp_path / "none", progress=False))
     template = {"params['log_std']": torch.zeros(4)}
-    state = ppo_mjx.TrainState({"log_std": jnp.zeros(3)}, (), ppo_mjx.Norm(*jnp.zeros((3, 1))), (), jnp.zeros(1),
-                               jnp.zeros(2, jnp.uint32), jnp.zeros(1), jnp.zeros(1, bool))
+    state = ppo_mjx.TrainState(
+        {"log_std": jnp.zeros(3)},
+        (),
+        ppo_mjx.Norm(*jnp.zeros((3, 1))),
+        (),
+        jnp.zeros(1),
+        jnp.zeros(2, jnp.uint32),
+        jnp.zeros(1),
+        jnp.zeros(1, bool),
+    )
     with pytest.raises(ValueError, match=r"train state: \.params\['log_std'\] missing"):
         ppo_mjx.state_from_tensors(state, template)
     saved = ppo_mjx.state_tensors(state)
@@ -214,8 +262,7 @@ def test_a_brax_env_plugs_in_and_learns() -> None:
     cfg = PpoConfig(num_envs=16, rollout_steps=10, minibatches=4, hidden=(16, 16), lr=3e-3, anneal_lr=False)
     env = ppo_mjx.BraxEnv(envs.get_environment("fast"), num_envs=16, episode_length=10)
     torch.manual_seed(0)
-    s = jax.jit(lambda k, a: ppo_mjx.init_state(env, cfg, k, a))(jax.random.PRNGKey(0),
-                                                                   ppo_mjx.init_agent(2, 1, cfg))
+    s = jax.jit(lambda k, a: ppo_mjx.init_state(env, cfg, k, a))(jax.random.PRNGKey(0), ppo_mjx.init_agent(2, 1, cfg))
     evaluate = jax.jit(ppo_mjx.make_evaluator(env, cfg.normalize_obs, 10))
     before = float(evaluate(s.params, s.norm, jax.random.PRNGKey(1))["return"])
     iteration = jax.jit(ppo_mjx.make_iteration(env, cfg))

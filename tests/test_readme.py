@@ -142,8 +142,11 @@ def run_block(language: str, body: str, cwd: Path, env: dict[str, str], index: i
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     output = f"{body}\n--- output ---\n{log.read_text()[-4000:]}"
-    assert proc.returncode == 0, f"block {index} ({language}) " + (
-        f"ran past {timeout:.0f} s" if timed_out else f"exited {proc.returncode}") + f":\n{output}"
+    assert proc.returncode == 0, (
+        f"block {index} ({language}) "
+        + (f"ran past {timeout:.0f} s" if timed_out else f"exited {proc.returncode}")
+        + f":\n{output}"
+    )
 
 
 @pytest.mark.timeout(HOWTO_TIMEOUT + 60)
@@ -156,13 +159,19 @@ def test_howto_runs(title: str, tmp_path: Path) -> None:
     for name in ("launch", "hardware"):
         (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1",
-           # a DDS domain apart from this worker's other ROS tests (tests/conftest.py gives each worker a block)
-           "ROS_DOMAIN_ID": str(int(os.environ.get("ROS_DOMAIN_ID", "0")) + 5)}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PYTHONUNBUFFERED": "1",
+        # a DDS domain apart from this worker's other ROS tests (tests/conftest.py gives each worker a block)
+        "ROS_DOMAIN_ID": str(int(os.environ.get("ROS_DOMAIN_ID", "0")) + 5),
+    }
     # the suite's JAX compilation cache (tests/conftest.py): the GPU how-to's MJX PPO (Reach, 32 envs, 64 steps) is
     # the program tests/test_ppo_mjx.py compiles, so the two compile it once between them
-    env.update(JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5")
+    env.update(
+        JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+    )
     end = time.monotonic() + HOWTO_TIMEOUT
     ran = 0
     for index, (language, body) in enumerate(blocks(howtos()[title])):

@@ -14,8 +14,14 @@ from robotrl.envs import make
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer
 
 
-def rollout(buffer: ReplayBuffer, env: object, obs: dict, steps: int, rng: np.random.Generator,
-            pairs: dict[bytes, tuple[np.ndarray, bool, bool]]) -> dict:
+def rollout(
+    buffer: ReplayBuffer,
+    env: object,
+    obs: dict,
+    steps: int,
+    rng: np.random.Generator,
+    pairs: dict[bytes, tuple[np.ndarray, bool, bool]],
+) -> dict:
     """Random actions; `pairs` maps each obs to (its true successor, terminated, truncated)."""
     for _ in range(steps):
         action = rng.uniform(-1, 1, (env.num_envs, 3)).astype(np.float32)  # type: ignore[attr-defined]
@@ -23,7 +29,11 @@ def rollout(buffer: ReplayBuffer, env: object, obs: dict, steps: int, rng: np.ra
         buffer.add(obs, action, reward, term, trunc, info["success"])
         for i in range(env.num_envs):  # type: ignore[attr-defined]
             true_next = info["final_obs"]["state"][i] if (term[i] or trunc[i]) else nxt["state"][i]
-            pairs[obs["state"][i].astype(np.float32).tobytes()] = (true_next.astype(np.float32), bool(term[i]), bool(trunc[i]))
+            pairs[obs["state"][i].astype(np.float32).tobytes()] = (
+                true_next.astype(np.float32),
+                bool(term[i]),
+                bool(trunc[i]),
+            )
         obs = nxt
     return obs
 
@@ -56,7 +66,9 @@ def test_rebuilt_from_store_and_state_exactly(tmp_path: Path) -> None:
     obs, _ = env.reset(seed=1)
     obs = rollout(buffer, env, obs, 31, rng, {})
     state = buffer.state()
-    snapshot = {k: getattr(buffer, k)[:, : buffer.steps].copy() for k in ("obs", "action", "reward", "terminated", "truncated")}
+    snapshot = {
+        k: getattr(buffer, k)[:, : buffer.steps].copy() for k in ("obs", "action", "reward", "terminated", "truncated")
+    }
     rollout(buffer, env, obs, 30, rng, {})  # the run goes on past its checkpoint, then dies
     assert store.num_episodes > state["episodes"]
     store.close()

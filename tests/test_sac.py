@@ -20,21 +20,43 @@ ROBOTRL = Path(sys.executable).parent / "robotrl"
 
 
 def small(run_dir: Path, **overrides: object) -> SacConfig:
-    base = SacConfig(task="Reach", num_envs=2, total_steps=400, learning_starts=100, hidden=(64, 64), lr=1e-3,
-                     eval_episodes=1, eval_envs=1, checkpoint_every=200, log_every=100, run_dir=run_dir, progress=False)
+    base = SacConfig(
+        task="Reach",
+        num_envs=2,
+        total_steps=400,
+        learning_starts=100,
+        hidden=(64, 64),
+        lr=1e-3,
+        eval_episodes=1,
+        eval_envs=1,
+        checkpoint_every=200,
+        log_every=100,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
 @pytest.mark.learning
 @pytest.mark.parametrize("critic_loss", ["mse", "hl_gauss"])
-def test_rlpd_learns_reach_from_demos(critic_loss: str, reach_demos: Path, tmp_path: Path, claim,
-                                      learning_seed: int) -> None:
+def test_rlpd_learns_reach_from_demos(
+    critic_loss: str, reach_demos: Path, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """From an untrained actor (a few % on Reach) to a clear held-out success over 40 episodes in 2,000 env steps
     with 20 noisy demonstrations, with either critic loss (regression, or HL-Gauss's cross-entropy against a
     histogram); seeds 0-4: bench/RESULTS.md, "Learning tests"."""
-    cfg = SacConfig(task="Reach", total_steps=2000, learning_starts=200, demos=reach_demos, eval_episodes=40,
-                    eval_envs=20, run_dir=tmp_path / "rlpd", progress=False, critic_loss=critic_loss,
-                    seed=learning_seed)
+    cfg = SacConfig(
+        task="Reach",
+        total_steps=2000,
+        learning_starts=200,
+        demos=reach_demos,
+        eval_episodes=40,
+        eval_envs=20,
+        run_dir=tmp_path / "rlpd",
+        progress=False,
+        critic_loss=critic_loss,
+        seed=learning_seed,
+    )
     torch.manual_seed(learning_seed)
     obs_dim, action_dim = 23, 3
     start = evaluate(Agent(obs_dim, action_dim, -torch.ones(3), torch.ones(3), cfg), cfg).success_rate
@@ -52,9 +74,35 @@ def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state
     """`robotrl train sac` is SIGKILLed after its first train state; `--resume` ends with the weights and the
     replay store of a run that was never stopped (envs mid-episode, RNGs, replay rebuilt from the store)."""
     cfg = small(tmp_path / "killed", checkpoint_every=100)
-    args = [str(ROBOTRL), "train", "sac", "--task", "Reach", "--num-envs", "2", "--total-steps", "400",
-            "--learning-starts", "100", "--hidden", "64", "64", "--lr", "1e-3", "--eval-episodes", "1", "--eval-envs",
-            "1", "--checkpoint-every", "100", "--log-every", "100", "--run-dir", str(cfg.run_dir), "--no-progress"]
+    args = [
+        str(ROBOTRL),
+        "train",
+        "sac",
+        "--task",
+        "Reach",
+        "--num-envs",
+        "2",
+        "--total-steps",
+        "400",
+        "--learning-starts",
+        "100",
+        "--hidden",
+        "64",
+        "64",
+        "--lr",
+        "1e-3",
+        "--eval-episodes",
+        "1",
+        "--eval-envs",
+        "1",
+        "--checkpoint-every",
+        "100",
+        "--log-every",
+        "100",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--no-progress",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 50 <= step < 200, step
     train(replace(cfg, resume=True))
@@ -74,7 +122,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path) -> N
 def test_bad_configs_and_demos_are_refused(reach_demos: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"SacConfig.critic_subset: expected <= critics \(2\), got 3"):
         small(tmp_path, critic_subset=3)
-    with pytest.raises(ValueError, match=r"SacConfig.obs_keys: \['nope'\] are not numeric or image observations of Reach"):
+    with pytest.raises(
+        ValueError, match=r"SacConfig.obs_keys: \['nope'\] are not numeric or image observations of Reach"
+    ):
         train(small(tmp_path / "keys", obs_keys=("nope",)))
     pusht = tmp_path / "pusht.zarr"
     record_expert(pusht, "PushT", episodes=1, num_envs=1, progress=False, episode_steps=5).close()
@@ -93,7 +143,9 @@ def test_hl_gauss_critic_represents_its_targets(tmp_path: Path) -> None:
     torch.testing.assert_close(hl.target_probs(inside).sum(-1), torch.ones(4))
     # the histogram's mean is the target inside the range; outside, within a sigma of the edge it was clamped to
     torch.testing.assert_close(hl.value(hl.target_probs(inside).log()), inside, atol=0.02, rtol=0)
-    torch.testing.assert_close(hl.value(hl.target_probs(outside).log()), torch.tensor([-10.0, 60.0]), atol=hl.sigma, rtol=0)
+    torch.testing.assert_close(
+        hl.value(hl.target_probs(outside).log()), torch.tensor([-10.0, 60.0]), atol=hl.sigma, rtol=0
+    )
     # cross-entropy against the histogram drives free logits to represent the target
     logits = torch.randn(4, 101, requires_grad=True)
     opt = torch.optim.Adam([logits], lr=0.2)
@@ -106,20 +158,43 @@ def test_hl_gauss_critic_represents_its_targets(tmp_path: Path) -> None:
 
 
 @pytest.mark.learning
-def test_wsrl_fine_tunes_an_offline_iql_agent_online(reach_demos: Path, tmp_path: Path, claim,
-                                                     learning_seed: int) -> None:
+def test_wsrl_fine_tunes_an_offline_iql_agent_online(
+    reach_demos: Path, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """WSRL: IQL learns offline from 20 noisy demonstrations; SAC starts from its actor and critics, warms up with
     its rollouts and fine-tunes on online data only, ending well above where the offline agent started (seeds 0-4:
     bench/RESULTS.md, "Learning tests")."""
     from robotrl.rl.iql import IqlConfig, train as train_iql
 
-    offline = train_iql(IqlConfig(store=reach_demos, steps=1500, eval_episodes=40, eval_envs=20,
-                                  run_dir=tmp_path / "iql", progress=False, seed=learning_seed))
-    online = train(SacConfig(task="Reach", total_steps=1500, learning_starts=300, init=tmp_path / "iql", lr=1e-3,
-                             eval_episodes=40, eval_envs=20, run_dir=tmp_path / "wsrl", progress=False,
-                             seed=learning_seed))
+    offline = train_iql(
+        IqlConfig(
+            store=reach_demos,
+            steps=1500,
+            eval_episodes=40,
+            eval_envs=20,
+            run_dir=tmp_path / "iql",
+            progress=False,
+            seed=learning_seed,
+        )
+    )
+    online = train(
+        SacConfig(
+            task="Reach",
+            total_steps=1500,
+            learning_starts=300,
+            init=tmp_path / "iql",
+            lr=1e-3,
+            eval_episodes=40,
+            eval_envs=20,
+            run_dir=tmp_path / "wsrl",
+            progress=False,
+            seed=learning_seed,
+        )
+    )
     assert online.success_rate is not None and offline.success_rate is not None
     claim("WSRL from IQL success", online.success_rate, lower=0.5, offline=offline.success_rate)
     claim("WSRL from IQL gain", online.success_rate - offline.success_rate, lower=0.4)
-    with pytest.raises(ValueError, match=r"SacConfig.init: .*train_state.pt actor.trunk.0.weight: expected shape \(64, 23\)"):
+    with pytest.raises(
+        ValueError, match=r"SacConfig.init: .*train_state.pt actor.trunk.0.weight: expected shape \(64, 23\)"
+    ):
         train(small(tmp_path / "mismatch", init=tmp_path / "iql"))

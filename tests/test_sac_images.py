@@ -21,18 +21,35 @@ ROBOTRL = Path(sys.executable).parent / "robotrl"
 
 
 def pixels(run_dir: Path, **overrides: object) -> SacConfig:
-    base = SacConfig(task="PushT", obs_keys=("state", "image_top"), image_size=32, episode_steps=40, num_envs=2,
-                     total_steps=240, learning_starts=80, batch_size=32, hidden=(64, 64), encoder_widths=(8, 16),
-                     encoder_dim=16, lr=1e-3, eval_episodes=2, eval_envs=2, checkpoint_every=80, log_every=80,
-                     run_dir=run_dir, progress=False)
+    base = SacConfig(
+        task="PushT",
+        obs_keys=("state", "image_top"),
+        image_size=32,
+        episode_steps=40,
+        num_envs=2,
+        total_steps=240,
+        learning_starts=80,
+        batch_size=32,
+        hidden=(64, 64),
+        encoder_widths=(8, 16),
+        encoder_dim=16,
+        lr=1e-3,
+        eval_episodes=2,
+        eval_envs=2,
+        checkpoint_every=80,
+        log_every=80,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
 @pytest.fixture(scope="module")
 def image_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("demos") / "pusht_images.zarr"
-    record_expert(path, "PushT", episodes=4, num_envs=2, progress=False, episode_steps=40, images=True,
-                  image_size=32).close()
+    record_expert(
+        path, "PushT", episodes=4, num_envs=2, progress=False, episode_steps=40, images=True, image_size=32
+    ).close()
     return path
 
 
@@ -44,8 +61,12 @@ def test_random_shift_moves_each_image_on_its_own() -> None:
     # the centre of every shifted image is the original moved by some (dy, dx) in [-2, 2]^2: find it per image
     found = []
     for a, b in zip(x, y):
-        hits = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
-                if torch.equal(b[4:8, 4:8], a[4 + dy:8 + dy, 4 + dx:8 + dx])]
+        hits = [
+            (dy, dx)
+            for dy in range(-2, 3)
+            for dx in range(-2, 3)
+            if torch.equal(b[4:8, 4:8], a[4 + dy : 8 + dy, 4 + dx : 8 + dx])
+        ]
         assert len(hits) == 1
         found.append(hits[0])
     assert len(set(found)) > 5  # per sample, not one offset for the whole batch
@@ -61,10 +82,23 @@ def test_rlpd_with_a_camera_in_the_observation_learns_reach(tmp_path: Path, clai
     1 pixel here: its 4 pixels on 84-px frames, scaled to 16 px (4 would move the scene by a quarter of the frame).)"""
     demos = tmp_path / "reach_images.zarr"
     record_expert(demos, "Reach", episodes=20, num_envs=10, progress=False, images=True, image_size=16).close()
-    cfg = SacConfig(task="Reach", obs_keys=("state", "image_front"), image_size=16, total_steps=2000,
-                    learning_starts=200, batch_size=64, demos=demos, encoder_widths=(8, 16), encoder_dim=16,
-                    eval_episodes=20, eval_envs=20, run_dir=tmp_path / "run", progress=False, seed=learning_seed,
-                    augment_pad=1)
+    cfg = SacConfig(
+        task="Reach",
+        obs_keys=("state", "image_front"),
+        image_size=16,
+        total_steps=2000,
+        learning_starts=200,
+        batch_size=64,
+        demos=demos,
+        encoder_widths=(8, 16),
+        encoder_dim=16,
+        eval_episodes=20,
+        eval_envs=20,
+        run_dir=tmp_path / "run",
+        progress=False,
+        seed=learning_seed,
+        augment_pad=1,
+    )
     result = train(cfg)
     assert result.success_rate is not None
     claim("pixel RLPD success", result.success_rate, lower=0.4)
@@ -80,7 +114,11 @@ def test_rlpd_from_pixels_trains_the_encoder_and_reads_the_camera(image_demos: P
     # every finished episode's frames are on the replay store, rendered (not blank)
     store = EpisodeStore.open(tmp_path / "run" / "replay.zarr")
     frames = store.load(["image_top"])["image_top"]
-    assert frames.dtype == np.uint8 and frames.shape == (store.num_steps, 32, 32, 3) and store.num_episodes == 2 * 240 // 80
+    assert (
+        frames.dtype == np.uint8
+        and frames.shape == (store.num_steps, 32, 32, 3)
+        and store.num_episodes == 2 * 240 // 80
+    )
     assert frames.std() > 5
 
     # the encoder was trained (by the critic's loss) and the actor's action depends on the pixels
@@ -103,11 +141,49 @@ def test_killed_pixel_run_resumes_exactly(tmp_path: Path, kill_after_first_train
     """SIGKILLed after its first train state, `--resume` ends with the weights (encoder included) and the
     frames on the store of a run that was never stopped."""
     cfg = pixels(tmp_path / "killed", total_steps=200, eval_episodes=0)
-    args = [str(ROBOTRL), "train", "sac", "--task", "PushT", "--obs-keys", "state", "image_top", "--image-size", "32",
-            "--episode-steps", "40", "--num-envs", "2", "--total-steps", "200", "--learning-starts", "80",
-            "--batch-size", "32", "--hidden", "64", "64", "--encoder-widths", "8", "16", "--encoder-dim", "16",
-            "--lr", "1e-3", "--eval-episodes", "0", "--eval-envs", "2", "--checkpoint-every", "80", "--log-every", "80",
-            "--run-dir", str(cfg.run_dir), "--no-progress"]
+    args = [
+        str(ROBOTRL),
+        "train",
+        "sac",
+        "--task",
+        "PushT",
+        "--obs-keys",
+        "state",
+        "image_top",
+        "--image-size",
+        "32",
+        "--episode-steps",
+        "40",
+        "--num-envs",
+        "2",
+        "--total-steps",
+        "200",
+        "--learning-starts",
+        "80",
+        "--batch-size",
+        "32",
+        "--hidden",
+        "64",
+        "64",
+        "--encoder-widths",
+        "8",
+        "16",
+        "--encoder-dim",
+        "16",
+        "--lr",
+        "1e-3",
+        "--eval-episodes",
+        "0",
+        "--eval-envs",
+        "2",
+        "--checkpoint-every",
+        "80",
+        "--log-every",
+        "80",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--no-progress",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 40 <= step < 100, step
     train(replace(cfg, resume=True))
@@ -117,5 +193,7 @@ def test_killed_pixel_run_resumes_exactly(tmp_path: Path, kill_after_first_train
 
 
 def test_pixel_configs_are_checked(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"SacConfig.obs_keys: \['image_front'\] are not numeric or image observations of PushT"):
+    with pytest.raises(
+        ValueError, match=r"SacConfig.obs_keys: \['image_front'\] are not numeric or image observations of PushT"
+    ):
         train(pixels(tmp_path / "bad", obs_keys=("state", "image_front")))

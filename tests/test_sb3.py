@@ -23,8 +23,9 @@ def dict_env_success(model, episodes: int = 40) -> float:
     (the registered env's own observation space, batched)."""
     env = robotrl.envs.make("Reach", num_envs=20, seed=HELD_OUT_SEED)
     keys = tuple(model.observation_space.spaces)
-    result = run_episodes(env, lambda obs: model.predict({k: obs[k] for k in keys}, deterministic=True)[0], episodes,
-                          seed=HELD_OUT_SEED)
+    result = run_episodes(
+        env, lambda obs: model.predict({k: obs[k] for k in keys}, deterministic=True)[0], episodes, seed=HELD_OUT_SEED
+    )
     env.close()
     return result.success_rate
 
@@ -35,8 +36,17 @@ def test_sb3_sac_learns_reach_on_the_registered_dict_env(claim, learning_seed: i
     SB3-specific in robotrl), 4,000 env steps with 64x64 networks: from the untrained policy to a clear held-out
     success over 40 episodes (seeds 0-4: bench/RESULTS.md, "Learning tests")."""
     env = gym.make("robotrl/Reach-v0")
-    model = SAC("MultiInputPolicy", env, learning_starts=500, batch_size=128, learning_rate=1e-3, gamma=0.95,
-                policy_kwargs={"net_arch": [64, 64]}, seed=learning_seed, device="cpu")
+    model = SAC(
+        "MultiInputPolicy",
+        env,
+        learning_starts=500,
+        batch_size=128,
+        learning_rate=1e-3,
+        gamma=0.95,
+        policy_kwargs={"net_arch": [64, 64]},
+        seed=learning_seed,
+        device="cpu",
+    )
     before = dict_env_success(model)
     model.learn(4000)
     after = dict_env_success(model)
@@ -51,8 +61,16 @@ def test_sb3_ppo_trains_on_the_registered_vector_env() -> None:
     """PPO over four registered envs (make_vec_env): every rollout's episodes reach SB3's monitor, and the update
     moves every layer of the policy."""
     env = make_vec_env("robotrl/Reach-v0", n_envs=4, seed=0)
-    model = PPO("MultiInputPolicy", env, n_steps=256, batch_size=256, n_epochs=2, seed=0, device="cpu",
-                policy_kwargs={"net_arch": [64, 64]})
+    model = PPO(
+        "MultiInputPolicy",
+        env,
+        n_steps=256,
+        batch_size=256,
+        n_epochs=2,
+        seed=0,
+        device="cpu",
+        policy_kwargs={"net_arch": [64, 64]},
+    )
     start = {k: v.clone() for k, v in model.policy.state_dict().items()}
     model.learn(2048)
     assert model.num_timesteps == 2048
@@ -63,8 +81,18 @@ def test_sb3_ppo_trains_on_the_registered_vector_env() -> None:
 
 
 def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
-    config = Sb3Config(task="Reach", total_steps=600, learning_starts=300, hidden=(32, 32), batch_size=64,
-                       eval_episodes=4, eval_envs=4, run_dir=tmp_path / "run", checkpoint_every=300, progress=False)
+    config = Sb3Config(
+        task="Reach",
+        total_steps=600,
+        learning_starts=300,
+        hidden=(32, 32),
+        batch_size=64,
+        eval_episodes=4,
+        eval_envs=4,
+        run_dir=tmp_path / "run",
+        checkpoint_every=300,
+        progress=False,
+    )
     result = train(config)
     assert result.episodes == 4 and result.timesteps == 600
     from stable_baselines3 import SAC  # the saved model is the evaluated one: the same success on the same seeds
@@ -125,10 +153,32 @@ def test_cli_sb3_subcommands_pick_their_algorithm(tmp_path, capsys):
     config, its `algo` fixed by the command."""
     from robotrl.cli import main
 
-    main(["train", "sb3-td3", "--task", "Reach", "--total-steps", "300", "--learning-starts", "100",
-          "--hidden", "32", "32",
-          "--batch-size", "32", "--eval-episodes", "2", "--eval-envs", "2", "--checkpoint-every", "0",
-          "--run-dir", str(tmp_path / "td3"), "--no-progress"])
+    main(
+        [
+            "train",
+            "sb3-td3",
+            "--task",
+            "Reach",
+            "--total-steps",
+            "300",
+            "--learning-starts",
+            "100",
+            "--hidden",
+            "32",
+            "32",
+            "--batch-size",
+            "32",
+            "--eval-episodes",
+            "2",
+            "--eval-envs",
+            "2",
+            "--checkpoint-every",
+            "0",
+            "--run-dir",
+            str(tmp_path / "td3"),
+            "--no-progress",
+        ]
+    )
     assert "Reach TD3: success rate" in capsys.readouterr().out
     assert json.loads((tmp_path / "td3" / "config.json").read_text())["algo"] == "td3"
     from stable_baselines3 import TD3

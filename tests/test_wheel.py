@@ -41,21 +41,56 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     # the wheel, built from a copy of the repository (a build writes build/ and *.egg-info where it runs)
     source = root / "source"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*NOT_SOURCE))
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(root / "dist"),
-         str(source)], root, env, 600)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(root / "dist"),
+            str(source),
+        ],
+        root,
+        env,
+        600,
+    )
     wheel = next((root / "dist").glob("robotrl-*.whl"))
     # a venv outside the checkout whose path reaches this venv's dependencies
     venv = root / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], root, env, 120)
-    fresh = Path(run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                     root, env, 60).stdout.strip())
+    fresh = Path(
+        run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            root,
+            env,
+            60,
+        ).stdout.strip()
+    )
     deps = Path(site.getsitepackages()[0])
     (fresh / "00-robotrl-deps.pth").write_text(f"{deps}\n")
     for pth in deps.glob("*.pth"):
         if not pth.name.startswith("__editable__"):
             shutil.copy(pth, fresh / pth.name)
-    run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps",
-         str(wheel)], root, env, 300)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            str(wheel),
+        ],
+        root,
+        env,
+        300,
+    )
     work = root / "work"
     work.mkdir()
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -64,8 +99,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 def test_robotrl_comes_from_the_wheel(installed: tuple[Path, dict[str, str], Path]) -> None:
     bin_dir, env, work = installed
-    out = run([str(bin_dir / "python"), "-c", "import robotrl.envs, robotrl.launch, robotrl.hardware.nodes as n; "
-               "print(robotrl.envs.__file__); print(n.NODES['deploy'].params_file)"], work, env, 120)
+    out = run(
+        [
+            str(bin_dir / "python"),
+            "-c",
+            "import robotrl.envs, robotrl.launch, robotrl.hardware.nodes as n; "
+            "print(robotrl.envs.__file__); print(n.NODES['deploy'].params_file)",
+        ],
+        work,
+        env,
+        120,
+    )
     module, params = map(Path, out.stdout.split())
     venv = bin_dir.parent
     assert venv in module.parents and venv in params.parents and params.is_file(), out.stdout
@@ -84,12 +128,59 @@ def test_deploy_starts_with_a_shipped_parameter_file(installed: tuple[Path, dict
     file starts it: the parameter file from the installed package; it comes up and stops cleanly on SIGTERM."""
     bin_dir, env, work = installed
     robotrl = str(bin_dir / "robotrl")
-    run([robotrl, "data", "record", "--task", "PushT", "--out", "demos.zarr", "--episodes", "2", "--num-envs", "2",
-         "--episode-steps", "20"], work, env, 300)
-    run([robotrl, "train", "bc", "--store", "demos.zarr", "--steps", "2", "--batch-size", "4", "--warmup", "1",
-         "--eval-episodes", "0", "--run-dir", "bc", "--no-progress", "--threads", "1",
-         "policy:flow", "--policy.channels", "8", "16", "--policy.action-horizon", "8", "--policy.steps", "2"],
-        work, env, 300)
+    run(
+        [
+            robotrl,
+            "data",
+            "record",
+            "--task",
+            "PushT",
+            "--out",
+            "demos.zarr",
+            "--episodes",
+            "2",
+            "--num-envs",
+            "2",
+            "--episode-steps",
+            "20",
+        ],
+        work,
+        env,
+        300,
+    )
+    run(
+        [
+            robotrl,
+            "train",
+            "bc",
+            "--store",
+            "demos.zarr",
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--warmup",
+            "1",
+            "--eval-episodes",
+            "0",
+            "--run-dir",
+            "bc",
+            "--no-progress",
+            "--threads",
+            "1",
+            "policy:flow",
+            "--policy.channels",
+            "8",
+            "16",
+            "--policy.action-horizon",
+            "8",
+            "--policy.steps",
+            "2",
+        ],
+        work,
+        env,
+        300,
+    )
     run([robotrl, "policy", "export", "--policy", "bc/policy", "--out", "export"], work, env, 300)
     script = textwrap.dedent("""
         import sys, time
@@ -116,7 +207,21 @@ def test_deploy_starts_with_a_shipped_parameter_file(installed: tuple[Path, dict
 def test_run_smoke_from_the_wheel(installed: tuple[Path, dict[str, str], Path]) -> None:
     """`robotrl run --preset smoke` from the wheel: every stage, its table and the exported policy."""
     bin_dir, env, work = installed
-    out = run([str(bin_dir / "robotrl"), "run", "--preset", "smoke", "--run-dir", "pipeline", "--no-progress",
-               "--threads", "1"], work, env, 900)
+    out = run(
+        [
+            str(bin_dir / "robotrl"),
+            "run",
+            "--preset",
+            "smoke",
+            "--run-dir",
+            "pipeline",
+            "--no-progress",
+            "--threads",
+            "1",
+        ],
+        work,
+        env,
+        900,
+    )
     assert "| export |" in out.stdout, out.stdout
     assert (work / "pipeline" / "export" / "manifest.json").is_file()

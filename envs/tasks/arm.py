@@ -47,8 +47,10 @@ def arm_xml(tool_xml: str, tool_offset: float, contacts: bool = False, rgba: str
     `contacts=False` makes the links visual only (cheaper, and MJX-friendly for tasks where only the tool touches).
     """
     con = "" if contacts else ' contype="0" conaffinity="0"'
-    parts: list[str] = ['<body name="link0" pos="0 0 0">',
-                        f'<geom type="cylinder" size="0.07 0.05" pos="0 0 0.05" rgba="{rgba}"{con}/>']
+    parts: list[str] = [
+        '<body name="link0" pos="0 0 0">',
+        f'<geom type="cylinder" size="0.07 0.05" pos="0 0 0.05" rgba="{rgba}"{con}/>',
+    ]
     for i, (name, pos, alpha, (lo, hi)) in enumerate(PANDA_LINKS):
         r, mass = LINK_RADIUS[i], LINK_MASS[i]
         parts.append(

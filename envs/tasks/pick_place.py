@@ -50,9 +50,16 @@ CUBE_QVEL = 9
 
 #: layout of the "state" observation: name -> (start, stop); the expert reads it by name
 STATE_LAYOUT, STATE_DIM = state_layout(
-    ("joint_pos", 7), ("joint_vel", 7), ("gripper", 1), ("tool_pos", 3), ("tool_yaw", 2),
-    ("cube_pos", 3 * NUM_CUBES), ("cube_quat", 4 * NUM_CUBES), ("target", NUM_CUBES),
-    ("target_rel", 3), ("bin_rel", 3),
+    ("joint_pos", 7),
+    ("joint_vel", 7),
+    ("gripper", 1),
+    ("tool_pos", 3),
+    ("tool_yaw", 2),
+    ("cube_pos", 3 * NUM_CUBES),
+    ("cube_quat", 4 * NUM_CUBES),
+    ("target", NUM_CUBES),
+    ("target_rel", 3),
+    ("bin_rel", 3),
 )
 
 
@@ -153,7 +160,7 @@ class PickPlace(Task):
     def _cubes(self, xp: Any, frame: Frame) -> tuple[Any, Any]:
         """Cube positions (n, 3, 3) and quaternions (n, 3, 4) from the free joints."""
         n = frame.qpos.shape[0]
-        c = frame.qpos[:, CUBE_QPOS:CUBE_QPOS + 7 * NUM_CUBES].reshape(n, NUM_CUBES, 7)
+        c = frame.qpos[:, CUBE_QPOS : CUBE_QPOS + 7 * NUM_CUBES].reshape(n, NUM_CUBES, 7)
         return c[:, :, :3], c[:, :, 3:]
 
     def _target_pos(self, xp: Any, frame: Frame) -> Any:
@@ -171,9 +178,16 @@ class PickPlace(Task):
         bin_xyz = xp.asarray(np.array([BIN_POS[0], BIN_POS[1], CUBE_HALF]))
         state = xp.concatenate(
             [
-                q, frame.qvel[:, :ARM_NQ], frame.qpos[:, 7:8] + frame.qpos[:, 8:9], ee,
-                xp.stack([xp.sin(yaw), xp.cos(yaw)], -1), pos.reshape(n, -1), quat.reshape(n, -1),
-                frame.goal, target - ee, bin_xyz - target,
+                q,
+                frame.qvel[:, :ARM_NQ],
+                frame.qpos[:, 7:8] + frame.qpos[:, 8:9],
+                ee,
+                xp.stack([xp.sin(yaw), xp.cos(yaw)], -1),
+                pos.reshape(n, -1),
+                quat.reshape(n, -1),
+                frame.goal,
+                target - ee,
+                bin_xyz - target,
             ],
             axis=-1,
         )
@@ -192,7 +206,7 @@ class PickPlace(Task):
         ee = self.sensor(frame, "ee_pos")
         cube = self._target_pos(xp, frame)
         n = frame.qpos.shape[0]
-        vel = frame.qvel[:, CUBE_QVEL:CUBE_QVEL + 6 * NUM_CUBES].reshape(n, NUM_CUBES, 6)
+        vel = frame.qvel[:, CUBE_QVEL : CUBE_QVEL + 6 * NUM_CUBES].reshape(n, NUM_CUBES, 6)
         speed = xp.linalg.norm(xp.einsum("nc,ncd->nd", frame.goal, vel[:, :, :3]), axis=-1)
         opening = frame.qpos[:, 7] + frame.qpos[:, 8]
         near = xp.linalg.norm(cube - ee, axis=-1)
@@ -313,8 +327,12 @@ class PickPlaceExpert(Expert):
         t += 1
         # transitions (one per step, decided on this observation)
         new = ph.copy()
-        new[(ph == APPROACH) & (xy_err < ALIGN_TOL) & (np.abs(ee[:, 2] - cube[:, 2] - HOVER) < 0.04)
-            & (np.abs(yaw_goal - yaw) < YAW_TOL)] = DESCEND
+        new[
+            (ph == APPROACH)
+            & (xy_err < ALIGN_TOL)
+            & (np.abs(ee[:, 2] - cube[:, 2] - HOVER) < 0.04)
+            & (np.abs(yaw_goal - yaw) < YAW_TOL)
+        ] = DESCEND
         new[(ph == DESCEND) & (xy_err > ALIGN_TOL + 0.01)] = APPROACH
         new[(ph == DESCEND) & (xy_err <= GRASP_TOL) & (np.abs(ee[:, 2] - cube[:, 2]) < 0.01)] = CLOSE
         new[(ph == CLOSE) & (t >= 6)] = LIFT

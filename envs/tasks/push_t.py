@@ -36,15 +36,15 @@ from robotrl.envs.tasks import arm
 UNIT = 0.03  # the T is a 4x1 bar over a 1x3 stem in units of 3 cm (the Push-T proportions)
 _CENTROID_SHIFT = 2.5 / 7.0 * UNIT  # from the bar/stem seam up to the area centroid
 #: (centre x, centre y, half x, half y) of the bar and the stem
-BOXES = np.array([
-    [0.0, 0.5 * UNIT + _CENTROID_SHIFT, 2.0 * UNIT, 0.5 * UNIT],
-    [0.0, -1.5 * UNIT + _CENTROID_SHIFT, 0.5 * UNIT, 1.5 * UNIT],
-])
+BOXES = np.array(
+    [
+        [0.0, 0.5 * UNIT + _CENTROID_SHIFT, 2.0 * UNIT, 0.5 * UNIT],
+        [0.0, -1.5 * UNIT + _CENTROID_SHIFT, 0.5 * UNIT, 1.5 * UNIT],
+    ]
+)
 AREA = 7.0 * UNIT**2
 #: polar radius of gyration of the T's area about its centroid: rotation damping = RHO^2 * translation damping
-RHO = float(np.sqrt(sum(
-    4 * h[2] * h[3] * ((h[2] ** 2 + h[3] ** 2) / 3.0 + h[1] ** 2) for h in BOXES
-) / AREA))
+RHO = float(np.sqrt(sum(4 * h[2] * h[3] * ((h[2] ** 2 + h[3] ** 2) / 3.0 + h[1] ** 2) for h in BOXES) / AREA))
 #: radius of the circle about the centroid that holds the whole T
 HULL_RADIUS = float(np.max(np.hypot(np.abs(BOXES[:, 0]) + BOXES[:, 2], np.abs(BOXES[:, 1]) + BOXES[:, 3])))
 BLOCK_HALF_HEIGHT = 0.015
@@ -76,8 +76,15 @@ COVERAGE_POINTS = _grid(5)  # 175 points, 6 mm apart
 
 #: layout of the "state" observation: name -> (start, stop); the expert reads it by name
 STATE_LAYOUT, STATE_DIM = state_layout(
-    ("joint_pos", 7), ("joint_vel", 7), ("tool_pos", 3), ("block_pose", 4), ("block_vel", 3),
-    ("target_pose", 4), ("pose_error", 3), ("tool_in_block", 2), ("coverage", 1),
+    ("joint_pos", 7),
+    ("joint_vel", 7),
+    ("tool_pos", 3),
+    ("block_pose", 4),
+    ("block_vel", 3),
+    ("target_pose", 4),
+    ("pose_error", 3),
+    ("tool_in_block", 2),
+    ("coverage", 1),
 )
 
 
@@ -95,10 +102,13 @@ def to_frame(xp: Any, pose: Any, points: Any) -> Any:
 def from_frame(xp: Any, pose: Any, points: Any) -> Any:
     """Points (n, k, 2) or (k, 2) given in the frame of `pose` (n, 3), in the world."""
     c, s = xp.cos(pose[:, 2])[:, None], xp.sin(pose[:, 2])[:, None]
-    return xp.stack([
-        pose[:, 0:1] + c * points[..., 0] - s * points[..., 1],
-        pose[:, 1:2] + s * points[..., 0] + c * points[..., 1],
-    ], -1)
+    return xp.stack(
+        [
+            pose[:, 0:1] + c * points[..., 0] - s * points[..., 1],
+            pose[:, 1:2] + s * points[..., 0] + c * points[..., 1],
+        ],
+        -1,
+    )
 
 
 def inside_t(xp: Any, p: Any) -> Any:
@@ -202,8 +212,9 @@ class PushT(Task):
                 for cx, cy, hx, hy in BOXES
             )
 
-        block = t_geoms('contype="0" conaffinity="2" condim="3" friction="0.2 0.005 0.0001"', "0.35 0.45 0.75 1",
-                        BLOCK_HALF_HEIGHT)
+        block = t_geoms(
+            'contype="0" conaffinity="2" condim="3" friction="0.2 0.005 0.0001"', "0.35 0.45 0.75 1", BLOCK_HALF_HEIGHT
+        )
         tx, ty, _ = self.config.target
         izz = BLOCK_MASS * RHO**2
         return arm.table_scene_xml(
@@ -239,7 +250,7 @@ class PushT(Task):
         turn = cfg.min_turn + (cfg.max_turn - cfg.min_turn) * u[:, 2]
         turn = xp.where(u[:, 3] < 0.5, -turn, turn)
         block = xp.concatenate([goal[:, :2] + offset, (goal[:, 2] + turn)[:, None]], -1)
-        q_arm = xp.asarray(START_QPOS) + cfg.init_joint_noise * (2.0 * u[:, 4:4 + ARM_NQ] - 1.0)
+        q_arm = xp.asarray(START_QPOS) + cfg.init_joint_noise * (2.0 * u[:, 4 : 4 + ARM_NQ] - 1.0)
         qpos = xp.concatenate([q_arm, block], -1)
         return ResetState(qpos=qpos, qvel=xp.zeros((n, self.model.nv)), goal=goal)
 
@@ -260,7 +271,7 @@ class PushT(Task):
         return arm.ik_joint_targets(xp, q, target, arm.tool_yaw(xp, fk[1]), TOOL_OFFSET, fk=fk)
 
     def block_pose(self, xp: Any, frame: Frame) -> Any:
-        return frame.qpos[:, BLOCK_Q:BLOCK_Q + 3]
+        return frame.qpos[:, BLOCK_Q : BLOCK_Q + 3]
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         block, target = self.block_pose(xp, frame), frame.goal
@@ -269,11 +280,19 @@ class PushT(Task):
         tool_in_block = to_frame(xp, block, ee[:, None, :2])[:, 0]
         state = xp.concatenate(
             [
-                frame.qpos[:, :ARM_NQ], frame.qvel[:, :ARM_NQ], ee,
-                block[:, :2], xp.sin(block[:, 2:3]), xp.cos(block[:, 2:3]),
-                frame.qvel[:, BLOCK_Q:BLOCK_Q + 3],
-                target[:, :2], xp.sin(target[:, 2:3]), xp.cos(target[:, 2:3]),
-                err, tool_in_block, coverage(xp, block, target)[:, None],
+                frame.qpos[:, :ARM_NQ],
+                frame.qvel[:, :ARM_NQ],
+                ee,
+                block[:, :2],
+                xp.sin(block[:, 2:3]),
+                xp.cos(block[:, 2:3]),
+                frame.qvel[:, BLOCK_Q : BLOCK_Q + 3],
+                target[:, :2],
+                xp.sin(target[:, 2:3]),
+                xp.cos(target[:, 2:3]),
+                err,
+                tool_in_block,
+                coverage(xp, block, target)[:, None],
             ],
             axis=-1,
         )

@@ -63,7 +63,12 @@ NJ = 12
 
 #: layout of the "state" observation: name -> (start, stop); the expert reads it by name
 STATE_LAYOUT, STATE_DIM = state_layout(
-    ("base_lin_vel", 3), ("base_ang_vel", 3), ("gravity", 3), ("joint_pos", NJ), ("joint_vel", NJ), ("command", 3),
+    ("base_lin_vel", 3),
+    ("base_ang_vel", 3),
+    ("gravity", 3),
+    ("joint_pos", NJ),
+    ("joint_vel", NJ),
+    ("command", 3),
 )
 
 
@@ -276,8 +281,12 @@ class Quadruped(Task):
     def default_randomization(self) -> Randomization:
         """Legged sim-to-real ranges: wide foot friction, payload-like mass changes, one step of latency; no images."""
         return Randomization(
-            friction=(0.4, 1.25), mass=(0.85, 1.2), damping=(0.8, 1.2), actuator_gain=(0.9, 1.1),
-            latency_steps=(0, 1), obs_noise=0.01,
+            friction=(0.4, 1.25),
+            mass=(0.85, 1.2),
+            damping=(0.8, 1.2),
+            actuator_gain=(0.9, 1.1),
+            latency_steps=(0, 1),
+            obs_noise=0.01,
         )
 
     def action_spec(self) -> ArraySpec:

@@ -13,7 +13,11 @@ from robotrl.envs.tasks import arm
 
 #: layout of the "state" observation (joint positions and velocities first, as on every arm task)
 STATE_LAYOUT, STATE_DIM = state_layout(
-    ("joint_pos", 7), ("joint_vel", 7), ("tool_pos", 3), ("target", 3), ("target_rel", 3),
+    ("joint_pos", 7),
+    ("joint_vel", 7),
+    ("tool_pos", 3),
+    ("target", 3),
+    ("target_rel", 3),
 )
 
 TOOL_OFFSET = 0.10  # a 10 cm stylus below the flange

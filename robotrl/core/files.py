@@ -20,8 +20,9 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_manifest(path: Path, error: type[Exception], what: str, required: Sequence[str],
-                  hints: Mapping[str, str] | None = None) -> dict[str, Any]:
+def read_manifest(
+    path: Path, error: type[Exception], what: str, required: Sequence[str], hints: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """`path`/manifest.json parsed, with the `required` top-level fields; anything else is `error` naming the
     file (a directory that is not `what`, invalid JSON, a missing field with its hint, if any)."""
     file = path / MANIFEST

@@ -101,8 +101,10 @@ class ChainConfig(PolicyRunOptions):
         if self.reward_classifier is not None:
             self.reward_classifier = Path(self.reward_classifier)
             if not self.reward_classifier.is_dir():
-                raise FileNotFoundError(f"{type(self).__name__}.reward_classifier: expected a classifier directory "
-                                        f"(robotrl train classifier), got {self.reward_classifier}")
+                raise FileNotFoundError(
+                    f"{type(self).__name__}.reward_classifier: expected a classifier directory "
+                    f"(robotrl train classifier), got {self.reward_classifier}"
+                )
         name = type(self).__name__
         if self.method not in METHODS:
             raise ValueError(f"{name}.method: expected one of {METHODS}, got {self.method!r}")
@@ -123,8 +125,10 @@ class ChainConfig(PolicyRunOptions):
         if self.noise_std_end is not None and not self.noise_std_end > 0:
             raise ValueError(f"{name}.noise_std_end: expected > 0, got {self.noise_std_end}")
         if not 0 < self.noise_min < self.noise_max:
-            raise ValueError(f"{name}.noise_min / noise_max: expected 0 < noise_min < noise_max, got "
-                             f"{self.noise_min}, {self.noise_max}")
+            raise ValueError(
+                f"{name}.noise_min / noise_max: expected 0 < noise_min < noise_max, got "
+                f"{self.noise_min}, {self.noise_max}"
+            )
         CHAIN_METHODS[self.method].check(self, name)
         if self.advantage_floor is not None and not math.isfinite(self.advantage_floor):
             raise ValueError(f"{name}.advantage_floor: expected a finite number or None, got {self.advantage_floor}")
@@ -141,8 +145,9 @@ class ChainConfig(PolicyRunOptions):
 # ---------------------------------------------------------------------------------------------------
 # the stochastic chain
 # ---------------------------------------------------------------------------------------------------
-def flow_sde_step(x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, dt: float,
-                  a: float) -> tuple[torch.Tensor, torch.Tensor]:
+def flow_sde_step(
+    x: torch.Tensor, v: torch.Tensor, t: torch.Tensor, dt: float, a: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Euler-Maruyama step of the marginal-preserving SDE of a rectified flow: (mean, std) of x_{t+dt} given x_t
     and the velocity v there; t (B,) in [0, 1 - dt]."""
     t = t.reshape(-1, *([1] * (x.dim() - 1)))
@@ -162,8 +167,15 @@ class NoiseNet(nn.Module):
     """Flow-Noise: (observation features, x_k, t_k) -> the std of every chunk element for the next transition,
     squashed into [low, high] and starting at `init` everywhere."""
 
-    def __init__(self, feature_dim: int, chunk_shape: tuple[int, int], hidden: tuple[int, ...], low: float,
-                 high: float, init: float) -> None:
+    def __init__(
+        self,
+        feature_dim: int,
+        chunk_shape: tuple[int, int],
+        hidden: tuple[int, ...],
+        low: float,
+        high: float,
+        init: float,
+    ) -> None:
         super().__init__()
         self.chunk_shape, self.low, self.high = chunk_shape, low, high
         self.time = SinusoidalEmbedding(16, scale=10.0)
@@ -206,24 +218,33 @@ class ChainMethod:
         """The std of each of the K transitions: linear from `noise_std` to `noise_std_end` along the chain."""
         return torch.linspace(std, end, steps)
 
-    def noise_net(self, feature_dim: int, chunk_shape: tuple[int, int], config: ChainConfig,
-                  std: float) -> NoiseNet | None:
+    def noise_net(
+        self, feature_dim: int, chunk_shape: tuple[int, int], config: ChainConfig, std: float
+    ) -> NoiseNet | None:
         """The network that learns the transitions' std, for a method that has one."""
         return None
 
-    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
-                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def transition(
+        self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of x_{k+1} given x_k: the K-step chain methods' Gaussian transition."""
         raise NotImplementedError
 
-    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
-               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self,
+        agent: FlowAgent,
+        obs: dict[str, torch.Tensor],
+        cond: torch.Tensor,
+        features: torch.Tensor,
+        x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A decision's stochastic chain from the policy's start noise `x`, given the observation windows, their
         conditioning and features: (the chain, the log-density of each of its stochastic transitions (B, n))."""
         raise NotImplementedError
 
-    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(
+        self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor, reference: FlowPolicy | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-densities `sample` returned, recomputed from the stored chain under the current weights, and
         the mean squared distance of the velocities along it to `reference`'s (0 without one or without any)."""
         raise NotImplementedError
@@ -235,8 +256,9 @@ class DenoisingMDP(ChainMethod):
 
     name = "denoising_mdp"
 
-    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
-                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def transition(
+        self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of x_{k+1} given x_k, the velocity v at (x_k, t_k) and the step indices k (B,)."""
         dt = 1.0 / agent.steps
         mean = x + v * dt
@@ -246,8 +268,14 @@ class DenoisingMDP(ChainMethod):
         """Whether transition k of the chain is stochastic (its log-density part of the decision's)."""
         return True
 
-    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
-               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self,
+        agent: FlowAgent,
+        obs: dict[str, torch.Tensor],
+        cond: torch.Tensor,
+        features: torch.Tensor,
+        x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """x_0 .. x_K (B, K+1, H', A) and the log-density of each stochastic transition (B, K)."""
         chain, logp = [x], []
         for k in range(agent.steps):
@@ -260,8 +288,9 @@ class DenoisingMDP(ChainMethod):
                 logp.append(agent.log_density(x, mean, std))
         return torch.stack(chain, 1), torch.stack(logp, 1)
 
-    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(
+        self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor, reference: FlowPolicy | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """All K transitions at once (B, K), and the velocity gap at the chain's points."""
         policy = agent.policy
         b, k = chain.shape[0], agent.steps
@@ -286,8 +315,9 @@ class FlowSDE(DenoisingMDP):
 
     name = "flow_sde"
 
-    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
-                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def transition(
+        self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         dt = 1.0 / agent.steps
         t = k.to(x.dtype) / agent.steps
         return flow_sde_step(x, v, t, dt, agent.sde_noise)
@@ -302,15 +332,19 @@ class FlowNoise(DenoisingMDP):
 
     def check(self, config: ChainConfig, name: str) -> None:
         if not config.noise_min < config.initial_std() < config.noise_max:
-            raise ValueError(f"{name}.noise_std: expected the initial std inside (noise_min, noise_max) = "
-                             f"({config.noise_min}, {config.noise_max}) for flow_noise, got {config.initial_std()}")
+            raise ValueError(
+                f"{name}.noise_std: expected the initial std inside (noise_min, noise_max) = "
+                f"({config.noise_min}, {config.noise_max}) for flow_noise, got {config.initial_std()}"
+            )
 
-    def noise_net(self, feature_dim: int, chunk_shape: tuple[int, int], config: ChainConfig,
-                  std: float) -> NoiseNet | None:
+    def noise_net(
+        self, feature_dim: int, chunk_shape: tuple[int, int], config: ChainConfig, std: float
+    ) -> NoiseNet | None:
         return NoiseNet(feature_dim, chunk_shape, config.noise_hidden, config.noise_min, config.noise_max, std)
 
-    def transition(self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
-                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def transition(
+        self, agent: FlowAgent, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         dt = 1.0 / agent.steps
         t = k.to(x.dtype) / agent.steps
         mean = x + v * dt
@@ -332,8 +366,9 @@ class OdeNoise(DenoisingMDP):
     def stochastic(self, k: int, steps: int) -> bool:
         return k == steps - 1
 
-    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(
+        self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor, reference: FlowPolicy | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The drawn chunk's log-density around the ODE's end from the stored x_0 (B, 1), the ODE run step by step
         so that the gradient reaches every step of it, and the velocity gap along it."""
         policy = agent.policy
@@ -359,8 +394,10 @@ class FrozenFlowHead(ChainMethod):
 
     def prepare(self, policy: FlowPolicy, config: ChainConfig) -> None:
         if not isinstance(policy.config, GenerativeConfig):
-            raise ValueError(f"{type(config).__name__}.method: {config.method!r} trains a {self.head} of a U-Net flow "
-                             f"policy; a {policy.name!r} policy has none (use flow_sde)")
+            raise ValueError(
+                f"{type(config).__name__}.method: {config.method!r} trains a {self.head} of a U-Net flow "
+                f"policy; a {policy.name!r} policy has none (use flow_sde)"
+            )
         self.add_head(policy, config)
         for name, p in policy.named_parameters():
             p.requires_grad_(name.startswith(f"{self.head}."))
@@ -379,16 +416,23 @@ class Latent(FrozenFlowHead):
         if policy.prior is None:
             policy.add_noise_prior(config.noise_hidden, config.prior_bound)
 
-    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
-               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self,
+        agent: FlowAgent,
+        obs: dict[str, torch.Tensor],
+        cond: torch.Tensor,
+        features: torch.Tensor,
+        x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x_0, chunk) (B, 2, H', A) and x_0's log-density (B, 1)."""
         mean, std = agent.prior(features)
         x0 = mean + std * x
         chunk = agent.policy.integrate(x0, cond, agent.steps)
         return torch.stack([x0, chunk], 1), gaussian_log_prob(x0, mean, std)[:, None]
 
-    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(
+        self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor, reference: FlowPolicy | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mean, std = agent.prior(agent.features(obs))
         return gaussian_log_prob(chain[:, 0], mean, std)[:, None], torch.zeros((), device=chain.device)
 
@@ -403,15 +447,22 @@ class Residual(FrozenFlowHead):
         if policy.residual is None:
             policy.add_action_residual(config.noise_hidden, config.residual_bound, config.initial_std())
 
-    def corrected(self, agent: FlowAgent, base: torch.Tensor,
-                  features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def corrected(
+        self, agent: FlowAgent, base: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The corrected chunk's Gaussian (mean, std) around the ODE's chunk `base` (B, horizon, A)."""
         assert agent.policy.residual is not None, "residual: the policy's residual is added in FlowAgent.__init__"
         mean, std = agent.policy.residual(features)
         return base + mean, std
 
-    def sample(self, agent: FlowAgent, obs: dict[str, torch.Tensor], cond: torch.Tensor, features: torch.Tensor,
-               x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self,
+        agent: FlowAgent,
+        obs: dict[str, torch.Tensor],
+        cond: torch.Tensor,
+        features: torch.Tensor,
+        x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the noise's first rows, the ODE's chunk from them, the corrected chunk drawn with the rest of the noise)
         (B, 3, H', A) and the corrected chunk's log-density (B, 1)."""
         h = agent.chunk_shape[0]
@@ -420,15 +471,17 @@ class Residual(FrozenFlowHead):
         chunk = mean + std * x[:, h:]
         return torch.stack([x[:, :h], base, chunk], 1), agent.log_density(chunk, mean, std)[:, None]
 
-    def log_prob(self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                 reference: FlowPolicy | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def log_prob(
+        self, agent: FlowAgent, obs: dict[str, torch.Tensor], chain: torch.Tensor, reference: FlowPolicy | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         mean, std = self.corrected(agent, chain[:, 1], agent.features(obs))
         return agent.log_density(chain[:, 2], mean, std)[:, None], torch.zeros((), device=chain.device)
 
 
 #: `--method` -> the method
-CHAIN_METHODS: dict[str, ChainMethod] = {m.name: m for m in (DenoisingMDP(), FlowSDE(), FlowNoise(), OdeNoise(),
-                                                             Latent(), Residual())}
+CHAIN_METHODS: dict[str, ChainMethod] = {
+    m.name: m for m in (DenoisingMDP(), FlowSDE(), FlowNoise(), OdeNoise(), Latent(), Residual())
+}
 METHODS = tuple(CHAIN_METHODS)
 #: methods that train a head of a frozen flow network (its prior or residual), with a Gaussian over one action
 HEADS = {name: m.head for name, m in CHAIN_METHODS.items() if m.head is not None}
@@ -453,8 +506,10 @@ class FlowAgent(nn.Module):
         ignored = [h for h in ("residual", "prior") if getattr(policy, h, None) is not None and h not in method.draws]
         if ignored:  # the rollouts would not draw what the saved policy samples
             drawing = " or ".join(m.name for m in CHAIN_METHODS.values() if ignored[0] in m.draws)
-            raise ValueError(f"{type(config).__name__}.method: {config.method!r} would ignore the {ignored[0]} this "
-                             f"policy was given by online RL; continue it with --method {drawing}")
+            raise ValueError(
+                f"{type(config).__name__}.method: {config.method!r} would ignore the {ignored[0]} this "
+                f"policy was given by online RL; continue it with --method {drawing}"
+            )
         self.sde_noise = config.sde_noise
         std = config.initial_std()
         end = std if config.noise_std_end is None else config.noise_std_end
@@ -477,8 +532,9 @@ class FlowAgent(nn.Module):
     def value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.value_net(self.features(obs)).squeeze(-1)
 
-    def transition(self, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor,
-                   features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def transition(
+        self, x: torch.Tensor, v: torch.Tensor, k: torch.Tensor, features: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of x_{k+1} given x_k, the velocity v at (x_k, t_k) and the step indices k (B,) (the K-step
         chain methods)."""
         return self.method.transition(self, x, v, k, features)
@@ -495,8 +551,9 @@ class FlowAgent(nn.Module):
         h = self.scored
         return gaussian_log_prob(x[:, :h], mean[:, :h], std.expand_as(mean)[:, :h])
 
-    def chain_log_prob(self, obs: dict[str, torch.Tensor], chain: torch.Tensor,
-                       reference: FlowPolicy | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def chain_log_prob(
+        self, obs: dict[str, torch.Tensor], chain: torch.Tensor, reference: FlowPolicy | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-density of each stored stochastic transition under the current weights (B, K), all K at once
         (ode_noise: (B, 1), its ODE recomputed from x_0), and the mean squared distance of the velocities there to
         `reference`'s (0 without one)."""
@@ -521,13 +578,20 @@ def training_env(policy: FlowPolicy, config: ChainConfig) -> Any:
     """The policy's task on training seeds, configured as its data was; with `reward_classifier`, rendering the
     classifier's camera and rewarded by it."""
     if config.reward_classifier is None:
-        return make_eval_env(policy.spec, tuple(policy.obs_keys), config.num_envs, config.seed,
-                             reward_type=config.reward_type)
+        return make_eval_env(
+            policy.spec, tuple(policy.obs_keys), config.num_envs, config.seed, reward_type=config.reward_type
+        )
     from robotrl.flowrl.classifier import ClassifierReward, load
 
     classifier = load(config.reward_classifier)
-    env = make_eval_env(policy.spec, tuple(policy.obs_keys), config.num_envs, config.seed,
-                        reward_type=config.reward_type, render_images=True)
+    env = make_eval_env(
+        policy.spec,
+        tuple(policy.obs_keys),
+        config.num_envs,
+        config.seed,
+        reward_type=config.reward_type,
+        render_images=True,
+    )
     return ClassifierReward(env, classifier)
 
 
@@ -538,10 +602,13 @@ def load_flow_policy(path: Path, steps: int | None, field: str = "OnlineConfig.p
     if not isinstance(policy, FlowPolicy):  # a bad value of the config's field, as the CLI reports them
         raise ValueError(
             f"{field}: expected a flow policy checkpoint (robotrl train bc policy:flow), got a "
-            f"{policy.name!r} policy at {path}")
+            f"{policy.name!r} policy at {path}"
+        )
     if not policy.vector_keys:
-        raise ValueError(f"{field}: expected a policy with vector observations for the value network, "
-                         f"got only {list(policy.obs_keys)} at {path}")
+        raise ValueError(
+            f"{field}: expected a policy with vector observations for the value network, "
+            f"got only {list(policy.obs_keys)} at {path}"
+        )
     policy.config.steps, policy.config.solver = steps or policy.config.steps, "euler"
     return policy
 
@@ -580,8 +647,9 @@ class Windows:
         return {**out, **{k: np.asarray(obs[k], dtype=object)[idx] for k in self.text_keys}}
 
     def state(self) -> dict[str, Any]:
-        return {k: torch.from_numpy(v.copy()) if k in self.keys else [str(x) for x in v]
-                for k, v in self.frames.items()}
+        return {
+            k: torch.from_numpy(v.copy()) if k in self.keys else [str(x) for x in v] for k, v in self.frames.items()
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.frames = {k: v.numpy().copy() if k in self.keys else np.asarray(v, dtype=object) for k, v in state.items()}
@@ -604,8 +672,12 @@ class Tally:
             self.ret[i], self.succ[i] = 0.0, False
 
     def state(self) -> dict[str, Any]:
-        return {"ret": torch.from_numpy(self.ret.copy()), "succ": torch.from_numpy(self.succ.copy()),
-                "returns": list(self.returns), "success": list(self.success)}
+        return {
+            "ret": torch.from_numpy(self.ret.copy()),
+            "succ": torch.from_numpy(self.succ.copy()),
+            "returns": list(self.returns),
+            "success": list(self.success),
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.ret, self.succ = state["ret"].numpy().copy(), state["succ"].numpy().copy()
@@ -628,13 +700,30 @@ class Operator(Protocol):
     def act(self) -> np.ndarray:
         """(n, A): the operator's actions for the current observations (used in the envs it drives)."""
 
-    def observe(self, action: np.ndarray, operated: np.ndarray, next_obs: dict[str, Any], reward: np.ndarray,
-                terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+    def observe(
+        self,
+        action: np.ndarray,
+        operated: np.ndarray,
+        next_obs: dict[str, Any],
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        info: dict[str, Any],
+    ) -> None:
         """The step taken: the actions executed, which envs the operator drove, and what the env returned."""
 
 
-def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: int, gamma: float,
-            tally: Tally, operator: Operator | None = None, dense_scale: float = 1.0) -> dict[str, Any]:
+def rollout(
+    agent: FlowAgent,
+    env: Any,
+    windows: Windows,
+    steps: int,
+    execute: int,
+    gamma: float,
+    tally: Tally,
+    operator: Operator | None = None,
+    dense_scale: float = 1.0,
+) -> dict[str, Any]:
     """`steps` env steps in every env. A decision starts when an env's chunk is used up or its episode begins, and
     every env starts afresh at the first step (a decision never spans two rollouts). Per decision, in the order
     they were taken: the normalized window, the chain and its transitions' log-densities, the value, the env, the
@@ -692,10 +781,17 @@ def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
         tally.step(raw_reward, info["success"], ended)
     with torch.no_grad():
         last_value = agent.value(policy.normalize_obs(windows.frames)).cpu().numpy()
-    out: dict[str, Any] = {"obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
-           "chain": torch.cat(taken["chain"]), "logp": torch.cat(taken["logp"]), "value": torch.cat(taken["value"]),
-           "env": np.concatenate(taken["env"]), "reward": reward[:count], "discount": discount[:count],
-           "done": done[:count], "last_value": last_value}
+    out: dict[str, Any] = {
+        "obs": {k: torch.cat([o[k] for o in taken["obs"]]) for k in taken["obs"][0]},
+        "chain": torch.cat(taken["chain"]),
+        "logp": torch.cat(taken["logp"]),
+        "value": torch.cat(taken["value"]),
+        "env": np.concatenate(taken["env"]),
+        "reward": reward[:count],
+        "discount": discount[:count],
+        "done": done[:count],
+        "last_value": last_value,
+    }
     if operator is not None:
         out["operated"] = torch.from_numpy(np.concatenate(operated_taken)).to(out["value"].device)
     return out
@@ -704,8 +800,9 @@ def rollout(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: i
 # ---------------------------------------------------------------------------------------------------
 # what the learners share at the end: PPO's clipped loss over chains, and a run whose result is a policy
 # ---------------------------------------------------------------------------------------------------
-def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: ChainConfig, actor: bool,
-             reference: FlowPolicy | None) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_loss(
+    agent: FlowAgent, batch: dict[str, Any], config: ChainConfig, actor: bool, reference: FlowPolicy | None
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped surrogate over chain transitions or whole chains + value regression (+ the velocity regularizer);
     the value loss alone while the critic warms up. Decisions marked `operated` (an operator's, robotrl/flowrl/hil.py)
     train the value only: their actions were not drawn from the policy's chain."""
@@ -718,8 +815,10 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: ChainConfig, actor
     stats = {"loss/value": value_loss.item()}
     if "operated" in batch:
         own = ~batch["operated"]
-        batch = {**{k: batch[k][own] for k in ("chain", "logp", "adv")},
-                 "obs": {k: x[own] for k, x in batch["obs"].items()}}
+        batch = {
+            **{k: batch[k][own] for k in ("chain", "logp", "adv")},
+            "obs": {k: x[own] for k, x in batch["obs"].items()},
+        }
         actor = actor and bool(own.any())
     if not actor:
         return config.value_coef * value_loss, stats
@@ -735,18 +834,33 @@ def ppo_loss(agent: FlowAgent, batch: dict[str, Any], config: ChainConfig, actor
     policy_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - config.clip, 1 + config.clip)).mean()
     loss = policy_loss + config.value_coef * value_loss + config.bc_coef * gap
     with torch.no_grad():
-        stats.update({"loss/policy": policy_loss.item(), "loss/bc": gap.item(),
-                      "approx_kl": ((ratio - 1) - logratio).mean().item(),
-                      "clip_frac": ((ratio - 1).abs() > config.clip).float().mean().item()})
+        stats.update(
+            {
+                "loss/policy": policy_loss.item(),
+                "loss/bc": gap.item(),
+                "approx_kl": ((ratio - 1) - logratio).mean().item(),
+                "clip_frac": ((ratio - 1).abs() > config.clip).float().mean().item(),
+            }
+        )
     return loss, stats
 
 
-def finish_policy_run(config: PolicyRunOptions, log: RunLog, evaluate: Any, policy: FlowPolicy, clock: TrainClock,
-                      run_dir: Path, iterations: int, start: int, per_iteration: int,
-                      best: BestCheckpoint) -> RLResult:
+def finish_policy_run(
+    config: PolicyRunOptions,
+    log: RunLog,
+    evaluate: Any,
+    policy: FlowPolicy,
+    clock: TrainClock,
+    run_dir: Path,
+    iterations: int,
+    start: int,
+    per_iteration: int,
+    best: BestCheckpoint,
+) -> RLResult:
     """`finish_iterations` for a run whose result is `run_dir/policy` (its last weights; `best` keeps the best
     evaluated ones); saved here when a finished run was resumed (no iteration ran to save it)."""
     if start >= iterations:
         policy.save(run_dir / "policy")
-    return finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir, iterations, start,
-                             per_iteration, best)
+    return finish_iterations(
+        config, log, evaluate, run_dir / "policy", clock, run_dir, iterations, start, per_iteration, best
+    )

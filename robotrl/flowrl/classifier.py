@@ -77,7 +77,7 @@ def frame_labels(step_success: np.ndarray, episode_success: bool, success_frames
     if step_success.any():
         labels[1:] = step_success[:-1]
     elif episode_success:
-        labels[max(0, n - success_frames):] = True
+        labels[max(0, n - success_frames) :] = True
     return labels
 
 
@@ -87,8 +87,9 @@ def image_key(spec: Spec, camera: str, where: str = "camera") -> str:
     for key in (camera, f"image_{camera}"):
         if key in images:
             return key
-    raise SpecMismatchError(f"{where}: expected one of the image observations {images} of task {spec.task!r}, "
-                            f"got {camera!r}")
+    raise SpecMismatchError(
+        f"{where}: expected one of the image observations {images} of task {spec.task!r}, got {camera!r}"
+    )
 
 
 @dataclass
@@ -107,16 +108,29 @@ class Frames:
 
     def select(self, episodes: Sequence[int]) -> Frames:
         keep = np.isin(self.episode, np.asarray(episodes, dtype=np.int64))
-        return Frames(self.images[keep], {k: v[keep] for k, v in self.proprio.items()}, self.labels[keep],
-                      self.episode[keep], self.step[keep])
+        return Frames(
+            self.images[keep],
+            {k: v[keep] for k, v in self.proprio.items()},
+            self.labels[keep],
+            self.episode[keep],
+            self.step[keep],
+        )
 
 
 def load_frames(store: EpisodeStore, camera: str, proprio: Sequence[str] = (), success_frames: int = 10) -> Frames:
     """Every committed frame of `camera` (an image key) in `store`, labelled."""
     data = store.load([camera, "success", *proprio])
     starts, ends = store.episode_starts, store.episode_ends
-    labels = np.concatenate([frame_labels(data["success"][s:e], bool(meta.get("success")), success_frames)
-                             for s, e, meta in zip(starts, ends, store.episodes)]) if len(ends) else np.zeros(0, bool)
+    labels = (
+        np.concatenate(
+            [
+                frame_labels(data["success"][s:e], bool(meta.get("success")), success_frames)
+                for s, e, meta in zip(starts, ends, store.episodes)
+            ]
+        )
+        if len(ends)
+        else np.zeros(0, bool)
+    )
     lengths = ends - starts
     episode = np.repeat(np.arange(len(ends)), lengths)
     step = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(starts, lengths)
@@ -163,8 +177,9 @@ class Metrics:
         return cls(precision, recall, f1, float(threshold), len(labels), int(labels.sum()), int(pred.sum()))
 
 
-def choose_threshold(scores: np.ndarray, labels: np.ndarray, target_precision: float | None,
-                     beta: float = 0.5) -> tuple[float, bool]:
+def choose_threshold(
+    scores: np.ndarray, labels: np.ndarray, target_precision: float | None, beta: float = 0.5
+) -> tuple[float, bool]:
     """(threshold, whether it reaches `target_precision`): the lowest threshold with that precision, else (or with
     no target) the best F-beta one. Candidates are the scores themselves (every distinct decision): it is exact."""
     order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
@@ -214,15 +229,23 @@ class SuccessClassifier(nn.Module):
     """Camera frame (+ optional proprioception) -> logit of success. `predict` gives probabilities and
     `threshold` (set from held-out data) turns them into a reward."""
 
-    def __init__(self, net: ClassifierNet, inputs: Mapping[str, ArraySpec], stats: Mapping[str, Any] | None = None,
-                 threshold: float = 0.5, task: str = "") -> None:
+    def __init__(
+        self,
+        net: ClassifierNet,
+        inputs: Mapping[str, ArraySpec],
+        stats: Mapping[str, Any] | None = None,
+        threshold: float = 0.5,
+        task: str = "",
+    ) -> None:
         super().__init__()
         missing = [k for k in (net.camera, *net.proprio) if k not in inputs]
         if missing:
             raise SpecMismatchError(f"classifier inputs: {missing} missing; have {sorted(inputs)}")
         if not inputs[net.camera].is_image:
-            raise SpecMismatchError(f"classifier camera {net.camera!r}: expected an (H, W, 3) uint8 image, got "
-                                    f"{inputs[net.camera].shape} {inputs[net.camera].dtype}")
+            raise SpecMismatchError(
+                f"classifier camera {net.camera!r}: expected an (H, W, 3) uint8 image, got "
+                f"{inputs[net.camera].shape} {inputs[net.camera].dtype}"
+            )
         self.net, self.threshold, self.task = net, float(threshold), task
         self.inputs = {k: inputs[k] for k in (net.camera, *net.proprio)}
         self.stats = {k: {n: np.asarray(v).tolist() for n, v in s.items()} for k, s in (stats or {}).items()}
@@ -244,8 +267,10 @@ class SuccessClassifier(nn.Module):
         for key, want in self.inputs.items():
             have = spec.observations.get(key)
             if have is None or have.to_dict() != want.to_dict():
-                raise SpecMismatchError(f"classifier input {key!r}: expected {want.to_dict()}, {that} {spec.task!r} "
-                                        f"has {have.to_dict() if have is not None else 'no such observation'}")
+                raise SpecMismatchError(
+                    f"classifier input {key!r}: expected {want.to_dict()}, {that} {spec.task!r} "
+                    f"has {have.to_dict() if have is not None else 'no such observation'}"
+                )
 
     def _batch(self, key: str, x: Any) -> torch.Tensor:
         x = x.detach().cpu() if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
@@ -276,15 +301,22 @@ class SuccessClassifier(nn.Module):
         self.eval()
         out = []
         for i in range(0, len(x), batch_size):
-            chunk = {k: v[i:i + batch_size].to(device) for k, v in extra.items()}
-            out.append(torch.sigmoid(self(x[i:i + batch_size].to(device).float() / 255.0, chunk)).cpu())
+            chunk = {k: v[i : i + batch_size].to(device) for k, v in extra.items()}
+            out.append(torch.sigmoid(self(x[i : i + batch_size].to(device).float() / 255.0, chunk)).cpu())
         self.train(was)
         return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
 
     def manifest(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "task": self.task, "config": asdict(self.net),
-                "inputs": {k: v.to_dict() for k, v in self.inputs.items()}, "stats": self.stats,
-                "threshold": self.threshold, **self.metadata}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "task": self.task,
+            "config": asdict(self.net),
+            "inputs": {k: v.to_dict() for k, v in self.inputs.items()},
+            "stats": self.stats,
+            "threshold": self.threshold,
+            **self.metadata,
+        }
 
     def save(self, path: str | Path) -> Path:
         return save_weights(path, self.state_dict(), self.manifest(), {"format": FORMAT})
@@ -295,8 +327,9 @@ def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:
     from robotrl.core.files import MANIFEST, read_manifest
 
     path = Path(path)
-    manifest = read_manifest(path, CheckpointError, "a robotrl classifier",
-                             ("format", "config", "inputs", "threshold", "weights_sha256"))
+    manifest = read_manifest(
+        path, CheckpointError, "a robotrl classifier", ("format", "config", "inputs", "threshold", "weights_sha256")
+    )
     if manifest["format"] != FORMAT:
         raise CheckpointError(f"{path / MANIFEST}: format: expected {FORMAT!r}, got {manifest['format']!r}")
     if int(manifest.get("version", -1)) > VERSION:
@@ -404,8 +437,11 @@ def train(config: ClassifierConfig) -> ClassifierResult:
     store = EpisodeStore.open(config.store)
     spec = store.spec
     camera = image_key(spec, config.camera, "ClassifierConfig.camera")
-    unknown = [k for k in config.proprio if k not in spec.observations or spec.observations[k].is_image
-               or spec.observations[k].dtype == "str"]
+    unknown = [
+        k
+        for k in config.proprio
+        if k not in spec.observations or spec.observations[k].is_image or spec.observations[k].dtype == "str"
+    ]
     if unknown:
         vectors = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "str"]
         raise SpecMismatchError(
@@ -417,9 +453,11 @@ def train(config: ClassifierConfig) -> ClassifierResult:
     frames = load_frames(store, camera, config.proprio, config.success_frames)
     succeeded = len(np.unique(frames.episode[frames.labels]))
     if succeeded < 2 or store.num_episodes - succeeded < 2:
-        raise ValueError(f"ClassifierConfig.store: expected at least 2 episodes with success frames and 2 without "
-                         f"(to train on and to hold out), got {succeeded} and {store.num_episodes - succeeded} in "
-                         f"{config.store}")
+        raise ValueError(
+            f"ClassifierConfig.store: expected at least 2 episodes with success frames and 2 without "
+            f"(to train on and to hold out), got {succeeded} and {store.num_episodes - succeeded} in "
+            f"{config.store}"
+        )
     train_eps, held_eps = split_episodes(frames, config.holdout, rng)
     train_set, held = frames.select(train_eps), frames.select(held_eps)
     positives, negatives = np.flatnonzero(train_set.labels), np.flatnonzero(~train_set.labels)
@@ -440,8 +478,14 @@ def train(config: ClassifierConfig) -> ClassifierResult:
         start = state["step"]
 
     log = RunLog(run_dir)
-    bar = tqdm(total=config.steps, initial=start, desc=f"classifier {spec.task}", unit="step",
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=config.steps,
+        initial=start,
+        desc=f"classifier {spec.task}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     began = time.perf_counter()
     half = config.batch_size // 2
     model.train()
@@ -451,18 +495,32 @@ def train(config: ClassifierConfig) -> ClassifierResult:
         images = random_shift(torch.from_numpy(train_set.images[idx]).float() / 255.0, config.augment_pad)
         logits = model(images, {k: torch.from_numpy(v[idx]) for k, v in train_set.proprio.items()})
         loss = F.binary_cross_entropy_with_logits(logits, target)
-        value, grad_norm = optimizer_step(loss, model, optimizer, schedule, f"classifier step {step} (last train "
-                                          f"state: {state_path})")
+        value, grad_norm = optimizer_step(
+            loss, model, optimizer, schedule, f"classifier step {step} (last train state: {state_path})"
+        )
         done = step + 1
         bar.update(1)
         if done % config.log_every == 0 or done == config.steps:
             accuracy = float(((logits.detach() > 0) == (target > 0.5)).float().mean())
-            log.log(done, **{"train/loss": value, "train/accuracy": accuracy, "train/grad_norm": grad_norm,
-                             "train/lr": schedule.get_last_lr()[0]})
+            log.log(
+                done,
+                **{
+                    "train/loss": value,
+                    "train/accuracy": accuracy,
+                    "train/grad_norm": grad_norm,
+                    "train/lr": schedule.get_last_lr()[0],
+                },
+            )
             bar.set_postfix(loss=f"{value:.3f}")
         if done % config.checkpoint_every == 0 and done != config.steps:
-            save_train_state(state_path, step=done, model=model.state_dict(), optimizer=optimizer.state_dict(),
-                             schedule=schedule.state_dict(), rng=rng_state(rng))
+            save_train_state(
+                state_path,
+                step=done,
+                model=model.state_dict(),
+                optimizer=optimizer.state_dict(),
+                schedule=schedule.state_dict(),
+                rng=rng_state(rng),
+            )
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
             m = Metrics.of(_scores(model, held), held.labels, 0.5)
             log.log(
@@ -470,8 +528,14 @@ def train(config: ClassifierConfig) -> ClassifierResult:
             )
     bar.close()
     seconds = time.perf_counter() - began
-    save_train_state(state_path, step=config.steps, model=model.state_dict(), optimizer=optimizer.state_dict(),
-                     schedule=schedule.state_dict(), rng=rng_state(rng))
+    save_train_state(
+        state_path,
+        step=config.steps,
+        model=model.state_dict(),
+        optimizer=optimizer.state_dict(),
+        schedule=schedule.state_dict(),
+        rng=rng_state(rng),
+    )
 
     # the threshold and the held-out report, against the baselines on the same frames
     scores = _scores(model, held)
@@ -479,13 +543,24 @@ def train(config: ClassifierConfig) -> ClassifierResult:
     metrics = Metrics.of(scores, held.labels, threshold)
     baselines = {"majority": majority_baseline(train_set, held), "step": step_baseline(train_set, held)}
     model.threshold = threshold
-    model.metadata = {"target_precision": config.target_precision, "target_met": met, "heldout": asdict(metrics),
-                      "baselines": {k: asdict(v) for k, v in baselines.items()},
-                      "labels": {"success_frames": config.success_frames, "store": str(config.store),
-                                 "train_episodes": train_eps, "heldout_episodes": held_eps}}
+    model.metadata = {
+        "target_precision": config.target_precision,
+        "target_met": met,
+        "heldout": asdict(metrics),
+        "baselines": {k: asdict(v) for k, v in baselines.items()},
+        "labels": {
+            "success_frames": config.success_frames,
+            "store": str(config.store),
+            "train_episodes": train_eps,
+            "heldout_episodes": held_eps,
+        },
+    }
     path = model.save(run_dir / "classifier")
-    log.log(config.steps, **{f"heldout/{k}": getattr(metrics, k) for k in ("precision", "recall", "f1", "threshold")},
-            **{f"baseline_{n}/{k}": getattr(b, k) for n, b in baselines.items() for k in ("precision", "recall", "f1")})
+    log.log(
+        config.steps,
+        **{f"heldout/{k}": getattr(metrics, k) for k in ("precision", "recall", "f1", "threshold")},
+        **{f"baseline_{n}/{k}": getattr(b, k) for n, b in baselines.items() for k in ("precision", "recall", "f1")},
+    )
     log.close()
     result = ClassifierResult(
         path, config.steps, seconds, metrics, met, baselines, len(train_eps), len(held_eps), run_dir
@@ -498,18 +573,21 @@ def run_train_classifier(config: ClassifierConfig) -> ClassifierResult:
     r = train(config)
     m, step = r.heldout, r.baselines["step"]
     met = "" if r.target_met else f" (target precision {config.target_precision} not reached: best-F0.5 threshold)"
-    print(f"classifier: held-out precision {m.precision:.1%} recall {m.recall:.1%} F1 {m.f1:.3f} at threshold "
-          f"{m.threshold:.3f}{met} on {m.frames} frames of {r.heldout_episodes} episodes; step-index baseline "
-          f"precision {step.precision:.1%} recall {step.recall:.1%} F1 {step.f1:.3f}; {r.steps} steps in "
-          f"{r.train_seconds:.0f} s; classifier {r.classifier}")
+    print(
+        f"classifier: held-out precision {m.precision:.1%} recall {m.recall:.1%} F1 {m.f1:.3f} at threshold "
+        f"{m.threshold:.3f}{met} on {m.frames} frames of {r.heldout_episodes} episodes; step-index baseline "
+        f"precision {step.precision:.1%} recall {step.recall:.1%} F1 {step.f1:.3f}; {r.steps} steps in "
+        f"{r.train_seconds:.0f} s; classifier {r.classifier}"
+    )
     return r
 
 
 # ---------------------------------------------------------------------------------------------------
 # the classifier as the reward
 # ---------------------------------------------------------------------------------------------------
-def classifier_reward(classifier: SuccessClassifier, obs: Mapping[str, Any],
-                      info: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def classifier_reward(
+    classifier: SuccessClassifier, obs: Mapping[str, Any], info: Mapping[str, Any]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(reward, success, probability) per env for a vector-env step: the frame each step reached, which for an env
     that just auto-reset is `info['final_obs']`, not the new episode's first frame."""
     keys = (classifier.net.camera, *classifier.net.proprio)
@@ -552,4 +630,3 @@ class ClassifierReward:
 
     def close(self, **kwargs: Any) -> None:
         self.env.close(**kwargs)
-

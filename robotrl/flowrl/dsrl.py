@@ -112,8 +112,16 @@ class DsrlConfig(PolicyRunOptions):
         super().__post_init__()
         self.policy = Path(self.policy)
         name = type(self).__name__
-        for field in ("num_envs", "total_steps", "execute", "utd", "batch_size", "buffer_size", "critics",
-                      "critic_subset"):
+        for field in (
+            "num_envs",
+            "total_steps",
+            "execute",
+            "utd",
+            "batch_size",
+            "buffer_size",
+            "critics",
+            "critic_subset",
+        ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         if self.learning_starts < 0:
@@ -121,29 +129,49 @@ class DsrlConfig(PolicyRunOptions):
         if self.critic_subset > self.critics:
             raise ValueError(f"{name}.critic_subset: expected <= critics ({self.critics}), got {self.critic_subset}")
         if not (0.0 < self.gamma < 1.0 and 0.0 < self.tau <= 1.0):
-            raise ValueError(f"{name}.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, "
-                             f"{self.tau}")
+            raise ValueError(
+                f"{name}.gamma / tau: expected gamma in (0, 1) and tau in (0, 1], got {self.gamma}, {self.tau}"
+            )
         for field in ("lr", "init_temperature", "prior_bound"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
         if self.target_kl is not None and not self.target_kl > 0:
             raise ValueError(f"{name}.target_kl: expected > 0 nats or None, got {self.target_kl}")
         if not 0.0 < self.target_std <= 1.0:
-            raise ValueError(f"{name}.target_std: expected in (0, 1] (the prior's std is at most 1), got "
-                             f"{self.target_std}")
+            raise ValueError(
+                f"{name}.target_std: expected in (0, 1] (the prior's std is at most 1), got {self.target_std}"
+            )
 
     def online(self) -> ChainConfig:
         """The rollout's settings in the chain's terms: its latent method draws x_0 from the prior."""
-        return ChainConfig(policy=self.policy, method="latent", num_envs=self.num_envs, execute=self.execute,
-                           sampler_steps=self.sampler_steps, noise_hidden=self.prior_hidden,
-                           prior_bound=self.prior_bound, reward_type=self.reward_type,
-                           reward_classifier=self.reward_classifier, seed=self.seed, eval_episodes=0)
+        return ChainConfig(
+            policy=self.policy,
+            method="latent",
+            num_envs=self.num_envs,
+            execute=self.execute,
+            sampler_steps=self.sampler_steps,
+            noise_hidden=self.prior_hidden,
+            prior_bound=self.prior_bound,
+            reward_type=self.reward_type,
+            reward_classifier=self.reward_classifier,
+            seed=self.seed,
+            eval_episodes=0,
+        )
 
     def sac(self, task: str, execute: int) -> SacConfig:
         """The critic and temperature settings in SAC's terms, discounting per decision."""
-        return SacConfig(task=task, gamma=self.gamma ** execute, critics=self.critics,
-                         critic_subset=self.critic_subset, hidden=self.hidden, tau=self.tau, lr=self.lr,
-                         init_temperature=self.init_temperature, batch_size=self.batch_size, eval_episodes=0)
+        return SacConfig(
+            task=task,
+            gamma=self.gamma**execute,
+            critics=self.critics,
+            critic_subset=self.critic_subset,
+            hidden=self.hidden,
+            tau=self.tau,
+            lr=self.lr,
+            init_temperature=self.init_temperature,
+            batch_size=self.batch_size,
+            eval_episodes=0,
+        )
 
 
 class PriorActor(nn.Module):
@@ -183,9 +211,13 @@ class DecisionReplay:
 
     def __init__(self, capacity: int, feature_dim: int, action_dim: int) -> None:
         self.capacity, self.size, self.cursor = capacity, 0, 0
-        self.data = {"obs": torch.zeros(capacity, feature_dim), "action": torch.zeros(capacity, action_dim),
-                     "reward": torch.zeros(capacity), "done": torch.zeros(capacity),
-                     "next_obs": torch.zeros(capacity, feature_dim)}
+        self.data = {
+            "obs": torch.zeros(capacity, feature_dim),
+            "action": torch.zeros(capacity, action_dim),
+            "reward": torch.zeros(capacity),
+            "done": torch.zeros(capacity),
+            "next_obs": torch.zeros(capacity, feature_dim),
+        }
 
     def add(self, **batch: torch.Tensor) -> None:
         n = len(batch["obs"])
@@ -223,8 +255,13 @@ def decisions(flow: FlowAgent, data: dict[str, Any], windows: Windows, discount:
             following[d] = features[seen[env]]
         seen[env] = d
     continuation = (1.0 - data["done"]) * data["discount"] / discount
-    return {"obs": features, "action": data["chain"][:, 0].flatten(1), "reward": torch.from_numpy(data["reward"]),
-            "done": torch.from_numpy(1.0 - continuation), "next_obs": following}
+    return {
+        "obs": features,
+        "action": data["chain"][:, 0].flatten(1),
+        "reward": torch.from_numpy(data["reward"]),
+        "done": torch.from_numpy(1.0 - continuation),
+        "next_obs": following,
+    }
 
 
 def train(config: DsrlConfig) -> RLResult:
@@ -246,8 +283,11 @@ def train(config: DsrlConfig) -> RLResult:
     agent.actor = PriorActor(flow.prior, relative=config.target_kl is not None)  # type: ignore[assignment]
     flow.value_net = SoftValue(agent)  # type: ignore[assignment]  # the rollout's bootstrap of a time-limit cut
     opt = agent.optimizers(config.lr)
-    target_entropy = (-config.target_kl if config.target_kl is not None  # SAC's update: -target is the bound
-                      else action_dim * (0.5 * math.log(2 * math.pi * math.e) + math.log(config.target_std)))
+    target_entropy = (
+        -config.target_kl
+        if config.target_kl is not None  # SAC's update: -target is the bound
+        else action_dim * (0.5 * math.log(2 * math.pi * math.e) + math.log(config.target_std))
+    )
     replay = DecisionReplay(config.buffer_size, feature_dim, action_dim)
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
     windows, tally = Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs)
@@ -268,8 +308,14 @@ def train(config: DsrlConfig) -> RLResult:
         return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=execute)
 
     log = RunLog(run_dir)
-    bar = tqdm(total=iterations * per_iteration, initial=start * per_iteration, desc="dsrl", unit="step",
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=iterations * per_iteration,
+        initial=start * per_iteration,
+        desc="dsrl",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     clock = TrainClock()
     best = BestCheckpoint(run_dir, policy.save)
     stats: dict[str, float] = {}
@@ -282,8 +328,7 @@ def train(config: DsrlConfig) -> RLResult:
             where = f"dsrl iteration {it} (last train state: {state_path})"
             if collected >= config.learning_starts:
                 for _ in range(config.utd * len(batch["obs"])):
-                    stats = update(agent, opt, replay.sample(config.batch_size, rng), sac_config, target_entropy,
-                                   where)
+                    stats = update(agent, opt, replay.sample(config.batch_size, rng), sac_config, target_entropy, where)
                     with torch.no_grad():  # projected onto the std's range: beyond it the clamp passes no gradient
                         flow.prior.log_std.clamp_(-7.0, 0.0)
                 check_finite_weights(agent, where)
@@ -294,15 +339,39 @@ def train(config: DsrlConfig) -> RLResult:
             if now // config.log_every != before // config.log_every or it + 1 == iterations:
                 with torch.no_grad():
                     mean, std = flow.prior(batch["obs"])
-                log.log(now, **stats, **{"time/train_seconds": clock.trained(), "rollout/decisions": collected,
-                                         "prior/std": float(std.mean()), "prior/mean_abs": float(mean.abs().mean())},
-                        **({"train/success_rate": float(np.mean(recent)),
-                            "train/return": float(np.mean(tally.returns[-100:]))} if recent else {}))
+                log.log(
+                    now,
+                    **stats,
+                    **{
+                        "time/train_seconds": clock.trained(),
+                        "rollout/decisions": collected,
+                        "prior/std": float(std.mean()),
+                        "prior/mean_abs": float(mean.abs().mean()),
+                    },
+                    **(
+                        {
+                            "train/success_rate": float(np.mean(recent)),
+                            "train/return": float(np.mean(tally.returns[-100:])),
+                        }
+                        if recent
+                        else {}
+                    ),
+                )
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
-                save_run_state(state_path, it + 1, agent, opt, rng, env, tally=tally.state(), windows=windows.state(),
-                               replay=replay.state(), collected=collected)
+                save_run_state(
+                    state_path,
+                    it + 1,
+                    agent,
+                    opt,
+                    rng,
+                    env,
+                    tally=tally.state(),
+                    windows=windows.state(),
+                    replay=replay.state(),
+                    collected=collected,
+                )
                 policy.save(run_dir / "policy")
     finally:
         bar.close()

@@ -113,12 +113,16 @@ class HilConfig(OnlineConfig):
         if self.operator not in OPERATORS:
             raise ValueError(f"{name}.operator: expected one of {OPERATORS}, got {self.operator!r}")
         if self.method in HEADS:
-            raise ValueError(f"{name}.method: {self.method!r} freezes the flow network, which the operator's "
-                             "interventions train by BC here; expected one of the chain methods (flow_sde, "
-                             "flow_noise, denoising_mdp, ode_noise)")
+            raise ValueError(
+                f"{name}.method: {self.method!r} freezes the flow network, which the operator's "
+                "interventions train by BC here; expected one of the chain methods (flow_sde, "
+                "flow_noise, denoising_mdp, ode_noise)"
+            )
         if self.operator != "expert" and self.num_envs != 1:
-            raise ValueError(f"{name}.num_envs: expected 1 when a teleop device drives (operator="
-                             f"{self.operator!r}), got {self.num_envs}")
+            raise ValueError(
+                f"{name}.num_envs: expected 1 when a teleop device drives (operator="
+                f"{self.operator!r}), got {self.num_envs}"
+            )
         if self.criterion not in ("stray", "stall"):
             raise ValueError(f"{name}.criterion: expected 'stray' or 'stall', got {self.criterion!r}")
         for f in ("stray_patience", "takeover_steps", "bc_batch_size", "stall_steps"):
@@ -151,8 +155,10 @@ class HilResult(RLResult):
         return self.intervention_rates[-1] if self.intervention_rates else 0.0
 
     def summary(self, name: str, episodes: int, unit: str = "env steps") -> str:
-        return (f"{super().summary(name, episodes, unit)}; intervention rate {self.first_intervention_rate:.1%} -> "
-                f"{self.last_intervention_rate:.1%}; every step recorded to {self.store}")
+        return (
+            f"{super().summary(name, episodes, unit)}; intervention rate {self.first_intervention_rate:.1%} -> "
+            f"{self.last_intervention_rate:.1%}; every step recorded to {self.store}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,8 +191,9 @@ class DemoBuffer:
     def operator_steps(self) -> int:
         return sum(len(p["action"]) for p, op in zip(self.parts, self.operated) if op)
 
-    def add(self, data: dict[str, np.ndarray], select: np.ndarray, instruction: str | None = None,
-            operator: bool = True) -> None:
+    def add(
+        self, data: dict[str, np.ndarray], select: np.ndarray, instruction: str | None = None, operator: bool = True
+    ) -> None:
         for a, b in runs(select):
             self.parts.append({k: np.asarray(data[k][a:b]) for k in self.keys})
             self.operated.append(operator)
@@ -197,8 +204,9 @@ class DemoBuffer:
     def sampler(self, which: list[int]) -> SequenceSampler:
         data = {k: np.concatenate([self.parts[i][k] for i in which]) for k in self.keys}
         ends = np.cumsum([len(self.parts[i]["action"]) for i in which])
-        return SequenceSampler(data, ends, self.keys[:-1], self.window,
-                               text={k: [v[i] for i in which] for k, v in self.text.items()})
+        return SequenceSampler(
+            data, ends, self.keys[:-1], self.window, text={k: [v[i] for i in which] for k, v in self.text.items()}
+        )
 
     def sample(self, batch: int, rng: np.random.Generator, operator_fraction: float = 0.0) -> dict[str, Any]:
         """Windows of every part alike, or `operator_fraction` of them from the operator's stretches (the rest from
@@ -208,7 +216,9 @@ class DemoBuffer:
             seeded = [i for i, op in enumerate(self.operated) if not op]
             self.samplers[operator_fraction] = (
                 MixedSampler([self.sampler(seeded), self.sampler(mine)], [1.0 - operator_fraction, operator_fraction])
-                if operator_fraction > 0 and mine and seeded else self.sampler(list(range(len(self.parts)))))
+                if operator_fraction > 0 and mine and seeded
+                else self.sampler(list(range(len(self.parts))))
+            )
         return self.samplers[operator_fraction].sample(batch, rng)
 
 
@@ -220,12 +230,29 @@ class Recorder:
         self.store, self.demos = store, demos
         self.writers = [store.writer(source="policy", env=i, **meta) for i in range(num_envs)]
 
-    def add(self, obs: dict[str, Any], action: np.ndarray, operated: np.ndarray, reward: np.ndarray,
-            terminated: np.ndarray, truncated: np.ndarray, success: np.ndarray, now: float | None = None) -> None:
+    def add(
+        self,
+        obs: dict[str, Any],
+        action: np.ndarray,
+        operated: np.ndarray,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        success: np.ndarray,
+        now: float | None = None,
+    ) -> None:
         now = time.time() if now is None else now
         for i, w in enumerate(self.writers):
-            w.add({k: v[i] for k, v in obs.items()}, action[i], float(reward[i]), bool(terminated[i]),
-                  bool(truncated[i]), bool(success[i]), bool(operated[i]), now)
+            w.add(
+                {k: v[i] for k, v in obs.items()},
+                action[i],
+                float(reward[i]),
+                bool(terminated[i]),
+                bool(truncated[i]),
+                bool(success[i]),
+                bool(operated[i]),
+                now,
+            )
             if terminated[i] or truncated[i]:
                 data, instruction = w.unfinished(), w._instruction
                 w.finalize(source="intervention" if data["intervention"].any() else "policy")
@@ -233,10 +260,13 @@ class Recorder:
 
     def state(self) -> dict[str, Any]:
         """The store's committed episodes and each env's unfinished one (tensors and strings: no pickle)."""
-        return {"episodes": self.store.num_episodes,
-                "unfinished": [{k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in w.unfinished().items()}
-                               for w in self.writers],
-                "instructions": [w._instruction or "" for w in self.writers]}
+        return {
+            "episodes": self.store.num_episodes,
+            "unfinished": [
+                {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in w.unfinished().items()} for w in self.writers
+            ],
+            "instructions": [w._instruction or "" for w in self.writers],
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         """Back to `state()`: episodes committed after it are dropped (the resumed run records them again) and the
@@ -247,11 +277,20 @@ class Recorder:
             w.discard()
             tail = {k: v.numpy() for k, v in tail.items()}
             for s in range(len(tail["action"])):
-                obs = {**{k: tail[k][s] for k in self.store.arrays_spec if k in self.store.spec.observations},
-                       **{k: instruction for k in text}}
-                w.add(obs, tail["action"][s], float(tail["reward"][s]), bool(tail["terminated"][s]),
-                      bool(tail["truncated"][s]), bool(tail["success"][s]), bool(tail["intervention"][s]),
-                      float(tail["timestamp"][s]))
+                obs = {
+                    **{k: tail[k][s] for k in self.store.arrays_spec if k in self.store.spec.observations},
+                    **{k: instruction for k in text},
+                }
+                w.add(
+                    obs,
+                    tail["action"][s],
+                    float(tail["reward"][s]),
+                    bool(tail["terminated"][s]),
+                    bool(tail["truncated"][s]),
+                    bool(tail["success"][s]),
+                    bool(tail["intervention"][s]),
+                    float(tail["timestamp"][s]),
+                )
 
 
 def demos_from_store(buffer: DemoBuffer, store: EpisodeStore, everything: bool) -> None:
@@ -260,8 +299,12 @@ def demos_from_store(buffer: DemoBuffer, store: EpisodeStore, everything: bool) 
     for i, meta in enumerate(store.episodes):
         if everything or meta.get("interventions", 0):
             data = store.episode(i, keys).data
-            buffer.add(data, np.ones(len(data["action"]), bool) if everything else data["intervention"],
-                       meta.get("instruction"), operator=not everything)
+            buffer.add(
+                data,
+                np.ones(len(data["action"]), bool) if everything else data["intervention"],
+                meta.get("instruction"),
+                operator=not everything,
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -273,9 +316,11 @@ def copy_obs(obs: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def numpy_state(obj: Any) -> dict[str, Any]:
     """A scripted expert's mutable state, without pickling it: its arrays and generators, and its teleop noise's."""
-    return {"arrays": {k: torch.from_numpy(v.copy()) for k, v in vars(obj).items() if isinstance(v, np.ndarray)},
-            "rngs": {k: v.bit_generator.state for k, v in vars(obj).items() if isinstance(v, np.random.Generator)},
-            "parts": {k: numpy_state(v) for k, v in vars(obj).items() if isinstance(v, TeleopNoise)}}
+    return {
+        "arrays": {k: torch.from_numpy(v.copy()) for k, v in vars(obj).items() if isinstance(v, np.ndarray)},
+        "rngs": {k: v.bit_generator.state for k, v in vars(obj).items() if isinstance(v, np.random.Generator)},
+        "parts": {k: numpy_state(v) for k, v in vars(obj).items() if isinstance(v, TeleopNoise)},
+    }
 
 
 def load_numpy_state(obj: Any, state: dict[str, Any]) -> None:
@@ -299,8 +344,16 @@ class Watch:
         self.obs = copy_obs(obs)
         self.see(np.ones(self.n, bool))
 
-    def observe(self, action: np.ndarray, operated: np.ndarray, next_obs: dict[str, Any], reward: np.ndarray,
-                terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+    def observe(
+        self,
+        action: np.ndarray,
+        operated: np.ndarray,
+        next_obs: dict[str, Any],
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        info: dict[str, Any],
+    ) -> None:
         self.recorder.add(self.obs, action, operated, reward, terminated, truncated, info["success"])
         self.operated_steps, self.steps = self.operated_steps + int(operated.sum()), self.steps + self.n
         self.handled(operated)
@@ -320,12 +373,14 @@ class Watch:
         """The current observations `self.obs` are new; envs `new_episode` started an episode with them."""
 
     def state(self) -> dict[str, Any]:
-        return {"obs": {k: [str(x) for x in v] if v.dtype == object else torch.from_numpy(v)
-                        for k, v in self.obs.items()}}
+        return {
+            "obs": {k: [str(x) for x in v] if v.dtype == object else torch.from_numpy(v) for k, v in self.obs.items()}
+        }
 
     def load(self, state: dict[str, Any]) -> None:
-        self.obs = {k: np.asarray(v, dtype=object) if isinstance(v, list) else v.numpy().copy()
-                    for k, v in state["obs"].items()}
+        self.obs = {
+            k: np.asarray(v, dtype=object) if isinstance(v, list) else v.numpy().copy() for k, v in state["obs"].items()
+        }
 
 
 class ExpertOperator(Watch):
@@ -336,8 +391,9 @@ class ExpertOperator(Watch):
     rising by `stall_margin` above its level at the last progress (a take-over restarts the count; an episode that
     has succeeded is left alone)."""
 
-    def __init__(self, expert: Expert, action_scale: np.ndarray, config: HilConfig, recorder: Recorder,
-                 num_envs: int) -> None:
+    def __init__(
+        self, expert: Expert, action_scale: np.ndarray, config: HilConfig, recorder: Recorder, num_envs: int
+    ) -> None:
         super().__init__(recorder, num_envs)
         self.expert, self.scale, self.config = expert, action_scale, config
         self.expert.reset(num_envs)
@@ -358,8 +414,9 @@ class ExpertOperator(Watch):
         if self.config.criterion == "stall":
             take = idx[free & (self.idle[idx] >= self.config.stall_steps)]
         else:
-            self.strikes[idx] = np.where(free & (self.stray(proposal, idx) > self.config.stray_threshold),
-                                         self.strikes[idx] + 1, 0)
+            self.strikes[idx] = np.where(
+                free & (self.stray(proposal, idx) > self.config.stray_threshold), self.strikes[idx] + 1, 0
+            )
             take = idx[free & (self.strikes[idx] >= self.config.stray_patience)]
         self.remaining[take], self.strikes[take], self.idle[take] = self.config.takeover_steps, 0, 0
         self.takeovers += len(take)
@@ -368,8 +425,16 @@ class ExpertOperator(Watch):
     def act(self) -> np.ndarray:
         return self.action
 
-    def observe(self, action: np.ndarray, operated: np.ndarray, next_obs: dict[str, Any], reward: np.ndarray,
-                terminated: np.ndarray, truncated: np.ndarray, info: dict[str, Any]) -> None:
+    def observe(
+        self,
+        action: np.ndarray,
+        operated: np.ndarray,
+        next_obs: dict[str, Any],
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        info: dict[str, Any],
+    ) -> None:
         progress = reward > self.best + self.config.stall_margin  # risen by the margin since the last progress
         self.best = np.where(progress, reward, self.best).astype(np.float32)
         self.succeeded |= np.asarray(info["success"], bool)  # nobody steps in once the task is done
@@ -387,10 +452,16 @@ class ExpertOperator(Watch):
         self.action = np.asarray(self.expert.act(self.obs), np.float32)
 
     def state(self) -> dict[str, Any]:
-        return {**super().state(), "expert": numpy_state(self.expert), "strikes": torch.from_numpy(self.strikes),
-                "remaining": torch.from_numpy(self.remaining), "action": torch.from_numpy(self.action),
-                "best": torch.from_numpy(self.best), "idle": torch.from_numpy(self.idle),
-                "succeeded": torch.from_numpy(self.succeeded)}
+        return {
+            **super().state(),
+            "expert": numpy_state(self.expert),
+            "strikes": torch.from_numpy(self.strikes),
+            "remaining": torch.from_numpy(self.remaining),
+            "action": torch.from_numpy(self.action),
+            "best": torch.from_numpy(self.best),
+            "idle": torch.from_numpy(self.idle),
+            "succeeded": torch.from_numpy(self.succeeded),
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         super().load(state)
@@ -434,8 +505,9 @@ class DeviceOperator(Watch):
             self.limiter.wait()
         self.command = self.device.read({k: v[0] for k, v in self.obs.items()})
         if self.command.quit:
-            raise KeyboardInterrupt(f"the operator quit ({self.device.name}); --resume continues from the last "
-                                    "train state")
+            raise KeyboardInterrupt(
+                f"the operator quit ({self.device.name}); --resume continues from the last train state"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -466,8 +538,9 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
         operator: ExpertOperator | DeviceOperator
         if config.operator == "expert" and device is None:
             scale = policy.normalizer.get_buffer("action_scale").detach().cpu().numpy().reshape(-1)
-            operator = ExpertOperator(env.task.expert(noise=config.operator_noise, seed=config.seed), scale, config,
-                                      recorder, n)
+            operator = ExpertOperator(
+                env.task.expert(noise=config.operator_noise, seed=config.seed), scale, config, recorder, n
+            )
         else:
             if device is None:
                 scripted = {"noise": config.operator_noise, "seed": config.seed}
@@ -503,8 +576,14 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
 
         log = RunLog(run_dir)
         best = BestCheckpoint(run_dir, run.kept.save)
-        bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"hil {config.operator}",
-                   unit="step", disable=not config.progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=iterations * n * horizon,
+            initial=start * n * horizon,
+            desc=f"hil {config.operator}",
+            unit="step",
+            disable=not config.progress,
+            dynamic_ncols=True,
+        )
         clock = TrainClock()
         try:
             for it in range(start, iterations):
@@ -530,23 +609,49 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                 now, before = (it + 1) * n * horizon, it * n * horizon
                 bar.update(n * horizon)
                 recent = tally.success[-100:]
-                row = {"hil/intervention_rate": rate, "hil/takeovers": takeovers, "hil/demo_steps": demos.steps,
-                       "hil/operator_steps": demos.operator_steps,
-                       "hil/operated_decisions": float(data["operated"].float().mean())}
+                row = {
+                    "hil/intervention_rate": rate,
+                    "hil/takeovers": takeovers,
+                    "hil/demo_steps": demos.steps,
+                    "hil/operator_steps": demos.operator_steps,
+                    "hil/operated_decisions": float(data["operated"].float().mean()),
+                }
                 if now // config.log_every != before // config.log_every or it + 1 == iterations:
                     trained_s = clock.trained()
-                    row.update({**{k: float(np.mean(x)) for k, x in sums.items()},
-                                "time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9),
-                                "rollout/decisions": len(data["adv"]),
-                                **({"train/success_rate": float(np.mean(recent)),
-                                    "train/return": float(np.mean(tally.returns[-100:]))} if recent else {})})
+                    row.update(
+                        {
+                            **{k: float(np.mean(x)) for k, x in sums.items()},
+                            "time/train_seconds": trained_s,
+                            "time/steps_per_second": now / max(trained_s, 1e-9),
+                            "rollout/decisions": len(data["adv"]),
+                            **(
+                                {
+                                    "train/success_rate": float(np.mean(recent)),
+                                    "train/return": float(np.mean(tally.returns[-100:])),
+                                }
+                                if recent
+                                else {}
+                            ),
+                        }
+                    )
                 log.log(now, **row)
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-", intervention=f"{rate:.2f}")
                 clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
                 if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
-                    save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, tally=tally.state(),
-                                   windows=windows.state(), recorder=recorder.state(), operator=operator.state(),
-                                   rates=rates, **run.ema_state())
+                    save_run_state(
+                        state_path,
+                        it + 1,
+                        agent,
+                        {"adam": optimizer},
+                        rng,
+                        env,
+                        tally=tally.state(),
+                        windows=windows.state(),
+                        recorder=recorder.state(),
+                        operator=operator.state(),
+                        rates=rates,
+                        **run.ema_state(),
+                    )
                     run.kept.save(run_dir / "policy")
         finally:
             bar.close()

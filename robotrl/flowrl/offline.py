@@ -194,8 +194,21 @@ class OfflineFlowConfig(PolicyRunOptions):
             raise ValueError(f"{name}.advantage: expected 'value' or 'group', got {self.advantage!r}")
         if self.advantage == "group" and self.samples < 2:
             raise ValueError(f"{name}.samples: expected >= 2 for advantage 'group', got {self.samples}")
-        for field in ("iterations", "critic_steps", "policy_updates", "windows", "samples", "epochs", "minibatch_size",
-                      "rollout_episodes", "rollout_envs", "execute", "critic_batch_size", "critics", "ope_windows"):
+        for field in (
+            "iterations",
+            "critic_steps",
+            "policy_updates",
+            "windows",
+            "samples",
+            "epochs",
+            "minibatch_size",
+            "rollout_episodes",
+            "rollout_envs",
+            "execute",
+            "critic_batch_size",
+            "critics",
+            "ope_windows",
+        ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         if self.gate_episodes is not None and self.gate_episodes < 1:
@@ -204,8 +217,16 @@ class OfflineFlowConfig(PolicyRunOptions):
             raise ValueError(f"{name}.gate_z: expected >= 0, got {self.gate_z}")
         if self.sampler_steps is not None and self.sampler_steps < 1:
             raise ValueError(f"{name}.sampler_steps: expected >= 1, got {self.sampler_steps}")
-        for field in ("clip", "lr", "noise_lr", "max_grad_norm", "sde_noise", "critic_lr", "awr_temperature",
-                      "awr_max_weight"):
+        for field in (
+            "clip",
+            "lr",
+            "noise_lr",
+            "max_grad_norm",
+            "sde_noise",
+            "critic_lr",
+            "awr_temperature",
+            "awr_max_weight",
+        ):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
         if self.noise_std is not None and not self.noise_std > 0:
@@ -226,9 +247,19 @@ class OfflineFlowConfig(PolicyRunOptions):
 
     def chain_config(self) -> ChainConfig:
         """The settings of the chain (FlowAgent) and its clipped loss (ppo_loss), the value loss off."""
-        return ChainConfig(policy=self.policy, method=self.method, noise_std=self.noise_std, sde_noise=self.sde_noise,
-                           ratio=self.ratio, clip=self.clip, bc_coef=self.bc_coef, value_coef=0.0,
-                           execute=self.execute, eval_episodes=0, progress=False)
+        return ChainConfig(
+            policy=self.policy,
+            method=self.method,
+            noise_std=self.noise_std,
+            sde_noise=self.sde_noise,
+            ratio=self.ratio,
+            clip=self.clip,
+            bc_coef=self.bc_coef,
+            value_coef=0.0,
+            execute=self.execute,
+            eval_episodes=0,
+            progress=False,
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -267,15 +298,19 @@ def held_out_episodes(count: int, fraction: float, seed: int, where: str) -> np.
     return held
 
 
-def read_decisions(path: Path, policy: FlowPolicy, execute: int, gamma: float, fraction: float, seed: int,
-                   where: str) -> Decisions:
+def read_decisions(
+    path: Path, policy: FlowPolicy, execute: int, gamma: float, fraction: float, seed: int, where: str
+) -> Decisions:
     """The store's decisions at every step of every episode (module docstring, step 1)."""
     with EpisodeStore.open(path) as store:
         store.check_spec(policy.spec, "the policy's spec")
         # windows of the policy's whole chunk; the decision is its first `execute` actions (execute <= horizon)
-        sampler = SequenceSampler.from_store(store, SequenceConfig(policy.obs_horizon, policy.action_horizon,
-                                                                   tuple(policy.obs_keys),
-                                                                   extra_keys=("reward", "terminated")))
+        sampler = SequenceSampler.from_store(
+            store,
+            SequenceConfig(
+                policy.obs_horizon, policy.action_horizon, tuple(policy.obs_keys), extra_keys=("reward", "terminated")
+            ),
+        )
         held = held_out_episodes(store.num_episodes, fraction, seed, where)
     index = np.arange(len(sampler))
     w = sampler.get(index)
@@ -346,8 +381,9 @@ def ode_chunks(agent: FlowAgent, obs: dict[str, torch.Tensor], execute: int, see
 
 
 @torch.no_grad()
-def ope_gate(critic: ChunkCritic, features: torch.Tensor, old: torch.Tensor, new: torch.Tensor, episode: np.ndarray,
-             z: float) -> dict[str, float]:
+def ope_gate(
+    critic: ChunkCritic, features: torch.Tensor, old: torch.Tensor, new: torch.Tensor, episode: np.ndarray, z: float
+) -> dict[str, float]:
     """AM-Q's estimated gain of chunks `new` over `old` at held-out windows, and its lower bound: the most pessimistic
     critic member's mean gain (members disagree where the data does not pin Q down) minus z standard errors of the
     mean over held-out episodes (windows of one episode are correlated, episodes are not)."""
@@ -357,14 +393,27 @@ def ope_gate(critic: ChunkCritic, features: torch.Tensor, old: torch.Tensor, new
     per_episode = np.bincount(cluster, gain.mean(0).double().numpy()) / np.bincount(cluster)
     se = float(per_episode.std(ddof=1) / math.sqrt(len(per_episode))) if len(per_episode) > 1 else math.inf
     member = gain.mean(1)
-    return {"ope/old": float(q_old.min(0).values.mean()), "ope/new": float(q_new.min(0).values.mean()),
-            "ope/gain": float(member.mean()), "ope/gain_lcb": float(member.min()) - z * se, "ope/gain_se": se,
-            "ope/member_spread": float(member.max() - member.min())}
+    return {
+        "ope/old": float(q_old.min(0).values.mean()),
+        "ope/new": float(q_new.min(0).values.mean()),
+        "ope/gain": float(member.mean()),
+        "ope/gain_lcb": float(member.min()) - z * se,
+        "ope/gain_se": se,
+        "ope/member_spread": float(member.max() - member.min()),
+    }
 
 
-def improve(agent: FlowAgent, critic: ChunkCritic, optimizer: torch.optim.Optimizer, obs: dict[str, torch.Tensor],
-            config: OfflineFlowConfig, chain_config: ChainConfig, reference: FlowPolicy | None,
-            rng: np.random.Generator, where: str) -> dict[str, float]:
+def improve(
+    agent: FlowAgent,
+    critic: ChunkCritic,
+    optimizer: torch.optim.Optimizer,
+    obs: dict[str, torch.Tensor],
+    config: OfflineFlowConfig,
+    chain_config: ChainConfig,
+    reference: FlowPolicy | None,
+    rng: np.random.Generator,
+    where: str,
+) -> dict[str, float]:
     """One policy update (module docstring, step 2) on windows drawn from `obs`: `samples` chains of the current
     policy per window, the advantage of their executed chunks (`config.advantage`), `epochs` clipped PPO passes."""
     pick = torch.from_numpy(rng.integers(0, len(next(iter(obs.values()))), config.windows))
@@ -383,21 +432,39 @@ def improve(agent: FlowAgent, critic: ChunkCritic, optimizer: torch.optim.Optimi
     for _ in range(config.epochs):
         order = torch.from_numpy(rng.permutation(len(adv)))
         for lo in range(0, len(adv), config.minibatch_size):
-            mb = order[lo:lo + config.minibatch_size]
-            batch = {"obs": {k: v[mb] for k, v in batch_obs.items()}, "chain": chain[mb], "logp": logp[mb],
-                     "adv": adv[mb], "value": zeros[mb], "ret": zeros[mb]}
+            mb = order[lo : lo + config.minibatch_size]
+            batch = {
+                "obs": {k: v[mb] for k, v in batch_obs.items()},
+                "chain": chain[mb],
+                "logp": logp[mb],
+                "adv": adv[mb],
+                "value": zeros[mb],
+                "ret": zeros[mb],
+            }
             loss, stats = ppo_loss(agent, batch, chain_config, True, reference)
             _, stats["grad_norm"] = optimizer_step(loss, agent, optimizer, _NoSchedule(), where, config.max_grad_norm)
             for key, x in stats.items():
                 sums.setdefault(key, []).append(x)
     sums.pop("loss/value", None)
-    return {**{k: float(np.mean(x)) for k, x in sums.items()}, "adv/mean": float(adv.mean()),
-            "adv/std": float(adv.std())}
+    return {
+        **{k: float(np.mean(x)) for k, x in sums.items()},
+        "adv/mean": float(adv.mean()),
+        "adv/std": float(adv.std()),
+    }
 
 
-def improve_awr(student: FlowPolicy, policy: FlowPolicy, critic: ChunkCritic, optimizer: torch.optim.Optimizer,
-                data: Decisions, features: torch.Tensor, train: np.ndarray, config: OfflineFlowConfig,
-                rng: np.random.Generator, where: str) -> dict[str, float]:
+def improve_awr(
+    student: FlowPolicy,
+    policy: FlowPolicy,
+    critic: ChunkCritic,
+    optimizer: torch.optim.Optimizer,
+    data: Decisions,
+    features: torch.Tensor,
+    train: np.ndarray,
+    config: OfflineFlowConfig,
+    rng: np.random.Generator,
+    where: str,
+) -> dict[str, float]:
     """One policy update by advantage-weighted flow matching: `epochs` gradient steps of `student`, each on
     `windows` training decisions with the data's own chunks, weighted by exp(A / T) of the chunk the data executed
     (A standardized over the batch, clipped at `awr_max_weight`, normalized to mean 1); `policy` follows as the
@@ -417,8 +484,13 @@ def improve_awr(student: FlowPolicy, policy: FlowPolicy, critic: ChunkCritic, op
         loss = student.loss({key: v[k] for key, v in data.obs.items()}, data.chunk[k], data.chunk_is_pad[k], weight)
         value, grad_norm = optimizer_step(loss, student, optimizer, schedule, where, config.max_grad_norm)
         polyak(student, policy, 1.0 - config.awr_ema)
-        for key, x in {"loss/awr": value, "grad_norm": grad_norm, "adv/mean": float(adv.mean()),
-                       "adv/std": float(adv.std()), "awr/max_weight": float(weight.max())}.items():
+        for key, x in {
+            "loss/awr": value,
+            "grad_norm": grad_norm,
+            "adv/mean": float(adv.mean()),
+            "adv/std": float(adv.std()),
+            "awr/max_weight": float(weight.max()),
+        }.items():
             stats.setdefault(key, []).append(x)
     return {k: float(np.mean(x)) for k, x in stats.items()}
 
@@ -447,8 +519,11 @@ def train(config: OfflineFlowConfig) -> RLResult:
         shutil.copytree(config.store, store_path)
     execute = min(config.execute, policy.action_horizon)
     chain_config = config.chain_config()
-    reference = load_flow_policy(config.policy, config.sampler_steps, f"{name}.policy").requires_grad_(False) \
-        if config.bc_coef > 0 else None
+    reference = (
+        load_flow_policy(config.policy, config.sampler_steps, f"{name}.policy").requires_grad_(False)
+        if config.bc_coef > 0
+        else None
+    )
 
     # the chain (chain.py's FlowAgent; its value net is unused), the critic, their optimizers
     agent = FlowAgent(policy, chain_config, policy.config.steps)
@@ -460,9 +535,11 @@ def train(config: OfflineFlowConfig) -> RLResult:
     groups = [{"params": (student or policy).parameters(), "lr": config.lr}]
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
-    opt = {"policy": torch.optim.Adam(groups, eps=1e-5, fused=True),
-           "value": torch.optim.Adam(critic.value.parameters(), lr=config.critic_lr),
-           "critic": torch.optim.Adam(critic.critic.parameters(), lr=config.critic_lr)}
+    opt = {
+        "policy": torch.optim.Adam(groups, eps=1e-5, fused=True),
+        "value": torch.optim.Adam(critic.value.parameters(), lr=config.critic_lr),
+        "critic": torch.optim.Adam(critic.critic.parameters(), lr=config.critic_lr),
+    }
     start = 0
     if config.resume:
         state = load_run_state(state_path, modules, opt, rng)
@@ -471,8 +548,11 @@ def train(config: OfflineFlowConfig) -> RLResult:
             store.truncate(int(state["episodes"]))  # rollouts of the iteration that was cut short
 
     def snapshot() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-        return (copy.deepcopy(agent.state_dict()), copy.deepcopy(opt["policy"].state_dict()),
-                copy.deepcopy(student.state_dict()) if student is not None else None)
+        return (
+            copy.deepcopy(agent.state_dict()),
+            copy.deepcopy(opt["policy"].state_dict()),
+            copy.deepcopy(student.state_dict()) if student is not None else None,
+        )
 
     def restore(snap: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]) -> None:
         agent.load_state_dict(snap[0])
@@ -492,29 +572,44 @@ def train(config: OfflineFlowConfig) -> RLResult:
 
     log = RunLog(run_dir)
     updates = config.policy_updates
-    bar = tqdm(total=config.iterations, initial=start, desc=f"offline {config.method}", unit="iteration",
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=config.iterations,
+        initial=start,
+        desc=f"offline {config.method}",
+        unit="iteration",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     began = time.perf_counter()
     if start == 0 and config.eval_episodes > 0:
         log.log(0, **{"eval/success_rate": evaluate().success_rate})
     try:
         for it in range(start, config.iterations):
             where = f"offline iteration {it} (last train state: {state_path})"
-            data = read_decisions(store_path, policy, execute, config.gamma, config.ope_fraction, config.seed,
-                                  f"{name}.store")
+            data = read_decisions(
+                store_path, policy, execute, config.gamma, config.ope_fraction, config.seed, f"{name}.store"
+            )
             # 1. the critic on every decision of the store
             features, next_features = agent.features(data.obs), agent.features(data.next_obs)
             stats: dict[str, list[float]] = {}
             for _ in range(config.critic_steps):
                 k = torch.from_numpy(rng.integers(0, len(data), config.critic_batch_size))
-                batch = {"obs": features[k], "action": data.action[k], "reward": data.reward[k],
-                         "done": torch.zeros(len(k)), "next_obs": next_features[k]}
+                batch = {
+                    "obs": features[k],
+                    "action": data.action[k],
+                    "reward": data.reward[k],
+                    "done": torch.zeros(len(k)),
+                    "next_obs": next_features[k],
+                }
                 _, _, s = critic_update(critic, opt, batch, config.expectile, data.discount[k], f"{where}: critic")
                 polyak(critic.critic, critic.target, config.tau)
                 for key, x in s.items():
                     stats.setdefault(CRITIC_STATS[key], []).append(x)
-            log.log(it * updates, **{k: float(np.mean(x[-100:])) for k, x in stats.items()},
-                    **{"data/decisions": len(data), "data/held_out": float(data.held_out.sum())})
+            log.log(
+                it * updates,
+                **{k: float(np.mean(x[-100:])) for k, x in stats.items()},
+                **{"data/decisions": len(data), "data/held_out": float(data.held_out.sum())},
+            )
 
             # 2. gated policy updates: windows of the training episodes; OPE on the held-out ones
             train_index = np.nonzero(~data.held_out)[0]
@@ -526,23 +621,47 @@ def train(config: OfflineFlowConfig) -> RLResult:
             old = ode_chunks(agent, ope_obs, execute, ope_seed)
             q_old = float(critic.q(ope_features, old).mean())
             if not math.isfinite(q_old):
-                raise TrainingDiverged(f"{where}: the OPE estimate of the current policy is {q_old}; the last good "
-                                       "train state is kept (resume with a lower critic_lr)")
+                raise TrainingDiverged(
+                    f"{where}: the OPE estimate of the current policy is {q_old}; the last good "
+                    "train state is kept (resume with a lower critic_lr)"
+                )
             accepted = 0
             check_seed = config.seed + 10_000 * (it + 1) + 5_000  # neither the rollouts' nor evaluation's seeds
             start_state = snapshot()
             gate_episodes = config.gate_episodes or config.rollout_episodes
             gate_envs = min(gate_episodes, config.eval_envs)
-            start_success = evaluate_policy(policy, gate_episodes, gate_envs, check_seed,
-                                            execute).success_rate if config.success_gate else 0.0
+            start_success = (
+                evaluate_policy(policy, gate_episodes, gate_envs, check_seed, execute).success_rate
+                if config.success_gate
+                else 0.0
+            )
             for u in range(updates):
                 kept = snapshot()
                 if student is not None:
-                    s = improve_awr(student, policy, critic, opt["policy"], data, features, train_index, config, rng,
-                                    f"{where}, policy update {u}")
+                    s = improve_awr(
+                        student,
+                        policy,
+                        critic,
+                        opt["policy"],
+                        data,
+                        features,
+                        train_index,
+                        config,
+                        rng,
+                        f"{where}, policy update {u}",
+                    )
                 else:
-                    s = improve(agent, critic, opt["policy"], train_obs, config, chain_config, reference, rng,
-                                f"{where}, policy update {u}")
+                    s = improve(
+                        agent,
+                        critic,
+                        opt["policy"],
+                        train_obs,
+                        config,
+                        chain_config,
+                        reference,
+                        rng,
+                        f"{where}, policy update {u}",
+                    )
                 new = ode_chunks(agent, ope_obs, execute, ope_seed)
                 gate = ope_gate(critic, ope_features, old, new, ope_episode, config.ope_z)
                 ok = math.isfinite(gate["ope/gain_lcb"]) and gate["ope/gain_lcb"] > 0
@@ -556,8 +675,15 @@ def train(config: OfflineFlowConfig) -> RLResult:
                 new_success = evaluate_policy(policy, gate_episodes, gate_envs, check_seed, execute).success_rate
                 _, lower = success_gain(new_success, start_success, gate_episodes, config.gate_z)
                 kept_gain = lower > 0  # else no gain outside the gate's noise: the iteration's updates are undone
-                log.log((it + 1) * updates, **{"gate/start_success": start_success, "gate/new_success": new_success,
-                                               "gate/gain_lcb": lower, "gate/kept": float(kept_gain)})
+                log.log(
+                    (it + 1) * updates,
+                    **{
+                        "gate/start_success": start_success,
+                        "gate/new_success": new_success,
+                        "gate/gain_lcb": lower,
+                        "gate/kept": float(kept_gain),
+                    },
+                )
                 if not kept_gain:
                     restore(start_state)
                     accepted = 0
@@ -565,14 +691,27 @@ def train(config: OfflineFlowConfig) -> RLResult:
             # 3. rollouts of the accepted policy into the store
             with EpisodeStore.open(store_path, mode="a") as store:
                 before = store.num_episodes
-                env = make_eval_env(policy.spec, tuple(policy.obs_keys), config.rollout_envs,
-                                    config.seed + 10_000 * (it + 1), reward_type=config.reward_type)
+                env = make_eval_env(
+                    policy.spec,
+                    tuple(policy.obs_keys),
+                    config.rollout_envs,
+                    config.seed + 10_000 * (it + 1),
+                    reward_type=config.reward_type,
+                )
                 controller = controller_for(policy, execute)
                 controller.reset(env.num_envs)
                 try:
-                    added = record_policy(env, controller, store, config.rollout_episodes, source="policy",
-                                          on_episode_end=controller.reset_env, seed=config.seed + 10_000 * (it + 1),
-                                          progress=False, iteration=it)
+                    added = record_policy(
+                        env,
+                        controller,
+                        store,
+                        config.rollout_episodes,
+                        source="policy",
+                        on_episode_end=controller.reset_env,
+                        seed=config.seed + 10_000 * (it + 1),
+                        progress=False,
+                        iteration=it,
+                    )
                 finally:
                     env.close()
                 rollout_success = float(np.mean([bool(store.episodes[i].get("success")) for i in added]))
@@ -582,8 +721,13 @@ def train(config: OfflineFlowConfig) -> RLResult:
             # 4. held-out success, train state, checkpoint
             done = (it + 1) * updates
             trained = time.perf_counter() - began - timing["eval"]
-            row = {"iteration/accepted": accepted, "rollout/success_rate": rollout_success,
-                   "data/episodes": episodes, "data/added": episodes - before, "time/train_seconds": trained}
+            row = {
+                "iteration/accepted": accepted,
+                "rollout/success_rate": rollout_success,
+                "data/episodes": episodes,
+                "data/added": episodes - before,
+                "time/train_seconds": trained,
+            }
             if config.eval_episodes > 0:
                 row["eval/success_rate"] = evaluate().success_rate
             log.log(done, **row)

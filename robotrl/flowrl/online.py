@@ -143,8 +143,9 @@ class OnlineConfig(ChainConfig):
         check_device(self.device, f"{type(self).__name__}.device")
         name = type(self).__name__
         if self.eval_sampler_steps is not None and self.eval_sampler_steps < 1:
-            raise ValueError(f"{name}.eval_sampler_steps: expected >= 1 (or None: the policy's own), got "
-                             f"{self.eval_sampler_steps}")
+            raise ValueError(
+                f"{name}.eval_sampler_steps: expected >= 1 (or None: the policy's own), got {self.eval_sampler_steps}"
+            )
         for field in ("total_steps", "rollout_steps", "epochs", "minibatch_size"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
@@ -152,8 +153,9 @@ class OnlineConfig(ChainConfig):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{name}.{field}: expected > 0, got {getattr(self, field)}")
         if not (0.0 < self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
-            raise ValueError(f"{name}.gamma / gae_lambda: expected (0, 1] and [0, 1], got {self.gamma}, "
-                             f"{self.gae_lambda}")
+            raise ValueError(
+                f"{name}.gamma / gae_lambda: expected (0, 1] and [0, 1], got {self.gamma}, {self.gae_lambda}"
+            )
         if not 0.0 <= self.ema < 1.0:
             raise ValueError(f"{name}.ema: expected a decay in [0, 1), got {self.ema}")
         if not 0.0 < self.dense_scale <= 1.0:
@@ -165,8 +167,15 @@ class OnlineConfig(ChainConfig):
 # ---------------------------------------------------------------------------------------------------
 # PPO over the rollout's decisions
 # ---------------------------------------------------------------------------------------------------
-def semi_mdp_gae(reward: np.ndarray, discount: np.ndarray, done: np.ndarray, value: np.ndarray, env: np.ndarray,
-                 last_value: np.ndarray, lam: float) -> np.ndarray:
+def semi_mdp_gae(
+    reward: np.ndarray,
+    discount: np.ndarray,
+    done: np.ndarray,
+    value: np.ndarray,
+    env: np.ndarray,
+    last_value: np.ndarray,
+    lam: float,
+) -> np.ndarray:
     """GAE(lambda) over decisions in the order they were taken (several envs interleaved): a decision of k env
     steps discounts its successor by gamma^k (`discount`); `done` cuts at episode ends (a time-limit cut has its
     bootstrap in `reward` already); an env's last decision bootstraps from `last_value[env]`."""
@@ -180,15 +189,24 @@ def semi_mdp_gae(reward: np.ndarray, discount: np.ndarray, done: np.ndarray, val
     return adv
 
 
-def collect(agent: FlowAgent, env: Any, windows: Windows, steps: int, execute: int, config: OnlineConfig,
-            tally: Tally, operator: Operator | None = None) -> dict[str, Any]:
+def collect(
+    agent: FlowAgent,
+    env: Any,
+    windows: Windows,
+    steps: int,
+    execute: int,
+    config: OnlineConfig,
+    tally: Tally,
+    operator: Operator | None = None,
+) -> dict[str, Any]:
     """A rollout (`rollout`) with its decisions' GAE advantages (`adv`) and value targets (`ret`), on the agent's
     device."""
     data = rollout(agent, env, windows, steps, execute, config.gamma, tally, operator, config.dense_scale)
     device = data["value"].device
     value = data["value"].cpu().numpy()
-    adv = semi_mdp_gae(data["reward"], data["discount"], data["done"], value, data["env"], data["last_value"],
-                       config.gae_lambda)
+    adv = semi_mdp_gae(
+        data["reward"], data["discount"], data["done"], value, data["env"], data["last_value"], config.gae_lambda
+    )
     data.update(adv=torch.from_numpy(adv).float().to(device), ret=torch.from_numpy(adv + value).float().to(device))
     return data
 
@@ -203,10 +221,12 @@ def explained_variance(data: dict[str, Any]) -> float:
 def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.Adam, Any]:
     """Adam with a learning rate per network (policy, value, noise), and the constant schedule `optimizer_step`
     steps."""
-    policy_group = ({"params": [p for p in agent.policy.parameters() if p.requires_grad], "lr": config.noise_lr}
-                    if agent.method.head is not None else {"params": agent.policy.parameters(), "lr": config.lr})
-    groups = [policy_group,
-              {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
+    policy_group = (
+        {"params": [p for p in agent.policy.parameters() if p.requires_grad], "lr": config.noise_lr}
+        if agent.method.head is not None
+        else {"params": agent.policy.parameters(), "lr": config.lr}
+    )
+    groups = [policy_group, {"params": agent.value_net.parameters(), "lr": config.critic_lr}]
     if agent.noise_net is not None:
         groups.append({"params": agent.noise_net.parameters(), "lr": config.noise_lr})
 
@@ -214,9 +234,18 @@ def make_optimizer(agent: FlowAgent, config: OnlineConfig) -> tuple[torch.optim.
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
 
 
-def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, actor: bool,
-               reference: FlowPolicy | None, optimizer: torch.optim.Optimizer, schedule: Any, rng: np.random.Generator,
-               where: str, extra: Any = None) -> dict[str, list[float]]:
+def ppo_update(
+    agent: FlowAgent,
+    data: dict[str, Any],
+    config: OnlineConfig,
+    actor: bool,
+    reference: FlowPolicy | None,
+    optimizer: torch.optim.Optimizer,
+    schedule: Any,
+    rng: np.random.Generator,
+    where: str,
+    extra: Any = None,
+) -> dict[str, list[float]]:
     """`config.epochs` passes of shuffled minibatches of a rollout's decisions (with their `adv` and `ret`), one
     clipped step each; `extra()` -> (loss, stats) is added to every minibatch's loss (robotrl/flowrl/hil.py: BC on the
     operator's interventions). Returns every step's stats; weights gone non-finite raise `TrainingDiverged`."""
@@ -226,7 +255,7 @@ def ppo_update(agent: FlowAgent, data: dict[str, Any], config: OnlineConfig, act
     for _ in range(config.epochs):
         order = torch.from_numpy(rng.permutation(count)).to(data["adv"].device)
         for lo in range(0, count, config.minibatch_size):
-            mb = order[lo:lo + config.minibatch_size]
+            mb = order[lo : lo + config.minibatch_size]
             batch: dict[str, Any] = {k: data[k][mb] for k in keys}
             batch["obs"] = {k: x[mb] for k, x in data["obs"].items()}
             loss, stats = ppo_loss(agent, batch, config, actor, reference)
@@ -289,8 +318,10 @@ class OnlineStart:
     def load_ema(self, state: dict[str, Any]) -> None:
         if self.ema is not None:
             if "ema" not in state:
-                raise ValueError(f"{self.config_name}.ema: the run in {self.run_dir} was started without an average of "
-                                 f"its weights (ema 0); resume it with ema 0, got {self.ema.max_decay}")
+                raise ValueError(
+                    f"{self.config_name}.ema: the run in {self.run_dir} was started without an average of "
+                    f"its weights (ema 0); resume it with ema 0, got {self.ema.max_decay}"
+                )
             self.ema.load(state)
 
 
@@ -307,10 +338,22 @@ def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
     agent = FlowAgent(policy, config, policy.config.steps).to(config.device)  # a learning rate per network
     optimizer, constant = make_optimizer(agent, config)
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
-    return OnlineStart(policy, run_dir, state_path, rng, reference, env, agent, optimizer, constant,
-                       math.ceil(config.total_steps / (config.num_envs * config.rollout_steps)),
-                       Windows(tuple(policy.obs_keys), policy.obs_horizon, text), Tally(config.num_envs),
-                       EMA(policy, config.ema, warmup=False) if config.ema > 0 else None, name)
+    return OnlineStart(
+        policy,
+        run_dir,
+        state_path,
+        rng,
+        reference,
+        env,
+        agent,
+        optimizer,
+        constant,
+        math.ceil(config.total_steps / (config.num_envs * config.rollout_steps)),
+        Windows(tuple(policy.obs_keys), policy.obs_horizon, text),
+        Tally(config.num_envs),
+        EMA(policy, config.ema, warmup=False) if config.ema > 0 else None,
+        name,
+    )
 
 
 def train(config: OnlineConfig) -> RLResult:
@@ -333,8 +376,14 @@ def train(config: OnlineConfig) -> RLResult:
 
     log = RunLog(run_dir)
     best = BestCheckpoint(run_dir, run.kept.save)
-    bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"online {config.method}", unit="step",
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=iterations * n * horizon,
+        initial=start * n * horizon,
+        desc=f"online {config.method}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     clock = TrainClock()
     try:
         for it in range(start, iterations):
@@ -361,17 +410,39 @@ def train(config: OnlineConfig) -> RLResult:
             recent = tally.success[-100:]
             trained_s = clock.trained()
             if now // config.log_every != before // config.log_every or it + 1 == iterations:
-                log.log(now, **{k: float(np.mean(x)) for k, x in sums.items()},
-                        **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9),
-                           "rollout/decisions": count, "rollout/chain_logp": float(data["logp"].sum(1).mean()),
-                           "rollout/explained_variance": explained_variance(data)},
-                        **({"train/success_rate": float(np.mean(recent)),
-                            "train/return": float(np.mean(tally.returns[-100:]))} if recent else {}))
+                log.log(
+                    now,
+                    **{k: float(np.mean(x)) for k, x in sums.items()},
+                    **{
+                        "time/train_seconds": trained_s,
+                        "time/steps_per_second": now / max(trained_s, 1e-9),
+                        "rollout/decisions": count,
+                        "rollout/chain_logp": float(data["logp"].sum(1).mean()),
+                        "rollout/explained_variance": explained_variance(data),
+                    },
+                    **(
+                        {
+                            "train/success_rate": float(np.mean(recent)),
+                            "train/return": float(np.mean(tally.returns[-100:])),
+                        }
+                        if recent
+                        else {}
+                    ),
+                )
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
-                save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, tally=tally.state(),
-                               windows=windows.state(), **run.ema_state())
+                save_run_state(
+                    state_path,
+                    it + 1,
+                    agent,
+                    {"adam": optimizer},
+                    rng,
+                    env,
+                    tally=tally.state(),
+                    windows=windows.state(),
+                    **run.ema_state(),
+                )
                 run.kept.save(run_dir / "policy")
     finally:
         bar.close()

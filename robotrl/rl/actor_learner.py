@@ -84,8 +84,10 @@ class ActorLearnerConfig(SacConfig):
         if self.transport not in ("local", "ray"):
             raise ValueError(f"ActorLearnerConfig.transport: expected 'local' or 'ray', got {self.transport!r}")
         if self.ray_address is not None and self.transport != "ray":
-            raise ValueError(f"ActorLearnerConfig.ray_address: only used with transport='ray', got "
-                             f"{self.ray_address!r} with transport={self.transport!r}")
+            raise ValueError(
+                f"ActorLearnerConfig.ray_address: only used with transport='ray', got "
+                f"{self.ray_address!r} with transport={self.transport!r}"
+            )
 
 
 class WorkerDied(RuntimeError):
@@ -145,9 +147,14 @@ class RolloutWorker:
                     act = self.actor(torch.from_numpy(flatten_obs(self.obs, self.config.obs_keys)))[0].numpy()
                     self.torch_rng = torch.get_rng_state()
             next_obs, reward, terminated, truncated, info = self.env.step(act)
-            for key, value in (("obs", {k: np.array(v) for k, v in self.obs.items()}), ("action", act),
-                               ("reward", reward), ("terminated", terminated), ("truncated", truncated),
-                               ("success", info["success"])):
+            for key, value in (
+                ("obs", {k: np.array(v) for k, v in self.obs.items()}),
+                ("action", act),
+                ("reward", reward),
+                ("terminated", terminated),
+                ("truncated", truncated),
+                ("success", info["success"]),
+            ):
                 out[key].append(value)
             self.obs = next_obs
         batch = {k: np.stack(v) for k, v in out.items() if k != "obs"}
@@ -216,8 +223,10 @@ class RayWorkers:
         try:
             import ray
         except ImportError:
-            raise ValueError("ActorLearnerConfig.transport: 'ray' needs Ray, expected it installed (pip install "
-                             "'robotrl[distributed]'), got no module named ray") from None
+            raise ValueError(
+                "ActorLearnerConfig.transport: 'ray' needs Ray, expected it installed (pip install "
+                "'robotrl[distributed]'), got no module named ray"
+            ) from None
         self.ray, self.where = ray, where
         self.owns_cluster = not ray.is_initialized()
         if self.owns_cluster:
@@ -226,8 +235,12 @@ class RayWorkers:
                 "_node_ip_address": "127.0.0.1",
             }
             # ray.init takes a logging level's name as well as its number
-            ray.init(address=config.ray_address, include_dashboard=False, logging_level="warning",  # type: ignore[arg-type]
-                     **({} if config.ray_address else local))
+            ray.init(
+                address=config.ray_address,
+                include_dashboard=False,
+                logging_level="warning",  # type: ignore[arg-type]
+                **({} if config.ray_address else local),
+            )
         remote = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
         self.actors: list[Any] = [remote.remote(config, w) for w in range(config.workers)]  # Ray actor handles
         self.refs: dict[int, Any] = {}
@@ -268,8 +281,9 @@ class RayWorkers:
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.RayActorError as e:
-            raise WorkerDied(f"rollout worker {w} (Ray actor, pid {self.pids[w]}) died ({type(e).__name__}); "
-                             f"{self.where}") from e
+            raise WorkerDied(
+                f"rollout worker {w} (Ray actor, pid {self.pids[w]}) died ({type(e).__name__}); {self.where}"
+            ) from e
 
     def close(self) -> None:
         for a in self.actors:
@@ -293,8 +307,11 @@ def train(config: ActorLearnerConfig) -> RLResult:
     demos = DemoTransitions(config.demos, spec, config.obs_keys) if config.demos is not None else None
     per_worker, chunk = config.num_envs, config.rollout_steps
     n = config.workers * per_worker
-    row_meta = [{"env": w * per_worker + j, "worker": w, "worker_env": j}
-                for w in range(config.workers) for j in range(per_worker)]
+    row_meta = [
+        {"env": w * per_worker + j, "worker": w, "worker_env": j}
+        for w in range(config.workers)
+        for j in range(per_worker)
+    ]
     capacity = math.ceil(config.total_steps / per_worker) + chunk + 1  # enough for one worker doing all the work
 
     transport = (RayWorkers if config.transport == "ray" else LocalWorkers)(config, where)
@@ -304,8 +321,10 @@ def train(config: ActorLearnerConfig) -> RLResult:
         if config.resume:
             state = load_run_state(state_path, agent, opt, rng)
             if len(state["workers"]) != config.workers:
-                raise ValueError(f"ActorLearnerConfig.workers: the run in {run_dir} has {len(state['workers'])} "
-                                 f"workers, got {config.workers}")
+                raise ValueError(
+                    f"ActorLearnerConfig.workers: the run in {run_dir} has {len(state['workers'])} "
+                    f"workers, got {config.workers}"
+                )
             store = EpisodeStore.open(run_dir / "replay.zarr", mode="a")
             replay = ReplayBuffer.restore(spec, config.obs_keys, n, capacity, store, state["replay"], row_meta)
             transport.set_states(state["workers"])
@@ -316,8 +335,23 @@ def train(config: ActorLearnerConfig) -> RLResult:
             replay = ReplayBuffer(spec, config.obs_keys, n, capacity, store, row_meta)
             collected, version, episodes = 0, 0, {"returns": [], "success": []}
             ret, succ = np.zeros(n), np.zeros(n, bool)
-        result = learn(config, transport, agent, opt, rng, replay, demos, target_entropy, state_path, run_dir,
-                       collected, version, episodes, ret, succ)
+        result = learn(
+            config,
+            transport,
+            agent,
+            opt,
+            rng,
+            replay,
+            demos,
+            target_entropy,
+            state_path,
+            run_dir,
+            collected,
+            version,
+            episodes,
+            ret,
+            succ,
+        )
     finally:
         transport.close()
         if store is not None:
@@ -325,22 +359,50 @@ def train(config: ActorLearnerConfig) -> RLResult:
     return result
 
 
-def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: Mapping[str, torch.optim.Optimizer],
-          rng: np.random.Generator, replay: ReplayBuffer, demos: DemoTransitions | None, target_entropy: float,
-          state_path: Path, run_dir: Path, collected: int, version: int, episodes: dict[str, list[Any]],
-          ret: np.ndarray, succ: np.ndarray) -> RLResult:
+def learn(
+    config: ActorLearnerConfig,
+    transport: Any,
+    agent: Agent,
+    opt: Mapping[str, torch.optim.Optimizer],
+    rng: np.random.Generator,
+    replay: ReplayBuffer,
+    demos: DemoTransitions | None,
+    target_entropy: float,
+    state_path: Path,
+    run_dir: Path,
+    collected: int,
+    version: int,
+    episodes: dict[str, list[Any]],
+    ret: np.ndarray,
+    succ: np.ndarray,
+) -> RLResult:
     """The learner's loop from a barrier (no call in flight) at `collected` transitions and weights `version`."""
     per_worker, chunk = config.num_envs, config.rollout_steps
 
     def checkpoint() -> None:
-        save_run_state(state_path, collected, agent, opt, rng, replay=replay.state(), episodes=episodes,
-                       version=version, workers=transport.states(),
-                       running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
+        save_run_state(
+            state_path,
+            collected,
+            agent,
+            opt,
+            rng,
+            replay=replay.state(),
+            episodes=episodes,
+            version=version,
+            workers=transport.states(),
+            running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())},
+        )
         torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
 
     log = RunLog(run_dir)
-    bar = tqdm(total=config.total_steps, initial=collected, desc=f"sac-distributed {config.task}", unit="step",
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=config.total_steps,
+        initial=collected,
+        desc=f"sac-distributed {config.task}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     clock = TrainClock()
     stats: dict[str, float] = {}
     weights = transport.publish(actor_weights(agent))
@@ -364,8 +426,16 @@ def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: Mapping
                 rows = np.arange(w * per_worker, (w + 1) * per_worker)
                 tags = {"policy_version": np.full(per_worker, acted), "staleness": np.full(per_worker, version - acted)}
                 for t in range(chunk):
-                    replay.add({k: v[t] for k, v in batch["obs"].items()}, batch["action"][t], batch["reward"][t],
-                               batch["terminated"][t], batch["truncated"][t], batch["success"][t], rows, tags)
+                    replay.add(
+                        {k: v[t] for k, v in batch["obs"].items()},
+                        batch["action"][t],
+                        batch["reward"][t],
+                        batch["terminated"][t],
+                        batch["truncated"][t],
+                        batch["success"][t],
+                        rows,
+                        tags,
+                    )
                     ret[rows] += batch["reward"][t]
                     succ[rows] |= batch["success"][t]
                     for i in rows[batch["terminated"][t] | batch["truncated"][t]]:
@@ -378,20 +448,38 @@ def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: Mapping
             idle.sort()
             if collected >= config.learning_starts and (replay.filled >= 2).any():
                 for _ in range(config.utd * (collected - before)):
-                    stats = update(agent, opt, sample(replay, demos, config, rng), config, target_entropy,
-                                   f"sac-distributed step {collected} (last train state: {state_path})")
+                    stats = update(
+                        agent,
+                        opt,
+                        sample(replay, demos, config, rng),
+                        config,
+                        target_entropy,
+                        f"sac-distributed step {collected} (last train state: {state_path})",
+                    )
                 version += 1
                 weights = transport.publish(actor_weights(agent))
             bar.update(collected - before)
             if collected // config.log_every != before // config.log_every:
                 recent = episodes["success"][-20:]
-                log.log(collected, **stats, version=version, **{"staleness/max": max(staleness)},
-                        **({"train/success_rate": float(np.mean(recent)),
-                            "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
+                log.log(
+                    collected,
+                    **stats,
+                    version=version,
+                    **{"staleness/max": max(staleness)},
+                    **(
+                        {
+                            "train/success_rate": float(np.mean(recent)),
+                            "train/return": float(np.mean(episodes["returns"][-20:])),
+                        }
+                        if recent
+                        else {}
+                    ),
+                )
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-", version=version)
                 staleness = []
-            clock.evaluate_every(config, log, lambda: evaluate(agent, config), collected, before,
-                                 last=collected >= config.total_steps)
+            clock.evaluate_every(
+                config, log, lambda: evaluate(agent, config), collected, before, last=collected >= config.total_steps
+            )
             barrier |= collected // config.checkpoint_every != before // config.checkpoint_every
             if barrier and not acting:  # every call is back: the workers' states match the learner's
                 checkpoint()
@@ -401,8 +489,16 @@ def learn(config: ActorLearnerConfig, transport: Any, agent: Agent, opt: Mapping
     finally:
         bar.close()
     seconds = clock.trained()
-    return finish_run(config, log, lambda: evaluate(agent, config), run_dir / "actor.pt", collected, seconds, run_dir,
-                      steps_per_second=collected / seconds if seconds > 0 else None)
+    return finish_run(
+        config,
+        log,
+        lambda: evaluate(agent, config),
+        run_dir / "actor.pt",
+        collected,
+        seconds,
+        run_dir,
+        steps_per_second=collected / seconds if seconds > 0 else None,
+    )
 
 
 def actor_weights(agent: Agent) -> dict[str, torch.Tensor]:
@@ -415,6 +511,11 @@ def run_train_sac_distributed(config: ActorLearnerConfig) -> RLResult:
         result = train(config)
     except WorkerDied as e:
         raise SystemExit(f"robotrl train sac-distributed: error: {e}") from None
-    print(result.summary(f"sac-distributed {config.task} ({config.workers} workers, {config.transport})",
-                         config.eval_episodes, "env steps"))
+    print(
+        result.summary(
+            f"sac-distributed {config.task} ({config.workers} workers, {config.transport})",
+            config.eval_episodes,
+            "env steps",
+        )
+    )
     return result

@@ -57,8 +57,9 @@ class CalqlConfig(OfflineOptions):
             if getattr(self, name) < 1:
                 raise ValueError(f"CalqlConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if self.critic_subset > self.critics:
-            raise ValueError(f"CalqlConfig.critic_subset: expected <= critics ({self.critics}), "
-                             f"got {self.critic_subset}")
+            raise ValueError(
+                f"CalqlConfig.critic_subset: expected <= critics ({self.critics}), got {self.critic_subset}"
+            )
         if not self.cql_alpha >= 0:
             raise ValueError(f"CalqlConfig.cql_alpha: expected >= 0, got {self.cql_alpha}")
         if not self.init_temperature > 0:
@@ -68,13 +69,19 @@ class CalqlConfig(OfflineOptions):
 def make_agent(obs_dim: int, action_dim: int, low: torch.Tensor, high: torch.Tensor, config: CalqlConfig) -> Agent:
     """SAC's own agent (actor, critic ensemble, target critics, temperature), so that `sac --init` continues
     exactly what was learned here (WSRL)."""
-    shape = SacConfig(critics=config.critics, critic_subset=config.critic_subset, hidden=config.hidden,
-                      critic_loss="mse", init_temperature=config.init_temperature)
+    shape = SacConfig(
+        critics=config.critics,
+        critic_subset=config.critic_subset,
+        hidden=config.hidden,
+        critic_loss="mse",
+        init_temperature=config.init_temperature,
+    )
     return Agent(obs_dim, action_dim, low, high, shape)
 
 
-def conservative_penalty(agent: Agent, batch: dict[str, torch.Tensor], q_data: torch.Tensor,
-                         config: CalqlConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def conservative_penalty(
+    agent: Agent, batch: dict[str, torch.Tensor], q_data: torch.Tensor, config: CalqlConfig
+) -> tuple[torch.Tensor, dict[str, float]]:
     """CQL's regularizer per critic, summed: mean over the batch of logsumexp_a Q(s, a) - Q(s, a_data), over
     `cql_actions` uniform actions and as many from the policy at s and at s' (all scored at s), each less its
     log-density (importance sampling). Cal-QL: the policy actions' Q enter as max(Q, MC return of s)."""
@@ -89,8 +96,11 @@ def conservative_penalty(agent: Agent, batch: dict[str, torch.Tensor], q_data: t
     policy = torch.cat([here.view(size, n, -1), there.view(size, n, -1)], 1)  # (B, 2n, A)
     policy_logp = torch.cat([here_logp.view(size, n), there_logp.view(size, n)], 1)
     actions = torch.cat([uniform, policy], 1)  # (B, 3n, A)
-    q = agent.q(agent.critic, obs.unsqueeze(1).expand(-1, 3 * n, -1).reshape(size * 3 * n, -1),
-                actions.reshape(size * 3 * n, -1)).view(config.critics, size, 3 * n)
+    q = agent.q(
+        agent.critic,
+        obs.unsqueeze(1).expand(-1, 3 * n, -1).reshape(size * 3 * n, -1),
+        actions.reshape(size * 3 * n, -1),
+    ).view(config.critics, size, 3 * n)
     q_uniform, q_policy = q[..., :n], q[..., n:]
     bound = batch["mc_return"].view(1, size, 1)
     below = (q_policy < bound).float().mean().item()
@@ -98,12 +108,22 @@ def conservative_penalty(agent: Agent, batch: dict[str, torch.Tensor], q_data: t
         q_policy = torch.maximum(q_policy, bound)
     scores = torch.cat([q_uniform - uniform_logp, q_policy - policy_logp], 2)
     gap = torch.logsumexp(scores, 2) - q_data  # (E, B)
-    return gap.mean(1).sum(), {"cql/gap": gap.mean().item(), "cql/q_policy": q[..., n:].mean().item(),
-                               "cql/q_uniform": q_uniform.mean().item(), "calibration/below_mc": below}
+    return gap.mean(1).sum(), {
+        "cql/gap": gap.mean().item(),
+        "cql/q_policy": q[..., n:].mean().item(),
+        "cql/q_uniform": q_uniform.mean().item(),
+        "calibration/below_mc": below,
+    }
 
 
-def update(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor],
-           config: CalqlConfig, target_entropy: float, where: str) -> dict[str, float]:
+def update(
+    agent: Agent,
+    opt: Mapping[str, torch.optim.Optimizer],
+    batch: dict[str, torch.Tensor],
+    config: CalqlConfig,
+    target_entropy: float,
+    where: str,
+) -> dict[str, float]:
     """One Cal-QL update: critics on TD (min over a random subset of target critics, no entropy backup, as CQL)
     plus `cql_alpha` times the calibrated regularizer, then the actor and the temperature as in SAC."""
     alpha = agent.log_alpha.exp().detach()
@@ -119,8 +139,14 @@ def update(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[s
 
     stats.update(actor_step(agent, opt, batch["obs"], alpha, target_entropy, where))
     polyak(agent.critic, agent.target, config.tau)
-    return {"loss/td": td_loss.item(), "loss/cql": penalty.item(), "alpha": alpha.item(),
-            "q/data": q_data.mean().item(), "q/mc_return": batch["mc_return"].mean().item(), **stats}
+    return {
+        "loss/td": td_loss.item(),
+        "loss/cql": penalty.item(),
+        "alpha": alpha.item(),
+        "q/data": q_data.mean().item(),
+        "q/mc_return": batch["mc_return"].mean().item(),
+        **stats,
+    }
 
 
 def train(config: CalqlConfig) -> RLResult:
@@ -136,10 +162,19 @@ def train(config: CalqlConfig) -> RLResult:
     start = int(load_run_state(state_path, agent, opt, rng)["step"]) if config.resume else 0
 
     # the loop: critics on TD + the calibrated regularizer, actor and temperature as in SAC
-    return offline_loop(config, "calql", agent, opt, rng, run_dir, state_path,
-                        sample=lambda g: data.sample(config.batch_size, g),
-                        update=lambda batch, where: update(agent, opt, batch, config, target_entropy, where),
-                        evaluate=lambda: offline_evaluate(actor_fn(agent.actor), spec, config), start=start)
+    return offline_loop(
+        config,
+        "calql",
+        agent,
+        opt,
+        rng,
+        run_dir,
+        state_path,
+        sample=lambda g: data.sample(config.batch_size, g),
+        update=lambda batch, where: update(agent, opt, batch, config, target_entropy, where),
+        evaluate=lambda: offline_evaluate(actor_fn(agent.actor), spec, config),
+        start=start,
+    )
 
 
 def run_train_calql(config: CalqlConfig) -> RLResult:

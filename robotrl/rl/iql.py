@@ -64,9 +64,14 @@ def expectile_loss(diff: torch.Tensor, expectile: float) -> torch.Tensor:
     return (weight * diff.square()).mean()
 
 
-def critic_update(agent: Any, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor],
-                  expectile: float, discount: float | torch.Tensor,
-                  where: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def critic_update(
+    agent: Any,
+    opt: Mapping[str, torch.optim.Optimizer],
+    batch: dict[str, torch.Tensor],
+    expectile: float,
+    discount: float | torch.Tensor,
+    where: str,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """IQL's V and Q steps on `agent.value`, `agent.critic`, `agent.target`: V an expectile of the target critics'
     min Q at the data's actions, Q regressed on r + discount (1 - done) V(s'). `discount` is gamma, or per transition
     gamma^k for k-step transitions (action chunks). Returns (that min Q, V before its step, stats)."""
@@ -82,12 +87,20 @@ def critic_update(agent: Any, opt: Mapping[str, torch.optim.Optimizer], batch: d
     q = agent.critic(batch["obs"], batch["action"]).squeeze(-1)
     critic_loss = F.mse_loss(q, target.expand_as(q), reduction="none").mean(1).sum()
     gradient_step(opt["critic"], critic_loss, f"{where}: critic")
-    return q_data, v.detach(), {"loss/value": value_loss.item(), "loss/critic": critic_loss.item(),
-                                "q/mean": q.mean().item()}
+    return (
+        q_data,
+        v.detach(),
+        {"loss/value": value_loss.item(), "loss/critic": critic_loss.item(), "q/mean": q.mean().item()},
+    )
 
 
-def update(agent: IqlAgent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, torch.Tensor], config: IqlConfig,
-           where: str) -> dict[str, float]:
+def update(
+    agent: IqlAgent,
+    opt: Mapping[str, torch.optim.Optimizer],
+    batch: dict[str, torch.Tensor],
+    config: IqlConfig,
+    where: str,
+) -> dict[str, float]:
     q_data, v, stats = critic_update(agent, opt, batch, config.expectile, config.gamma, where)
     with torch.no_grad():
         weight = torch.exp(config.beta * (q_data - v)).clamp(max=config.max_weight)
@@ -103,16 +116,27 @@ def train(config: IqlConfig) -> RLResult:
 
     # networks
     agent = IqlAgent(data.obs.shape[1], int(np.prod(spec.action.shape)), low, high, config)
-    opt = {"value": torch.optim.Adam(agent.value.parameters(), lr=config.lr),
-           "critic": torch.optim.Adam(agent.critic.parameters(), lr=config.lr),
-           "actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr)}
+    opt = {
+        "value": torch.optim.Adam(agent.value.parameters(), lr=config.lr),
+        "critic": torch.optim.Adam(agent.critic.parameters(), lr=config.lr),
+        "actor": torch.optim.Adam(agent.actor.parameters(), lr=config.lr),
+    }
     start = int(load_run_state(state_path, agent, opt, rng)["step"]) if config.resume else 0
 
     # the loop: V, Q, actor updates on the store's transitions
-    return offline_loop(config, "iql", agent, opt, rng, run_dir, state_path,
-                        sample=lambda g: data.sample(config.batch_size, g),
-                        update=lambda batch, where: update(agent, opt, batch, config, where),
-                        evaluate=lambda: offline_evaluate(actor_fn(agent.actor), spec, config), start=start)
+    return offline_loop(
+        config,
+        "iql",
+        agent,
+        opt,
+        rng,
+        run_dir,
+        state_path,
+        sample=lambda g: data.sample(config.batch_size, g),
+        update=lambda batch, where: update(agent, opt, batch, config, where),
+        evaluate=lambda: offline_evaluate(actor_fn(agent.actor), spec, config),
+        start=start,
+    )
 
 
 def run_train_iql(config: IqlConfig) -> RLResult:

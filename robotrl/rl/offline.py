@@ -53,9 +53,9 @@ class OfflineOptions(PolicyRunOptions):
             raise ValueError(f"{name}.tau: expected a value in (0, 1], got {self.tau}")
 
 
-
-def offline_start(config: OfflineOptions, name: str, mc_gamma: float | None = None) -> tuple[
-        Spec, DemoTransitions, Path, Path, np.random.Generator]:
+def offline_start(
+    config: OfflineOptions, name: str, mc_gamma: float | None = None
+) -> tuple[Spec, DemoTransitions, Path, Path, np.random.Generator]:
     """The store's spec and transitions (with returns-to-go at `mc_gamma`), after checking the observation keys,
     and the run started: (spec, data, run_dir, train state path, the run's generator)."""
     with EpisodeStore.open(config.store) as store:
@@ -67,20 +67,38 @@ def offline_start(config: OfflineOptions, name: str, mc_gamma: float | None = No
 
 def offline_evaluate(actor: Any, spec: Spec, config: OfflineOptions) -> Any:
     """Held-out success of the learned actor in the task the store was recorded in."""
-    return evaluate_state_actor(actor, spec.task, config.obs_keys, config.eval_episodes, config.eval_envs,
-                                action_mode=spec.action_mode, reward_type=config.reward_type,
-                                episode_steps=spec.episode_steps)
+    return evaluate_state_actor(
+        actor,
+        spec.task,
+        config.obs_keys,
+        config.eval_episodes,
+        config.eval_envs,
+        action_mode=spec.action_mode,
+        reward_type=config.reward_type,
+        episode_steps=spec.episode_steps,
+    )
 
 
-def offline_loop(config: OfflineOptions, name: str, agent: nn.Module, opt: Mapping[str, torch.optim.Optimizer],
-                 rng: np.random.Generator, run_dir: Path, state_path: Path, sample: Any, update: Any,
-                 evaluate: Any, start: int) -> RLResult:
+def offline_loop(
+    config: OfflineOptions,
+    name: str,
+    agent: nn.Module,
+    opt: Mapping[str, torch.optim.Optimizer],
+    rng: np.random.Generator,
+    run_dir: Path,
+    state_path: Path,
+    sample: Any,
+    update: Any,
+    evaluate: Any,
+    start: int,
+) -> RLResult:
     """The loop of an offline run from step `start`: `update(batch, where)` on `sample(rng)`, log every
     `log_every`, evaluate every `eval_every` (not counted as training time), train state and actor weights every
     `checkpoint_every`, a final held-out evaluation; returns the run's result."""
     log = RunLog(run_dir)
-    bar = tqdm(total=config.steps, initial=start, desc=name, unit="step", disable=not config.progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=config.steps, initial=start, desc=name, unit="step", disable=not config.progress, dynamic_ncols=True
+    )
     clock = TrainClock()
     try:
         for step in range(start, config.steps):

@@ -79,11 +79,15 @@ class PpoConfig(PolicyRunOptions, TaskOptions):
             if getattr(self, name) < 1:
                 raise ValueError(f"PpoConfig.{name}: expected >= 1, got {getattr(self, name)}")
         if (self.num_envs * self.rollout_steps) % self.minibatches:
-            raise ValueError(f"PpoConfig.minibatches: expected a divisor of num_envs * rollout_steps "
-                             f"({self.num_envs * self.rollout_steps}), got {self.minibatches}")
+            raise ValueError(
+                f"PpoConfig.minibatches: expected a divisor of num_envs * rollout_steps "
+                f"({self.num_envs * self.rollout_steps}), got {self.minibatches}"
+            )
         if not (0.0 < self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0 and self.clip > 0):
-            raise ValueError(f"PpoConfig.gamma / gae_lambda / clip: expected (0, 1], [0, 1], > 0, got "
-                             f"{self.gamma}, {self.gae_lambda}, {self.clip}")
+            raise ValueError(
+                f"PpoConfig.gamma / gae_lambda / clip: expected (0, 1], [0, 1], > 0, got "
+                f"{self.gamma}, {self.gae_lambda}, {self.clip}"
+            )
 
 
 class RunningNorm(nn.Module):
@@ -162,12 +166,18 @@ def ppo_loss(
     with torch.no_grad():
         approx_kl = ((ratio - 1) - (logp - batch["logp"])).mean()
         clip_frac = ((ratio - 1).abs() > config.clip).float().mean()
-    return loss, {"loss/policy": policy_loss.item(), "loss/value": value_loss.item(), "entropy": entropy.item(),
-                  "approx_kl": approx_kl.item(), "clip_frac": clip_frac.item()}
+    return loss, {
+        "loss/policy": policy_loss.item(),
+        "loss/value": value_loss.item(),
+        "entropy": entropy.item(),
+        "approx_kl": approx_kl.item(),
+        "clip_frac": clip_frac.item(),
+    }
 
 
-def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_value: torch.Tensor, gamma: float,
-        lam: float) -> torch.Tensor:
+def gae(
+    reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_value: torch.Tensor, gamma: float, lam: float
+) -> torch.Tensor:
     """GAE(lambda) advantages over a (T, N) rollout; `done` cuts the recursion at episode ends (a time-limit cut
     has its bootstrap folded into the reward already)."""
     adv = torch.zeros_like(reward)
@@ -184,14 +194,22 @@ def gae(reward: torch.Tensor, value: torch.Tensor, done: torch.Tensor, last_valu
 
 def train(config: PpoConfig) -> RLResult:
     if config.backend == "mjx":  # robotrl/rl/ppo_mjx.py builds on this module, so this one never imports it
-        raise ValueError("PpoConfig.backend: 'mjx' is trained by robotrl.rl.ppo_mjx.train (as `robotrl train ppo "
-                         "--backend mjx` does); robotrl.rl.ppo.train is the CPU backend's")
+        raise ValueError(
+            "PpoConfig.backend: 'mjx' is trained by robotrl.rl.ppo_mjx.train (as `robotrl train ppo "
+            "--backend mjx` does); robotrl.rl.ppo.train is the CPU backend's"
+        )
     run_dir, state_path, rng = start_run(config, "ppo", config.task)
 
     # envs
     n, horizon = config.num_envs, config.rollout_steps
-    env = make(config.task, num_envs=n, seed=config.seed, action_mode=config.action_mode,
-               reward_type=config.reward_type, render_images=False)
+    env = make(
+        config.task,
+        num_envs=n,
+        seed=config.seed,
+        action_mode=config.action_mode,
+        reward_type=config.reward_type,
+        render_images=False,
+    )
     spec = env.task_spec
     obs_dim = int(sum(np.prod(spec.observations[k].shape) for k in config.obs_keys))
     action_dim = int(np.prod(spec.action.shape))
@@ -212,14 +230,36 @@ def train(config: PpoConfig) -> RLResult:
         ret, succ = np.zeros(n), np.zeros(n, bool)
 
     def evaluate() -> Any:
-        return evaluate_state_actor(agent.act, config.task, config.obs_keys, config.eval_episodes, config.eval_envs,
-                                    action_mode=config.action_mode, reward_type=config.reward_type)
+        return evaluate_state_actor(
+            agent.act,
+            config.task,
+            config.obs_keys,
+            config.eval_episodes,
+            config.eval_envs,
+            action_mode=config.action_mode,
+            reward_type=config.reward_type,
+        )
 
     log = RunLog(run_dir)
-    bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"ppo {config.task}", unit="step",
-               disable=not config.progress, dynamic_ncols=True)
-    buf = {k: torch.zeros((horizon, n, *shape)) for k, shape in
-           (("obs", (obs_dim,)), ("action", (action_dim,)), ("logp", ()), ("reward", ()), ("done", ()), ("value", ()))}
+    bar = tqdm(
+        total=iterations * n * horizon,
+        initial=start * n * horizon,
+        desc=f"ppo {config.task}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
+    buf = {
+        k: torch.zeros((horizon, n, *shape))
+        for k, shape in (
+            ("obs", (obs_dim,)),
+            ("action", (action_dim,)),
+            ("logp", ()),
+            ("reward", ()),
+            ("done", ()),
+            ("value", ()),
+        )
+    }
     clock = TrainClock()
     try:
         for it in range(start, iterations):
@@ -254,20 +294,27 @@ def train(config: PpoConfig) -> RLResult:
             with torch.no_grad():
                 last_value = agent.value(torch.from_numpy(obs))
             adv = gae(buf["reward"], buf["value"], buf["done"], last_value, config.gamma, config.gae_lambda)
-            flat = {"obs": buf["obs"].reshape(-1, obs_dim), "action": buf["action"].reshape(-1, action_dim),
-                    "logp": buf["logp"].reshape(-1), "value": buf["value"].reshape(-1), "adv": adv.reshape(-1),
-                    "ret": (adv + buf["value"]).reshape(-1)}
+            flat = {
+                "obs": buf["obs"].reshape(-1, obs_dim),
+                "action": buf["action"].reshape(-1, action_dim),
+                "logp": buf["logp"].reshape(-1),
+                "value": buf["value"].reshape(-1),
+                "adv": adv.reshape(-1),
+                "ret": (adv + buf["value"]).reshape(-1),
+            }
 
             # update
             size = n * horizon // config.minibatches
             for _ in range(config.epochs):
                 order = torch.from_numpy(rng.permutation(n * horizon))
                 for k in range(config.minibatches):
-                    idx = order[k * size:(k + 1) * size]
+                    idx = order[k * size : (k + 1) * size]
                     loss, stats = ppo_loss(agent, {key: v[idx] for key, v in flat.items()}, config)
                     if not math.isfinite(loss.item()):
-                        raise TrainingDiverged(f"ppo iteration {it}: loss is {loss.item()}; the last good train "
-                                               f"state is kept ({state_path}); resume with a lower lr")
+                        raise TrainingDiverged(
+                            f"ppo iteration {it}: loss is {loss.item()}; the last good train "
+                            f"state is kept ({state_path}); resume with a lower lr"
+                        )
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     nn.utils.clip_grad_norm_(agent.parameters(), config.max_grad_norm)
@@ -294,12 +341,21 @@ def train(config: PpoConfig) -> RLResult:
             bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
-                save_run_state(state_path, it + 1, agent, {"adam": optimizer}, rng, env, obs=torch.from_numpy(obs),
-                               episodes=episodes,
-                               running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
+                save_run_state(
+                    state_path,
+                    it + 1,
+                    agent,
+                    {"adam": optimizer},
+                    rng,
+                    env,
+                    obs=torch.from_numpy(obs),
+                    episodes=episodes,
+                    running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())},
+                )
                 torch.save(agent.state_dict(), run_dir / "agent.pt")
     finally:
         bar.close()
         env.close()
-    return finish_iterations(config, log, evaluate, run_dir / "agent.pt", clock, run_dir,
-                             iterations, start, n * horizon)
+    return finish_iterations(
+        config, log, evaluate, run_dir / "agent.pt", clock, run_dir, iterations, start, n * horizon
+    )

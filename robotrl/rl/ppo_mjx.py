@@ -83,8 +83,7 @@ class FunctionalEnv(Protocol):
         """(env state pytree, flat observations (n, obs_dim))."""
         ...
 
-    def step(self, state: Any, action: jax.Array) -> tuple[Any, EnvStep]:
-        ...
+    def step(self, state: Any, action: jax.Array) -> tuple[Any, EnvStep]: ...
 
 
 class MjxTaskEnv:
@@ -98,8 +97,10 @@ class MjxTaskEnv:
         numeric = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "string"]
         bad = [k for k in obs_keys if k not in numeric]
         if bad:
-            raise ValueError(f"PpoConfig.obs_keys: {bad} are not numeric state observations of {env.task.name} on "
-                             f"the MJX backend; expected some of {numeric}")
+            raise ValueError(
+                f"PpoConfig.obs_keys: {bad} are not numeric state observations of {env.task.name} on "
+                f"the MJX backend; expected some of {numeric}"
+            )
         self.env, self.obs_keys, self.num_envs = env, tuple(obs_keys), env.num_envs
         self.obs_dim = int(sum(np.prod(spec.observations[k].shape) for k in obs_keys))
         self.action_dim = int(np.prod(spec.action.shape))
@@ -113,8 +114,14 @@ class MjxTaskEnv:
 
     def step(self, state: Any, action: jax.Array) -> tuple[Any, EnvStep]:
         state, obs, reward, terminated, truncated, info = self.env.step_fn(state, action)
-        return state, EnvStep(self.flat(obs), reward.astype(jnp.float32), terminated, truncated,
-                              self.flat(info["final_obs"]), info["success"])
+        return state, EnvStep(
+            self.flat(obs),
+            reward.astype(jnp.float32),
+            terminated,
+            truncated,
+            self.flat(info["final_obs"]),
+            info["success"],
+        )
 
 
 class BraxEnv:
@@ -142,10 +149,20 @@ class BraxEnv:
             return jnp.where(done.reshape(done.shape + (1,) * (a.ndim - 1)), a, b)
 
         info = {**reached.info, "steps": jnp.where(done, 0, reached.info["steps"])}
-        after = reached.replace(pipeline_state=jax.tree.map(restart, first.pipeline_state, reached.pipeline_state),
-                                obs=restart(first.obs, reached.obs), done=jnp.zeros_like(reached.done), info=info)
-        return (after, first), EnvStep(after.obs, reached.reward.astype(jnp.float32), done & ~truncated, truncated,
-                                       reached.obs, jnp.zeros_like(done))
+        after = reached.replace(
+            pipeline_state=jax.tree.map(restart, first.pipeline_state, reached.pipeline_state),
+            obs=restart(first.obs, reached.obs),
+            done=jnp.zeros_like(reached.done),
+            info=info,
+        )
+        return (after, first), EnvStep(
+            after.obs,
+            reached.reward.astype(jnp.float32),
+            done & ~truncated,
+            truncated,
+            reached.obs,
+            jnp.zeros_like(done),
+        )
 
 
 # --- the agent: PpoAgent's networks as parameter pytrees ---------------------------------------------
@@ -165,8 +182,10 @@ def agent_to_jax(state: dict[str, torch.Tensor]) -> tuple[Params, Norm]:
 
     def layers(prefix: str) -> list[tuple[jax.Array, jax.Array]]:
         idx = sorted(int(k.split(".")[1]) for k in state if k.startswith(prefix + ".") and k.endswith(".weight"))
-        return [(jnp.asarray(state[f"{prefix}.{i}.weight"].T.numpy()), jnp.asarray(state[f"{prefix}.{i}.bias"].numpy()))
-                for i in idx]
+        return [
+            (jnp.asarray(state[f"{prefix}.{i}.weight"].T.numpy()), jnp.asarray(state[f"{prefix}.{i}.bias"].numpy()))
+            for i in idx
+        ]
 
     params = {"actor": layers("actor"), "critic": layers("critic"), "log_std": jnp.asarray(state["log_std"].numpy())}
     norm = Norm(*(jnp.asarray(state[f"norm.{k}"].numpy(), jnp.float32) for k in ("mean", "var", "count")))
@@ -176,8 +195,9 @@ def agent_to_jax(state: dict[str, torch.Tensor]) -> tuple[Params, Norm]:
 def agent_from_jax(params: Params, norm: Norm) -> dict[str, torch.Tensor]:
     """(params, normalizer) as a `PpoAgent` state dict (nn.Sequential numbers its Linear layers 0, 2, 4, ...)."""
     host = jax.device_get((params, norm))
-    out: dict[str, torch.Tensor] = {f"norm.{k}": torch.tensor(np.asarray(v), dtype=torch.float64)
-                                    for k, v in zip(Norm._fields, host[1])}
+    out: dict[str, torch.Tensor] = {
+        f"norm.{k}": torch.tensor(np.asarray(v), dtype=torch.float64) for k, v in zip(Norm._fields, host[1])
+    }
     for net in ("actor", "critic"):
         for i, (w, b) in enumerate(host[0][net]):
             out[f"{net}.{2 * i}.weight"] = torch.from_numpy(np.array(w).T.copy())
@@ -204,8 +224,11 @@ def update_norm(norm: Norm, x: jax.Array) -> Norm:
     mean, var = x.mean(0), x.var(0)
     total = norm.count + n
     delta = mean - norm.mean
-    return Norm(norm.mean + delta * n / total,
-                (norm.var * norm.count + var * n + delta**2 * norm.count * n / total) / total, total)
+    return Norm(
+        norm.mean + delta * n / total,
+        (norm.var * norm.count + var * n + delta**2 * norm.count * n / total) / total,
+        total,
+    )
 
 
 def features(norm: Norm, obs: jax.Array, normalize: bool) -> jax.Array:
@@ -235,8 +258,9 @@ def act(params: Params, norm: Norm, obs: jax.Array, normalize: bool) -> jax.Arra
 GaeCarry = tuple[jax.Array, jax.Array]  # gae's scan carry: (running advantage, value of the next step)
 
 
-def gae(reward: jax.Array, value_: jax.Array, done: jax.Array, last_value: jax.Array, gamma: float,
-        lam: float) -> jax.Array:
+def gae(
+    reward: jax.Array, value_: jax.Array, done: jax.Array, last_value: jax.Array, gamma: float, lam: float
+) -> jax.Array:
     """GAE(lambda) over a (T, N) rollout, as robotrl.rl.ppo.gae: `done` cuts the recursion at episode ends."""
 
     def back(carry: GaeCarry, t: tuple[jax.Array, ...]) -> tuple[GaeCarry, jax.Array]:
@@ -267,9 +291,13 @@ def ppo_loss(params: Params, norm: Norm, batch: dict[str, jax.Array], config: Pp
     value_loss = 0.5 * value_loss.mean()
     entropy = (0.5 + 0.5 * LOG_2PI + params["log_std"]).sum()
     loss = policy_loss + config.value_coef * value_loss - config.entropy_coef * entropy
-    stats = {"loss/policy": policy_loss, "loss/value": value_loss, "entropy": entropy,
-             "approx_kl": ((ratio - 1) - (logp - batch["logp"])).mean(),
-             "clip_frac": (jnp.abs(ratio - 1) > config.clip).mean()}
+    stats = {
+        "loss/policy": policy_loss,
+        "loss/value": value_loss,
+        "entropy": entropy,
+        "approx_kl": ((ratio - 1) - (logp - batch["logp"])).mean(),
+        "clip_frac": (jnp.abs(ratio - 1) > config.clip).mean(),
+    }
     return loss, jax.lax.stop_gradient(stats)
 
 
@@ -298,8 +326,9 @@ def init_state(env: FunctionalEnv, config: PpoConfig, key: jax.Array, agent: tup
     k_env, key = jax.random.split(key)
     env_state, obs = env.reset(k_env)
     n = env.num_envs
-    return TrainState(params, optimizer(config).init(params), norm, env_state, obs, key, jnp.zeros(n, jnp.float32),
-                      jnp.zeros(n, bool))
+    return TrainState(
+        params, optimizer(config).init(params), norm, env_state, obs, key, jnp.zeros(n, jnp.float32), jnp.zeros(n, bool)
+    )
 
 
 def make_iteration(env: FunctionalEnv, config: PpoConfig) -> Callable[[TrainState, jax.Array], tuple[TrainState, dict]]:
@@ -320,15 +349,27 @@ def make_iteration(env: FunctionalEnv, config: PpoConfig) -> Callable[[TrainStat
         done = out.terminated | out.truncated
         ep_return, ep_success = s.ep_return + out.reward, s.ep_success | out.success
         ended = jnp.stack([done.sum(), jnp.where(done, ep_return, 0.0).sum(), (done & ep_success).sum()])
-        step = {"obs": s.obs, "action": action, "logp": log_prob(mean, s.params["log_std"], action),
-                "value": value(s.params, x), "reward": out.reward + jnp.where(cut, bootstrap, 0.0),
-                "done": done.astype(jnp.float32)}
-        s = s._replace(norm=norm, env_state=env_state, obs=out.obs, key=key,
-                       ep_return=jnp.where(done, 0.0, ep_return), ep_success=ep_success & ~done)
+        step = {
+            "obs": s.obs,
+            "action": action,
+            "logp": log_prob(mean, s.params["log_std"], action),
+            "value": value(s.params, x),
+            "reward": out.reward + jnp.where(cut, bootstrap, 0.0),
+            "done": done.astype(jnp.float32),
+        }
+        s = s._replace(
+            norm=norm,
+            env_state=env_state,
+            obs=out.obs,
+            key=key,
+            ep_return=jnp.where(done, 0.0, ep_return),
+            ep_success=ep_success & ~done,
+        )
         return s, (step, ended)
 
-    def minibatch_step(carry: tuple[Params, Any], mb: dict[str, jax.Array], norm: Norm, lr: jax.Array
-                       ) -> tuple[tuple[Params, Any], dict[str, jax.Array]]:
+    def minibatch_step(
+        carry: tuple[Params, Any], mb: dict[str, jax.Array], norm: Norm, lr: jax.Array
+    ) -> tuple[tuple[Params, Any], dict[str, jax.Array]]:
         params, opt_state = carry
         (loss, stats), grads = jax.value_and_grad(ppo_loss, has_aux=True)(params, norm, mb, config)
         direction, opt_state = opt.update(grads, opt_state, params)
@@ -339,29 +380,41 @@ def make_iteration(env: FunctionalEnv, config: PpoConfig) -> Callable[[TrainStat
         s, (traj, ended) = jax.lax.scan(rollout_step, s, None, length=horizon)
         last_value = value(s.params, features(s.norm, s.obs, normalize))
         adv = gae(traj["reward"], traj["value"], traj["done"], last_value, gamma, config.gae_lambda)
-        flat = {k: v.reshape(n * horizon, *v.shape[2:]) for k, v in
-                {**traj, "adv": adv, "ret": adv + traj["value"]}.items() if k not in ("reward", "done")}
+        flat = {
+            k: v.reshape(n * horizon, *v.shape[2:])
+            for k, v in {**traj, "adv": adv, "ret": adv + traj["value"]}.items()
+            if k not in ("reward", "done")
+        }
         key, k_perm = jax.random.split(s.key)
 
         def epoch(carry: tuple[Params, Any], k: jax.Array) -> tuple[tuple[Params, Any], dict[str, jax.Array]]:
             order = jax.random.permutation(k, n * horizon).reshape(config.minibatches, size)
-            return jax.lax.scan(lambda c, idx: minibatch_step(c, jax.tree.map(lambda v: v[idx], flat), s.norm, lr),
-                                carry, order)
+            return jax.lax.scan(
+                lambda c, idx: minibatch_step(c, jax.tree.map(lambda v: v[idx], flat), s.norm, lr), carry, order
+            )
 
-        (params, opt_state), stats = jax.lax.scan(epoch, (s.params, s.opt_state),
-                                                  jax.random.split(k_perm, config.epochs))
+        (params, opt_state), stats = jax.lax.scan(
+            epoch, (s.params, s.opt_state), jax.random.split(k_perm, config.epochs)
+        )
         finite = jnp.isfinite(stats["loss"]).all() & jnp.all(
-            jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)]))
+            jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)])
+        )
         episodes = ended.sum(0)
-        metrics = {**jax.tree.map(jnp.mean, stats), "finite": finite, "episodes": episodes[0],
-                   "return_sum": episodes[1], "successes": episodes[2]}
+        metrics = {
+            **jax.tree.map(jnp.mean, stats),
+            "finite": finite,
+            "episodes": episodes[0],
+            "return_sum": episodes[1],
+            "successes": episodes[2],
+        }
         return s._replace(params=params, opt_state=opt_state, key=key), metrics
 
     return iteration
 
 
-def make_evaluator(env: FunctionalEnv, normalize: bool, steps: int
-                   ) -> Callable[[Params, Norm, jax.Array], dict[str, jax.Array]]:
+def make_evaluator(
+    env: FunctionalEnv, normalize: bool, steps: int
+) -> Callable[[Params, Norm, jax.Array], dict[str, jax.Array]]:
     """Return and success of each env's first episode (deterministic actions) within `steps` steps, all on the
     device: for envs the CPU backend cannot run (Brax's) and for benchmarks. jit it."""
 
@@ -401,17 +454,36 @@ def state_from_tensors(template: TrainState, saved: dict[str, torch.Tensor]) -> 
             raise ValueError(f"train state: {name} missing from the saved state (saved with another config?)")
         arr = saved[name].numpy()
         if arr.shape != np.shape(like) or arr.dtype != np.dtype(like.dtype):
-            raise ValueError(f"train state: {name} expected {np.shape(like)} {np.dtype(like.dtype)}, got "
-                             f"{arr.shape} {arr.dtype} (saved with another config?)")
+            raise ValueError(
+                f"train state: {name} expected {np.shape(like)} {np.dtype(like.dtype)}, got "
+                f"{arr.shape} {arr.dtype} (saved with another config?)"
+            )
         leaves.append(arr)
     return jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), jax.devices()[0])
 
 
 # --- the run ---------------------------------------------------------------------------------------
 #: fields of PpoConfig that shape the compiled program (the learning rate, the seed and the budget do not)
-PROGRAM_FIELDS = ("task", "action_mode", "reward_type", "obs_keys", "num_envs", "rollout_steps", "epochs",
-                  "minibatches", "gamma", "gae_lambda", "clip", "value_clip", "value_coef", "entropy_coef",
-                  "max_grad_norm", "normalize_obs", "normalize_advantages", "hidden")
+PROGRAM_FIELDS = (
+    "task",
+    "action_mode",
+    "reward_type",
+    "obs_keys",
+    "num_envs",
+    "rollout_steps",
+    "epochs",
+    "minibatches",
+    "gamma",
+    "gae_lambda",
+    "clip",
+    "value_clip",
+    "value_coef",
+    "entropy_coef",
+    "max_grad_norm",
+    "normalize_obs",
+    "normalize_advantages",
+    "hidden",
+)
 
 
 @dataclass
@@ -431,8 +503,15 @@ def program_for(config: PpoConfig) -> Program:
 
     key = tuple(getattr(config, f) for f in PROGRAM_FIELDS)
     if key not in _PROGRAMS:
-        vec = make(config.task, num_envs=config.num_envs, backend="mjx", seed=config.seed, output="jax",
-                   action_mode=config.action_mode, reward_type=config.reward_type)
+        vec = make(
+            config.task,
+            num_envs=config.num_envs,
+            backend="mjx",
+            seed=config.seed,
+            output="jax",
+            action_mode=config.action_mode,
+            reward_type=config.reward_type,
+        )
         env = MjxTaskEnv(vec, config.obs_keys)
         _PROGRAMS[key] = Program(env, jax.jit(partial(init_state, env, config)), jax.jit(make_iteration(env, config)))
     return _PROGRAMS[key]
@@ -442,8 +521,11 @@ def train(config: PpoConfig) -> RLResult:
     """PPO on the MJX backend; `robotrl train ppo` runs it for `backend="mjx"`."""
     run_dir, state_path, _ = start_run(config, "ppo-mjx", config.task)
     if jax.default_backend() == "cpu" and CPU_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
-        warnings.warn(f"ppo (mjx) on the CPU: MJX runs orders of magnitude slower under XLA's CPU fusion; start the "
-                      f"process with XLA_FLAGS={CPU_XLA_FLAGS}", stacklevel=2)
+        warnings.warn(
+            f"ppo (mjx) on the CPU: MJX runs orders of magnitude slower under XLA's CPU fusion; start the "
+            f"process with XLA_FLAGS={CPU_XLA_FLAGS}",
+            stacklevel=2,
+        )
     program = program_for(config)
     env, n, horizon = program.env, config.num_envs, config.rollout_steps
     iterations = math.ceil(config.total_steps / (n * horizon))
@@ -460,12 +542,25 @@ def train(config: PpoConfig) -> RLResult:
         return torch_agent
 
     def evaluate() -> Any:
-        return evaluate_state_actor(agent().act, config.task, config.obs_keys, config.eval_episodes, config.eval_envs,
-                                    action_mode=config.action_mode, reward_type=config.reward_type)
+        return evaluate_state_actor(
+            agent().act,
+            config.task,
+            config.obs_keys,
+            config.eval_episodes,
+            config.eval_envs,
+            action_mode=config.action_mode,
+            reward_type=config.reward_type,
+        )
 
     log = RunLog(run_dir)
-    bar = tqdm(total=iterations * n * horizon, initial=start * n * horizon, desc=f"ppo (mjx) {config.task}",
-               unit="step", disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=iterations * n * horizon,
+        initial=start * n * horizon,
+        desc=f"ppo (mjx) {config.task}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     clock, first_call_s = TrainClock(), 0.0
     try:
         for it in range(start, iterations):
@@ -476,9 +571,11 @@ def train(config: PpoConfig) -> RLResult:
             if it == start:
                 first_call_s = time.perf_counter() - t0  # compile (or a cache load) + the first iteration
             if not m.pop("finite"):
-                raise TrainingDiverged(f"ppo (mjx) iteration {it}: loss or weights are not finite (loss "
-                                       f"{float(m['loss'])}); the last good train state is kept ({state_path}); "
-                                       f"resume with a lower lr")
+                raise TrainingDiverged(
+                    f"ppo (mjx) iteration {it}: loss or weights are not finite (loss "
+                    f"{float(m['loss'])}); the last good train state is kept ({state_path}); "
+                    f"resume with a lower lr"
+                )
             state = new_state
 
             # log, evaluate, checkpoint
@@ -487,10 +584,20 @@ def train(config: PpoConfig) -> RLResult:
             trained_s = clock.trained()
             episodes = int(m.pop("episodes"))
             ret, succ = float(m.pop("return_sum")), float(m.pop("successes"))
-            log.log(now, **{k: float(v) for k, v in m.items()}, **{"time/train_seconds": trained_s,
-                    "time/steps_per_second": now / max(trained_s, 1e-9), "time/first_call_seconds": first_call_s},
-                    **({"train/return": ret / episodes, "train/success_rate": succ / episodes,
-                        "train/episodes": episodes} if episodes else {}))
+            log.log(
+                now,
+                **{k: float(v) for k, v in m.items()},
+                **{
+                    "time/train_seconds": trained_s,
+                    "time/steps_per_second": now / max(trained_s, 1e-9),
+                    "time/first_call_seconds": first_call_s,
+                },
+                **(
+                    {"train/return": ret / episodes, "train/success_rate": succ / episodes, "train/episodes": episodes}
+                    if episodes
+                    else {}
+                ),
+            )
             if episodes:
                 bar.set_postfix(ret=f"{ret / episodes:.2f}", success=f"{succ / episodes:.2f}")
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)

@@ -32,8 +32,9 @@ from robotrl.datasets import EpisodeStore
 STEP_KEYS = ("action", "reward", "terminated", "truncated")
 
 
-def split_obs_keys(spec: Spec, keys: Sequence[str], where: str,
-                   images: bool = True) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def split_obs_keys(
+    spec: Spec, keys: Sequence[str], where: str, images: bool = True
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(numeric keys, image keys) of the observations an actor-critic reads; anything else (and image keys
     where `images` is False) is an error naming `where` (the config field)."""
     numeric = [k for k, v in spec.observations.items() if not v.is_image and v.dtype != "string"]
@@ -41,19 +42,30 @@ def split_obs_keys(spec: Spec, keys: Sequence[str], where: str,
     bad = [k for k in keys if k not in allowed]
     if bad or not keys:
         kind = "numeric or image" if images else "numeric state"
-        raise ValueError(f"{where}: {bad or list(keys)} are not {kind} observations of {spec.task}; expected some of "
-                         f"{allowed}")
+        raise ValueError(
+            f"{where}: {bad or list(keys)} are not {kind} observations of {spec.task}; expected some of {allowed}"
+        )
     return tuple(k for k in keys if k in numeric), tuple(k for k in keys if k not in numeric)
 
 
-def batch_tensors(obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray, next_obs: np.ndarray,
-                  images: Mapping[str, np.ndarray] | None = None,
-                  next_images: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+def batch_tensors(
+    obs: np.ndarray,
+    action: np.ndarray,
+    reward: np.ndarray,
+    done: np.ndarray,
+    next_obs: np.ndarray,
+    images: Mapping[str, np.ndarray] | None = None,
+    next_images: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, Any]:
     """A batch of transitions as tensors; image observations stay uint8 (`images`, `next_images`: key -> (B, H,
     W, 3)) until the learner's encoder."""
-    out: dict[str, Any] = {"obs": torch.from_numpy(obs), "action": torch.from_numpy(action.astype(np.float32)),
-                           "reward": torch.from_numpy(reward.astype(np.float32)),
-                           "done": torch.from_numpy(done.astype(np.float32)), "next_obs": torch.from_numpy(next_obs)}
+    out: dict[str, Any] = {
+        "obs": torch.from_numpy(obs),
+        "action": torch.from_numpy(action.astype(np.float32)),
+        "reward": torch.from_numpy(reward.astype(np.float32)),
+        "done": torch.from_numpy(done.astype(np.float32)),
+        "next_obs": torch.from_numpy(next_obs),
+    }
     if images:
         out["images"] = {k: torch.from_numpy(v) for k, v in images.items()}
         out["next_images"] = {k: torch.from_numpy(v) for k, v in (next_images or {}).items()}
@@ -74,8 +86,15 @@ def _sample_valid(valid_count: int, draw: Any, is_valid: Any, batch: int) -> np.
 class ReplayBuffer:
     """Online transitions of `num_envs` envs, kept in memory for sampling and written to an episode store."""
 
-    def __init__(self, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int,
-                 store: EpisodeStore | None = None, row_meta: Sequence[Mapping[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        obs_keys: Sequence[str],
+        num_envs: int,
+        capacity_steps: int,
+        store: EpisodeStore | None = None,
+        row_meta: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
         """`row_meta`: each env's episode metadata on the store (default `{"env": i}`; "env" is the row). Image
         keys among `obs_keys` are kept as uint8 frames beside the flattened numeric ones."""
         self.obs_keys, self.num_envs, self.capacity = tuple(obs_keys), num_envs, capacity_steps
@@ -104,9 +123,17 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return int(self.filled.sum())
 
-    def add(self, obs: Mapping[str, Any], action: np.ndarray, reward: np.ndarray, terminated: np.ndarray,
-            truncated: np.ndarray, success: np.ndarray, rows: np.ndarray | None = None,
-            tags: Mapping[str, np.ndarray] | None = None) -> None:
+    def add(
+        self,
+        obs: Mapping[str, Any],
+        action: np.ndarray,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        success: np.ndarray,
+        rows: np.ndarray | None = None,
+        tags: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         """One vector step of the envs in `rows` (default: all; the arrays hold those envs in that order): `obs`
         is what `action` was chosen from (before any auto-reset of this step). `tags` are per-env values kept
         per step in each episode's metadata on the store (e.g. the policy version that chose the action)."""
@@ -126,8 +153,14 @@ class ReplayBuffer:
             done = bool(terminated[j] or truncated[j])
             if self.writers:
                 w = self.writers[i]
-                w.add({k: np.asarray(obs[k][j]) for k in w.store.spec.observations}, np.asarray(action[j]),
-                      float(reward[j]), bool(terminated[j]), bool(truncated[j]), bool(success[j]))
+                w.add(
+                    {k: np.asarray(obs[k][j]) for k in w.store.spec.observations},
+                    np.asarray(action[j]),
+                    float(reward[j]),
+                    bool(terminated[j]),
+                    bool(truncated[j]),
+                    bool(success[j]),
+                )
                 if done:
                     w.finalize(**self.tags[i])
             if done:
@@ -140,12 +173,19 @@ class ReplayBuffer:
     def sample(self, batch: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """`batch` transitions uniformly from those with a known successor."""
         rows_full = self.num_envs * int(self.filled.max())  # candidates (i, t) of the longest row; the rest rejected
-        k = _sample_valid(int(np.maximum(self.filled - 1, 0).sum()), lambda b: rng.integers(0, rows_full, b),
-                          self._valid, batch)
+        k = _sample_valid(
+            int(np.maximum(self.filled - 1, 0).sum()), lambda b: rng.integers(0, rows_full, b), self._valid, batch
+        )
         i, t = k % self.num_envs, k // self.num_envs
-        return batch_tensors(self.obs[i, t], self.action[i, t], self.reward[i, t], self.terminated[i, t],
-                             self.obs[i, t + 1], {k: v[i, t] for k, v in self.images.items()},
-                             {k: v[i, t + 1] for k, v in self.images.items()})
+        return batch_tensors(
+            self.obs[i, t],
+            self.action[i, t],
+            self.reward[i, t],
+            self.terminated[i, t],
+            self.obs[i, t + 1],
+            {k: v[i, t] for k, v in self.images.items()},
+            {k: v[i, t + 1] for k, v in self.images.items()},
+        )
 
     # --- resume -------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -173,8 +213,16 @@ class ReplayBuffer:
         return (*self.store.spec.observations, *STEP_KEYS, "success")
 
     @classmethod
-    def restore(cls, spec: Spec, obs_keys: Sequence[str], num_envs: int, capacity_steps: int, store: EpisodeStore,
-                state: Mapping[str, Any], row_meta: Sequence[Mapping[str, Any]] | None = None) -> ReplayBuffer:
+    def restore(
+        cls,
+        spec: Spec,
+        obs_keys: Sequence[str],
+        num_envs: int,
+        capacity_steps: int,
+        store: EpisodeStore,
+        state: Mapping[str, Any],
+        row_meta: Sequence[Mapping[str, Any]] | None = None,
+    ) -> ReplayBuffer:
         """The buffer of a killed run, from its store and `state()`: episodes the store got after that state was
         saved are dropped (the resumed run records them again), env i's episodes in order fill row i, and the
         unfinished steps go back into row i and into env i's writer."""
@@ -194,12 +242,19 @@ class ReplayBuffer:
             tail = {k: v.numpy() for k, v in tail.items()}
             buf._fill(i, cols[i], tail)
             if cols[i] + len(tail["action"]) != filled[i]:
-                raise ValueError(f"replay restore: env {i} has {cols[i]} stored + {len(tail['action'])} unfinished "
-                                 f"steps, expected {filled[i]} (is {store.path} this run's store?)")
+                raise ValueError(
+                    f"replay restore: env {i} has {cols[i]} stored + {len(tail['action'])} unfinished "
+                    f"steps, expected {filled[i]} (is {store.path} this run's store?)"
+                )
             for s in range(len(tail["action"])):
-                buf.writers[i].add({k: tail[k][s] for k in store.spec.observations}, tail["action"][s],
-                                   float(tail["reward"][s]), bool(tail["terminated"][s]), bool(tail["truncated"][s]),
-                                   bool(tail["success"][s]))
+                buf.writers[i].add(
+                    {k: tail[k][s] for k in store.spec.observations},
+                    tail["action"][s],
+                    float(tail["reward"][s]),
+                    bool(tail["terminated"][s]),
+                    bool(tail["truncated"][s]),
+                    bool(tail["success"][s]),
+                )
         buf.filled[:] = filled
         return buf
 
@@ -207,13 +262,13 @@ class ReplayBuffer:
         n = len(data["action"])
         if n == 0:
             return
-        self.obs[i, col:col + n] = flatten_obs({k: data[k] for k in self.vector_keys}, self.vector_keys, n)
+        self.obs[i, col : col + n] = flatten_obs({k: data[k] for k in self.vector_keys}, self.vector_keys, n)
         for k, frames in self.images.items():
-            frames[i, col:col + n] = data[k]
-        self.action[i, col:col + n] = data["action"]
-        self.reward[i, col:col + n] = data["reward"]
-        self.terminated[i, col:col + n] = data["terminated"]
-        self.truncated[i, col:col + n] = data["truncated"]
+            frames[i, col : col + n] = data[k]
+        self.action[i, col : col + n] = data["action"]
+        self.reward[i, col : col + n] = data["reward"]
+        self.terminated[i, col : col + n] = data["terminated"]
+        self.truncated[i, col : col + n] = data["truncated"]
 
 
 def returns_to_go(reward: np.ndarray, last: np.ndarray, gamma: float) -> np.ndarray:

@@ -120,13 +120,24 @@ class Agent(torch.nn.Module):
     """Actor, critic ensemble, its target copy, the entropy temperature and, with cameras, one image encoder per
     camera: everything the update changes. The actor and critics see [numeric observations, image features]."""
 
-    def __init__(self, obs_dim: int, action_dim: int, low: torch.Tensor, high: torch.Tensor, config: SacConfig,
-                 image_sizes: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        config: SacConfig,
+        image_sizes: dict[str, int] | None = None,
+    ) -> None:
         super().__init__()
         self.hl = HLGauss(config.v_min, config.v_max, config.hl_bins) if config.critic_loss == "hl_gauss" else None
         outputs = config.hl_bins if self.hl is not None else 1
-        self.encoder = torch.nn.ModuleDict({k: ImageEncoder(size, config.encoder_dim, config.encoder_widths, crop=1.0)
-                                            for k, size in (image_sizes or {}).items()})
+        self.encoder = torch.nn.ModuleDict(
+            {
+                k: ImageEncoder(size, config.encoder_dim, config.encoder_widths, crop=1.0)
+                for k, size in (image_sizes or {}).items()
+            }
+        )
         self.augment_pad = config.augment_pad
         feature_dim = obs_dim + config.encoder_dim * len(self.encoder)
         self.actor = TanhGaussianActor(feature_dim, action_dim, config.hidden, low, high)
@@ -155,9 +166,11 @@ class Agent(torch.nn.Module):
     def optimizers(self, lr: float) -> dict[str, torch.optim.Optimizer]:
         """Adam for the actor, the critics (with the image encoders: DrQ trains them by the critic's loss alone)
         and the temperature."""
-        return {"actor": torch.optim.Adam(self.actor.parameters(), lr=lr),
-                "critic": torch.optim.Adam([*self.critic.parameters(), *self.encoder.parameters()], lr=lr),
-                "alpha": torch.optim.Adam([self.log_alpha], lr=lr)}
+        return {
+            "actor": torch.optim.Adam(self.actor.parameters(), lr=lr),
+            "critic": torch.optim.Adam([*self.critic.parameters(), *self.encoder.parameters()], lr=lr),
+            "alpha": torch.optim.Adam([self.log_alpha], lr=lr),
+        }
 
     @torch.no_grad()
     def act(self, obs: dict[str, Any], vector_keys: tuple[str, ...], deterministic: bool = False) -> np.ndarray:
@@ -167,8 +180,14 @@ class Agent(torch.nn.Module):
         return self.actor(self.features(vec, images, augment=False), deterministic=deterministic)[0].numpy()
 
 
-def update(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[str, Any], config: SacConfig,
-           target_entropy: float, where: str) -> dict[str, float]:
+def update(
+    agent: Agent,
+    opt: Mapping[str, torch.optim.Optimizer],
+    batch: dict[str, Any],
+    config: SacConfig,
+    target_entropy: float,
+    where: str,
+) -> dict[str, float]:
     """One RLPD update: critics on the TD target (min over a random subset of target critics, entropy bonus),
     then the actor on the ensemble's mean Q, then the temperature; target critics by Polyak averaging."""
     alpha = agent.log_alpha.exp().detach()
@@ -191,8 +210,14 @@ def update(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], batch: dict[s
     return {"loss/critic": critic_loss.item(), "alpha": alpha.item(), **stats}
 
 
-def actor_step(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], obs: torch.Tensor, alpha: torch.Tensor,
-               target_entropy: float, where: str) -> dict[str, float]:
+def actor_step(
+    agent: Agent,
+    opt: Mapping[str, torch.optim.Optimizer],
+    obs: torch.Tensor,
+    alpha: torch.Tensor,
+    target_entropy: float,
+    where: str,
+) -> dict[str, float]:
     """SAC's actor update (the critics' mean Q less the entropy cost, reparameterized) and its temperature update
     (towards the target entropy)."""
     action, logp = agent.actor(obs)
@@ -207,8 +232,13 @@ def actor_step(agent: Agent, opt: Mapping[str, torch.optim.Optimizer], obs: torc
 def evaluate(agent: Agent, config: SacConfig) -> Any:
     """Success of the deterministic actor (the squashed mean) over held-out seeded episodes."""
     vector_keys = tuple(k for k in config.obs_keys if k not in agent.encoder)
-    return evaluate_actor(lambda obs: agent.act(obs, vector_keys, deterministic=True), config.task,
-                          config.eval_episodes, config.eval_envs, **env_options(config))
+    return evaluate_actor(
+        lambda obs: agent.act(obs, vector_keys, deterministic=True),
+        config.task,
+        config.eval_episodes,
+        config.eval_envs,
+        **env_options(config),
+    )
 
 
 def task_options(config: SacConfig) -> dict[str, Any]:
@@ -243,9 +273,11 @@ def build_agent(spec: Spec, config: SacConfig, where: str) -> tuple[Agent, tuple
 
 def actor_fn(actor: TanhGaussianActor) -> Any:
     """The deterministic action of a tanh-Gaussian actor for a batch of flattened observations (numpy in and out)."""
+
     @torch.no_grad()
     def act(obs: np.ndarray) -> np.ndarray:
         return actor(torch.from_numpy(obs), deterministic=True)[0].numpy()
+
     return act
 
 
@@ -285,15 +317,30 @@ def train(config: SacConfig) -> RLResult:
         ret, succ = np.zeros(n), np.zeros(n, bool)
 
     def checkpoint(step: int) -> None:
-        save_run_state(state_path, step, agent, opt, rng, env, replay=replay.state(), episodes=episodes,
-                       obs={k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()},
-                       running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())})
+        save_run_state(
+            state_path,
+            step,
+            agent,
+            opt,
+            rng,
+            env,
+            replay=replay.state(),
+            episodes=episodes,
+            obs={k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()},
+            running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())},
+        )
         torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
 
     log = RunLog(run_dir)
     vector_steps = math.ceil(config.total_steps / n)
-    bar = tqdm(total=vector_steps * n, initial=start * n, desc=f"sac {config.task}", unit="step",
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=vector_steps * n,
+        initial=start * n,
+        desc=f"sac {config.task}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     clock = TrainClock()
     stats: dict[str, float] = {}
     try:
@@ -317,13 +364,29 @@ def train(config: SacConfig) -> RLResult:
             now = (it + 1) * n
             if now >= config.learning_starts and replay.steps >= 2:
                 for _ in range(config.utd * n):
-                    stats = update(agent, opt, sample(replay, demos, config, rng), config, target_entropy,
-                                   f"sac step {now} (last train state: {state_path})")
+                    stats = update(
+                        agent,
+                        opt,
+                        sample(replay, demos, config, rng),
+                        config,
+                        target_entropy,
+                        f"sac step {now} (last train state: {state_path})",
+                    )
             bar.update(n)
             if now // config.log_every != done_steps // config.log_every:
                 recent = episodes["success"][-20:]
-                log.log(now, **stats, **({"train/success_rate": float(np.mean(recent)),
-                                          "train/return": float(np.mean(episodes["returns"][-20:]))} if recent else {}))
+                log.log(
+                    now,
+                    **stats,
+                    **(
+                        {
+                            "train/success_rate": float(np.mean(recent)),
+                            "train/return": float(np.mean(episodes["returns"][-20:])),
+                        }
+                        if recent
+                        else {}
+                    ),
+                )
                 bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
             clock.evaluate_every(
                 config, log, lambda: evaluate(agent, config), now, done_steps, last=it + 1 == vector_steps
@@ -335,8 +398,9 @@ def train(config: SacConfig) -> RLResult:
         env.close()
         store.close()
     seconds = clock.trained()
-    return finish_run(config, log, lambda: evaluate(agent, config), run_dir / "actor.pt", vector_steps * n, seconds,
-                      run_dir)
+    return finish_run(
+        config, log, lambda: evaluate(agent, config), run_dir / "actor.pt", vector_steps * n, seconds, run_dir
+    )
 
 
 def load_pretrained(agent: Agent, run_dir: Path) -> None:
@@ -351,21 +415,28 @@ def load_pretrained(agent: Agent, run_dir: Path) -> None:
             continue
         if key not in weights or weights[key].shape != value.shape:
             got = tuple(weights[key].shape) if key in weights else "nothing"
-            raise ValueError(f"SacConfig.init: {path} {key}: expected shape {tuple(value.shape)}, got {got} (same "
-                             "hidden sizes, critic count and critic loss as the offline run?)")
+            raise ValueError(
+                f"SacConfig.init: {path} {key}: expected shape {tuple(value.shape)}, got {got} (same "
+                "hidden sizes, critic count and critic loss as the offline run?)"
+            )
         own[key] = weights[key]
     agent.load_state_dict(own)
 
 
-def sample(replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfig,
-           rng: np.random.Generator) -> dict[str, Any]:
+def sample(
+    replay: ReplayBuffer, demos: DemoTransitions | None, config: SacConfig, rng: np.random.Generator
+) -> dict[str, Any]:
     """A batch: online transitions only, or RLPD's symmetric mix of demonstrations and online data."""
     if demos is None:
         return replay.sample(config.batch_size, rng)
     k = round(config.batch_size * config.demo_ratio)
     a, b = demos.sample(k, rng), replay.sample(config.batch_size - k, rng)
-    return {key: {c: torch.cat([a[key][c], b[key][c]]) for c in a[key]} if isinstance(a[key], dict)
-            else torch.cat([a[key], b[key]]) for key in b}
+    return {
+        key: {c: torch.cat([a[key][c], b[key][c]]) for c in a[key]}
+        if isinstance(a[key], dict)
+        else torch.cat([a[key], b[key]])
+        for key in b
+    }
 
 
 def run_train_sac(config: SacConfig) -> RLResult:

@@ -158,11 +158,21 @@ def evaluate(model: Any, config: Sb3Config, keys: tuple[str, ...]) -> Any:
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes
 
-    env = make(config.task, num_envs=min(config.eval_envs, config.eval_episodes), seed=config.seed + 10_000,
-               action_mode=config.action_mode, reward_type=config.reward_type, render_images=False)
+    env = make(
+        config.task,
+        num_envs=min(config.eval_envs, config.eval_episodes),
+        seed=config.seed + 10_000,
+        action_mode=config.action_mode,
+        reward_type=config.reward_type,
+        render_images=False,
+    )
     try:
-        return run_episodes(env, lambda obs: model.predict(flatten_batch(obs, keys), deterministic=True)[0],
-                            config.eval_episodes, seed=config.seed + 10_000)
+        return run_episodes(
+            env,
+            lambda obs: model.predict(flatten_batch(obs, keys), deterministic=True)[0],
+            config.eval_episodes,
+            seed=config.seed + 10_000,
+        )
     finally:
         env.close()
 
@@ -182,8 +192,10 @@ def train(config: Sb3Config) -> Sb3Result:
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(config)), indent=2))
 
-    venv = VecMonitor(DummyVecEnv([partial(make_sb3_env, config, config.seed + i) for i in range(config.num_envs)]),
-                      info_keywords=("success",))
+    venv = VecMonitor(
+        DummyVecEnv([partial(make_sb3_env, config, config.seed + i) for i in range(config.num_envs)]),
+        info_keywords=("success",),
+    )
     keys = tuple(venv.envs[0].env.observation_space.spaces)  # FlattenObservation(FilterObservation): its key order
     algo_cls: Any = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
     if last is not None:
@@ -202,12 +214,21 @@ def train(config: Sb3Config) -> Sb3Result:
     remaining = max(config.total_steps - model.num_timesteps, 0)
     callbacks: list[Any] = [progress_bar(remaining, config.progress)]
     if config.checkpoint_every > 0:
-        callbacks.append(CheckpointCallback(max(config.checkpoint_every // config.num_envs, 1),
-                                            str(run_dir / "checkpoints"), name_prefix="model",
-                                            save_replay_buffer=config.algo in OFF_POLICY))
+        callbacks.append(
+            CheckpointCallback(
+                max(config.checkpoint_every // config.num_envs, 1),
+                str(run_dir / "checkpoints"),
+                name_prefix="model",
+                save_replay_buffer=config.algo in OFF_POLICY,
+            )
+        )
     start = time.perf_counter()
-    model.learn(remaining, callback=CallbackList(callbacks), reset_num_timesteps=last is None,
-                log_interval=10 if config.algo in OFF_POLICY else 1)
+    model.learn(
+        remaining,
+        callback=CallbackList(callbacks),
+        reset_num_timesteps=last is None,
+        log_interval=10 if config.algo in OFF_POLICY else 1,
+    )
     seconds = time.perf_counter() - start
     model_path = run_dir / "model.zip"
     model.save(model_path)
@@ -215,10 +236,21 @@ def train(config: Sb3Config) -> Sb3Result:
 
     stats = evaluate(model, config, keys)
     lo, hi = stats.success_ci95()
-    result = Sb3Result(stats.success_rate, (lo, hi), float(np.mean(stats.returns)), len(stats.success),
-                       int(model.num_timesteps), seconds, run_dir, model_path)
-    for key, value in (("eval/success_rate", result.success_rate), ("eval/mean_return", result.mean_return),
-                       ("time/train_seconds", seconds)):
+    result = Sb3Result(
+        stats.success_rate,
+        (lo, hi),
+        float(np.mean(stats.returns)),
+        len(stats.success),
+        int(model.num_timesteps),
+        seconds,
+        run_dir,
+        model_path,
+    )
+    for key, value in (
+        ("eval/success_rate", result.success_rate),
+        ("eval/mean_return", result.mean_return),
+        ("time/train_seconds", seconds),
+    ):
         model.logger.record(key, value)
     model.logger.dump(model.num_timesteps)
     model.logger.close()
@@ -227,8 +259,12 @@ def train(config: Sb3Config) -> Sb3Result:
 
 
 def _algo_kwargs(config: Sb3Config) -> dict[str, Any]:
-    common = {"learning_rate": config.lr, "batch_size": config.batch_size, "gamma": config.gamma,
-              "policy_kwargs": {"net_arch": list(config.hidden)}}
+    common = {
+        "learning_rate": config.lr,
+        "batch_size": config.batch_size,
+        "gamma": config.gamma,
+        "policy_kwargs": {"net_arch": list(config.hidden)},
+    }
     if config.algo in OFF_POLICY:
         return {**common, "learning_starts": config.learning_starts, "buffer_size": max(config.total_steps, 1)}
     return {**common, "n_steps": max(2048 // config.num_envs, 8)}
@@ -259,11 +295,16 @@ def progress_bar(total: int, enabled: bool = True) -> Any:
 
 def last_checkpoint(run_dir: Path) -> Path:
     """The checkpoint with the most steps in run_dir/checkpoints (what `resume` continues from)."""
-    found = {int(m[1]): p for p in (run_dir / "checkpoints").glob("model_*_steps.zip")
-             if (m := re.fullmatch(r"model_(\d+)_steps\.zip", p.name))}
+    found = {
+        int(m[1]): p
+        for p in (run_dir / "checkpoints").glob("model_*_steps.zip")
+        if (m := re.fullmatch(r"model_(\d+)_steps\.zip", p.name))
+    }
     if not found:
-        raise FileNotFoundError(f"Sb3Config.resume: no checkpoint in {run_dir / 'checkpoints'} "
-                                "(model_<steps>_steps.zip; was checkpoint_every 0?)")
+        raise FileNotFoundError(
+            f"Sb3Config.resume: no checkpoint in {run_dir / 'checkpoints'} "
+            "(model_<steps>_steps.zip; was checkpoint_every 0?)"
+        )
     return found[max(found)]
 
 

@@ -81,8 +81,10 @@ class BCConfig(PolicyRunOptions):
         cls = policy_class(self.policy)
         if not cls.learns_from_data:
             trainable = sorted(name for name, c in register_all().items() if c.learns_from_data)
-            raise ValueError(f"BCConfig.policy: {cls.name!r} learns from a teacher (robotrl policy distill), not "
-                             f"from data; expected one of {trainable}")
+            raise ValueError(
+                f"BCConfig.policy: {cls.name!r} learns from a teacher (robotrl policy distill), not "
+                f"from data; expected one of {trainable}"
+            )
         for name in ("steps", "batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"BCConfig.{name}: expected >= 1, got {getattr(self, name)}")
@@ -112,8 +114,10 @@ def make_policy(config: BCConfig, store: EpisodeStore) -> Policy:
 def successful_episodes(store: EpisodeStore) -> list[int]:
     chosen = [i for i, meta in enumerate(store.episodes) if meta.get("success")]
     if not chosen:
-        raise ValueError(f"BCConfig.success_only: expected a store with successful episodes, got none of "
-                         f"{len(store.episodes)} in {store.path}")
+        raise ValueError(
+            f"BCConfig.success_only: expected a store with successful episodes, got none of "
+            f"{len(store.episodes)} in {store.path}"
+        )
     return chosen
 
 
@@ -132,13 +136,15 @@ def train(config: BCConfig) -> BCResult:
 
     # data
     windows = SequenceConfig(chosen.obs_horizon, chosen.action_horizon, chosen.obs_keys)
-    sampler = SequenceSampler.from_store(store, windows,
-                                         episodes=successful_episodes(store) if config.success_only else None)
+    sampler = SequenceSampler.from_store(
+        store, windows, episodes=successful_episodes(store) if config.success_only else None
+    )
 
     # policy, optimizer, schedule, EMA
     policy = make_policy(config, store).to(config.device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                                  fused=True)  # one kernel for all weights (bench/train_step.py)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True
+    )  # one kernel for all weights (bench/train_step.py)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))
     ema = EMA(policy, config.ema) if config.ema > 0 else None
 
@@ -154,20 +160,34 @@ def train(config: BCConfig) -> BCResult:
         start = state["step"]
 
     def checkpoint(step: int) -> None:
-        save_train_state(state_path, step=step, policy=policy.state_dict(), optimizer=optimizer.state_dict(),
-                         schedule=schedule.state_dict(), **(ema.state() if ema else {}), rng=rng_state(rng))
+        save_train_state(
+            state_path,
+            step=step,
+            policy=policy.state_dict(),
+            optimizer=optimizer.state_dict(),
+            schedule=schedule.state_dict(),
+            **(ema.state() if ema else {}),
+            rng=rng_state(rng),
+        )
         (ema.model if ema else policy).save(run_dir / "checkpoint")
 
     log = RunLog(run_dir)
-    bar = tqdm(total=config.steps, initial=start, desc=f"bc {name}", unit="step", disable=not config.progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=config.steps,
+        initial=start,
+        desc=f"bc {name}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     began = time.perf_counter()
     loss_value = float("nan")
     policy.train()
     for step in range(start, config.steps):
         loss = policy.compute_loss(sampler.sample(config.batch_size, rng))
-        loss_value, grad_norm = optimizer_step(loss, policy, optimizer, schedule,
-                                               f"bc step {step} (last checkpoint: {run_dir / 'checkpoint'})")
+        loss_value, grad_norm = optimizer_step(
+            loss, policy, optimizer, schedule, f"bc step {step} (last checkpoint: {run_dir / 'checkpoint'})"
+        )
         if ema is not None:
             ema.update(policy)
         done = step + 1
@@ -202,9 +222,14 @@ def train(config: BCConfig) -> BCResult:
 def run_train_bc(config: BCConfig) -> BCResult:
     result = train(config)
     ci = f" (95% CI {result.success_ci95[0]:.1%}-{result.success_ci95[1]:.1%})" if result.success_ci95 else ""
-    success = f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; " \
-        if result.success_rate is not None else ""
+    success = (
+        f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; "
+        if result.success_rate is not None
+        else ""
+    )
     assert isinstance(config.policy, PolicyConfig)  # BCConfig.__post_init__ resolved a name
-    print(f"bc {policy_class(config.policy).name}: {success}{result.steps} steps in {result.train_seconds:.0f} s; "
-          f"policy {result.checkpoint}")
+    print(
+        f"bc {policy_class(config.policy).name}: {success}{result.steps} steps in {result.train_seconds:.0f} s; "
+        f"policy {result.checkpoint}"
+    )
     return result

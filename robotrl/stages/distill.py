@@ -62,8 +62,19 @@ from robotrl.training.loop import (
 )
 
 #: config fields that do not change what a run computes: they may differ between a run and its resumption
-NOT_RESULT = ("run_dir", "resume", "stop_after", "progress", "log_every", "checkpoint_every", "eval_every",
-              "eval_episodes", "eval_envs", "execute", "threads")
+NOT_RESULT = (
+    "run_dir",
+    "resume",
+    "stop_after",
+    "progress",
+    "log_every",
+    "checkpoint_every",
+    "eval_every",
+    "eval_episodes",
+    "eval_envs",
+    "execute",
+    "threads",
+)
 
 
 @dataclass
@@ -162,8 +173,10 @@ class DistillResult:
 def load_teacher(path: Path, device: str = "cpu") -> Policy:
     teacher = load(path, device=device)
     if teacher.student is None:
-        raise ValueError(f"DistillConfig.teacher: {path} is a {teacher.name!r} policy, which names no student; "
-                         f"expected a checkpoint of one of {teachers()}")
+        raise ValueError(
+            f"DistillConfig.teacher: {path} is a {teacher.name!r} policy, which names no student; "
+            f"expected a checkpoint of one of {teachers()}"
+        )
     return teacher.requires_grad_(False).eval()
 
 
@@ -176,8 +189,10 @@ def check_resumable(saved: dict[str, Any], config: DistillConfig, run_dir: Path)
     changed = [k for k in now if k not in NOT_RESULT and k in saved and saved[k] != now[k]]
     if changed:
         detail = ", ".join(f"{k}: run has {saved[k]!r}, given {now[k]!r}" for k in changed)
-        raise ValueError(f"resume: {run_dir / 'config.json'} differs from the given config ({detail}); resume with "
-                         "the run's settings or start a new run_dir")
+        raise ValueError(
+            f"resume: {run_dir / 'config.json'} differs from the given config ({detail}); resume with "
+            "the run's settings or start a new run_dir"
+        )
 
 
 class TeacherGap:
@@ -196,7 +211,8 @@ class TeacherGap:
         self.obs = student.normalize_obs(windows["obs"])
         generator = torch.Generator().manual_seed(seed + 1)
         self.noise = torch.randn(batch, student.noise_rows, student.action_dim, generator=generator).to(
-            next(student.parameters()).device)
+            next(student.parameters()).device
+        )
         self.reference = student.teacher_chunk(teacher, self.noise, self.obs)
 
     @torch.no_grad()
@@ -234,7 +250,7 @@ class TeacherLabels:
             with np.load(path, allow_pickle=False) as saved:
                 keep = saved["round"] < before
                 labels.round, labels.action = saved["round"][keep], saved["action"][keep]
-                labels.obs = {k[len("obs."):]: saved[k][keep] for k in saved.files if k.startswith("obs.")}
+                labels.obs = {k[len("obs.") :]: saved[k][keep] for k in saved.files if k.startswith("obs.")}
                 labels.env_steps = saved["env_steps"][saved["env_steps"][:, 0] < before]
         return labels
 
@@ -245,8 +261,9 @@ class TeacherLabels:
         chunks: list[np.ndarray] = []
 
         def act(window: dict[str, Any]) -> np.ndarray:
-            windows.append({k: np.array(v, dtype=str if np.asarray(v).dtype == object else None)
-                            for k, v in window.items()})
+            windows.append(
+                {k: np.array(v, dtype=str if np.asarray(v).dtype == object else None) for k, v in window.items()}
+            )
             chunks.append(np.asarray(teacher.act(window), dtype=np.float32))
             return student.act(window)
 
@@ -259,38 +276,52 @@ class TeacherLabels:
         self.round = np.concatenate([self.round, np.full(len(action), step, np.int64)])
         self.env_steps = np.concatenate([self.env_steps, [[step, steps]]])
         tmp = self.path.with_suffix(".partial.npz")
-        arrays: dict[str, Any] = {"action": self.action, "round": self.round, "env_steps": self.env_steps,
-                                  **{f"obs.{k}": v for k, v in self.obs.items()}}
+        arrays: dict[str, Any] = {
+            "action": self.action,
+            "round": self.round,
+            "env_steps": self.env_steps,
+            **{f"obs.{k}": v for k, v in self.obs.items()},
+        }
         np.savez(tmp, **arrays)
         tmp.replace(self.path)
         return stats.success_rate
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, Any]:
         i = rng.integers(0, len(self), size=batch_size)
-        return {"obs": {k: v[i] for k, v in self.obs.items()}, "action": self.action[i],
-                "action_is_pad": np.zeros(self.action.shape[:2], dtype=bool)[i]}
+        return {
+            "obs": {k: v[i] for k, v in self.obs.items()},
+            "action": self.action[i],
+            "action_is_pad": np.zeros(self.action.shape[:2], dtype=bool)[i],
+        }
 
 
-def mixed_batch(sampler: SequenceSampler, labels: TeacherLabels, config: DistillConfig,
-                rng: np.random.Generator) -> dict[str, Any]:
+def mixed_batch(
+    sampler: SequenceSampler, labels: TeacherLabels, config: DistillConfig, rng: np.random.Generator
+) -> dict[str, Any]:
     """A training batch: `dagger_fraction` of it teacher-labelled student windows once there are any."""
     if not len(labels):
         return sampler.sample(config.batch_size, rng)
     k = max(1, round(config.batch_size * config.dagger_fraction))
     data, own = sampler.sample(config.batch_size - k, rng), labels.sample(k, rng)
-    return {"obs": {key: np.concatenate([data["obs"][key], own["obs"][key]]) for key in own["obs"]},
-            "action": np.concatenate([data["action"], own["action"]]),
-            "action_is_pad": np.concatenate([data["action_is_pad"], own["action_is_pad"]])}
+    return {
+        "obs": {key: np.concatenate([data["obs"][key], own["obs"][key]]) for key in own["obs"]},
+        "action": np.concatenate([data["action"], own["action"]]),
+        "action_is_pad": np.concatenate([data["action_is_pad"], own["action_is_pad"]]),
+    }
 
 
 def gate(student: Policy, start: Policy, config: DistillConfig) -> tuple[Policy, dict[str, Any]]:
     """The distilled student if it beats (or ties) its start on `gate_episodes` fresh training-seed episodes,
     else the start; with both success rates."""
     seed = training_seed(config.seed, config.steps)  # after every DAgger round's
-    ok, student_rate, start_rate = not_worse(student, start, config.gate_episodes, config.eval_envs, seed,
-                                             config.execute)
-    return (student if ok else start), {"start_success": start_rate, "student_success": student_rate,
-                                        "kept": "student" if ok else "start"}
+    ok, student_rate, start_rate = not_worse(
+        student, start, config.gate_episodes, config.eval_envs, seed, config.execute
+    )
+    return (student if ok else start), {
+        "start_success": start_rate,
+        "student_success": student_rate,
+        "kept": "student" if ok else "start",
+    }
 
 
 def evaluate(policy: Policy, config: DistillConfig) -> Any:
@@ -323,8 +354,7 @@ def train(config: DistillConfig) -> DistillResult:
     student = student_for(teacher, config.teacher_steps, channels=config.channels).to(config.device)
     start_policy = copy.deepcopy(student).eval() if config.gate_episodes else None
     gap = TeacherGap(student, teacher, sampler, config.gap_batch, config.seed)
-    optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay,
-                                  fused=True)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cosine_lr(s, config.steps, config.warmup))
     target = EMA(student, config.target_ema)
     ema = EMA(student, config.ema) if config.ema > 0 else None
@@ -343,9 +373,17 @@ def train(config: DistillConfig) -> DistillResult:
         start, gap_init = state["step"], state["gap_init"]
 
     def checkpoint(step: int) -> None:
-        save_train_state(state_path, step=step, policy=student.state_dict(), optimizer=optimizer.state_dict(),
-                         schedule=schedule.state_dict(), **target.state("target"), **(ema.state() if ema else {}),
-                         rng=rng_state(rng), gap_init=gap_init)
+        save_train_state(
+            state_path,
+            step=step,
+            policy=student.state_dict(),
+            optimizer=optimizer.state_dict(),
+            schedule=schedule.state_dict(),
+            **target.state("target"),
+            **(ema.state() if ema else {}),
+            rng=rng_state(rng),
+            gap_init=gap_init,
+        )
         (ema.model if ema else student).save(run_dir / "checkpoint")
 
     labels = TeacherLabels.load(run_dir / "dagger.npz", before=start)
@@ -354,19 +392,32 @@ def train(config: DistillConfig) -> DistillResult:
     if start == 0:
         log.log(0, **{"distill/teacher_gap": gap_init})
     end = min(config.steps, config.stop_after or config.steps)
-    bar = tqdm(total=config.steps, initial=start, desc=f"distill {teacher.name}", unit="step",
-               disable=not config.progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=config.steps,
+        initial=start,
+        desc=f"distill {teacher.name}",
+        unit="step",
+        disable=not config.progress,
+        dynamic_ncols=True,
+    )
     began = time.perf_counter()
     loss_value, gap_value = float("nan"), gap_init
     student.train()
     for step in range(start, end):
         if step in rounds:
             student_success = labels.collect(ema.model if ema else student, teacher, config, step)
-            log.log(step, **{"dagger/student_success": student_success, "dagger/pairs": len(labels),
-                             "dagger/env_steps": labels.total_env_steps})
+            log.log(
+                step,
+                **{
+                    "dagger/student_success": student_success,
+                    "dagger/pairs": len(labels),
+                    "dagger/env_steps": labels.total_env_steps,
+                },
+            )
         loss = student.compute_distill_loss(mixed_batch(sampler, labels, config, rng), teacher, target.model)
-        loss_value, grad_norm = optimizer_step(loss, student, optimizer, schedule,
-                                               f"distill step {step} (last checkpoint: {run_dir / 'checkpoint'})")
+        loss_value, grad_norm = optimizer_step(
+            loss, student, optimizer, schedule, f"distill step {step} (last checkpoint: {run_dir / 'checkpoint'})"
+        )
         target.update(student)
         if ema is not None:
             ema.update(student)
@@ -374,8 +425,15 @@ def train(config: DistillConfig) -> DistillResult:
         bar.update(1)
         if done % config.log_every == 0 or done == end:
             gap_value = gap(ema.model if ema else student)
-            log.log(done, **{"distill/loss": loss_value, "distill/teacher_gap": gap_value,
-                             "distill/grad_norm": grad_norm, "distill/lr": schedule.get_last_lr()[0]})
+            log.log(
+                done,
+                **{
+                    "distill/loss": loss_value,
+                    "distill/teacher_gap": gap_value,
+                    "distill/grad_norm": grad_norm,
+                    "distill/lr": schedule.get_last_lr()[0],
+                },
+            )
             bar.set_postfix(loss=f"{loss_value:.4f}", gap=f"{gap_value:.4f}")
         if done % config.checkpoint_every == 0 or done == end:
             checkpoint(done)
@@ -393,8 +451,10 @@ def train(config: DistillConfig) -> DistillResult:
     else:
         if start_policy is not None:
             final, kept = gate(final, start_policy, config)
-            log.log(config.steps, **{"gate/start_success": kept["start_success"],
-                                     "gate/student_success": kept["student_success"]})
+            log.log(
+                config.steps,
+                **{"gate/start_success": kept["start_success"], "gate/student_success": kept["student_success"]},
+            )
         path = final.save(run_dir / "policy")
         if config.eval_episodes > 0:
             stats = evaluate(final, config)
@@ -402,8 +462,22 @@ def train(config: DistillConfig) -> DistillResult:
             teacher_success = evaluate(teacher, config).success_rate
             log.log(config.steps, **{"eval/success_rate": success, "eval/teacher_success_rate": teacher_success})
     log.close()
-    result = DistillResult(path, end, finished, seconds, loss_value, gap_value, gap_init, success, ci, teacher_success,
-                           run_dir, len(labels), labels.total_env_steps, kept)
+    result = DistillResult(
+        path,
+        end,
+        finished,
+        seconds,
+        loss_value,
+        gap_value,
+        gap_init,
+        success,
+        ci,
+        teacher_success,
+        run_dir,
+        len(labels),
+        labels.total_env_steps,
+        kept,
+    )
     (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
     return result
 
@@ -411,18 +485,26 @@ def train(config: DistillConfig) -> DistillResult:
 def run_distill(config: DistillConfig) -> DistillResult:
     result = train(config)
     if not result.finished:
-        print(f"distill: stopped after {result.steps}/{config.steps} steps; continue with --resume --run-dir "
-              f"{result.run_dir}")
+        print(
+            f"distill: stopped after {result.steps}/{config.steps} steps; continue with --resume --run-dir "
+            f"{result.run_dir}"
+        )
         return result
     success = ""
     if result.success_rate is not None and result.success_ci95 is not None:
         lo, hi = result.success_ci95
-        success = f"student success {result.success_rate:.1%} (95% CI {lo:.1%}-{hi:.1%}), teacher " \
-                  f"{result.teacher_success_rate:.1%}, over {config.eval_episodes} held-out episodes; "
+        success = (
+            f"student success {result.success_rate:.1%} (95% CI {lo:.1%}-{hi:.1%}), teacher "
+            f"{result.teacher_success_rate:.1%}, over {config.eval_episodes} held-out episodes; "
+        )
     gated = ""
     if result.gate is not None:
-        gated = f"gate: start {result.gate['start_success']:.1%}, distilled {result.gate['student_success']:.1%} " \
-                f"over {config.gate_episodes} training-seed episodes, kept the {result.gate['kept']}; "
-    print(f"distill: {success}{gated}teacher gap {result.teacher_gap_init:.4f} -> {result.teacher_gap:.4f}; "
-          f"{result.steps} steps in {result.train_seconds:.0f} s; one-step policy {result.checkpoint}")
+        gated = (
+            f"gate: start {result.gate['start_success']:.1%}, distilled {result.gate['student_success']:.1%} "
+            f"over {config.gate_episodes} training-seed episodes, kept the {result.gate['kept']}; "
+        )
+    print(
+        f"distill: {success}{gated}teacher gap {result.teacher_gap_init:.4f} -> {result.teacher_gap:.4f}; "
+        f"{result.steps} steps in {result.train_seconds:.0f} s; one-step policy {result.checkpoint}"
+    )
     return result

@@ -88,34 +88,103 @@ class Budget:
 
 
 PRESETS: dict[str, Budget] = {
-    "smoke": Budget(demo_episodes=6, bc_steps=40, bc_batch_size=16, bc_channels=(16, 32), bc_lr=1e-4,
-                    offline_iterations=1, offline_critic_steps=50, offline_policy_updates=2, offline_awr_steps=10,
-                    offline_rollout_episodes=2, offline_gate_episodes=2, online_total_steps=512, online_num_envs=4,
-                    online_rollout_steps=64, online_gate_episodes=2, online_eval_every=256, distill_steps=20,
-                    distill_batch_size=16, distill_dagger_rounds=1, distill_dagger_episodes=2, distill_gate_episodes=2,
-                    eval_episodes=4, eval_envs=4),
+    "smoke": Budget(
+        demo_episodes=6,
+        bc_steps=40,
+        bc_batch_size=16,
+        bc_channels=(16, 32),
+        bc_lr=1e-4,
+        offline_iterations=1,
+        offline_critic_steps=50,
+        offline_policy_updates=2,
+        offline_awr_steps=10,
+        offline_rollout_episodes=2,
+        offline_gate_episodes=2,
+        online_total_steps=512,
+        online_num_envs=4,
+        online_rollout_steps=64,
+        online_gate_episodes=2,
+        online_eval_every=256,
+        distill_steps=20,
+        distill_batch_size=16,
+        distill_dagger_rounds=1,
+        distill_dagger_episodes=2,
+        distill_gate_episodes=2,
+        eval_episodes=4,
+        eval_envs=4,
+    ),
     # sized to the issue's 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
     # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-total-steps give
     # them back
-    "default": Budget(demo_episodes=200, bc_steps=6_000, bc_batch_size=64, bc_channels=(32, 64, 128), bc_lr=1e-3,
-                      offline_iterations=1, offline_critic_steps=1_000, offline_policy_updates=10,
-                      offline_awr_steps=400, offline_rollout_episodes=10, offline_gate_episodes=10,
-                      online_total_steps=30_720, online_num_envs=16, online_rollout_steps=160, online_gate_episodes=20,
-                      online_eval_every=0, distill_steps=600, distill_batch_size=64, distill_dagger_rounds=1,
-                      distill_dagger_episodes=25, distill_gate_episodes=30, eval_episodes=50, eval_envs=50),
-    "full": Budget(demo_episodes=200, bc_steps=22_000, bc_batch_size=64, bc_channels=(64, 128, 256), bc_lr=1e-4,
-                   offline_iterations=5, offline_critic_steps=5_000, offline_policy_updates=10, offline_awr_steps=3_000,
-                   offline_rollout_episodes=50, offline_gate_episodes=100, online_total_steps=1_000_000,
-                   online_num_envs=32, online_rollout_steps=160, online_gate_episodes=200, online_eval_every=200_000,
-                   distill_steps=5_000, distill_batch_size=64, distill_dagger_rounds=3, distill_dagger_episodes=100,
-                   distill_gate_episodes=200, eval_episodes=500, eval_envs=50),
+    "default": Budget(
+        demo_episodes=200,
+        bc_steps=6_000,
+        bc_batch_size=64,
+        bc_channels=(32, 64, 128),
+        bc_lr=1e-3,
+        offline_iterations=1,
+        offline_critic_steps=1_000,
+        offline_policy_updates=10,
+        offline_awr_steps=400,
+        offline_rollout_episodes=10,
+        offline_gate_episodes=10,
+        online_total_steps=30_720,
+        online_num_envs=16,
+        online_rollout_steps=160,
+        online_gate_episodes=20,
+        online_eval_every=0,
+        distill_steps=600,
+        distill_batch_size=64,
+        distill_dagger_rounds=1,
+        distill_dagger_episodes=25,
+        distill_gate_episodes=30,
+        eval_episodes=50,
+        eval_envs=50,
+    ),
+    "full": Budget(
+        demo_episodes=200,
+        bc_steps=22_000,
+        bc_batch_size=64,
+        bc_channels=(64, 128, 256),
+        bc_lr=1e-4,
+        offline_iterations=5,
+        offline_critic_steps=5_000,
+        offline_policy_updates=10,
+        offline_awr_steps=3_000,
+        offline_rollout_episodes=50,
+        offline_gate_episodes=100,
+        online_total_steps=1_000_000,
+        online_num_envs=32,
+        online_rollout_steps=160,
+        online_gate_episodes=200,
+        online_eval_every=200_000,
+        distill_steps=5_000,
+        distill_batch_size=64,
+        distill_dagger_rounds=3,
+        distill_dagger_episodes=100,
+        distill_gate_episodes=200,
+        eval_episodes=500,
+        eval_envs=50,
+    ),
 }
 
 
 #: PipelineConfig's numeric fields that override its preset's Budget field of the same name
-OVERRIDES = ("demo_episodes", "bc_steps", "bc_batch_size", "bc_lr", "offline_gate_episodes", "online_total_steps",
-             "online_num_envs", "online_eval_every", "online_gate_episodes", "distill_steps", "distill_batch_size",
-             "distill_gate_episodes", "eval_episodes")
+OVERRIDES = (
+    "demo_episodes",
+    "bc_steps",
+    "bc_batch_size",
+    "bc_lr",
+    "offline_gate_episodes",
+    "online_total_steps",
+    "online_num_envs",
+    "online_eval_every",
+    "online_gate_episodes",
+    "distill_steps",
+    "distill_batch_size",
+    "distill_gate_episodes",
+    "eval_episodes",
+)
 
 
 @dataclass
@@ -220,8 +289,9 @@ class PipelineConfig:
         if self.preset not in PRESETS:
             raise ValueError(f"PipelineConfig.preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
         if self.offline_extraction not in ("ppo", "awr"):
-            raise ValueError(f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got "
-                             f"{self.offline_extraction!r}")
+            raise ValueError(
+                f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got {self.offline_extraction!r}"
+            )
         for name in (*OVERRIDES, "online_lr", "online_sampler_steps", "online_minibatch_size"):
             value = getattr(self, name)
             if value is not None and not value > 0:
@@ -235,12 +305,16 @@ class PipelineConfig:
                 f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}"
             )
         if not 0.0 <= self.online_operator_fraction <= 1.0:
-            raise ValueError(f"PipelineConfig.online_operator_fraction: expected a share in [0, 1], got "
-                             f"{self.online_operator_fraction}")
+            raise ValueError(
+                f"PipelineConfig.online_operator_fraction: expected a share in [0, 1], got "
+                f"{self.online_operator_fraction}"
+            )
         if not self.interventions and (self.online_criterion != "stray" or self.online_operator_fraction):
-            raise ValueError("PipelineConfig.interventions: the operator's options (online_criterion="
-                             f"{self.online_criterion!r}, online_operator_fraction={self.online_operator_fraction}) "
-                             "expected the online stage with the operator, got interventions=False")
+            raise ValueError(
+                "PipelineConfig.interventions: the operator's options (online_criterion="
+                f"{self.online_criterion!r}, online_operator_fraction={self.online_operator_fraction}) "
+                "expected the online stage with the operator, got interventions=False"
+            )
         if self.bc_channels is not None:
             self.bc_channels = tuple(self.bc_channels)
             if not self.bc_channels or min(self.bc_channels) < 1:
@@ -284,17 +358,28 @@ class StageRow:
 # ---------------------------------------------------------------------------------------------------
 # the stages: each returns (output path, env steps, extra) and leaves evaluation to the pipeline
 
+
 def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.datasets.record import record_expert
 
     out = run_dir / "demos.zarr"
-    store = record_expert(out, config.task, budget.demo_episodes, num_envs=min(8, budget.demo_episodes),
-                          noise=demo_noise(config), seed=config.seed, progress=config.progress,
-                          render_images=policy_kind(config) != STATE_POLICY)
+    store = record_expert(
+        out,
+        config.task,
+        budget.demo_episodes,
+        num_envs=min(8, budget.demo_episodes),
+        noise=demo_noise(config),
+        seed=config.seed,
+        progress=config.progress,
+        render_images=policy_kind(config) != STATE_POLICY,
+    )
     summary = store.summary()
     store.close()
-    return out, int(summary["steps"]), {"episodes": int(summary["episodes"]),
-                                        "demo_success_rate": float(summary["success_rate"])}
+    return (
+        out,
+        int(summary["steps"]),
+        {"episodes": int(summary["episodes"]), "demo_success_rate": float(summary["success_rate"])},
+    )
 
 
 #: the state policy: its demos are recorded without camera images (any other policy's with them)
@@ -312,11 +397,16 @@ def check_policy(name: str) -> None:
     from robotrl.policies.base import register_all
     from robotrl.policies.flow import FlowPolicy
 
-    fits = sorted(n for n, c in register_all().items() if c.learns_from_data and issubclass(c, FlowPolicy)
-                  and c.student is not None)
+    fits = sorted(
+        n
+        for n, c in register_all().items()
+        if c.learns_from_data and issubclass(c, FlowPolicy) and c.student is not None
+    )
     if name not in fits:
-        raise ValueError(f"PipelineConfig.policy: expected a registered flow policy that learns from data and names "
-                         f"a student, one of {fits}, got {name!r}")
+        raise ValueError(
+            f"PipelineConfig.policy: expected a registered flow policy that learns from data and names "
+            f"a student, one of {fits}, got {name!r}"
+        )
 
 
 def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
@@ -335,17 +425,32 @@ def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
             {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
         )
         return {"batch_size": budget.bc_batch_size, "lr": budget.bc_lr, "policy": replace(policy, **widths)}
-    return {"batch_size": config.bc_batch_size or min(recipe["batch_size"], budget.bc_batch_size),
-            "lr": config.bc_lr or recipe["lr"], "policy": replace(policy, **recipe.get("policy", {}))}
+    return {
+        "batch_size": config.bc_batch_size or min(recipe["batch_size"], budget.bc_batch_size),
+        "lr": config.bc_lr or recipe["lr"],
+        "policy": replace(policy, **recipe.get("policy", {})),
+    }
 
 
 def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.stages.bc import BCConfig, train
 
-    result = train(BCConfig(store=run_dir / "demos.zarr", steps=budget.bc_steps, **bc_recipe(config, budget),
-                            execute=config.execute, warmup=min(500, budget.bc_steps // 10), eval_episodes=0,
-                            run_dir=run_dir / "bc", seed=config.seed, threads=config.threads, device=config.device,
-                            progress=config.progress, checkpoint_every=max(1, budget.bc_steps // 4)))
+    result = train(
+        BCConfig(
+            store=run_dir / "demos.zarr",
+            steps=budget.bc_steps,
+            **bc_recipe(config, budget),
+            execute=config.execute,
+            warmup=min(500, budget.bc_steps // 10),
+            eval_episodes=0,
+            run_dir=run_dir / "bc",
+            seed=config.seed,
+            threads=config.threads,
+            device=config.device,
+            progress=config.progress,
+            checkpoint_every=max(1, budget.bc_steps // 4),
+        )
+    )
     return result.checkpoint, 0, {"final_loss": result.final_loss}
 
 
@@ -355,15 +460,32 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
 
     extraction: dict[str, Any] = {"policy_updates": budget.offline_policy_updates}
     if config.offline_extraction == "awr":
-        extraction = {"extraction": "awr", "lr": 3e-4, "policy_updates": 1, "epochs": budget.offline_awr_steps,
-                      "windows": budget.bc_batch_size}
-    result = train(OfflineFlowConfig(
-        policy=run_dir / "bc" / "policy", store=run_dir / "demos.zarr", iterations=budget.offline_iterations,
-        critic_steps=budget.offline_critic_steps, rollout_episodes=budget.offline_rollout_episodes,
-        rollout_envs=min(10, budget.offline_rollout_episodes), gate_episodes=budget.offline_gate_episodes,
-        eval_envs=budget.eval_envs, execute=config.execute, eval_episodes=0,
-        run_dir=run_dir / "offline", seed=config.seed, threads=config.threads, progress=config.progress,
-        **extraction))
+        extraction = {
+            "extraction": "awr",
+            "lr": 3e-4,
+            "policy_updates": 1,
+            "epochs": budget.offline_awr_steps,
+            "windows": budget.bc_batch_size,
+        }
+    result = train(
+        OfflineFlowConfig(
+            policy=run_dir / "bc" / "policy",
+            store=run_dir / "demos.zarr",
+            iterations=budget.offline_iterations,
+            critic_steps=budget.offline_critic_steps,
+            rollout_episodes=budget.offline_rollout_episodes,
+            rollout_envs=min(10, budget.offline_rollout_episodes),
+            gate_episodes=budget.offline_gate_episodes,
+            eval_envs=budget.eval_envs,
+            execute=config.execute,
+            eval_episodes=0,
+            run_dir=run_dir / "offline",
+            seed=config.seed,
+            threads=config.threads,
+            progress=config.progress,
+            **extraction,
+        )
+    )
     # the env steps it took: the rollouts it appended to its copy of the store
     with (
         EpisodeStore.open(run_dir / "offline" / "store.zarr") as grown,
@@ -371,8 +493,11 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     ):
         env_steps = grown.num_steps - demos.num_steps
     logged = [json.loads(line) for line in (run_dir / "offline" / "metrics.jsonl").read_text().splitlines()]
-    gates = [{"start_success": r["gate/start_success"], "new_success": r["gate/new_success"],
-              "kept": bool(r["gate/kept"])} for r in logged if "gate/kept" in r]
+    gates = [
+        {"start_success": r["gate/start_success"], "new_success": r["gate/new_success"], "kept": bool(r["gate/kept"])}
+        for r in logged
+        if "gate/kept" in r
+    ]
     kept = sum(int(r["iteration/accepted"]) for r in logged if "iteration/accepted" in r)
     return result.weights, env_steps, {"policy_updates": result.steps, "kept_updates": kept, "gates": gates}
 
@@ -383,9 +508,16 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
     # with online_eval_every, the run evaluates on training seeds (not the gate's, not the held-out ones) and keeps
     # its best weights: PickPlace's online curve dips and climbs (bench/RESULTS.md, "PickPlace with the state flow
     # policy")
-    selection = {"eval_every": budget.online_eval_every, "eval_episodes": budget.online_gate_episodes,
-                 "eval_seed": training_seed(config.seed, 8_000),
-                 "eval_sampler_steps": config.online_sampler_steps} if budget.online_eval_every else {}
+    selection = (
+        {
+            "eval_every": budget.online_eval_every,
+            "eval_episodes": budget.online_gate_episodes,
+            "eval_seed": training_seed(config.seed, 8_000),
+            "eval_sampler_steps": config.online_sampler_steps,
+        }
+        if budget.online_eval_every
+        else {}
+    )
     common: dict[str, Any] = {
         "policy": run_dir / "offline" / "policy",
         "num_envs": budget.online_num_envs,
@@ -410,10 +542,19 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         from robotrl.flowrl.hil import HilConfig, train as train_hil
 
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
-        result = train_hil(HilConfig(demos=run_dir / "demos.zarr", criterion=config.online_criterion,
-                                     operator_fraction=config.online_operator_fraction, **common))
-        extra = {"intervention_rate_first": result.first_intervention_rate,
-                 "intervention_rate_last": result.last_intervention_rate, "store": str(result.store)}
+        result = train_hil(
+            HilConfig(
+                demos=run_dir / "demos.zarr",
+                criterion=config.online_criterion,
+                operator_fraction=config.online_operator_fraction,
+                **common,
+            )
+        )
+        extra = {
+            "intervention_rate_first": result.first_intervention_rate,
+            "intervention_rate_last": result.last_intervention_rate,
+            "store": str(result.store),
+        }
     else:
         from robotrl.flowrl.online import OnlineConfig, train as train_online
 
@@ -477,16 +618,37 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     from robotrl.stages.distill import DistillConfig, train
 
     store = distill_store(run_dir)
-    result = train(DistillConfig(teacher=run_dir / "online" / "policy", store=store,
-                                 steps=budget.distill_steps, warmup=min(200, budget.distill_steps // 10),
-                                 batch_size=budget.distill_batch_size, dagger_rounds=budget.distill_dagger_rounds,
-                                 dagger_episodes=budget.distill_dagger_episodes,
-                                 gate_episodes=budget.distill_gate_episodes, eval_episodes=0,
-                                 eval_envs=budget.eval_envs, execute=config.execute, run_dir=run_dir / "distill",
-                                 seed=config.seed, threads=config.threads, device=config.device,
-                                 progress=config.progress, checkpoint_every=max(1, budget.distill_steps // 2)))
-    return result.checkpoint, result.dagger_env_steps, {"teacher_gap": result.teacher_gap, "store": str(store),
-                                                        "dagger_pairs": result.dagger_pairs, "gate": result.gate}
+    result = train(
+        DistillConfig(
+            teacher=run_dir / "online" / "policy",
+            store=store,
+            steps=budget.distill_steps,
+            warmup=min(200, budget.distill_steps // 10),
+            batch_size=budget.distill_batch_size,
+            dagger_rounds=budget.distill_dagger_rounds,
+            dagger_episodes=budget.distill_dagger_episodes,
+            gate_episodes=budget.distill_gate_episodes,
+            eval_episodes=0,
+            eval_envs=budget.eval_envs,
+            execute=config.execute,
+            run_dir=run_dir / "distill",
+            seed=config.seed,
+            threads=config.threads,
+            device=config.device,
+            progress=config.progress,
+            checkpoint_every=max(1, budget.distill_steps // 2),
+        )
+    )
+    return (
+        result.checkpoint,
+        result.dagger_env_steps,
+        {
+            "teacher_gap": result.teacher_gap,
+            "store": str(store),
+            "dagger_pairs": result.dagger_pairs,
+            "gate": result.gate,
+        },
+    )
 
 
 def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
@@ -497,8 +659,13 @@ def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
 
 
 RUNNERS: dict[str, Callable[[PipelineConfig, Budget, Path], tuple[Path, int, dict[str, Any]]]] = {
-    "demos": stage_demos, "bc": stage_bc, "offline": stage_offline, "online": stage_online,
-    "distill": stage_distill, "export": stage_export}
+    "demos": stage_demos,
+    "bc": stage_bc,
+    "offline": stage_offline,
+    "online": stage_online,
+    "distill": stage_distill,
+    "export": stage_export,
+}
 
 
 def demo_noise(config: PipelineConfig) -> float:
@@ -522,6 +689,7 @@ def policy_kind(config: PipelineConfig) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # evaluation and latency of a stage's policy
+
 
 def one_window(policy: Any, seed: int) -> dict[str, Any]:
     """A batch-1 observation window from the task's own reset (the first observation repeated over the horizon)."""
@@ -553,6 +721,7 @@ def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[
 # ---------------------------------------------------------------------------------------------------
 # the pipeline
 
+
 def read_rows(path: Path) -> list[StageRow]:
     if not path.exists():
         return []
@@ -566,13 +735,16 @@ def read_rows(path: Path) -> list[StageRow]:
 
 def table(rows: list[StageRow], config: PipelineConfig, budget: Budget) -> str:
     # a run with its budget overridden is not its preset's: the header says which fields it set
-    changed = ", ".join(f"{k}={' '.join(map(str, v)) if isinstance(v, tuple) else v}"
-                        for k, v in config.overrides().items())
-    lines = [f"robotrl run: {config.task}, preset {config.preset}{f' ({changed})' if changed else ''}, success over "
-             f"{budget.eval_episodes} held-out episodes",
-             "",
-             "| stage | success | 95% CI | env steps | wall-clock (s) | latency p50 (ms) | output |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    changed = ", ".join(
+        f"{k}={' '.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in config.overrides().items()
+    )
+    lines = [
+        f"robotrl run: {config.task}, preset {config.preset}{f' ({changed})' if changed else ''}, success over "
+        f"{budget.eval_episodes} held-out episodes",
+        "",
+        "| stage | success | 95% CI | env steps | wall-clock (s) | latency p50 (ms) | output |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         success = f"{r.success_rate:.1%}" if r.success_rate is not None else "-"
         ci = f"{r.success_ci95[0]:.1%}-{r.success_ci95[1]:.1%}" if r.success_ci95 else "-"
@@ -591,8 +763,10 @@ def run(config: PipelineConfig) -> list[StageRow]:
     run_dir = Path(config.run_dir or f"runs/pipeline-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
     rows_path = run_dir / "stages.jsonl"
     if not config.resume and rows_path.exists():
-        raise FileExistsError(f"PipelineConfig.run_dir: {run_dir} already holds a pipeline ({rows_path}); resume it "
-                              "(--resume) or pick another run_dir")
+        raise FileExistsError(
+            f"PipelineConfig.run_dir: {run_dir} already holds a pipeline ({rows_path}); resume it "
+            "(--resume) or pick another run_dir"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
@@ -617,8 +791,16 @@ def run(config: PipelineConfig) -> list[StageRow]:
             t0 = time.perf_counter()
             success, ci, latency_ms = evaluate_stage(Path(output), config, budget)
             extra["eval_seconds"] = round(time.perf_counter() - t0, 1)
-        row = StageRow(stage, str(output), success, ci, int(env_steps), round(seconds, 1),
-                       None if latency_ms is None else round(latency_ms, 3), extra)
+        row = StageRow(
+            stage,
+            str(output),
+            success,
+            ci,
+            int(env_steps),
+            round(seconds, 1),
+            None if latency_ms is None else round(latency_ms, 3),
+            extra,
+        )
         with rows_path.open("a") as f:
             f.write(json.dumps(jsonable(row)) + "\n")
         rows.append(row)

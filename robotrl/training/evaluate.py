@@ -65,8 +65,9 @@ class EvalConfig:
                 raise ValueError(f"EvalConfig.{name}: expected >= 1, got {getattr(self, name)}")
 
 
-def evaluate_actor(actor: Callable[[dict[str, Any]], np.ndarray], task: str, episodes: int, num_envs: int,
-                   **options: Any) -> Any:
+def evaluate_actor(
+    actor: Callable[[dict[str, Any]], np.ndarray], task: str, episodes: int, num_envs: int, **options: Any
+) -> Any:
     """Held-out success of an actor over the env's batched observations (a dict, images included) -> actions."""
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes
@@ -78,8 +79,14 @@ def evaluate_actor(actor: Callable[[dict[str, Any]], np.ndarray], task: str, epi
         env.close()
 
 
-def evaluate_state_actor(actor: Callable[[np.ndarray], np.ndarray], task: str, obs_keys: Sequence[str], episodes: int,
-                         num_envs: int, **options: Any) -> Any:
+def evaluate_state_actor(
+    actor: Callable[[np.ndarray], np.ndarray],
+    task: str,
+    obs_keys: Sequence[str],
+    episodes: int,
+    num_envs: int,
+    **options: Any,
+) -> Any:
     """Held-out success of an actor-critic's actor: flattened state observations (N, D) -> actions (N, A)."""
     return evaluate_actor(lambda obs: actor(flatten_obs(obs, obs_keys)), task, episodes, num_envs, **options)
 
@@ -95,8 +102,11 @@ def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: in
     from robotrl.envs import make
 
     images = [k for k in obs_keys if spec.observations[k].is_image]
-    task_opts: dict[str, Any] = {"action_mode": spec.action_mode, "episode_steps": spec.episode_steps,
-                                 **spec.metadata.get("task_options", {})}
+    task_opts: dict[str, Any] = {
+        "action_mode": spec.action_mode,
+        "episode_steps": spec.episode_steps,
+        **spec.metadata.get("task_options", {}),
+    }
     render = bool(images) or bool(
         options.pop("render_images", False)
     )  # cameras the policy does not read: a reward model's
@@ -111,8 +121,13 @@ def controller_for(policy: Any, execute: int, act: Any = None) -> Any:
     from robotrl.policies.controller import ChunkController
 
     text = tuple(k for k, v in policy.spec.observations.items() if v.dtype == STRING)
-    return ChunkController(act or policy.act, tuple(policy.obs_keys), policy.obs_horizon,
-                           min(execute, policy.action_horizon), text_keys=text)
+    return ChunkController(
+        act or policy.act,
+        tuple(policy.obs_keys),
+        policy.obs_horizon,
+        min(execute, policy.action_horizon),
+        text_keys=text,
+    )
 
 
 def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = HELD_OUT_SEED, execute: int = 8) -> Any:
@@ -123,8 +138,14 @@ def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = 
     return rollout(policy, episodes, num_envs, seed, execute)[0]
 
 
-def rollout(policy: Any, episodes: int, num_envs: int, seed: int, execute: int,
-            act: Callable[[dict[str, Any]], np.ndarray] | None = None) -> tuple[Any, int]:
+def rollout(
+    policy: Any,
+    episodes: int,
+    num_envs: int,
+    seed: int,
+    execute: int,
+    act: Callable[[dict[str, Any]], np.ndarray] | None = None,
+) -> tuple[Any, int]:
     """Evaluation's seeded episodes (`EpisodeStats`) and the env steps they took, every env of the last wave counted
     until its end: what a stage that drives the policy for data (distill's DAgger rounds) reports as its cost. `act`
     replaces the policy's call on each observation window (`controller_for`); a torch policy runs in eval mode."""
@@ -156,8 +177,9 @@ def rollout(policy: Any, episodes: int, num_envs: int, seed: int, execute: int,
 def not_worse(new: Any, start: Any, episodes: int, num_envs: int, seed: int, execute: int) -> tuple[bool, float, float]:
     """An acceptance gate: whether `new` succeeds at least as often as `start` on the same seeded episodes (and
     sampling noise), with both success rates (new's, start's)."""
-    new_rate, start_rate = (evaluate_policy(p, episodes, num_envs, seed=seed, execute=execute).success_rate
-                            for p in (new, start))
+    new_rate, start_rate = (
+        evaluate_policy(p, episodes, num_envs, seed=seed, execute=execute).success_rate for p in (new, start)
+    )
     return new_rate >= start_rate, new_rate, start_rate
 
 
@@ -232,20 +254,32 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
         policy = load_any(config.policy, threads=config.threads)
         if config.sampler_steps is not None:
             if not hasattr(getattr(policy, "config", None), "steps"):
-                raise ValueError(f"EvalConfig.sampler_steps: {config.policy} has no sampler step count to override "
-                                 "(an exported policy fixes it at export: robotrl policy export --sampler-steps)")
+                raise ValueError(
+                    f"EvalConfig.sampler_steps: {config.policy} has no sampler step count to override "
+                    "(an exported policy fixes it at export: robotrl policy export --sampler-steps)"
+                )
             policy.config.steps = config.sampler_steps
         stats = evaluate_policy(policy, config.eval_episodes, config.eval_envs, config.eval_seed, config.execute)
         lo, hi = stats.success_ci95()
-        result = {"policy": str(config.policy), "task": policy.spec.task, "episodes": len(stats.success),
-                  "success_rate": stats.success_rate, "ci95": [lo, hi], "mean_return": float(np.mean(stats.returns)),
-                  "seed": config.eval_seed}
+        result = {
+            "policy": str(config.policy),
+            "task": policy.spec.task,
+            "episodes": len(stats.success),
+            "success_rate": stats.success_rate,
+            "ci95": [lo, hi],
+            "mean_return": float(np.mean(stats.returns)),
+            "seed": config.eval_seed,
+        }
         if stats.wrong_object is not None:
             result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
         if stats.instruction is not None:
             result["by_instruction"] = stats.by_instruction()
         if config.videos:
-            result["videos"] = [str(p) for p in record_videos(policy, config.video_dir or config.policy, config.videos,
-                                                               config.eval_seed, config.execute)]
+            result["videos"] = [
+                str(p)
+                for p in record_videos(
+                    policy, config.video_dir or config.policy, config.videos, config.eval_seed, config.execute
+                )
+            ]
         print(json.dumps(result))
         return result

@@ -23,8 +23,14 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN/inf; the last good checkpoint is kept."""
 
 
-def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: Any,
-                   where: str, max_grad_norm: float = 1.0) -> tuple[float, float]:
+def optimizer_step(
+    loss: torch.Tensor,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: Any,
+    where: str,
+    max_grad_norm: float = 1.0,
+) -> tuple[float, float]:
     """One clipped gradient step; a NaN/inf loss raises `TrainingDiverged` (naming `where`) before any weight
     changes. Returns (loss, gradient norm)."""
     value = float(loss.detach())
@@ -53,8 +59,10 @@ def check_finite_weights(module: nn.Module, where: str) -> None:
     """After an update: a finite loss can still take an infinite step; raise `TrainingDiverged` (naming `where`)
     so that the last good train state on disk is what is kept."""
     if not all(torch.isfinite(p).all() for p in module.parameters()):
-        raise TrainingDiverged(f"{where}: weights are not finite after the update; the last good train state is "
-                               "kept (resume with a lower lr)")
+        raise TrainingDiverged(
+            f"{where}: weights are not finite after the update; the last good train state is "
+            "kept (resume with a lower lr)"
+        )
 
 
 M = TypeVar("M", bound=nn.Module)
@@ -209,8 +217,9 @@ class PolicyRunOptions(RunOptions):
             raise ValueError(f"{name}.eval_episodes: expected >= 0, got {self.eval_episodes}")
 
 
-def start_run(config: RunOptions, algorithm: str, task: str,
-              holds: str | None = None) -> tuple[Path, Path, np.random.Generator]:
+def start_run(
+    config: RunOptions, algorithm: str, task: str, holds: str | None = None
+) -> tuple[Path, Path, np.random.Generator]:
     """Threads, seeds, the run directory (its config.json on a fresh start; its train state must exist to resume):
     (run_dir, train state path, the run's numpy generator). With `holds`, a fresh start is refused where run_dir
     already has that file (a run whose train state or replay a fresh start would overwrite)."""
@@ -220,8 +229,10 @@ def start_run(config: RunOptions, algorithm: str, task: str,
         and config.run_dir is not None
         and (Path(config.run_dir) / holds).exists()
     ):
-        raise FileExistsError(f"{type(config).__name__}.run_dir: {config.run_dir} already holds a run ({holds}); "
-                              "resume it (--resume) or pick another run_dir")
+        raise FileExistsError(
+            f"{type(config).__name__}.run_dir: {config.run_dir} already holds a run ({holds}); "
+            "resume it (--resume) or pick another run_dir"
+        )
     torch.set_num_threads(config.threads)
     run_dir = Path(config.run_dir or f"runs/{algorithm}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -258,11 +269,17 @@ class RLResult:
 
     def summary(self, name: str, episodes: int, unit: str = "env steps") -> str:
         ci = f" (95% CI {self.success_ci95[0]:.1%}-{self.success_ci95[1]:.1%})" if self.success_ci95 else ""
-        success = f"success {self.success_rate:.1%}{ci} over {episodes} held-out episodes; " \
-            if self.success_rate is not None else ""
+        success = (
+            f"success {self.success_rate:.1%}{ci} over {episodes} held-out episodes; "
+            if self.success_rate is not None
+            else ""
+        )
         rate = f" ({self.steps_per_second:,.0f} steps/s)" if self.steps_per_second else ""
-        kept = f"; best evaluated {self.best['success_rate']:.1%} at {int(self.best['step'])} {unit}: " \
-            f"{self.best_weights}" if self.best and self.best_weights else ""
+        kept = (
+            f"; best evaluated {self.best['success_rate']:.1%} at {int(self.best['step'])} {unit}: {self.best_weights}"
+            if self.best and self.best_weights
+            else ""
+        )
         return f"{name}: {success}{self.steps} {unit} in {self.train_seconds:.0f} s{rate}; weights {self.weights}{kept}"
 
 
@@ -302,8 +319,16 @@ class TrainClock:
         """Seconds of training so far, evaluation excluded."""
         return time.perf_counter() - self.began - self.eval_seconds
 
-    def evaluate_every(self, config: PolicyRunOptions, log: RunLog, evaluate: Any, now: int, before: int, last: bool,
-                       best: BestCheckpoint | None = None) -> None:
+    def evaluate_every(
+        self,
+        config: PolicyRunOptions,
+        log: RunLog,
+        evaluate: Any,
+        now: int,
+        before: int,
+        last: bool,
+        best: BestCheckpoint | None = None,
+    ) -> None:
         """Evaluate and log when the step count went past a multiple of `eval_every` between `before` and `now`
         (not on the `last` step: the final evaluation follows); offer the weights to `best`."""
         if not config.eval_every or last or now // config.eval_every == before // config.eval_every:
@@ -317,8 +342,17 @@ class TrainClock:
         self.eval_seconds += time.perf_counter() - t0
 
 
-def finish_run(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Path, steps: int, seconds: float,
-               run_dir: Path, steps_per_second: float | None = None, best: BestCheckpoint | None = None) -> RLResult:
+def finish_run(
+    config: PolicyRunOptions,
+    log: RunLog,
+    evaluate: Any,
+    weights: Path,
+    steps: int,
+    seconds: float,
+    run_dir: Path,
+    steps_per_second: float | None = None,
+    best: BestCheckpoint | None = None,
+) -> RLResult:
     """An RL run's end: the final held-out evaluation (if `eval_episodes`), logged at `steps` with the training
     seconds and offered to `best`, the log closed, and the result saved in the run directory."""
     success, ci = None, None
@@ -330,18 +364,45 @@ def finish_run(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Pa
             best.offer(steps, success)
     log.close()
     kept = best.best() if best is not None else None
-    return RLResult(weights, steps, seconds, success, ci, run_dir, steps_per_second,
-                    best_weights=best.path if best is not None and kept else None, best=kept).save()
+    return RLResult(
+        weights,
+        steps,
+        seconds,
+        success,
+        ci,
+        run_dir,
+        steps_per_second,
+        best_weights=best.path if best is not None and kept else None,
+        best=kept,
+    ).save()
 
 
-def finish_iterations(config: PolicyRunOptions, log: RunLog, evaluate: Any, weights: Path, clock: TrainClock,
-                      run_dir: Path, iterations: int, start: int, per_iteration: int,
-                      best: BestCheckpoint | None = None) -> RLResult:
+def finish_iterations(
+    config: PolicyRunOptions,
+    log: RunLog,
+    evaluate: Any,
+    weights: Path,
+    clock: TrainClock,
+    run_dir: Path,
+    iterations: int,
+    start: int,
+    per_iteration: int,
+    best: BestCheckpoint | None = None,
+) -> RLResult:
     """`finish_run` for an on-policy run of `iterations` rollouts of `per_iteration` env steps, resumed after
     `start` of them: its env steps per training second count only the steps this process took."""
     seconds, steps = clock.trained(), iterations * per_iteration
-    return finish_run(config, log, evaluate, weights, steps, seconds, run_dir,
-                      steps_per_second=(steps - start * per_iteration) / max(seconds, 1e-9), best=best)
+    return finish_run(
+        config,
+        log,
+        evaluate,
+        weights,
+        steps,
+        seconds,
+        run_dir,
+        steps_per_second=(steps - start * per_iteration) / max(seconds, 1e-9),
+        best=best,
+    )
 
 
 def rng_state(rng: np.random.Generator) -> dict[str, Any]:
@@ -367,8 +428,10 @@ def check_device(device: str, field: str) -> None:
     except RuntimeError as error:
         raise ValueError(f"{field}: expected a torch device such as 'cpu' or 'cuda', got {device!r}") from error
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{field}: expected a device this machine has, got {device!r} (torch sees no CUDA GPU: "
-                         f"a CPU build of torch, or no driver)")
+        raise ValueError(
+            f"{field}: expected a device this machine has, got {device!r} (torch sees no CUDA GPU: "
+            f"a CPU build of torch, or no driver)"
+        )
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise ValueError(f"{field}: expected a GPU index below {torch.cuda.device_count()}, got {device!r}")
 
@@ -387,20 +450,37 @@ def load_train_state(path: Path) -> dict[str, Any]:
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
-def save_run_state(path: Path, step: int, agent: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer],
-                   rng: np.random.Generator, env: Any = None, **extra: Any) -> None:
+def save_run_state(
+    path: Path,
+    step: int,
+    agent: nn.Module,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    rng: np.random.Generator,
+    env: Any = None,
+    **extra: Any,
+) -> None:
     """An RL run's train state: weights, optimizers, RNGs and, for an online run, the vector env mid-episode
     (physics, step counters and the stream that draws reset states), so that a resume continues exactly."""
-    state = {"step": step, "agent": agent.state_dict(), "opt": {k: o.state_dict() for k, o in optimizers.items()},
-             "rng": rng_state(rng), **extra}
+    state = {
+        "step": step,
+        "agent": agent.state_dict(),
+        "opt": {k: o.state_dict() for k, o in optimizers.items()},
+        "rng": rng_state(rng),
+        **extra,
+    }
     if env is not None:
         state["env"] = {k: torch.from_numpy(np.asarray(v)) for k, v in env.get_state().items()}
         state["env_rng"] = env.get_rng_state()
     save_train_state(path, **state)
 
 
-def load_run_state(path: Path, agent: nn.Module, optimizers: Mapping[str, torch.optim.Optimizer],
-                   rng: np.random.Generator, env: Any = None) -> dict[str, Any]:
+def load_run_state(
+    path: Path,
+    agent: nn.Module,
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    rng: np.random.Generator,
+    env: Any = None,
+) -> dict[str, Any]:
     """Restore what `save_run_state` saved into the live objects; returns the state for the run's own extras."""
     state = load_train_state(path)
     agent.load_state_dict(state["agent"])
@@ -418,4 +498,3 @@ def polyak(net: nn.Module, target: nn.Module, tau: float) -> None:
     with torch.no_grad():
         for p, tp in zip(net.parameters(), target.parameters()):
             tp.lerp_(p, tau)
-

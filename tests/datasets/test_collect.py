@@ -54,7 +54,9 @@ def test_scripted_operator_keeps_on_success(tmp_path: Path) -> None:
 
 def test_intervention_flags_are_recorded_per_step(tmp_path: Path) -> None:
     device = ScriptedDevice(make_task("PushT", episode_steps=10), interventions=[(2, 5), (8, 20)])
-    summary = collect(CollectConfig(task="PushT", out=tmp_path / "hil.zarr", episodes=2, episode_steps=10), device=device)
+    summary = collect(
+        CollectConfig(task="PushT", out=tmp_path / "hil.zarr", episodes=2, episode_steps=10), device=device
+    )
     store = EpisodeStore.open(tmp_path / "hil.zarr")
     expected = np.zeros(10, bool)
     expected[[2, 3, 4, 8, 9]] = True
@@ -68,8 +70,9 @@ def test_discarded_episodes_leave_nothing_in_the_store(tmp_path: Path) -> None:
     """PushT cannot succeed in 5 steps: with discard_failures every episode is dropped, and max_discarded
     ends the session; a later session appends to the same (still empty) store."""
     out = tmp_path / "pusht.zarr"
-    summary = collect(CollectConfig(task="PushT", out=out, episodes=2, episode_steps=5, discard_failures=True,
-                                    max_discarded=3))
+    summary = collect(
+        CollectConfig(task="PushT", out=out, episodes=2, episode_steps=5, discard_failures=True, max_discarded=3)
+    )
     assert (summary.kept, summary.discarded, summary.steps) == (0, 3, 0)
     store = EpisodeStore.open(out)
     assert store.num_episodes == 0 and store.num_steps == 0
@@ -130,8 +133,11 @@ def test_ctrl_c_drops_only_the_episode_in_progress(tmp_path: Path) -> None:
 
 def test_bad_options_name_the_field(tmp_path: Path) -> None:
     out = tmp_path / "x.zarr"
-    with pytest.raises(ValueError, match=r"unknown device 'joystick'; expected one of \['gamepad', 'keyboard', "
-                                         r"'scripted', 'spacemouse'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown device 'joystick'; expected one of \['gamepad', 'keyboard', "
+        r"'scripted', 'spacemouse'\]",
+    ):
         collect(CollectConfig(device="joystick", out=out))
     with pytest.raises(ValueError, match="episodes: expected >= 1, got 0"):
         collect(CollectConfig(episodes=0, out=out))

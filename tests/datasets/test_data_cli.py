@@ -19,9 +19,36 @@ def ok(*args: str) -> str:
 
 def test_record_info_validate_merge_split_stats(tmp_path: Path) -> None:
     a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
-    ok("data", "record", "--task", "PushT", "--out", str(a), "--episodes", "3", "--num-envs", "3", "--episode-steps", "25")
-    ok("data", "record", "--task", "PushT", "--out", str(b), "--episodes", "2", "--num-envs", "2", "--episode-steps", "25",
-       "--seed", "1")
+    ok(
+        "data",
+        "record",
+        "--task",
+        "PushT",
+        "--out",
+        str(a),
+        "--episodes",
+        "3",
+        "--num-envs",
+        "3",
+        "--episode-steps",
+        "25",
+    )
+    ok(
+        "data",
+        "record",
+        "--task",
+        "PushT",
+        "--out",
+        str(b),
+        "--episodes",
+        "2",
+        "--num-envs",
+        "2",
+        "--episode-steps",
+        "25",
+        "--seed",
+        "1",
+    )
     info = json.loads(ok("data", "info", "--store", str(a), "--json"))
     assert info["episodes"] == 3 and info["steps"] == 75 and info["sources"] == {"scripted": 3}
     assert "ok" in ok("data", "validate", "--store", str(a))
@@ -45,8 +72,34 @@ def test_record_info_validate_merge_split_stats(tmp_path: Path) -> None:
 
 def test_validate_and_merge_report_problems(tmp_path: Path) -> None:
     a, r = tmp_path / "a.zarr", tmp_path / "r.zarr"
-    ok("data", "record", "--task", "PushT", "--out", str(a), "--episodes", "2", "--num-envs", "2", "--episode-steps", "20")
-    ok("data", "record", "--task", "Reach", "--out", str(r), "--episodes", "1", "--num-envs", "1", "--episode-steps", "20")
+    ok(
+        "data",
+        "record",
+        "--task",
+        "PushT",
+        "--out",
+        str(a),
+        "--episodes",
+        "2",
+        "--num-envs",
+        "2",
+        "--episode-steps",
+        "20",
+    )
+    ok(
+        "data",
+        "record",
+        "--task",
+        "Reach",
+        "--out",
+        str(r),
+        "--episodes",
+        "1",
+        "--num-envs",
+        "1",
+        "--episode-steps",
+        "20",
+    )
     out = robotrl("data", "merge", "--inputs", str(a), str(r), "--out", str(tmp_path / "m.zarr"))
     assert out.returncode != 0 and "spec.task" in out.stderr and "'Reach'" in out.stderr and "'PushT'" in out.stderr
     assert not (tmp_path / "m.zarr").exists()
@@ -60,21 +113,54 @@ def test_validate_and_merge_report_problems(tmp_path: Path) -> None:
 
 def test_export_import_round_trips_through_both_formats(tmp_path: Path) -> None:
     src = tmp_path / "pp.zarr"
-    ok("data", "record", "--task", "PickPlace", "--out", str(src), "--episodes", "2", "--num-envs", "2",
-       "--episode-steps", "15")
+    ok(
+        "data",
+        "record",
+        "--task",
+        "PickPlace",
+        "--out",
+        str(src),
+        "--episodes",
+        "2",
+        "--num-envs",
+        "2",
+        "--episode-steps",
+        "15",
+    )
     ok("data", "export", "--store", str(src), "--out", str(tmp_path / "lr"), "--format", "lerobot")
     ok("data", "import", "--input", str(tmp_path / "lr"), "--out", str(tmp_path / "from_lr.zarr"))
     ok("data", "export", "--store", str(src), "--out", str(tmp_path / "pp.mcap"), "--format", "mcap")
-    ok("data", "import", "--input", str(tmp_path / "pp.mcap"), "--out", str(tmp_path / "from_mcap.zarr"), "--format", "mcap")
+    ok(
+        "data",
+        "import",
+        "--input",
+        str(tmp_path / "pp.mcap"),
+        "--out",
+        str(tmp_path / "from_mcap.zarr"),
+        "--format",
+        "mcap",
+    )
     a = EpisodeStore.open(src)
     for back in (EpisodeStore.open(tmp_path / "from_lr.zarr"), EpisodeStore.open(tmp_path / "from_mcap.zarr")):
         assert back.spec == a.spec and back.episode_ends.tolist() == a.episode_ends.tolist()
         for i in range(a.num_episodes):
             for key in ("state", "image_front", "image_wrist", "action", "reward"):
-                np.testing.assert_array_equal(back.episode(i).data[key], a.episode(i).data[key], err_msg=f"{back.path} {key}")
+                np.testing.assert_array_equal(
+                    back.episode(i).data[key], a.episode(i).data[key], err_msg=f"{back.path} {key}"
+                )
             assert back.episodes[i]["instruction"] == a.episodes[i]["instruction"]
-    out = robotrl("data", "import", "--input", str(tmp_path / "pp.mcap"), "--out", str(tmp_path / "x.zarr"),
-                  "--format", "mcap", "--task", "PushT")
+    out = robotrl(
+        "data",
+        "import",
+        "--input",
+        str(tmp_path / "pp.mcap"),
+        "--out",
+        str(tmp_path / "x.zarr"),
+        "--format",
+        "mcap",
+        "--task",
+        "PushT",
+    )
     assert out.returncode == 2 and "spec.task: recording pp.mcap has 'PickPlace', task PushT has 'PushT'" in out.stderr
     assert "Traceback" not in out.stderr
 

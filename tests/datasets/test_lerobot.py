@@ -34,13 +34,39 @@ SPEC = Spec(
 )
 LENGTHS = (7, 30, 1, 18)  # a one-step episode too
 INSTRUCTIONS = ("push the block", None, "push the block", "stack the cubes")
-V3_INFO_KEYS = ("codebase_version", "robot_type", "total_episodes", "total_frames", "total_tasks", "chunks_size",
-                "data_files_size_in_mb", "video_files_size_in_mb", "fps", "splits", "data_path", "video_path",
-                "features")
-EPISODE_COLUMNS = ("episode_index", "tasks", "length", "data/chunk_index", "data/file_index", "dataset_from_index",
-                   "dataset_to_index", "meta/episodes/chunk_index", "meta/episodes/file_index")
-DEFAULT_FEATURES = {"timestamp": "float32", "frame_index": "int64", "episode_index": "int64", "index": "int64",
-                    "task_index": "int64"}
+V3_INFO_KEYS = (
+    "codebase_version",
+    "robot_type",
+    "total_episodes",
+    "total_frames",
+    "total_tasks",
+    "chunks_size",
+    "data_files_size_in_mb",
+    "video_files_size_in_mb",
+    "fps",
+    "splits",
+    "data_path",
+    "video_path",
+    "features",
+)
+EPISODE_COLUMNS = (
+    "episode_index",
+    "tasks",
+    "length",
+    "data/chunk_index",
+    "data/file_index",
+    "dataset_from_index",
+    "dataset_to_index",
+    "meta/episodes/chunk_index",
+    "meta/episodes/file_index",
+)
+DEFAULT_FEATURES = {
+    "timestamp": "float32",
+    "frame_index": "int64",
+    "episode_index": "int64",
+    "index": "int64",
+    "task_index": "int64",
+}
 
 
 def synthetic_episode(k: int) -> dict[str, np.ndarray]:
@@ -55,8 +81,11 @@ def synthetic_episode(k: int) -> dict[str, np.ndarray]:
         "image_front": rng.integers(0, 256, (n, 24, 24, 3), dtype=np.uint8),
         "action": rng.uniform(-1, 1, (n, 2)).astype(np.float32),
         "reward": rng.normal(size=n).astype(np.float32),
-        "terminated": t == n - 1, "truncated": (t == n - 1) & (k % 2 == 1),  # both at once in odd episodes
-        "success": (t == n - 1) & (k != 1), "intervention": t % 3 == 1, "timestamp": 1.7e9 + k * 100 + t * 0.1,
+        "terminated": t == n - 1,
+        "truncated": (t == n - 1) & (k % 2 == 1),  # both at once in odd episodes
+        "success": (t == n - 1) & (k != 1),
+        "intervention": t % 3 == 1,
+        "timestamp": 1.7e9 + k * 100 + t * 0.1,
     }
 
 
@@ -64,16 +93,26 @@ def synthetic_episode(k: int) -> dict[str, np.ndarray]:
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
     store = EpisodeStore.create(tmp_path_factory.mktemp("syn") / "syn.zarr", SPEC)
     for k in range(len(LENGTHS)):
-        store.append_episode(synthetic_episode(k), {"instruction": INSTRUCTIONS[k], "success": k != 1,
-                                                    "source": "teleop", "robot": "sim", "k": k, "notes": {"a": [1, k]}})
+        store.append_episode(
+            synthetic_episode(k),
+            {
+                "instruction": INSTRUCTIONS[k],
+                "success": k != 1,
+                "source": "teleop",
+                "robot": "sim",
+                "k": k,
+                "notes": {"a": [1, k]},
+            },
+        )
     return store
 
 
 @pytest.fixture(scope="module")
 def pickplace(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
     """Real scripted-expert demonstrations: state, two 64x64 cameras, language instructions."""
-    return record_expert(tmp_path_factory.mktemp("pp") / "pp.zarr", "PickPlace", episodes=3, num_envs=3,
-                         episode_steps=25, progress=False)
+    return record_expert(
+        tmp_path_factory.mktemp("pp") / "pp.zarr", "PickPlace", episodes=3, num_envs=3, episode_steps=25, progress=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +147,9 @@ def check_v3(root: Path) -> dict:
     assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
     feats = info["features"]
     video_keys = [k for k, f in feats.items() if f["dtype"] == "video"]
-    assert info["video_path"] == ("videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-                                  if video_keys else None)
+    assert info["video_path"] == (
+        "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4" if video_keys else None
+    )
     for name, ft in feats.items():
         assert "/" not in name and {"dtype", "shape", "names"} <= set(ft), name
         assert all(isinstance(s, int) and s > 0 for s in ft["shape"]), name
@@ -117,8 +157,12 @@ def check_v3(root: Path) -> dict:
             assert ft["names"] == ["height", "width", "channels"] and ft["shape"][2] == 3
         if ft["dtype"] == "video":
             vi = ft["info"]
-            assert (vi["video.fps"], vi["video.height"], vi["video.width"], vi["video.channels"]) == \
-                (fps, ft["shape"][0], ft["shape"][1], 3)
+            assert (vi["video.fps"], vi["video.height"], vi["video.width"], vi["video.channels"]) == (
+                fps,
+                ft["shape"][0],
+                ft["shape"][1],
+                3,
+            )
         if isinstance(ft["names"], list) and ft["dtype"] not in ("video", "image"):
             assert len(ft["names"]) == ft["shape"][0], name
     for name, dtype in DEFAULT_FEATURES.items():
@@ -150,8 +194,9 @@ def check_v3(root: Path) -> dict:
 
     # episodes: contiguous index ranges that match the frames, the lengths and (for videos) the timestamps
     eps = pa.concat_tables([read_table(f) for f in sorted((root / "meta/episodes").glob("*/*.parquet"))])
-    video_cols = [f"videos/{k}/{c}" for k in video_keys for c in ("chunk_index", "file_index", "from_timestamp",
-                                                                    "to_timestamp")]
+    video_cols = [
+        f"videos/{k}/{c}" for k in video_keys for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+    ]
     assert [c for c in (*EPISODE_COLUMNS, *video_cols) if c not in eps.column_names] == []
     for name in feats:
         for stat in ("min", "max", "mean", "std", "count"):
@@ -195,8 +240,9 @@ def check_v3(root: Path) -> dict:
             np.testing.assert_allclose(times[f], np.arange(len(times[f])) / fps, atol=1e-4)
         assert sum(len(t) for t in times.values()) == info["total_frames"]
         for r in rows:
-            f = root / info["video_path"].format(video_key=k, chunk_index=r[f"videos/{k}/chunk_index"],
-                                                 file_index=r[f"videos/{k}/file_index"])
+            f = root / info["video_path"].format(
+                video_key=k, chunk_index=r[f"videos/{k}/chunk_index"], file_index=r[f"videos/{k}/file_index"]
+            )
             t = times[f]
             inside = (t >= r[f"videos/{k}/from_timestamp"] - 1e-4) & (t < r[f"videos/{k}/to_timestamp"] - 1e-4)
             assert inside.sum() == r["length"], (k, r["episode_index"])
@@ -209,8 +255,10 @@ def check_v3(root: Path) -> dict:
 def test_pickplace_round_trip_is_exact(pickplace: EpisodeStore, pickplace_v3: Path, tmp_path: Path) -> None:
     info = check_v3(pickplace_v3)
     assert info["robotrl_spec"] == pickplace.spec.to_dict()
-    assert {k for k, f in info["features"].items() if f["dtype"] == "video"} == \
-        {"observation.images.front", "observation.images.wrist"}
+    assert {k for k, f in info["features"].items() if f["dtype"] == "video"} == {
+        "observation.images.front",
+        "observation.images.wrist",
+    }
     assert info["features"]["observation.state"]["names"][:2] == ["joint_pos_0", "joint_pos_1"]
     tasks = read_table(pickplace_v3 / "meta/tasks.parquet")["__index_level_0__"].to_pylist()
     assert set(tasks) == {e["instruction"] for e in pickplace.episodes}
@@ -223,8 +271,14 @@ def test_pickplace_round_trip_is_exact(pickplace: EpisodeStore, pickplace_v3: Pa
 def test_synthetic_round_trip_across_many_files(synthetic: EpisodeStore, tmp_path: Path, video: bool) -> None:
     """Odd shapes (scalar, 2-D), a one-step episode, both end flags at once, random pixels, an episode without
     instruction, and size limits small enough that the data and videos roll over to new files."""
-    out = export_lerobot(synthetic, tmp_path / "syn", video=video, data_files_size_in_mb=1e-4,
-                         video_files_size_in_mb=1e-4, progress=False)
+    out = export_lerobot(
+        synthetic,
+        tmp_path / "syn",
+        video=video,
+        data_files_size_in_mb=1e-4,
+        video_files_size_in_mb=1e-4,
+        progress=False,
+    )
     info = check_v3(out)
     assert len(list((out / "data").glob("*/*.parquet"))) == len(LENGTHS)
     if video:
@@ -281,13 +335,18 @@ def make_foreign(src: Path, dst: Path) -> Path:
         pq.write_table(read_table(f).drop_columns(drop).replace_schema_metadata(None), f)
     for f in (dst / "meta/episodes").glob("*/*.parquet"):
         t = read_table(f)
-        pq.write_table(t.drop_columns([c for c in t.column_names if c == "robotrl/meta" or
-                                       any(c.startswith(f"stats/{k}/") for k in drop)]), f)
+        pq.write_table(
+            t.drop_columns(
+                [c for c in t.column_names if c == "robotrl/meta" or any(c.startswith(f"stats/{k}/") for k in drop)]
+            ),
+            f,
+        )
     return dst
 
 
-def test_foreign_dataset_gets_a_spec_from_its_features(pickplace: EpisodeStore, pickplace_v3: Path,
-                                                       tmp_path: Path) -> None:
+def test_foreign_dataset_gets_a_spec_from_its_features(
+    pickplace: EpisodeStore, pickplace_v3: Path, tmp_path: Path
+) -> None:
     src = make_foreign(pickplace_v3, tmp_path / "so100_pick")
     store = import_lerobot(src, tmp_path / "imported.zarr", progress=False)
     spec = store.spec
@@ -318,7 +377,9 @@ def test_foreign_dataset_gets_a_spec_from_its_features(pickplace: EpisodeStore, 
 # ---------------------------------------------------------------------------------------------------
 def test_not_a_lerobot_v3_dataset(pickplace: EpisodeStore, pickplace_v3: Path, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(LeRobotFormatError, match=r"empty/meta/info\.json: expected .*meta/info\.json, got no such file"):
+    with pytest.raises(
+        LeRobotFormatError, match=r"empty/meta/info\.json: expected .*meta/info\.json, got no such file"
+    ):
         import_lerobot(tmp_path / "empty", tmp_path / "a.zarr")
     with pytest.raises(LeRobotFormatError, match="robotrl zarr store"):
         import_lerobot(pickplace.path, tmp_path / "b.zarr")
@@ -327,7 +388,9 @@ def test_not_a_lerobot_v3_dataset(pickplace: EpisodeStore, pickplace_v3: Path, t
     shutil.copytree(pickplace_v3, old)
     info = json.loads((old / "meta/info.json").read_text())
     (old / "meta/info.json").write_text(json.dumps({**info, "codebase_version": "v2.1"}))
-    with pytest.raises(LeRobotFormatError, match=r"info\.json: field 'codebase_version': expected 'v3\.0', got 'v2\.1'"):
+    with pytest.raises(
+        LeRobotFormatError, match=r"info\.json: field 'codebase_version': expected 'v3\.0', got 'v2\.1'"
+    ):
         import_lerobot(old, tmp_path / "c.zarr")
     (old / "meta/info.json").write_text(json.dumps({k: v for k, v in info.items() if k != "fps"}))
     with pytest.raises(LeRobotFormatError, match=r"missing field\(s\) \['fps'\]"):
@@ -349,8 +412,11 @@ def test_inconsistent_files_are_named(pickplace_v3: Path, tmp_path: Path) -> Non
     col = "videos/observation.images.front/from_timestamp"
     shifted = pc.add(eps[col], pa.array([0.0, 0.0, 0.5]))  # the last episode now runs past the end of the video
     pq.write_table(eps.set_column(eps.column_names.index(col), col, shifted), eps_path)
-    with pytest.raises(LeRobotFormatError, match=r"observation\.images\.front/chunk-000/file-000\.mp4: episode 2: "
-                                                 r"expected 25 frames from 3\.0000 s \(its length\), got 15"):
+    with pytest.raises(
+        LeRobotFormatError,
+        match=r"observation\.images\.front/chunk-000/file-000\.mp4: episode 2: "
+        r"expected 25 frames from 3\.0000 s \(its length\), got 15",
+    ):
         import_lerobot(bad, tmp_path / "b.zarr", progress=False)
     assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()  # no half-imported store
 
@@ -369,18 +435,34 @@ def test_spec_and_export_arguments_are_checked(pickplace: EpisodeStore, pickplac
 
 
 def test_odd_sized_camera_is_exact_lossless_and_refused_in_yuv420p(tmp_path: Path) -> None:
-    spec = Spec(task="Odd", observations={"image_top": ArraySpec((25, 33, 3), "uint8", 0, 255)},
-                action=ArraySpec((1,), "float32", -1.0, 1.0), action_mode="joint_pos", control_hz=5.0)
+    spec = Spec(
+        task="Odd",
+        observations={"image_top": ArraySpec((25, 33, 3), "uint8", 0, 255)},
+        action=ArraySpec((1,), "float32", -1.0, 1.0),
+        action_mode="joint_pos",
+        control_hz=5.0,
+    )
     store = EpisodeStore.create(tmp_path / "odd.zarr", spec)
     n = 6
     rng = np.random.default_rng(0)
-    store.append_episode({"image_top": rng.integers(0, 256, (n, 25, 33, 3), dtype=np.uint8),
-                          "action": np.zeros((n, 1), np.float32), "reward": np.zeros(n, np.float32),
-                          "terminated": np.zeros(n, bool), "truncated": np.arange(n) == n - 1,
-                          "success": np.zeros(n, bool), "intervention": np.zeros(n, bool),
-                          "timestamp": np.arange(n, dtype=np.float64)}, {"instruction": None, "success": False})
-    with pytest.raises(ValueError, match=r"vcodec: 'libx264' encodes yuv420p, which needs an even height and width; "
-                                         r"'image_top' is \(25, 33, 3\)"):
+    store.append_episode(
+        {
+            "image_top": rng.integers(0, 256, (n, 25, 33, 3), dtype=np.uint8),
+            "action": np.zeros((n, 1), np.float32),
+            "reward": np.zeros(n, np.float32),
+            "terminated": np.zeros(n, bool),
+            "truncated": np.arange(n) == n - 1,
+            "success": np.zeros(n, bool),
+            "intervention": np.zeros(n, bool),
+            "timestamp": np.arange(n, dtype=np.float64),
+        },
+        {"instruction": None, "success": False},
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"vcodec: 'libx264' encodes yuv420p, which needs an even height and width; "
+        r"'image_top' is \(25, 33, 3\)",
+    ):
         export_lerobot(store, tmp_path / "lossy", vcodec="libx264", progress=False)
     out = export_lerobot(store, tmp_path / "odd", progress=False)
     check_v3(out)

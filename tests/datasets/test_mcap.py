@@ -24,14 +24,16 @@ ROS_TYPES = get_typestore(Stores.ROS2_HUMBLE)
 
 @pytest.fixture(scope="module")
 def pusht(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
-    return record_expert(tmp_path_factory.mktemp("p") / "pusht.zarr", "PushT", 3, num_envs=2, episode_steps=20,
-                         progress=False)
+    return record_expert(
+        tmp_path_factory.mktemp("p") / "pusht.zarr", "PushT", 3, num_envs=2, episode_steps=20, progress=False
+    )
 
 
 @pytest.fixture(scope="module")
 def pickplace(tmp_path_factory: pytest.TempPathFactory) -> EpisodeStore:
-    return record_expert(tmp_path_factory.mktemp("pp") / "pickplace.zarr", "PickPlace", 2, num_envs=2,
-                         episode_steps=20, progress=False)
+    return record_expert(
+        tmp_path_factory.mktemp("pp") / "pickplace.zarr", "PickPlace", 2, num_envs=2, episode_steps=20, progress=False
+    )
 
 
 def assert_same_episodes(a: EpisodeStore, b: EpisodeStore, timestamps: bool = False) -> None:
@@ -109,9 +111,15 @@ def test_independent_reader_sees_standard_ros2_topics(pickplace: EpisodeStore, t
         reader = make_reader(f, decoder_factories=[DecoderFactory()])
         assert reader.get_header().profile == "ros2"
         summary = reader.get_summary()
-        found = {c.topic: (summary.schemas[c.schema_id].name, summary.schemas[c.schema_id].encoding,
-                           c.message_encoding, summary.statistics.channel_message_counts[c.id])
-                 for c in summary.channels.values()}
+        found = {
+            c.topic: (
+                summary.schemas[c.schema_id].name,
+                summary.schemas[c.schema_id].encoding,
+                c.message_encoding,
+                summary.statistics.channel_message_counts[c.id],
+            )
+            for c in summary.channels.values()
+        }
         assert found == {
             "/joint_states": ("sensor_msgs/msg/JointState", "ros2msg", "cdr", steps),
             "/camera/front/image_raw": ("sensor_msgs/msg/Image", "ros2msg", "cdr", steps),
@@ -156,21 +164,35 @@ FINGERS = ("finger_l", "finger_r")
 
 def joint_spec(hz: float = 20.0) -> Spec:
     state = ArraySpec((15,), "float32", fields=(("joint_pos", 7), ("joint_vel", 7), ("gripper", 1)))
-    return Spec("ArmJoints", {"state": state}, ArraySpec((8,), "float32", low=-1.0, high=1.0), "joint_pos", hz,
-                joint_names=ARM + FINGERS)
+    return Spec(
+        "ArmJoints",
+        {"state": state},
+        ArraySpec((8,), "float32", low=-1.0, high=1.0),
+        "joint_pos",
+        hz,
+        joint_names=ARM + FINGERS,
+    )
 
 
-def write_recording(path: Path, segments: list[tuple[float, float]], names: tuple[str, ...] = ARM + FINGERS,
-                    command: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+def write_recording(
+    path: Path,
+    segments: list[tuple[float, float]],
+    names: tuple[str, ...] = ARM + FINGERS,
+    command: bool = True,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """Joint states at ~100 Hz and commands at ~50 Hz (jittered) over each (start, stop) second range; the
     joints are listed in reverse order, as a driver may. Returns the times (ns) and values that were written."""
     rng = np.random.default_rng(seed)
     out: dict[str, list] = {"js_t": [], "js_pos": [], "js_vel": [], "cmd_t": [], "cmd": []}
     with open(path, "wb") as f:
         w = Ros2Writer(f)
-        js = w.register_msgdef("sensor_msgs/msg/JointState", ROS_TYPES.generate_msgdef("sensor_msgs/msg/JointState", 2)[0])
-        fa = w.register_msgdef("std_msgs/msg/Float64MultiArray",
-                               ROS_TYPES.generate_msgdef("std_msgs/msg/Float64MultiArray", 2)[0])
+        js = w.register_msgdef(
+            "sensor_msgs/msg/JointState", ROS_TYPES.generate_msgdef("sensor_msgs/msg/JointState", 2)[0]
+        )
+        fa = w.register_msgdef(
+            "std_msgs/msg/Float64MultiArray", ROS_TYPES.generate_msgdef("std_msgs/msg/Float64MultiArray", 2)[0]
+        )
         events = []
         for a, b in segments:
             events += [(int((t + rng.uniform(-0.003, 0.003)) * 1e9), "js") for t in np.arange(a, b, 0.01)]
@@ -181,13 +203,24 @@ def write_recording(path: Path, segments: list[tuple[float, float]], names: tupl
                 pos, vel = rng.normal(size=9), rng.normal(size=9)
                 out["js_t"].append(t), out["js_pos"].append(pos), out["js_vel"].append(vel)
                 stamp = {"sec": t // 10**9, "nanosec": t % 10**9}
-                w.write_message("/joint_states", js, {"header": {"stamp": stamp, "frame_id": ""}, "name": list(names)[::-1],
-                                                      "position": pos[::-1].tolist(), "velocity": vel[::-1].tolist(),
-                                                      "effort": []}, log_time=t)
+                w.write_message(
+                    "/joint_states",
+                    js,
+                    {
+                        "header": {"stamp": stamp, "frame_id": ""},
+                        "name": list(names)[::-1],
+                        "position": pos[::-1].tolist(),
+                        "velocity": vel[::-1].tolist(),
+                        "effort": [],
+                    },
+                    log_time=t,
+                )
             else:
                 cmd = rng.uniform(-1, 1, 8)
                 out["cmd_t"].append(t), out["cmd"].append(cmd)
-                w.write_message("/command", fa, {"layout": {"dim": [], "data_offset": 0}, "data": cmd.tolist()}, log_time=t)
+                w.write_message(
+                    "/command", fa, {"layout": {"dim": [], "data_offset": 0}, "data": cmd.tolist()}, log_time=t
+                )
         w.finish()
     return {k: np.asarray(v) for k, v in out.items()}
 
@@ -243,31 +276,44 @@ def test_not_an_mcap_file(tmp_path: Path) -> None:
 
 def test_missing_topic(tmp_path: Path) -> None:
     write_recording(tmp_path / "rec.mcap", [(100.0, 100.5)], command=False)
-    with pytest.raises(McapError, match=r"topic /command: expected std_msgs/msg/Float64MultiArray .*\['action'\].*"
-                                        r"got no such topic; topics in the file: \['/joint_states'\]"):
+    with pytest.raises(
+        McapError,
+        match=r"topic /command: expected std_msgs/msg/Float64MultiArray .*\['action'\].*"
+        r"got no such topic; topics in the file: \['/joint_states'\]",
+    ):
         import_mcap(tmp_path / "rec.mcap", tmp_path / "out.zarr", joint_spec())
     # remapped topics are looked up under their new names
-    with pytest.raises(McapError, match=r"observation 'state': expected topic /robotrl/state .* or /arm/joints "
-                                        r"\(sensor_msgs/msg/JointState\), got neither"):
-        import_mcap(tmp_path / "rec.mcap", tmp_path / "out.zarr", joint_spec(),
-                    topics=TopicMap(joint_states="/arm/joints"))
+    with pytest.raises(
+        McapError,
+        match=r"observation 'state': expected topic /robotrl/state .* or /arm/joints "
+        r"\(sensor_msgs/msg/JointState\), got neither",
+    ):
+        import_mcap(
+            tmp_path / "rec.mcap", tmp_path / "out.zarr", joint_spec(), topics=TopicMap(joint_states="/arm/joints")
+        )
     assert not (tmp_path / "out.zarr").exists()
 
 
 def test_wrong_joint_names(tmp_path: Path) -> None:
     names = tuple(f"j{i}" for i in range(9))
     write_recording(tmp_path / "rec.mcap", [(100.0, 100.5)], names=names)
-    with pytest.raises(McapError, match=r"topic /joint_states at t=.*joint names: expected to contain "
-                                        r"\['joint1', .*'finger_r'\], got \['j8', .*'j0'\].*missing"):
+    with pytest.raises(
+        McapError,
+        match=r"topic /joint_states at t=.*joint names: expected to contain "
+        r"\['joint1', .*'finger_r'\], got \['j8', .*'j0'\].*missing",
+    ):
         import_mcap(tmp_path / "rec.mcap", tmp_path / "out.zarr", joint_spec())
     assert not (tmp_path / "out.zarr").exists()  # a failed import leaves no half-written store
 
 
 def test_state_fields_joint_states_cannot_supply(pickplace: EpisodeStore, tmp_path: Path) -> None:
     path = export_mcap(pickplace, tmp_path / "pp.mcap", topics=TopicMap(observation="/debug/{key}"))
-    with pytest.raises(McapError, match=r"observation 'state': topic /robotrl/state is absent, and /joint_states "
-                                        r"cannot supply field\(s\) \['tool_pos', .*\] \(it provides "
-                                        r"\['joint_pos', 'joint_vel', 'gripper'\]\)"):
+    with pytest.raises(
+        McapError,
+        match=r"observation 'state': topic /robotrl/state is absent, and /joint_states "
+        r"cannot supply field\(s\) \['tool_pos', .*\] \(it provides "
+        r"\['joint_pos', 'joint_vel', 'gripper'\]\)",
+    ):
         import_mcap(path, tmp_path / "out.zarr", pickplace.spec)
     back = import_mcap(path, tmp_path / "out.zarr", pickplace.spec, topics=TopicMap(observation="/debug/{key}"))
     assert_same_episodes(pickplace, back)
@@ -277,14 +323,23 @@ def test_layout_and_type_mismatches(pusht: EpisodeStore, tmp_path: Path) -> None
     path = export_mcap(pusht, tmp_path / "pusht.mcap", episodes=[0])
     d = pusht.spec.to_dict()
     d["observations"]["state"]["fields"][2] = ["ee_pos", 3]
-    with pytest.raises(McapError, match=r"topic /robotrl/state at t=.*'state' fields \(layout dim labels\): "
-                                        r"expected \[.*\['ee_pos', 3\].*\], got \[.*\['tool_pos', 3\].*\]"):
+    with pytest.raises(
+        McapError,
+        match=r"topic /robotrl/state at t=.*'state' fields \(layout dim labels\): "
+        r"expected \[.*\['ee_pos', 3\].*\], got \[.*\['tool_pos', 3\].*\]",
+    ):
         import_mcap(path, tmp_path / "a.zarr", Spec.from_dict(d))
-    with pytest.raises(McapError, match=r"topic /robotrl/episode: expected std_msgs/msg/Float64MultiArray "
-                                        r"\(ros2msg schema, cdr\), got std_msgs/msg/String"):
+    with pytest.raises(
+        McapError,
+        match=r"topic /robotrl/episode: expected std_msgs/msg/Float64MultiArray "
+        r"\(ros2msg schema, cdr\), got std_msgs/msg/String",
+    ):
         import_mcap(path, tmp_path / "b.zarr", pusht.spec, topics=TopicMap(command="/robotrl/episode"))
     d = pusht.spec.to_dict()
     d["action"]["shape"] = [3]
-    with pytest.raises(McapError, match=r"topic /command at t=.*'action' fields \(layout dim labels\): "
-                                        r"expected \[\['action', 3\]\], got \[\['action', 2\]\]"):
+    with pytest.raises(
+        McapError,
+        match=r"topic /command at t=.*'action' fields \(layout dim labels\): "
+        r"expected \[\['action', 3\]\], got \[\['action', 2\]\]",
+    ):
         import_mcap(path, tmp_path / "c.zarr", Spec.from_dict(d))

@@ -40,7 +40,7 @@ def test_windows_pad_at_episode_edges(store: EpisodeStore) -> None:
         # last step: the chunk repeats the last action, flagged
         np.testing.assert_array_equal(b["action"][2], d["action"][[n - 1] * 8])
         np.testing.assert_array_equal(b["action_is_pad"][2], [False] + [True] * 7)
-        np.testing.assert_array_equal(b["obs"]["image_front"][2], d["image_front"][n - 3:n])
+        np.testing.assert_array_equal(b["obs"]["image_front"][2], d["image_front"][n - 3 : n])
         assert list(b["episode"]) == [k] * 3 and list(b["t"]) == [0, 1, n - 1]
         np.testing.assert_array_equal(b["reward"], d["reward"][[0, 1, n - 1]])
 
@@ -100,15 +100,19 @@ def test_windows_carry_their_episode_instruction() -> None:
     """String observations live per episode; each window gets its own episode's, through every batch path."""
     ends = np.array([3, 7, 12])
     data = {"state": np.arange(12, dtype=np.float32)[:, None], "action": np.zeros((12, 2), np.float32)}
-    text = {"instruction": ["put the red cube in the bin", "put the green cube in the bin", "put the blue cube in the bin"]}
+    text = {
+        "instruction": ["put the red cube in the bin", "put the green cube in the bin", "put the blue cube in the bin"]
+    }
     sampler = SequenceSampler(data, ends, ["state"], SequenceConfig(obs_horizon=2, action_horizon=4), text=text)
     batch = sampler.sample(64, np.random.default_rng(0))
     got = batch["obs"]["instruction"]
     assert got.shape == (64,) and got.dtype == object
     assert list(got) == [text["instruction"][e] for e in batch["episode"]]
     # the episode follows from the observed state itself (state = row index), not from the batch's bookkeeping
-    assert all(t == text["instruction"][int(np.searchsorted(ends, s[-1, 0], side="right"))]
-               for t, s in zip(got, batch["obs"]["state"]))
+    assert all(
+        t == text["instruction"][int(np.searchsorted(ends, s[-1, 0], side="right"))]
+        for t, s in zip(got, batch["obs"]["state"])
+    )
     subset = SequenceSampler(data, ends, ["state"], SequenceConfig(2, 4), episodes=[2], text=text)
     assert set(subset.sample(16, np.random.default_rng(1))["obs"]["instruction"]) == {text["instruction"][2]}
     loader_batch = next(iter(dataloader(sampler, batch_size=8)))

@@ -20,8 +20,11 @@ from robotrl.datasets.record import record_expert
 
 SPEC = Spec(
     task="Synthetic",
-    observations={"state": ArraySpec((6,), "float32"), "image_front": ArraySpec((24, 24, 3), "uint8", 0, 255),
-                  "instruction": ArraySpec((), "str")},
+    observations={
+        "state": ArraySpec((6,), "float32"),
+        "image_front": ArraySpec((24, 24, 3), "uint8", 0, 255),
+        "instruction": ArraySpec((), "str"),
+    },
     action=ArraySpec((2,), "float32", -1.0, 1.0),
     action_mode="ee_delta",
     control_hz=10.0,
@@ -41,8 +44,11 @@ def episode_data(k: int) -> dict[str, np.ndarray]:
         "image_front": ((k * 7 + t[:, None, None, None]) % 256 * np.ones((1, 24, 24, 3))).astype(np.uint8),
         "action": np.stack([np.sin(t + k), np.cos(t + k)], -1).astype(np.float32) * 0.9,
         "reward": t.astype(np.float32) / n,
-        "terminated": t == n - 1, "truncated": np.zeros(n, bool), "success": t == n - 1,
-        "intervention": t % 5 == 0, "timestamp": 1.7e9 + k + t / 10.0,
+        "terminated": t == n - 1,
+        "truncated": np.zeros(n, bool),
+        "success": t == n - 1,
+        "intervention": t % 5 == 0,
+        "timestamp": 1.7e9 + k + t / 10.0,
     }
 
 
@@ -77,8 +83,12 @@ WRITER = textwrap.dedent("""
 
 
 def start_writer(path: Path, count: int, pause: float = 0.0) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(count), str(Path(__file__).parent), str(pause)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), str(count), str(Path(__file__).parent), str(pause)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_round_trip_metadata_and_stats(tmp_path: Path) -> None:
@@ -95,7 +105,9 @@ def test_round_trip_metadata_and_stats(tmp_path: Path) -> None:
     allstate = np.concatenate([episode_data(k)["state"] for k in range(3)]).astype(np.float64)
     np.testing.assert_allclose(stats["state"]["mean"], allstate.mean(0), rtol=1e-9)
     np.testing.assert_allclose(stats["state"]["std"], allstate.std(0), rtol=1e-6)
-    np.testing.assert_array_equal(stats["action"]["max"], np.concatenate([episode_data(k)["action"] for k in range(3)]).max(0))
+    np.testing.assert_array_equal(
+        stats["action"]["max"], np.concatenate([episode_data(k)["action"] for k in range(3)]).max(0)
+    )
     assert "image_front" not in stats  # images normalize by /255, not by statistics
     assert validate(reader) == []
 
@@ -108,7 +120,9 @@ def test_truncate_drops_the_newest_episodes_and_recounts_the_stats(tmp_path: Pat
     with pytest.raises(ValueError, match=r"truncate: expected 0..4 episodes to keep, got 5"):
         store.truncate(5)
     store.truncate(2)
-    assert store.num_episodes == 2 and store.array("state").shape[0] == store.num_steps == episode_length(0) + episode_length(1)
+    assert store.num_episodes == 2 and store.array("state").shape[0] == store.num_steps == episode_length(
+        0
+    ) + episode_length(1)
     kept = np.concatenate([episode_data(k)["state"] for k in range(2)]).astype(np.float64)
     np.testing.assert_allclose(store.stats()["state"]["mean"], kept.mean(0), rtol=1e-9)
     np.testing.assert_array_equal(store.stats()["state"]["max"], kept.max(0))
@@ -164,7 +178,9 @@ def test_spec_mismatch_names_the_field(tmp_path: Path) -> None:
         EpisodeStore.create(tmp_path / "d.zarr", other, exist_ok=True)
     store = EpisodeStore.open(tmp_path / "d.zarr")
     with pytest.raises(SpecMismatchError, match=r"spec.observations.state.shape"):
-        store.check_spec(Spec(**{**SPEC.__dict__, "observations": {**SPEC.observations, "state": ArraySpec((7,), "float32")}}))
+        store.check_spec(
+            Spec(**{**SPEC.__dict__, "observations": {**SPEC.observations, "state": ArraySpec((7,), "float32")}})
+        )
     assert any("control_hz" in e for e in validate(store, other))
 
 
@@ -237,7 +253,9 @@ def test_corrupted_and_missing_chunks_name_their_episodes(tmp_path: Path) -> Non
     raw = bytearray(chunk.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     chunk.write_bytes(bytes(raw))
-    eps = sorted({int(np.searchsorted(store.episode_ends, r, side="right")) for r in range(rows, min(2 * rows, store.num_steps))})
+    eps = sorted(
+        {int(np.searchsorted(store.episode_ends, r, side="right")) for r in range(rows, min(2 * rows, store.num_steps))}
+    )
     errors = validate(EpisodeStore.open(tmp_path / "d.zarr"))
     assert len(errors) == 1 and "data/image_front chunk 1" in errors[0] and f"episode(s) {eps}" in errors[0], errors
     with pytest.raises(CorruptChunkError, match=r"image_front chunk 1 .*episode\(s\) " + re.escape(str(eps))):

@@ -117,8 +117,11 @@ def test_deadzone_is_continuous_and_keeps_full_scale() -> None:
 
 
 def test_unknown_device_lists_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"unknown device 'keybaord'; expected one of .*'gamepad'.*'keyboard'.*"
-                                         r"'scripted'.*'spacemouse'.*Did you mean 'keyboard'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown device 'keybaord'; expected one of .*'gamepad'.*'keyboard'.*"
+        r"'scripted'.*'spacemouse'.*Did you mean 'keyboard'",
+    ):
         make_device("keybaord")
     with pytest.raises(ValueError, match="expected the task"):
         make_device("scripted")
@@ -167,8 +170,7 @@ def xdisplay() -> Iterator[str]:
         pytest.skip("Xvfb is not installed (Debian: apt install xvfb); the keyboard driver needs an X server")
     read_fd, write_fd = os.pipe()
     args = ["-displayfd", str(write_fd), "-screen", "0", "640x480x24", "-nolisten", "tcp", "-noreset"]
-    proc = subprocess.Popen([xvfb, *args],
-                            pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([xvfb, *args], pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(write_fd)
     try:
         ready, _, _ = select.select([read_fd], [], [], 15.0)
@@ -213,7 +215,6 @@ class XTestKeys:
 
     def release(self, key: Any) -> None:
         self.controller.release(self.key(key))
-
 
     def handshake(self, device: KeyboardDevice, timeout: float = 5.0) -> None:
         """Tap W until the device reports it: its listener is recording, and no later key is lost."""
@@ -312,7 +313,9 @@ def test_keyboard_drives_a_collect_session(xdisplay: str, tmp_path: Path) -> Non
     keys.handshake(device)
     thread = threading.Thread(target=operator, daemon=True)
     thread.start()
-    summary = collect(CollectConfig(task="Reach", device="keyboard", out=out, episodes=3, episode_steps=400), device=device)
+    summary = collect(
+        CollectConfig(task="Reach", device="keyboard", out=out, episodes=3, episode_steps=400), device=device
+    )
     thread.join(timeout=10)
     assert summary.kept == 1 and summary.quit and not summary.interrupted
     store = EpisodeStore.open(out)
@@ -327,8 +330,9 @@ def test_keyboard_drives_a_collect_session(xdisplay: str, tmp_path: Path) -> Non
     assert 0.03 < float(np.median(dt)) < 0.08
 
 
-def test_collect_live_view_shows_frames_on_the_display(xdisplay: str, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collect_live_view_shows_frames_on_the_display(
+    xdisplay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from robotrl.datasets.collect import CollectConfig, LiveView, collect
 
     shown: list[tuple[tuple[int, ...], list[str]]] = []
@@ -478,7 +482,9 @@ def test_gamepad_missing_says_what_to_check(sdl: ctypes.CDLL) -> None:
     import pygame
 
     count = pygame.joystick.get_count()
-    with pytest.raises(TeleopError, match=rf"joystick index {count}: expected < .* which is {count}.*Plug the gamepad in"):
+    with pytest.raises(
+        TeleopError, match=rf"joystick index {count}: expected < .* which is {count}.*Plug the gamepad in"
+    ):
         GamepadDevice(index=count).start()
 
 
@@ -489,7 +495,9 @@ def test_spacemouse_state_maps_to_twist_and_button_events() -> None:
     from pyspacemouse import ButtonState, SpaceMouseState
 
     device = SpaceMouseDevice(deadzone=0.05)
-    state = SpaceMouseState(t=0.0, x=0.525, y=-0.02, z=1.4, roll=-0.525, pitch=0.0, yaw=0.05, buttons=ButtonState([0, 0]))
+    state = SpaceMouseState(
+        t=0.0, x=0.525, y=-0.02, z=1.4, roll=-0.525, pitch=0.0, yaw=0.05, buttons=ButtonState([0, 0])
+    )
     cmd = device.command_from_state(state)
     np.testing.assert_allclose(cmd.twist, [0.5, 0.0, 1.0, -0.5, 0.0, 0.0], atol=1e-9)
     assert cmd.gripper == -1.0 and cmd.events == []
@@ -528,8 +536,9 @@ def test_spacemouse_read_decodes_and_drains_every_pending_hid_report() -> None:
     click that came and went between two control steps still toggles the gripper."""
     import pyspacemouse
 
-    info = pyspacemouse.apply_axis_convention(pyspacemouse.get_device_specs()["SpaceNavigator"],
-                                              pyspacemouse.AxisConvention.ROS)
+    info = pyspacemouse.apply_axis_convention(
+        pyspacemouse.get_device_specs()["SpaceNavigator"], pyspacemouse.AxisConvention.ROS
+    )
     int16 = lambda v: int(v).to_bytes(2, "little", signed=True)  # noqa: E731
     translation = bytes([1]) + int16(175) + int16(-350) + int16(0)  # HID x right half, y away full
     reports = [translation, bytes([3, 0b01]), bytes([3, 0b00])]  # left button down, up

@@ -18,7 +18,9 @@ from robotrl.envs.mjx import MjxVectorEnv
 
 N = 4
 EPISODE = 5
-RAND = Randomization(mass=(0.5, 1.5), damping=(0.5, 2.0), actuator_gain=(0.7, 1.3), latency_steps=(0, 2), obs_noise=0.01)
+RAND = Randomization(
+    mass=(0.5, 1.5), damping=(0.5, 2.0), actuator_gain=(0.7, 1.3), latency_steps=(0, 2), obs_noise=0.01
+)
 
 
 def make_env(output: str = "numpy") -> MjxVectorEnv:
@@ -75,7 +77,7 @@ def test_divergence_terminates_with_zero_reward_and_resets(env: MjxVectorEnv) ->
     env.reset(seed=0)
     s = env.get_state()
     nq = env.task.model.nq
-    s["physics"][1, 1 + nq:1 + 2 * nq] = 1e300  # env 1 flies apart
+    s["physics"][1, 1 + nq : 1 + 2 * nq] = 1e300  # env 1 flies apart
     env.set_state(s)
     obs, reward, term, trunc, info = env.step(np.zeros((N, 3), np.float32))
     assert term[1] and info["diverged"][1] and reward[1] == 0.0 and info["_final_obs"][1]

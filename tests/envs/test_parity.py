@@ -78,10 +78,16 @@ def trajectories(name: str, steps: int = STEPS) -> dict[str, np.ndarray]:
             obs, r_cpu, *_ = cpu.step(action)
             obs_mjx, r_mjx, *_ = mjx_env.step(action)
             s_cpu, s_mjx = cpu.get_state()["physics"], mjx_env.get_state()["physics"]
-            err["qpos"][t] = np.abs(s_cpu[:, 1:1 + nq] - s_mjx[:, 1:1 + nq]).max()
-            err["qvel"][t] = np.abs(s_cpu[:, 1 + nq:1 + nq + nv] - s_mjx[:, 1 + nq:1 + nq + nv]).max()
-            err["obs"][t] = max((float(np.abs(obs[key] - value).max()) for key, value in obs_mjx.items()
-                                 if isinstance(value, np.ndarray) and value.dtype.kind == "f"), default=0.0)
+            err["qpos"][t] = np.abs(s_cpu[:, 1 : 1 + nq] - s_mjx[:, 1 : 1 + nq]).max()
+            err["qvel"][t] = np.abs(s_cpu[:, 1 + nq : 1 + nq + nv] - s_mjx[:, 1 + nq : 1 + nq + nv]).max()
+            err["obs"][t] = max(
+                (
+                    float(np.abs(obs[key] - value).max())
+                    for key, value in obs_mjx.items()
+                    if isinstance(value, np.ndarray) and value.dtype.kind == "f"
+                ),
+                default=0.0,
+            )
             err["reward"][t] = np.abs(np.asarray(r_cpu) - np.asarray(r_mjx)).max()
     cpu.close()
     return err
@@ -95,8 +101,10 @@ def test_cpu_and_mjx_trajectories_agree(name: str) -> None:
     t = np.arange(STEPS)
     for key, values in err.items():
         over = np.flatnonzero(values > bound(name, key, t))
-        assert not len(over), (f"{name}: |CPU - MJX| of {key} at step {over[0] + 1} is {values[over[0]]:.3g}, over its "
-                               f"bound {bound(name, key, t)[over[0]]:.3g}; per step: {np.array2string(values, precision=2)}")
+        assert not len(over), (
+            f"{name}: |CPU - MJX| of {key} at step {over[0] + 1} is {values[over[0]]:.3g}, over its "
+            f"bound {bound(name, key, t)[over[0]]:.3g}; per step: {np.array2string(values, precision=2)}"
+        )
 
 
 if __name__ == "__main__":  # prints the measured errors, to set the tolerances above

@@ -51,7 +51,7 @@ def test_reset_is_deterministic_per_seed_and_cubes_do_not_overlap() -> None:
 
     task = PickPlace()
     start = task.reset(np, np.random.default_rng(0).random((500, task.reset_dims)))
-    cubes = start.qpos[:, 9:9 + 7 * NUM_CUBES].reshape(500, NUM_CUBES, 7)[:, :, :3]
+    cubes = start.qpos[:, 9 : 9 + 7 * NUM_CUBES].reshape(500, NUM_CUBES, 7)[:, :, :3]
     gaps = [np.linalg.norm(cubes[:, i, :2] - cubes[:, j, :2], axis=-1) for i in range(3) for j in range(i + 1, 3)]
     assert np.min(gaps) > 0.1  # room for the open fingers between neighbours
     assert np.allclose(cubes[:, :, 2], CUBE_HALF)
@@ -72,7 +72,7 @@ def test_instruction_names_the_target_cube_colour() -> None:
         jid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, f"cube_{colour[0]}")
         adr = m.jnt_qposadr[jid]
         target = _get(obs, "target_rel")[i] + _get(obs, "tool_pos")[i]
-        np.testing.assert_allclose(qpos[i, adr:adr + 3], target, atol=1e-5)
+        np.testing.assert_allclose(qpos[i, adr : adr + 3], target, atol=1e-5)
     assert len(named) >= 2
     env.close()
 
@@ -150,8 +150,12 @@ def test_pure_functions_agree_between_numpy_and_jax() -> None:
     frame = env.frame()
     jframe = type(frame)(*(jnp.asarray(x) for x in frame))
     action = expert.act(obs).astype(np.float64)
-    np.testing.assert_allclose(task.control(np, frame, action), np.asarray(task.control(jnp, jframe, jnp.asarray(action))), atol=1e-4)
-    np.testing.assert_allclose(task.observe(np, frame)["state"], np.asarray(task.observe(jnp, jframe)["state"]), atol=1e-4)
+    np.testing.assert_allclose(
+        task.control(np, frame, action), np.asarray(task.control(jnp, jframe, jnp.asarray(action))), atol=1e-4
+    )
+    np.testing.assert_allclose(
+        task.observe(np, frame)["state"], np.asarray(task.observe(jnp, jframe)["state"]), atol=1e-4
+    )
     (r_np, s_np), (r_j, s_j) = task.reward(np, frame, action), task.reward(jnp, jframe, jnp.asarray(action))
     np.testing.assert_allclose(r_np, np.asarray(r_j), atol=1e-4)
     np.testing.assert_array_equal(s_np, np.asarray(s_j))
@@ -170,7 +174,8 @@ def test_mjx_accepts_the_model_with_only_the_needed_contact_pairs() -> None:
     for g1, g2, _ in pairs:
         assert collision_driver.has_collision_fn(m.geom_type[g1], m.geom_type[g2])
     names = [
-        sorted(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[g]) for g in (g1, g2)) for g1, g2, _ in pairs
+        sorted(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[g]) for g in (g1, g2))
+        for g1, g2, _ in pairs
     ]
     assert all(any(b.startswith("cube_") for b in pair) for pair in names)  # every contact involves a cube
     # per cube: table, 4 bin walls, 2 fingers; plus the 3 cube-cube pairs. Arm links and palm touch nothing.
@@ -186,7 +191,9 @@ def test_model_steps_in_mjx_without_nan() -> None:
     task = PickPlace()
     mx = mjx.put_model(task.model)
     start = task.reset(np, np.random.default_rng(0).random((1, task.reset_dims)))
-    d = mjx.make_data(mx).replace(qpos=jnp.asarray(start.qpos[0]), ctrl=jnp.asarray(np.r_[start.qpos[0, :7], 0.04, 0.04]))
+    d = mjx.make_data(mx).replace(
+        qpos=jnp.asarray(start.qpos[0]), ctrl=jnp.asarray(np.r_[start.qpos[0, :7], 0.04, 0.04])
+    )
     step = jax.jit(mjx.step)  # compiling dominates (tens of seconds on CPU), so only a few steps
     for _ in range(5):
         d = step(mx, d)

@@ -180,8 +180,12 @@ def test_task_functions_agree_between_numpy_and_jax():
     frame = _frame(task, start_np.qpos[:, 7:10], ee)
     frame_jx = Frame(*(jnp.asarray(x) for x in frame))
     action = np.tile([[0.3, -0.5]], (6, 1))
-    np.testing.assert_allclose(np.asarray(task.observe(jnp, frame_jx)["state"]), task.observe(np, frame)["state"], atol=1e-4)
-    np.testing.assert_allclose(np.asarray(task.control(jnp, frame_jx, jnp.asarray(action))), task.control(np, frame, action), atol=1e-4)
+    np.testing.assert_allclose(
+        np.asarray(task.observe(jnp, frame_jx)["state"]), task.observe(np, frame)["state"], atol=1e-4
+    )
+    np.testing.assert_allclose(
+        np.asarray(task.control(jnp, frame_jx, jnp.asarray(action))), task.control(np, frame, action), atol=1e-4
+    )
     for a, b in zip(task.reward(jnp, frame_jx, jnp.asarray(action)), task.reward(np, frame, action)):
         np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
 
@@ -296,7 +300,9 @@ def test_only_the_tip_and_the_block_can_collide_and_the_target_is_visual():
         for j in range(i + 1, m.ngeom):
             filt = (m.geom_contype[i] & m.geom_conaffinity[j]) or (m.geom_contype[j] & m.geom_conaffinity[i])
             if filt and m.geom_bodyid[i] != m.geom_bodyid[j]:
-                pairs.add(tuple(sorted(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[k]) for k in (i, j))))
+                pairs.add(
+                    tuple(sorted(mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_BODY, m.geom_bodyid[k]) for k in (i, j)))
+                )
     assert pairs == {("block", "flange")}  # the pusher sphere (on the flange) against the T's boxes
     tip = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, "tip")
     assert m.geom_type[tip] == mujoco.mjtGeom.mjGEOM_SPHERE

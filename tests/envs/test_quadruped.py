@@ -121,7 +121,9 @@ def test_task_functions_agree_between_numpy_and_jax():
     fj = Frame(*(jnp.asarray(x) for x in frame))
     action = np.random.default_rng(3).uniform(-1, 1, (5, 12))
     np.testing.assert_allclose(np.asarray(task.observe(jnp, fj)["state"]), task.observe(np, frame)["state"], atol=1e-4)
-    np.testing.assert_allclose(np.asarray(task.control(jnp, fj, jnp.asarray(action))), task.control(np, frame, action), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(task.control(jnp, fj, jnp.asarray(action))), task.control(np, frame, action), atol=1e-5
+    )
     for x, y in zip(task.reward(jnp, fj, jnp.asarray(action)), task.reward(np, frame, action)):
         np.testing.assert_allclose(np.asarray(x), y, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(np.asarray(task.terminated(jnp, fj)), task.terminated(np, frame))

@@ -24,8 +24,11 @@ HIDDEN = ("block_pose", "block_vel", "pose_error", "tool_in_block", "coverage")
 
 def small_flow(store: EpisodeStore, steps: int = 5, **options: object) -> FlowPolicy:
     torch.manual_seed(0)
-    policy = FlowPolicy(store.spec, FlowConfig(channels=(16, 32), steps=2, action_horizon=8, **options),  # type: ignore[arg-type]
-                        store.stats())
+    policy = FlowPolicy(
+        store.spec,
+        FlowConfig(channels=(16, 32), steps=2, action_horizon=8, **options),  # type: ignore[arg-type]
+        store.stats(),
+    )
     sampler = SequenceSampler.from_store(store, SequenceConfig(action_horizon=8, obs_keys=policy.obs_keys))
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     rng = np.random.default_rng(0)
@@ -47,8 +50,9 @@ def pusht_export(pusht_demos: EpisodeStore, tmp_path_factory: pytest.TempPathFac
 def pusht_image_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small image policy (32 px overhead camera + the arm's state) trained a few steps on real demos."""
     root = tmp_path_factory.mktemp("image")
-    store = record_expert(root / "img.zarr", "PushT", episodes=2, num_envs=2, episode_steps=30, progress=False,
-                          images=True, image_size=32)
+    store = record_expert(
+        root / "img.zarr", "PushT", episodes=2, num_envs=2, episode_steps=30, progress=False, images=True, image_size=32
+    )
     with torch_threads(1):
         policy = small_flow(store, obs_keys=("image_top", "state"), state_mask_fields=HIDDEN)
         return export(policy, root / "flow", "onnx")
@@ -71,8 +75,16 @@ def pickplace_vla_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from robotrl.policies.vla import VLAConfig, VLAPolicy
 
     root = tmp_path_factory.mktemp("vla")
-    store = record_expert(root / "pp.zarr", "PickPlace", episodes=2, num_envs=2, noise=0.0, episode_steps=30,
-                          progress=False, render_images=False)
+    store = record_expert(
+        root / "pp.zarr",
+        "PickPlace",
+        episodes=2,
+        num_envs=2,
+        noise=0.0,
+        episode_steps=30,
+        progress=False,
+        render_images=False,
+    )
     with torch_threads(1):
         torch.manual_seed(0)
         config = VLAConfig(width=32, depth=1, heads=2, obs_horizon=1, action_horizon=8, steps=2)

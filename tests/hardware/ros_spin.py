@@ -10,8 +10,9 @@ from typing import Any
 from rclpy.executors import SingleThreadedExecutor
 
 
-def spin_until(executor: SingleThreadedExecutor, done: Callable[[], Any], timeout: float,
-               each: Callable[[], Any] | None = None) -> bool:
+def spin_until(
+    executor: SingleThreadedExecutor, done: Callable[[], Any], timeout: float, each: Callable[[], Any] | None = None
+) -> bool:
     """Spin until `done()` is true or `timeout` seconds pass (calling `each` before every spin); whether it is."""
     end = time.monotonic() + timeout
     while not done() and time.monotonic() < end:

@@ -43,8 +43,9 @@ class Robot(Node):
         self.state = self.create_publisher(Float64MultiArray, t.task_state, 10)
         self.estop = self.create_publisher(Bool, t.estop, 10)
         self.commands: list[tuple[float, np.ndarray]] = []
-        self.create_subscription(Float64MultiArray, t.command,
-                                 lambda m: self.commands.append((time.monotonic(), np.array(m.data))), 10)
+        self.create_subscription(
+            Float64MultiArray, t.command, lambda m: self.commands.append((time.monotonic(), np.array(m.data))), 10
+        )
         env = make("PushT", num_envs=1, seed=0)
         self.obs = env.reset(seed=0)[0]["state"][0]
         env.close()
@@ -54,8 +55,9 @@ class Robot(Node):
         self.state.publish(state or float_array_to_msg(self.obs))
 
 
-def run(executor: SingleThreadedExecutor, seconds: float, each: Callable[[], Any] | None = None,
-        period: float = 0.01) -> None:
+def run(
+    executor: SingleThreadedExecutor, seconds: float, each: Callable[[], Any] | None = None, period: float = 0.01
+) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         if each is not None:
@@ -147,8 +149,11 @@ def test_reset_is_refused_until_the_robot_topics_are_matched(ros: None, pusht_ex
         assert client.wait_for_service(timeout_sec=5.0)
         refused = call_reset(executor, client)
         assert not refused.success
-        for missing in (f"no publisher on {ROBOT.topics.joint_states}", f"no publisher on {ROBOT.topics.task_state}",
-                        f"no subscriber on {ROBOT.topics.command}"):
+        for missing in (
+            f"no publisher on {ROBOT.topics.joint_states}",
+            f"no publisher on {ROBOT.topics.task_state}",
+            f"no subscriber on {ROBOT.topics.command}",
+        ):
             assert missing in refused.message
         robot = Robot()  # the robot's driver comes up
         executor.add_node(robot)
@@ -214,8 +219,11 @@ def test_a_nan_policy_publishes_nothing(ros: None, nan_export: Path) -> None:
         assert deploy.safety.counters["rejected_nonfinite"] >= 10
 
 
-@pytest.mark.parametrize("options", [{"asynchronous": True, "delay_steps": 2}, {"ensemble_decay": 0.01}],
-                         ids=["asynchronous", "temporal-ensembling"])
+@pytest.mark.parametrize(
+    "options",
+    [{"asynchronous": True, "delay_steps": 2}, {"ensemble_decay": 0.01}],
+    ids=["asynchronous", "temporal-ensembling"],
+)
 def test_asynchronous_and_ensembled_execution_drive_the_robot(ros: None, pusht_export: Path, options: dict) -> None:
     with deployed(DeployConfig(policy=str(pusht_export), robot="sim_panda", **options)) as (deploy, robot, executor):
         end = time.monotonic() + 5.0  # ~1 s on an idle machine; a loaded CI machine may take longer
@@ -228,13 +236,15 @@ def test_asynchronous_and_ensembled_execution_drive_the_robot(ros: None, pusht_e
 
 joint_states = st.builds(
     lambda names, pos, vel: JointState(name=names, position=pos, velocity=vel),
-    st.one_of(st.just(list(ROBOT.joint_names)), st.lists(st.sampled_from([*ROBOT.joint_names, "finger", ""]),
-                                                             max_size=9)),
+    st.one_of(
+        st.just(list(ROBOT.joint_names)), st.lists(st.sampled_from([*ROBOT.joint_names, "finger", ""]), max_size=9)
+    ),
     st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=9),
     st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=9),
 )
 task_states = st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=40).map(
-    lambda x: Float64MultiArray(data=x))
+    lambda x: Float64MultiArray(data=x)
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -275,9 +285,11 @@ def test_the_policy_yields_while_the_operator_drives(nodes: Any) -> None:
 
 def test_the_robot_side_imports_no_torch_nor_training_code() -> None:
     """DESIGN: robotrl.hardware runs a policy through the runtime only; torch stays off the robot."""
-    code = ("import sys, robotrl.hardware.deploy, robotrl.hardware.sim_robot_node, robotrl.hardware.teleop_node, "
-            "robotrl.policies.runtime; print(sorted(m for m in sys.modules if m.startswith('robotrl.policies')), "
-            "'torch' in sys.modules)")
+    code = (
+        "import sys, robotrl.hardware.deploy, robotrl.hardware.sim_robot_node, robotrl.hardware.teleop_node, "
+        "robotrl.policies.runtime; print(sorted(m for m in sys.modules if m.startswith('robotrl.policies')), "
+        "'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["['robotrl.policies',", "'robotrl.policies.runtime']", "False"], out.stdout

@@ -68,8 +68,9 @@ def test_asynchronous_inference_never_stalls_the_loop_and_aligns_chunks() -> Non
         rolled.append(planned.copy())
         return {"x": history["x"] + planned[:, 0].sum()}
 
-    ex = ChunkExecutor(policy, ("x",), 1, ExecutionConfig(execute=4, asynchronous=True, delay_steps=delay_steps),
-                       roll_forward=roll)
+    ex = ChunkExecutor(
+        policy, ("x",), 1, ExecutionConfig(execute=4, asynchronous=True, delay_steps=delay_steps), roll_forward=roll
+    )
     actions, worst = [], 0.0
     requests: list[tuple[int, int]] = []  # (request step, start step) of every inference, in call order
     for t in range(40):
@@ -113,8 +114,9 @@ def test_asynchronous_chunks_start_exactly_delay_steps_after_their_request() -> 
     the three actions of chunk k - 1 that run meanwhile."""
     policy = Policy()
     roll = lambda history, planned: {"x": history["x"] + planned[:, 0].sum()}  # noqa: E731
-    ex = ChunkExecutor(policy, ("x",), 1, ExecutionConfig(execute=4, asynchronous=True, delay_steps=3),
-                       roll_forward=roll)
+    ex = ChunkExecutor(
+        policy, ("x",), 1, ExecutionConfig(execute=4, asynchronous=True, delay_steps=3), roll_forward=roll
+    )
     actions, requests = [], []
     for t in range(30):
         actions.append(ex.step({"x": np.array([100.0 * t])}))

@@ -45,9 +45,13 @@ def test_fifo_reaches_every_thread_and_reverts() -> None:
         worker.join()
     assert schedulers() == {"other"}
     assert make_realtime(0) == []  # off: nothing is touched
-    with pytest.raises(ValueError, match=r"realtime_priority: expected 0 \(off\) or a SCHED_FIFO priority in 1..99, got 100"):
+    with pytest.raises(
+        ValueError, match=r"realtime_priority: expected 0 \(off\) or a SCHED_FIFO priority in 1..99, got 100"
+    ):
         set_fifo(100)
-    with pytest.raises(ValueError, match=r"DeployConfig.realtime_priority: expected 0 \(off\) or a SCHED_FIFO priority"):
+    with pytest.raises(
+        ValueError, match=r"DeployConfig.realtime_priority: expected 0 \(off\) or a SCHED_FIFO priority"
+    ):
         DeployConfig(policy="p", realtime_priority=-1)
 
 

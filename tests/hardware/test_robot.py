@@ -67,21 +67,24 @@ def write(tmp_path: Path, data: Any) -> Path:
     return path
 
 
-@pytest.mark.parametrize("edit, match", [
-    (lambda d: d.pop("joint_names"), "missing field 'joint_names'"),
-    (lambda d: d.update(joint_name=[]), r"unknown field\(s\) \['joint_name'\]"),
-    (lambda d: d["limits"].update(velocity=[1.0] * 6), r"limits.velocity: expected a list of 7 numbers"),
-    (lambda d: d["limits"].update(acceleration=[1.0] * 6 + [0.0]), "limits.acceleration: expected positive"),
-    (lambda d: d["limits"]["lower"].__setitem__(3, 5.0), "expected lower < upper .* for 'joint4'"),
-    (lambda d: d["limits"]["upper"].__setitem__(0, float("nan")), r"limits.upper\[0\]: expected a finite number"),
-    (lambda d: d.update(command_type="twist"), "command_type: expected one of"),
-    (lambda d: d["topics"].update(command="joint_command"), "topics.command: expected an absolute topic name"),
-    (lambda d: d["topics"]["images"].update(image_top=3), "topics.images.image_top: expected an absolute topic"),
-    (lambda d: d.update(control_hz=0), "control_hz: expected a positive number, got 0"),
-    (lambda d: d["workspace"].update(upper=[0.1, 0.5, 0.7]), "workspace: expected lower < upper on every axis"),
-    (lambda d: d.update(kinematics="none"), "workspace: needs kinematics"),
-    (lambda d: d.update(joint_names=["a"] * 7), "expected distinct names"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d.pop("joint_names"), "missing field 'joint_names'"),
+        (lambda d: d.update(joint_name=[]), r"unknown field\(s\) \['joint_name'\]"),
+        (lambda d: d["limits"].update(velocity=[1.0] * 6), r"limits.velocity: expected a list of 7 numbers"),
+        (lambda d: d["limits"].update(acceleration=[1.0] * 6 + [0.0]), "limits.acceleration: expected positive"),
+        (lambda d: d["limits"]["lower"].__setitem__(3, 5.0), "expected lower < upper .* for 'joint4'"),
+        (lambda d: d["limits"]["upper"].__setitem__(0, float("nan")), r"limits.upper\[0\]: expected a finite number"),
+        (lambda d: d.update(command_type="twist"), "command_type: expected one of"),
+        (lambda d: d["topics"].update(command="joint_command"), "topics.command: expected an absolute topic name"),
+        (lambda d: d["topics"]["images"].update(image_top=3), "topics.images.image_top: expected an absolute topic"),
+        (lambda d: d.update(control_hz=0), "control_hz: expected a positive number, got 0"),
+        (lambda d: d["workspace"].update(upper=[0.1, 0.5, 0.7]), "workspace: expected lower < upper on every axis"),
+        (lambda d: d.update(kinematics="none"), "workspace: needs kinematics"),
+        (lambda d: d.update(joint_names=["a"] * 7), "expected distinct names"),
+    ],
+)
 def test_broken_files_are_refused(tmp_path: Path, edit: Any, match: str) -> None:
     data = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
     edit(data)

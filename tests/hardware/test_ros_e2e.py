@@ -46,8 +46,9 @@ def stop_nodes(procs: dict[str, subprocess.Popen], tmp_path: Path) -> None:
         assert "Traceback" not in text, f"{key} crashed:\n{text}"
 
 
-def start_lockstep(tmp_path: Path, robot_name: str, task: str, options: dict,
-                   policy: Path) -> dict[str, subprocess.Popen]:
+def start_lockstep(
+    tmp_path: Path, robot_name: str, task: str, options: dict, policy: Path
+) -> dict[str, subprocess.Popen]:
     """The sim robot in lockstep and the deploy node stepping on its observations, seeded alike, on a robot file
     with its motion limits out of the policy's way (the in-process env has none) and the wall clock out of the
     lockstep: no observation set counts as stale and the sim robot waits for every command (with the sim robot's
@@ -59,12 +60,26 @@ def start_lockstep(tmp_path: Path, robot_name: str, task: str, options: dict,
     robot["max_obs_age"] = 60.0
     path = tmp_path / "robot.yaml"
     path.write_text(yaml.safe_dump(robot))
-    return start_nodes(tmp_path, {
-        "sim_robot": {"robot": str(path), "task": task, "task_options": json.dumps(options), "lockstep": True,
-                      "lockstep_timeout": 60.0, "seed": SEED},
-        "deploy": {"robot": str(path), "policy": str(policy), "trigger": "observation", "seed": SEED,
-                   "wait_for_reset": True},
-    })
+    return start_nodes(
+        tmp_path,
+        {
+            "sim_robot": {
+                "robot": str(path),
+                "task": task,
+                "task_options": json.dumps(options),
+                "lockstep": True,
+                "lockstep_timeout": 60.0,
+                "seed": SEED,
+            },
+            "deploy": {
+                "robot": str(path),
+                "policy": str(policy),
+                "trigger": "observation",
+                "seed": SEED,
+                "wait_for_reset": True,
+            },
+        },
+    )
 
 
 @pytest.fixture
@@ -118,8 +133,9 @@ def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, pol
     assert len(set(np.round(over_ros.returns, 6))) == EPISODES  # three different episodes, not one replayed
 
 
-def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(pickplace_vla_export: Path,
-                                                                             tmp_path: Path, ros_domain: None) -> None:
+def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(
+    pickplace_vla_export: Path, tmp_path: Path, ros_domain: None
+) -> None:
     """PickPlace through `sim_panda_hand`: the arm's seven joints and the two fingers in one command, the
     instruction from the sim robot with every step; in lockstep the language-conditioned policy's episodes over
     ROS 2 are the in-process ones, the instruction and the gripper included."""
@@ -144,8 +160,9 @@ def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(pick
     assert over_ros.returns[0] != over_ros.returns[1]
 
 
-def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(pusht_export: Path, tmp_path: Path,
-                                                                           ros_domain: None) -> None:
+def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(
+    pusht_export: Path, tmp_path: Path, ros_domain: None
+) -> None:
     """Real time, the arm's real limits: the robot process dies (SIGKILL, no goodbye); the deploy node's commands
     become one constant hold no later than max_obs_age + one control period after the last joint state."""
     robot = RobotConfig.load("sim_panda")
@@ -153,8 +170,10 @@ def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(push
     node = rclpy.create_node("watcher")
     commands: list[tuple[float, np.ndarray]] = []
     last_state = [0.0]
-    node.create_subscription(Float64MultiArray, robot.topics.command,
-                             lambda m: commands.append((time.monotonic(), np.array(m.data))), 100)
+    node.create_subscription(
+        Float64MultiArray, robot.topics.command, lambda m: commands.append((time.monotonic(), np.array(m.data))), 100
+    )
+
     def on_joint_state(msg: JointState) -> None:
         last_state[0] = time.monotonic()
 
@@ -173,8 +192,9 @@ def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(push
         hold = after[-1][1]
         first_hold = next(t for t, q in after if np.array_equal(q, hold))
         assert all(np.array_equal(q, hold) for t, q in after if t >= first_hold)
-        assert first_hold - last_state[0] <= robot.max_obs_age + 1.0 / robot.control_hz + 0.03, \
-            (first_hold - last_state[0])
+        assert first_hold - last_state[0] <= robot.max_obs_age + 1.0 / robot.control_hz + 0.03, (
+            first_hold - last_state[0]
+        )
         assert procs["deploy"].poll() is None  # and it keeps running
     finally:
         node.destroy_node()
@@ -184,8 +204,13 @@ def test_killing_the_sim_robot_makes_the_deploy_node_hold_within_one_period(push
 def test_ros_eval_command_line(nodes: dict, policy_and_options: tuple) -> None:
     """`python -m robotrl.hardware.ros_eval`: the success rate over the running nodes, as a JSON line."""
     env = {**os.environ, "ROS_DOMAIN_ID": str(DOMAIN)}
-    out = subprocess.run([sys.executable, "-m", "robotrl.hardware.ros_eval", "--episodes", "2", "--seed", str(SEED)],
-                         capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "robotrl.hardware.ros_eval", "--episodes", "2", "--seed", str(SEED)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     in_process = in_process_episodes(*policy_and_options, 2)

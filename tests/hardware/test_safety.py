@@ -46,13 +46,16 @@ def test_home_is_inside_the_workspace_and_passes() -> None:
     assert f.counters["published"] == 1 and f.state is SafetyState.ARMED
 
 
-@pytest.mark.parametrize("bad, counter", [
-    (np.full(7, np.nan), "rejected_nonfinite"),
-    (np.r_[HOME[:6], np.inf], "rejected_nonfinite"),
-    (np.zeros(6), "rejected_shape"),
-    ("joint1", "rejected_shape"),
-    (None, "held_no_target"),
-])
+@pytest.mark.parametrize(
+    "bad, counter",
+    [
+        (np.full(7, np.nan), "rejected_nonfinite"),
+        (np.r_[HOME[:6], np.inf], "rejected_nonfinite"),
+        (np.zeros(6), "rejected_shape"),
+        ("joint1", "rejected_shape"),
+        (None, "held_no_target"),
+    ],
+)
 def test_bad_commands_never_reach_the_wire(bad: object, counter: str) -> None:
     """NaN/inf and wrong sizes publish nothing (the driver keeps its last target); no target at all holds."""
     f = armed()

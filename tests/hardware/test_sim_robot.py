@@ -223,8 +223,9 @@ def test_arm_targets_clip_the_action_like_the_vector_env(robot: RobotConfig) -> 
     s = sim(robot, seed=0)
     np.testing.assert_array_equal(s.arm_targets(np.array([5.0, -5.0])), s.arm_targets(np.array([1.0, -1.0])))
     joint = sim(robot, seed=0, task_options={"action_mode": "joint_pos"})
-    np.testing.assert_allclose(joint.arm_targets(np.zeros(7)), np.mean(np.stack([robot.lower(), robot.upper()]), 0),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        joint.arm_targets(np.zeros(7)), np.mean(np.stack([robot.lower(), robot.upper()]), 0), atol=1e-12
+    )
 
 
 def test_images_match_the_vector_env(robot: RobotConfig) -> None:

@@ -53,8 +53,9 @@ def test_a_late_subscriber_hears_the_waiting_observation_once(lockstep_sim: tupl
     executor.spin_once(timeout_sec=0.1)  # the start-up set went out before anyone listened
     late = Listener("late_listener")
     executor.add_node(late)
-    assert spin_until(executor, lambda: late.joint_states and late.states, 10.0), \
+    assert spin_until(executor, lambda: late.joint_states and late.states, 10.0), (
         "a subscriber matched after the observation went out never heard it: a lockstep episode would stall"
+    )
     spin_until(executor, lambda: False, 0.5)  # watchdog periods pass: nothing is repeated a second time
     assert len(late.joint_states) == 1 and len(late.states) == 1
     assert late.status is not None and late.status["step"] == 0  # nothing stepped the sim

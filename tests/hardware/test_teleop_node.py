@@ -49,8 +49,9 @@ class Harness(Node):
         self.states: set[bytes] = set()
         self.commands: list[np.ndarray] = []
         self.intervention: list[bool] = []
-        self.create_subscription(Float64MultiArray, t.task_state,
-                                 lambda m: self.states.add(np.asarray(m.data, np.float32).tobytes()), 100)
+        self.create_subscription(
+            Float64MultiArray, t.task_state, lambda m: self.states.add(np.asarray(m.data, np.float32).tobytes()), 100
+        )
         self.create_subscription(Float64MultiArray, t.command, lambda m: self.commands.append(np.array(m.data)), 100)
         self.create_subscription(Bool, INTERVENTION_TOPIC, lambda m: self.intervention.append(m.data), 100)
         self.policy = self.create_publisher(Float64MultiArray, POLICY_TOPIC, 10)
@@ -83,9 +84,16 @@ def ros43() -> Iterator[None]:
 def record(tmp_path: Path, **overrides: Any) -> tuple[TeleopNode, Harness, EpisodeStore]:
     """Run the sim robot (real time), the teleop node and the harness in one executor until the node is done."""
     sim = SimRobotNode(SimRobotNodeConfig(task_options=OPTIONS))
-    config = TeleopNodeConfig(robot="sim_panda", task="PushT", task_options=OPTIONS, store=str(tmp_path / "t.zarr"),
-                              device="scripted", max_obs_age=0.25, reset_service="/robotrl_sim_robot/reset",
-                              **overrides)
+    config = TeleopNodeConfig(
+        robot="sim_panda",
+        task="PushT",
+        task_options=OPTIONS,
+        store=str(tmp_path / "t.zarr"),
+        device="scripted",
+        max_obs_age=0.25,
+        reset_service="/robotrl_sim_robot/reset",
+        **overrides,
+    )
     teleop = TeleopNode(config)
     harness = Harness()
     executor = SingleThreadedExecutor()
@@ -139,8 +147,9 @@ def test_teleop_records_episodes_of_the_sim_robot(ros43: None, tmp_path: Path) -
 
 
 def test_intervention_mode_records_the_policy_unless_the_operator_takes_over(ros43: None, tmp_path: Path) -> None:
-    teleop, harness, store = record(tmp_path, episodes=1, policy_topic=POLICY_TOPIC,
-                                    device_options=json.dumps({"interventions": [[8, 20]]}))
+    teleop, harness, store = record(
+        tmp_path, episodes=1, policy_topic=POLICY_TOPIC, device_options=json.dumps({"interventions": [[8, 20]]})
+    )
     assert store.num_episodes == 1
     episode = store.episode(0)
     flags, actions = episode.data["intervention"], episode.data["action"]
@@ -179,18 +188,30 @@ def _ros_args(params: dict[str, Any]) -> list[str]:
 
 def test_killing_the_node_mid_episode_keeps_the_saved_episodes(tmp_path: Path) -> None:
     path = tmp_path / "killed.zarr"
-    params = {"robot": "sim_panda", "task": "PushT", "task_options": OPTIONS, "store": str(path),
-              "device": "scripted", "max_obs_age": 0.25, "reset_service": "/robotrl_sim_robot/reset"}
+    params = {
+        "robot": "sim_panda",
+        "task": "PushT",
+        "task_options": OPTIONS,
+        "store": str(path),
+        "device": "scripted",
+        "max_obs_age": 0.25,
+        "reset_service": "/robotrl_sim_robot/reset",
+    }
     env = {**os.environ, "ROS_DOMAIN_ID": str(KILL_DOMAIN)}
     log = open(tmp_path / "teleop.log", "w")  # noqa: SIM115 -- the node's output for its whole run
-    proc = subprocess.Popen([sys.executable, "-m", "robotrl.hardware.teleop_node", *_ros_args(params)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "robotrl.hardware.teleop_node", *_ros_args(params)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     rclpy.init(domain_id=KILL_DOMAIN)
     sim = SimRobotNode(SimRobotNodeConfig(task_options=OPTIONS))
     executor = SingleThreadedExecutor()
     executor.add_node(sim)
     saved: dict[str, np.ndarray] = {}
     try:
+
         def one_saved() -> bool:
             if proc.poll() is not None or not (path / "zarr.json").exists():
                 return proc.poll() is not None

@@ -34,10 +34,22 @@ def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> BCConfig:
-    base = BCConfig(store=store, policy=FlowConfig(channels=(32, 64), action_horizon=8), steps=40, batch_size=32,
-                    warmup=10, ema=0.99, execute=4, lr=3e-4, eval_episodes=0, run_dir=run_dir, progress=False,
-                    checkpoint_every=20, log_every=10,
-                    threads=1)  # a second torch thread only spins on a shared 2-core machine (10x slower under load)
+    base = BCConfig(
+        store=store,
+        policy=FlowConfig(channels=(32, 64), action_horizon=8),
+        steps=40,
+        batch_size=32,
+        warmup=10,
+        ema=0.99,
+        execute=4,
+        lr=3e-4,
+        eval_episodes=0,
+        run_dir=run_dir,
+        progress=False,
+        checkpoint_every=20,
+        log_every=10,
+        threads=1,
+    )  # a second torch thread only spins on a shared 2-core machine (10x slower under load)
     return replace(base, **overrides)
 
 
@@ -45,16 +57,27 @@ def small(store: Path, run_dir: Path, **overrides: object) -> BCConfig:
 def reach_teacher(reach_demos: Path, tmp_path_factory: pytest.TempPathFactory, learning_seed: int) -> BCResult:
     """Flow BC on the 40 Reach demos: 1,000 steps of 64 windows, evaluated over 100 held-out episodes (25 envs)."""
     run_dir = tmp_path_factory.mktemp("bc") / "teacher"
-    return train(small(reach_demos, run_dir, steps=1000, batch_size=64, checkpoint_every=500, eval_episodes=100,
-                       eval_envs=25, seed=learning_seed))
+    return train(
+        small(
+            reach_demos,
+            run_dir,
+            steps=1000,
+            batch_size=64,
+            checkpoint_every=500,
+            eval_episodes=100,
+            eval_envs=25,
+            seed=learning_seed,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def reach_random_success() -> float:
     env = make("Reach", num_envs=25, seed=HELD_OUT_SEED)
     rng = np.random.default_rng(0)
-    return run_episodes(env, lambda obs: rng.uniform(-1, 1, (25, 3)).astype(np.float32), 100,
-                        seed=HELD_OUT_SEED).success_rate
+    return run_episodes(
+        env, lambda obs: rng.uniform(-1, 1, (25, 3)).astype(np.float32), 100, seed=HELD_OUT_SEED
+    ).success_rate
 
 
 @pytest.mark.learning
@@ -77,31 +100,78 @@ def test_flow_bc_learns_reach(reach_teacher: BCResult, reach_random_success: flo
 
 
 @pytest.mark.learning
-def test_one_step_student_is_within_two_points_of_its_teacher(reach_teacher: BCResult, reach_demos: Path,
-                                                              tmp_path: Path, claim, learning_seed: int) -> None:
+def test_one_step_student_is_within_two_points_of_its_teacher(
+    reach_teacher: BCResult, reach_demos: Path, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """The one-step consistency student distilled from the Reach flow teacher (300 steps on the teacher's demos)
     succeeds within 2 points of it on the same 100 held-out episodes (same seeds, same noise), the claim the
     pipeline's last stage rests on; its spread over seeds 0-4 is in bench/RESULTS.md, "Learning tests"."""
     from robotrl.stages.distill import DistillConfig, distill
 
-    student = distill(DistillConfig(teacher=reach_teacher.checkpoint, store=reach_demos, steps=300, batch_size=64,
-                                    warmup=20, ema=0.99, execute=4, eval_episodes=0, run_dir=tmp_path / "distill",
-                                    progress=False, threads=1, seed=learning_seed))
+    student = distill(
+        DistillConfig(
+            teacher=reach_teacher.checkpoint,
+            store=reach_demos,
+            steps=300,
+            batch_size=64,
+            warmup=20,
+            ema=0.99,
+            execute=4,
+            eval_episodes=0,
+            run_dir=tmp_path / "distill",
+            progress=False,
+            threads=1,
+            seed=learning_seed,
+        )
+    )
     assert load(student).name == "consistency"
     rate = evaluate_policy(load(student), 100, 25, execute=4).success_rate
     assert reach_teacher.success_rate is not None
-    claim("student - teacher", abs(rate - reach_teacher.success_rate), upper=0.02, teacher=reach_teacher.success_rate,
-          student=rate)
+    claim(
+        "student - teacher",
+        abs(rate - reach_teacher.success_rate),
+        upper=0.02,
+        teacher=reach_teacher.success_rate,
+        student=rate,
+    )
 
 
 def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_after_first_train_state) -> None:
     """`robotrl train bc` is SIGKILLed after its first checkpoint; `--resume` must end with the very weights of
     a run that was never stopped (same batches, noise, schedule and EMA)."""
     cfg = small(reach_demos, tmp_path / "killed", steps=60, checkpoint_every=10)
-    args = [str(ROBOTRL), "train", "bc", "--store", str(reach_demos), "--steps", "60", "--batch-size", "32",
-            "--warmup", "10", "--ema", "0.99", "--lr", "3e-4", "--eval-episodes", "0", "--run-dir", str(cfg.run_dir),
-            "--checkpoint-every", "10", "--no-progress",
-            "--threads", "1", "policy:flow", "--policy.channels", "32", "64", "--policy.action-horizon", "8"]
+    args = [
+        str(ROBOTRL),
+        "train",
+        "bc",
+        "--store",
+        str(reach_demos),
+        "--steps",
+        "60",
+        "--batch-size",
+        "32",
+        "--warmup",
+        "10",
+        "--ema",
+        "0.99",
+        "--lr",
+        "3e-4",
+        "--eval-episodes",
+        "0",
+        "--run-dir",
+        str(cfg.run_dir),
+        "--checkpoint-every",
+        "10",
+        "--no-progress",
+        "--threads",
+        "1",
+        "policy:flow",
+        "--policy.channels",
+        "32",
+        "64",
+        "--policy.action-horizon",
+        "8",
+    ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 10 <= step < 60, step
     resumed = train(replace(cfg, resume=True))
@@ -117,7 +187,9 @@ def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
 
     failed = tmp_path / "failed.zarr"  # two-step episodes: the expert cannot reach the goal
     record_expert(failed, "Reach", episodes=4, num_envs=4, noise=0.0, progress=False, episode_steps=2).close()
-    with pytest.raises(ValueError, match=r"BCConfig.success_only: expected a store with successful episodes, got none of 4"):
+    with pytest.raises(
+        ValueError, match=r"BCConfig.success_only: expected a store with successful episodes, got none of 4"
+    ):
         train(small(failed, tmp_path / "none", steps=5, success_only=True))
     mixed = tmp_path / "mixed.zarr"  # eight-step episodes of a noisy expert: some reach the goal, some do not
     store = record_expert(mixed, "Reach", episodes=8, num_envs=4, noise=0.5, progress=False, episode_steps=8)
@@ -129,18 +201,24 @@ def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
 
 def test_a_device_this_machine_lacks_is_refused_at_construction(reach_demos: Path, tmp_path: Path) -> None:
     """`--device cuda` on a machine without a GPU fails before the store is opened, naming the field."""
-    with pytest.raises(ValueError, match=r"BCConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu0'"):
+    with pytest.raises(
+        ValueError, match=r"BCConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu0'"
+    ):
         small(reach_demos, tmp_path / "run", device="gpu0")
     missing = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
-    with pytest.raises(ValueError, match=rf"BCConfig.device: expected a (device this machine has|GPU index below \d+), "
-                                         rf"got '{missing}'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"BCConfig.device: expected a (device this machine has|GPU index below \d+), "
+        rf"got '{missing}'",
+    ):
         small(reach_demos, tmp_path / "run", device=missing)
     assert not (tmp_path / "run").exists()
 
 
 def test_diffusion_trains_and_round_trips(reach_demos: Path, tmp_path: Path) -> None:
-    result = train(small(reach_demos, tmp_path / "diff", policy=DiffusionConfig(channels=(32, 64), action_horizon=8),
-                         steps=30))
+    result = train(
+        small(reach_demos, tmp_path / "diff", policy=DiffusionConfig(channels=(32, 64), action_horizon=8), steps=30)
+    )
     policy = load(result.checkpoint)
     obs = {"state": np.zeros((3, 2, 23), np.float32)}
     again = load(result.checkpoint)
@@ -172,7 +250,9 @@ def test_bad_checkpoints_and_specs_are_refused(reach_demos: Path, tmp_path: Path
     (bad / "manifest.json").write_text(json.dumps({**manifest, "policy": "transformer"}))
     with pytest.raises(CheckpointError, match="policy: expected one of .*got 'transformer'"):
         load(bad)
-    (bad / "manifest.json").write_text(json.dumps({**manifest, "config": {**manifest["config"], "channels": [64, 128]}}))
+    (bad / "manifest.json").write_text(
+        json.dumps({**manifest, "config": {**manifest["config"], "channels": [64, 128]}})
+    )
     with pytest.raises(CheckpointError, match="weights do not fit"):
         load(bad)
     (bad / "manifest.json").write_text(json.dumps({**manifest, "config": {**manifest["config"], "depth": 3}}))

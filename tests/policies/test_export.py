@@ -36,8 +36,9 @@ TOLERANCE = {"onnx": 1e-4, "torchscript": 1e-5}
 
 def trained(policy: Policy, store: EpisodeStore, steps: int = 10) -> Policy:
     """A few Adam steps on real windows, so the weights are not their initialization."""
-    sampler = SequenceSampler.from_store(store, SequenceConfig(obs_horizon=policy.config.obs_horizon,
-                                                                action_horizon=policy.config.action_horizon))
+    sampler = SequenceSampler.from_store(
+        store, SequenceConfig(obs_horizon=policy.config.obs_horizon, action_horizon=policy.config.action_horizon)
+    )
     rng = np.random.default_rng(0)
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     torch.manual_seed(0)
@@ -71,8 +72,9 @@ def policies(pusht: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> d
     torch.manual_seed(0)  # initial weights independent of which tests ran before in this process
     for name, policy in {
         "flow": FlowPolicy(pusht.spec, FlowConfig(channels=(32, 64), steps=10, solver="euler"), pusht.stats()),
-        "diffusion": DiffusionPolicy(pusht.spec, DiffusionConfig(channels=(32, 64), sampler="ddim", steps=10),
-                                     pusht.stats()),
+        "diffusion": DiffusionPolicy(
+            pusht.spec, DiffusionConfig(channels=(32, 64), sampler="ddim", steps=10), pusht.stats()
+        ),
     }.items():
         policy = trained(policy, pusht)
         out[name] = (policy, policy.save(root / name))
@@ -80,7 +82,9 @@ def policies(pusht: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> d
 
 
 @pytest.fixture(scope="module")
-def exports(policies: dict[str, tuple[Policy, Path]], tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
+def exports(
+    policies: dict[str, tuple[Policy, Path]], tmp_path_factory: pytest.TempPathFactory
+) -> dict[tuple[str, str], Path]:
     """Every (policy, format) exported once: ONNX from the checkpoint directory, TorchScript from the object."""
     root = tmp_path_factory.mktemp("exports")
     out = {}
@@ -108,8 +112,9 @@ def seeded_act(policy: Policy, obs: dict[str, Any], seed: int) -> tuple[np.ndarr
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 @pytest.mark.parametrize("name", ["flow", "diffusion"])
-def test_export_reproduces_the_torch_policy(name: str, fmt: str, policies: dict, exports: dict,
-                                            obs: dict[str, np.ndarray]) -> None:
+def test_export_reproduces_the_torch_policy(
+    name: str, fmt: str, policies: dict, exports: dict, obs: dict[str, np.ndarray]
+) -> None:
     policy, ckpt = policies[name]
     out = exports[(name, fmt)]
     rt = runtime.load(out, spec=policy.spec)
@@ -134,8 +139,10 @@ def test_export_reproduces_the_torch_policy(name: str, fmt: str, policies: dict,
     file = out / ("policy.onnx" if fmt == "onnx" else "policy.pt")
     assert info["file"] == file.name and manifest["weights_sha256"] == sha256(file)
     assert info["format"] == fmt and info["opset"] == (17 if fmt == "onnx" else None) and info["steps"] == 10
-    assert info["inputs"] == [{"name": "state", "shape": ["batch", 2, 34], "dtype": "float32", "role": "observation"},
-                              {"name": "noise", "shape": ["batch", 16, 2], "dtype": "float32", "role": "noise"}]
+    assert info["inputs"] == [
+        {"name": "state", "shape": ["batch", 2, 34], "dtype": "float32", "role": "observation"},
+        {"name": "noise", "shape": ["batch", 16, 2], "dtype": "float32", "role": "noise"},
+    ]
     assert info["outputs"][0]["shape"] == ["batch", 16, 2] and info["noise"]["input"] == "noise"
     assert info["deterministic"] and info["verified_max_abs_error"] <= tolerance(policy, fmt)
     assert info["tolerance"] == (1e-3 if name == "diffusion" else 1e-4)
@@ -144,15 +151,27 @@ def test_export_reproduces_the_torch_policy(name: str, fmt: str, policies: dict,
 
 
 def test_image_policy_takes_uint8_images(tmp_path: Path) -> None:
-    store = record_expert(tmp_path / "img.zarr", "PushT", episodes=2, num_envs=2, episode_steps=20, progress=False,
-                          images=True, image_size=32)
+    store = record_expert(
+        tmp_path / "img.zarr",
+        "PushT",
+        episodes=2,
+        num_envs=2,
+        episode_steps=20,
+        progress=False,
+        images=True,
+        image_size=32,
+    )
     hidden = ("block_pose", "block_vel", "pose_error", "tool_in_block", "coverage")  # the image must tell these
-    policy = FlowPolicy(store.spec, FlowConfig(channels=(32, 64), steps=3, action_horizon=8, state_mask_fields=hidden),
-                        store.stats()).eval()
+    policy = FlowPolicy(
+        store.spec, FlowConfig(channels=(32, 64), steps=3, action_horizon=8, state_mask_fields=hidden), store.stats()
+    ).eval()
     out = export(policy, tmp_path / "onnx")
     rt = runtime.load(out)
-    assert [(i["name"], i["dtype"]) for i in rt.manifest["export"]["inputs"]] == \
-        [("state", "float32"), ("image_top", "uint8"), ("noise", "float32")]
+    assert [(i["name"], i["dtype"]) for i in rt.manifest["export"]["inputs"]] == [
+        ("state", "float32"),
+        ("image_top", "uint8"),
+        ("noise", "float32"),
+    ]
     obs = SequenceSampler.from_store(store, SequenceConfig(action_horizon=8)).sample(3, np.random.default_rng(0))["obs"]
     assert obs["image_top"].dtype == np.uint8 and obs["image_top"].shape == (3, 2, 32, 32, 3)
     expected, noise = seeded_act(policy, obs, 0)
@@ -229,7 +248,9 @@ def test_runtime_checks_observations(exports: dict, obs: dict[str, np.ndarray]) 
         rt.act({"state": np.concatenate([obs["state"], obs["state"][:, :1]], axis=1)})
     bad = obs["state"].copy()
     bad[2, 1, 7] = np.nan
-    with pytest.raises(SpecMismatchError, match=r"'state': expected finite values, got 1 NaN/inf \(first at index \(2, 1, 7\)"):
+    with pytest.raises(
+        SpecMismatchError, match=r"'state': expected finite values, got 1 NaN/inf \(first at index \(2, 1, 7\)"
+    ):
         rt.act({"state": bad})
     with pytest.raises(SpecMismatchError, match=r"noise: expected shape \(5, 16, 2\), got \(5, 8, 2\)"):
         rt.act(obs, noise=np.zeros((5, 8, 2), np.float32))
@@ -260,8 +281,9 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-def test_noise_prior_and_residual_are_inside_the_exported_graph(policies: dict, obs: dict[str, np.ndarray],
-                                                                tmp_path: Path, add_moved_heads) -> None:
+def test_noise_prior_and_residual_are_inside_the_exported_graph(
+    policies: dict, obs: dict[str, np.ndarray], tmp_path: Path, add_moved_heads
+) -> None:
     """A policy steered by a learned noise prior and corrected by a chunk residual (online RL's `latent` and
     `residual` methods) exports with both in the graph: the runtime feeds standard-normal noise, the graph moves it
     to the prior's x_0 and draws the correction from the rows after it, and the chunk is the torch policy's for
@@ -281,8 +303,9 @@ def test_noise_prior_and_residual_are_inside_the_exported_graph(policies: dict, 
 
 
 def test_stochastic_sampler_exports_marked_non_deterministic(pusht: EpisodeStore, obs: dict, tmp_path: Path) -> None:
-    policy = DiffusionPolicy(pusht.spec, DiffusionConfig(channels=(32, 64), sampler="ddpm", train_steps=8, steps=8),
-                             pusht.stats()).eval()
+    policy = DiffusionPolicy(
+        pusht.spec, DiffusionConfig(channels=(32, 64), sampler="ddpm", train_steps=8, steps=8), pusht.stats()
+    ).eval()
     rt = runtime.load(export(policy, tmp_path / "ddpm"))
     assert not rt.deterministic and rt.manifest["export"]["verified_max_abs_error"] is None
     noise = np.random.default_rng(0).standard_normal((5, 16, 2), dtype=np.float32)

@@ -11,7 +11,9 @@ from robotrl.policies.gaussian import TanhGaussianActor
 
 def test_log_prob_matches_torch_transformed_distribution() -> None:
     torch.manual_seed(0)
-    actor = TanhGaussianActor(5, 3, hidden=(32, 32), low=torch.tensor([-1.0, 0.0, -2.0]), high=torch.tensor([1.0, 2.0, 0.0]))
+    actor = TanhGaussianActor(
+        5, 3, hidden=(32, 32), low=torch.tensor([-1.0, 0.0, -2.0]), high=torch.tensor([1.0, 2.0, 0.0])
+    )
     obs = torch.randn(64, 5)
     action, log_prob = actor(obs)
     mean, std = actor.distribution(obs)
@@ -31,4 +33,6 @@ def test_gradients_flow_through_samples_and_deterministic_is_the_mean() -> None:
     det, _ = actor(obs, deterministic=True)
     torch.testing.assert_close(det, torch.tanh(actor.distribution(obs)[0]))
     _, std = actor.distribution(obs * 1e3)  # extreme inputs: std stays within the clamp
-    assert torch.all(std >= torch.exp(torch.tensor(-5.0)) - 1e-6) and torch.all(std <= torch.exp(torch.tensor(2.0)) + 1e-5)
+    assert torch.all(std >= torch.exp(torch.tensor(-5.0)) - 1e-6) and torch.all(
+        std <= torch.exp(torch.tensor(2.0)) + 1e-5
+    )

@@ -139,15 +139,26 @@ def test_boundary_condition_holds_for_any_weights(kind: str, store: EpisodeStore
         # and distillation from it runs: a finite loss with gradients
         loss = student.train().compute_distill_loss(windows, tutor, EMA(student, 0.95).model)
         loss.backward()
-        assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in student.parameters() if p.grad is not None)
+        assert torch.isfinite(loss) and all(
+            torch.isfinite(p.grad).all() for p in student.parameters() if p.grad is not None
+        )
 
 
-@pytest.mark.parametrize("channels, lr, prior", [(None, 1e-4, False), ((16, 32), 1e-3, False), ((16, 32), 1e-3, True)],
-                         ids=["teachers-net", "narrow", "narrow-steered-corrected"])
-def test_distillation_moves_the_one_step_output_to_the_teachers(teacher: FlowPolicy, teacher_dir: Path,
-                                                               sampler: SequenceSampler, windows: dict[str, Any],
-                                                               channels: tuple[int, ...] | None, lr: float,
-                                                               prior: bool, add_moved_heads) -> None:
+@pytest.mark.parametrize(
+    "channels, lr, prior",
+    [(None, 1e-4, False), ((16, 32), 1e-3, False), ((16, 32), 1e-3, True)],
+    ids=["teachers-net", "narrow", "narrow-steered-corrected"],
+)
+def test_distillation_moves_the_one_step_output_to_the_teachers(
+    teacher: FlowPolicy,
+    teacher_dir: Path,
+    sampler: SequenceSampler,
+    windows: dict[str, Any],
+    channels: tuple[int, ...] | None,
+    lr: float,
+    prior: bool,
+    add_moved_heads,
+) -> None:
     """The student that starts as the teacher, and a narrower one whose U-Net starts fresh (the faster student
     for deployment), both close most of the gap to the teacher's multi-step chunk. A teacher with a noise prior and
     a chunk residual (as online RL leaves it) hands the student both, which distillation leaves as they are: the
@@ -230,8 +241,9 @@ def test_meanflow_jvp_is_the_total_time_derivative(store: EpisodeStore, windows:
     assert float((dudt - fd).norm() / fd.norm()) < 1e-2
 
 
-def test_meanflow_trains_from_data_and_samples_in_one_call(store: EpisodeStore, sampler: SequenceSampler,
-                                                          windows: dict[str, Any]) -> None:
+def test_meanflow_trains_from_data_and_samples_in_one_call(
+    store: EpisodeStore, sampler: SequenceSampler, windows: dict[str, Any]
+) -> None:
     torch.manual_seed(0)
     policy = MeanFlowPolicy(store.spec, MeanFlowConfig(action_horizon=H, channels=CHANNELS), store.stats())
 
@@ -261,8 +273,9 @@ def test_meanflow_trains_from_data_and_samples_in_one_call(store: EpisodeStore, 
 # checkpoints
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["consistency", "meanflow"])
-def test_checkpoint_round_trip(kind: str, teacher: FlowPolicy, store: EpisodeStore, windows: dict[str, Any],
-                               tmp_path: Path) -> None:
+def test_checkpoint_round_trip(
+    kind: str, teacher: FlowPolicy, store: EpisodeStore, windows: dict[str, Any], tmp_path: Path
+) -> None:
     torch.manual_seed(0)
     if kind == "consistency":
         policy: GenerativePolicy = ConsistencyPolicy.from_teacher(teacher, teacher_steps=4, teacher_solver="heun")
@@ -292,9 +305,22 @@ def test_checkpoint_round_trip(kind: str, teacher: FlowPolicy, store: EpisodeSto
 # robotrl.stages.distill
 # ---------------------------------------------------------------------------------------------------
 def small(teacher_dir: Path, store: EpisodeStore, run_dir: Path, **overrides: Any) -> DistillConfig:
-    base = DistillConfig(teacher=teacher_dir, store=store.path, steps=12, batch_size=16, warmup=2, lr=3e-4, ema=0.9,
-                         gap_batch=16, eval_episodes=0, checkpoint_every=4, log_every=2, run_dir=run_dir,
-                         threads=1, progress=False)
+    base = DistillConfig(
+        teacher=teacher_dir,
+        store=store.path,
+        steps=12,
+        batch_size=16,
+        warmup=2,
+        lr=3e-4,
+        ema=0.9,
+        gap_batch=16,
+        eval_episodes=0,
+        checkpoint_every=4,
+        log_every=2,
+        run_dir=run_dir,
+        threads=1,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
@@ -335,7 +361,8 @@ def test_distill_end_to_end_and_exact_resume(teacher_dir: Path, store: EpisodeSt
 
 
 def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
-        teacher_dir: Path, store: EpisodeStore, sampler: SequenceSampler, tmp_path: Path) -> None:
+    teacher_dir: Path, store: EpisodeStore, sampler: SequenceSampler, tmp_path: Path
+) -> None:
     """Two DAgger rounds (steps 4 and 8 of 12): the student drives PushT, every window it acts on is stored with
     the teacher's chunk for it (the very chunk the teacher gives there from the round's seeded noise), later
     batches mix them in, and a run stopped between the rounds resumes to identical weights and labels."""
@@ -355,7 +382,7 @@ def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
 
     # the first pair of windows (the first decision of both envs) relabelled by the teacher from the same noise
     teacher = load(teacher_dir).eval()
-    first = {k[len("obs."):]: saved[k][:2] for k in saved.files if k.startswith("obs.")}
+    first = {k[len("obs.") :]: saved[k][:2] for k in saved.files if k.startswith("obs.")}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(ROLLOUT_SEED + 4)
         assert np.allclose(teacher.act(first), saved["action"][:2], atol=1e-5)
@@ -380,8 +407,9 @@ def test_dagger_rounds_train_on_the_teachers_labels_of_the_students_own_windows(
         small(teacher_dir, store, tmp_path / "bad", dagger_fraction=1.0)
 
 
-def test_gate_keeps_the_start_when_distillation_made_the_student_worse(reach_bc_flow: Path, flow_reach_demos: Path,
-                                                                       tmp_path: Path) -> None:
+def test_gate_keeps_the_start_when_distillation_made_the_student_worse(
+    reach_bc_flow: Path, flow_reach_demos: Path, tmp_path: Path
+) -> None:
     """A distillation wrecked by a far too high learning rate is caught: on the gate's training-seed episodes the
     student loses to its start (the ~50% Reach teacher's one-step Euler sampler), so the start is saved; a gentle
     run is judged by the same rule."""

@@ -128,7 +128,10 @@ def test_blockwise_causal_attention_matches_one_masked_sequence(store: EpisodeSt
         got = policy.net(x, t, policy.encoder(obs))
         prefix, expert = policy.encoder, policy.net
         p = prefix.tokens(obs)
-        a = expert.action_time(torch.cat([expert.action_in(x), expert.time(t)[:, None].expand(-1, 8, -1)], -1)) + expert.pos
+        a = (
+            expert.action_time(torch.cat([expert.action_in(x), expert.time(t)[:, None].expand(-1, 8, -1)], -1))
+            + expert.pos
+        )
         n = p.shape[1]
         mask = torch.ones(n + 8, n + 8, dtype=torch.bool)
         mask[:n, n:] = False  # the prefix never sees the actions
@@ -139,7 +142,11 @@ def test_blockwise_causal_attention_matches_one_masked_sequence(store: EpisodeSt
                 q = torch.cat([pb.attn.split(pb.attn.q(hp)), ab.attn.split(ab.attn.q(ha))], dim=2)
             else:  # the prefix's last layer: only its keys/values are ever read
                 q = torch.cat([torch.zeros_like(pb.attn.split(hp)), ab.attn.split(ab.attn.q(ha))], dim=2)
-            y = torch.nn.functional.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask).transpose(1, 2).flatten(2)
+            y = (
+                torch.nn.functional.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)
+                .transpose(1, 2)
+                .flatten(2)
+            )
             a = a + ab.attn.out(y[:, n:])
             a = a + ab.mlp(ab.norm2(a))
             if pb.full:
@@ -208,9 +215,11 @@ def test_instruction_steers_the_chunk(store: EpisodeStore) -> None:
     b = next(i for i in range(len(text)) if text[i] != text[a])
     wa = sampler.get(np.flatnonzero(sampler.ep_index == a)[::3][:8])
     wb = sampler.get(np.flatnonzero(sampler.ep_index == b)[15::3][:8])
-    batch = {"obs": {k: np.concatenate([v, v]) for k, v in wa["obs"].items()},
-             "action": np.concatenate([wa["action"], wb["action"]]),
-             "action_is_pad": np.concatenate([wa["action_is_pad"], wb["action_is_pad"]])}
+    batch = {
+        "obs": {k: np.concatenate([v, v]) for k, v in wa["obs"].items()},
+        "action": np.concatenate([wa["action"], wb["action"]]),
+        "action_is_pad": np.concatenate([wa["action_is_pad"], wb["action_is_pad"]]),
+    }
     batch["obs"]["instruction"] = np.array([text[a]] * 8 + [text[b]] * 8, dtype=object)
     torch.manual_seed(0)
     policy = VLAPolicy(store.spec, config, store.stats())
@@ -254,8 +263,9 @@ def test_instruction_and_shapes_are_checked(store: EpisodeStore) -> None:
     torch.manual_seed(0)
     emb = language_encoder()(batch["obs"]["instruction"]).numpy()
     np.testing.assert_array_equal(policy.act({**obs, "instruction": emb}), from_text)
-    no_text = dataclasses.replace(store.spec, observations={k: v for k, v in store.spec.observations.items()
-                                                            if k != "instruction"})
+    no_text = dataclasses.replace(
+        store.spec, observations={k: v for k, v in store.spec.observations.items() if k != "instruction"}
+    )
     with pytest.raises(SpecMismatchError, match="string observation 'instruction'"):
         VLAPolicy(no_text, VLAConfig(**SMALL))
 
@@ -277,7 +287,9 @@ def test_masked_state_fields_do_not_reach_the_policy(store: EpisodeStore) -> Non
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-def test_export_takes_the_instruction_embedding_and_matches_torch(store: EpisodeStore, tmp_path: Path, fmt: str) -> None:
+def test_export_takes_the_instruction_embedding_and_matches_torch(
+    store: EpisodeStore, tmp_path: Path, fmt: str
+) -> None:
     """The exported graph takes the frozen embedding as an input; the runtime encodes the instruction strings with
     the encoder the manifest names, and reproduces the torch policy given the same noise."""
     from robotrl.policies import runtime
@@ -291,8 +303,15 @@ def test_export_takes_the_instruction_embedding_and_matches_torch(store: Episode
     out = export(policy.save(tmp_path / "vla"), tmp_path / f"vla-{fmt}", fmt)
     manifest = json.loads((out / "manifest.json").read_text())
     text = [i for i in manifest["export"]["inputs"] if i["name"] == "instruction"]
-    assert text == [{"name": "instruction", "shape": ["batch", 384], "dtype": "float32", "role": "text_embedding",
-                     "encoder": "sentence-transformers/all-MiniLM-L6-v2"}]
+    assert text == [
+        {
+            "name": "instruction",
+            "shape": ["batch", 384],
+            "dtype": "float32",
+            "role": "text_embedding",
+            "encoder": "sentence-transformers/all-MiniLM-L6-v2",
+        }
+    ]
     assert manifest["export"]["verified_max_abs_error"] <= 1e-4
 
     rt = runtime.load(out, spec=store.spec, threads=1)
@@ -357,17 +376,27 @@ def test_patch_pooling_is_torch_adaptive_average_pooling(size: int, grid: int) -
     torch.testing.assert_close(got, torch.nn.functional.adaptive_avg_pool2d(x, grid), rtol=1e-5, atol=1e-6)
 
 
-def test_train_bc_vla_end_to_end_and_eval_per_instruction(store: EpisodeStore, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture) -> None:
+def test_train_bc_vla_end_to_end_and_eval_per_instruction(
+    store: EpisodeStore, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """`robotrl train bc policy:vla` on the PickPlace store (windows carry their episode's instruction, the
     target fields hidden), then `robotrl policy eval` reports success per instruction and the wrong-cube rate."""
     from robotrl.stages.bc import BCConfig, train
     from robotrl.training.evaluate import EvalConfig, run_eval
 
-    config = BCConfig(store=store.path, policy=VLAConfig(obs_horizon=1, action_horizon=8,
-                                                         state_mask_fields=("target", "target_rel")),
-                      steps=4, batch_size=4, execute=8, warmup=1, eval_episodes=2, eval_envs=2,
-                      run_dir=tmp_path / "run", progress=False, threads=1)
+    config = BCConfig(
+        store=store.path,
+        policy=VLAConfig(obs_horizon=1, action_horizon=8, state_mask_fields=("target", "target_rel")),
+        steps=4,
+        batch_size=4,
+        execute=8,
+        warmup=1,
+        eval_episodes=2,
+        eval_envs=2,
+        run_dir=tmp_path / "run",
+        progress=False,
+        threads=1,
+    )
     result = train(config)
     policy = load(result.checkpoint)
     assert isinstance(policy, VLAPolicy) and policy.config.state_mask_fields == ("target", "target_rel")
@@ -432,9 +461,26 @@ def test_distill_vla_to_one_step_export_and_runtime(store: EpisodeStore, tmp_pat
     teacher = VLAPolicy(store.spec, VLAConfig(**SMALL, steps=4), store.stats())
     fit(teacher, windows(store, teacher.config, 16), 40, 2e-3)
     teacher_dir = teacher.eval().save(tmp_path / "teacher")
-    result = train(DistillConfig(teacher=teacher_dir, store=store.path, steps=60, batch_size=16, lr=1e-3, warmup=5,
-                                 ema=0.0, target_ema=0.0, gap_batch=16, eval_episodes=0, run_dir=tmp_path / "distill",
-                                 dagger_rounds=1, dagger_episodes=1, eval_envs=1, progress=False, threads=1))
+    result = train(
+        DistillConfig(
+            teacher=teacher_dir,
+            store=store.path,
+            steps=60,
+            batch_size=16,
+            lr=1e-3,
+            warmup=5,
+            ema=0.0,
+            target_ema=0.0,
+            gap_batch=16,
+            eval_episodes=0,
+            run_dir=tmp_path / "distill",
+            dagger_rounds=1,
+            dagger_episodes=1,
+            eval_envs=1,
+            progress=False,
+            threads=1,
+        )
+    )
     assert result.teacher_gap < 0.7 * result.teacher_gap_init, (result.teacher_gap_init, result.teacher_gap)
     # a DAgger round drove the student with camera images and instructions, and the teacher labelled its windows
     labelled = np.load(tmp_path / "distill" / "dagger.npz", allow_pickle=False)
