@@ -34,8 +34,19 @@ def bc_flow(reach_bc_flow: Path) -> Path:
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> HilConfig:
     """CI-sized: 8 envs, one 60-step episode per env per iteration, chunks of 4 executed, a 5-step chain."""
-    base = HilConfig(policy=policy, num_envs=8, rollout_steps=60, execute=4, sampler_steps=5, total_steps=960,
-                     eval_episodes=0, checkpoint_every=480, log_every=480, run_dir=run_dir, progress=False)
+    base = HilConfig(
+        policy=policy,
+        num_envs=8,
+        rollout_steps=60,
+        execute=4,
+        sampler_steps=5,
+        total_steps=960,
+        eval_episodes=0,
+        checkpoint_every=480,
+        log_every=480,
+        run_dir=run_dir,
+        progress=False,
+    )
     return replace(base, **overrides)
 
 
@@ -56,8 +67,10 @@ def test_interventions_are_recorded_and_the_bc_loss_learns_from_them(bc_flow: Pa
     assert abs(mask.mean() - np.mean(rates)) < 1e-9
     sources = {meta["source"] for meta in store.episodes}
     assert "intervention" in sources and sources <= {"intervention", "policy"}
-    assert all(meta["interventions"] == int(store.episode(i, ["intervention"]).data["intervention"].sum())
-               for i, meta in enumerate(store.episodes))
+    assert all(
+        meta["interventions"] == int(store.episode(i, ["intervention"]).data["intervention"].sum())
+        for i, meta in enumerate(store.episodes)
+    )
     # a takeover lasts takeover_steps (16) unless the episode ends first
     lengths = [b - a for i in range(16) for a, b in runs(store.episode(i, ["intervention"]).data["intervention"])]
     assert max(lengths) == 16 and all(1 <= n <= 16 for n in lengths)
@@ -110,13 +123,19 @@ def test_operator_fraction_draws_that_share_of_each_batch_from_the_operators_str
         HilConfig(operator_fraction=1.5)
 
 
-def drive_with_operator(env: Any, cfg: HilConfig, store: EpisodeStore, driver: str,
-                        steps: int) -> tuple[ExpertOperator, list[np.ndarray], float, int]:
+def drive_with_operator(
+    env: Any, cfg: HilConfig, store: EpisodeStore, driver: str, steps: int
+) -> tuple[ExpertOperator, list[np.ndarray], float, int]:
     """A real 6-env Reach run of `steps` steps under the expert operator, the policy being the expert itself or
     one that stands still, deciding every 4 steps: (the operator, who was operated at each decision, the
     intervention rate, the take-overs)."""
-    op = ExpertOperator(env.task.expert(noise=0.0, seed=0), np.ones(3, np.float32), cfg,
-                        Recorder(store, 6, DemoBuffer(("state",), (), SequenceConfig())), 6)
+    op = ExpertOperator(
+        env.task.expert(noise=0.0, seed=0),
+        np.ones(3, np.float32),
+        cfg,
+        Recorder(store, 6, DemoBuffer(("state",), (), SequenceConfig())),
+        6,
+    )
     op.start(env.reset(seed=0)[0])
     operated, first = np.zeros(6, bool), []
     for step in range(steps):
@@ -192,28 +211,34 @@ def test_a_teleop_device_drives_one_env_through_the_same_path(bc_flow: Path, tmp
 
 def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
     for overrides, message in (
-            ({"operator": "joystick"}, r"HilConfig.operator: expected one of \('expert', 'keyboard', .*got 'joystick'"),
-            ({"operator": "keyboard", "num_envs": 4},
-             r"HilConfig.num_envs: expected 1 when a teleop device drives \(operator='keyboard'\), got 4"),
-            ({"stray_threshold": 0.0}, r"HilConfig.stray_threshold: expected > 0, got 0.0"),
-            ({"stray_patience": 0}, r"HilConfig.stray_patience: expected >= 1, got 0"),
-            ({"takeover_steps": 0}, r"HilConfig.takeover_steps: expected >= 1, got 0"),
-            ({"bc_loss_coef": -1.0}, r"HilConfig.bc_loss_coef: expected >= 0, got -1.0"),
-            ({"method": "latent"}, r"HilConfig.method: 'latent' freezes the flow network"),
-            ({"method": "residual"}, r"HilConfig.method: 'residual' freezes the flow network"),
-            ({"num_envs": 0}, r"HilConfig.num_envs: expected >= 1, got 0"),
-            ({"device": "cuda:x"}, r"HilConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'cuda:x'")):
+        ({"operator": "joystick"}, r"HilConfig.operator: expected one of \('expert', 'keyboard', .*got 'joystick'"),
+        (
+            {"operator": "keyboard", "num_envs": 4},
+            r"HilConfig.num_envs: expected 1 when a teleop device drives \(operator='keyboard'\), got 4",
+        ),
+        ({"stray_threshold": 0.0}, r"HilConfig.stray_threshold: expected > 0, got 0.0"),
+        ({"stray_patience": 0}, r"HilConfig.stray_patience: expected >= 1, got 0"),
+        ({"takeover_steps": 0}, r"HilConfig.takeover_steps: expected >= 1, got 0"),
+        ({"bc_loss_coef": -1.0}, r"HilConfig.bc_loss_coef: expected >= 0, got -1.0"),
+        ({"method": "latent"}, r"HilConfig.method: 'latent' freezes the flow network"),
+        ({"method": "residual"}, r"HilConfig.method: 'residual' freezes the flow network"),
+        ({"num_envs": 0}, r"HilConfig.num_envs: expected >= 1, got 0"),
+        ({"device": "cuda:x"}, r"HilConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'cuda:x'"),
+    ):
         with pytest.raises(ValueError, match=message):
             small(bc_flow, tmp_path, **overrides)
     device = ScriptedDevice(make("Reach", num_envs=1).task)
-    with pytest.raises(ValueError, match=r"HilConfig.num_envs: expected 1 when a teleop device drives \(scripted\), "
-                                         r"got 8"):
+    with pytest.raises(
+        ValueError,
+        match=r"HilConfig.num_envs: expected 1 when a teleop device drives \(scripted\), "
+        r"got 8",
+    ):
         train(small(bc_flow, tmp_path / "a"), device=device)
     # a store or demos of another task: refused naming the field, before a step is taken
     pusht = tmp_path / "pusht.zarr"
     EpisodeStore.create(pusht, make("PushT", num_envs=1, render_images=False).task_spec).close()
     with pytest.raises(SpecMismatchError, match=r"task: .*'Reach'.*'PushT'|task: .*'PushT'.*'Reach'"):
-        train(small(bc_flow, tmp_path / "b", store=pusht))
+        train(small(bc_flow, tmp_path / "b", out=pusht))
     with pytest.raises(SpecMismatchError, match=r"HilConfig.demos"):
         train(small(bc_flow, tmp_path / "c", demos=pusht))
     once = small(bc_flow, tmp_path / "once", num_envs=2, rollout_steps=4, total_steps=8)
@@ -224,17 +249,29 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
         train(replace(once, resume=True, ema=0.5))
 
 
-def test_killed_run_resumes_exactly(bc_flow: Path, tmp_path: Path, kill_after_first_train_state,
-                                    assert_same_run) -> None:
+def test_killed_run_resumes_exactly(
+    bc_flow: Path, tmp_path: Path, kill_after_first_train_state, assert_same_run
+) -> None:
     """SIGKILLed after its first train state (episodes run across iterations, so unfinished ones are in it, and the
     expert drives with teleop noise, so its random state is too), `--resume` ends with the weights (the saved
     average's too) and the store of a run that was never stopped."""
-    overrides = {"num_envs": 4, "rollout_steps": 20, "total_steps": 400, "checkpoint_every": 80, "log_every": 80,
-                 "critic_warmup": 1, "operator_noise": 0.5, "ema": 0.5}
-    code = ("import sys, torch; torch.set_num_threads(1); from pathlib import Path; from robotrl.flowrl.hil import HilConfig, "
-            f"train; train(HilConfig(policy=Path({str(bc_flow)!r}), execute=4, sampler_steps=5, eval_episodes=0, "
-            f"progress=False, run_dir=Path({str(tmp_path / 'killed')!r}), "
-            + ", ".join(f"{k}={v!r}" for k, v in overrides.items()) + "))")
+    overrides = {
+        "num_envs": 4,
+        "rollout_steps": 20,
+        "total_steps": 400,
+        "checkpoint_every": 80,
+        "log_every": 80,
+        "critic_warmup": 1,
+        "operator_noise": 0.5,
+        "ema": 0.5,
+    }
+    code = (
+        "import sys, torch; torch.set_num_threads(1); from pathlib import Path; from robotrl.flowrl.hil import HilConfig, "
+        f"train; train(HilConfig(policy=Path({str(bc_flow)!r}), execute=4, sampler_steps=5, eval_episodes=0, "
+        f"progress=False, run_dir=Path({str(tmp_path / 'killed')!r}), "
+        + ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+        + "))"
+    )
     step = kill_after_first_train_state([sys.executable, "-c", code], tmp_path / "killed" / "train_state.pt")
     assert 1 <= step < 5, step
     cfg = small(bc_flow, tmp_path / "killed", **overrides)
@@ -255,8 +292,17 @@ def test_the_intervention_rate_falls_over_training(bc_flow: Path, tmp_path: Path
     """16 envs, 14,400 env steps (15 iterations): the share of env steps the expert drives falls as PPO and the BC
     loss on its interventions pull the policy towards acting as it does; asserted on the mean of the first three
     iterations against the last three (seeds 0-4: bench/RESULTS.md, "Learning tests")."""
-    result = train(small(bc_flow, tmp_path / "run", num_envs=16, total_steps=14_400, checkpoint_every=4_800,
-                         log_every=960, seed=learning_seed))
+    result = train(
+        small(
+            bc_flow,
+            tmp_path / "run",
+            num_envs=16,
+            total_steps=14_400,
+            checkpoint_every=4_800,
+            log_every=960,
+            seed=learning_seed,
+        )
+    )
     rates = result.intervention_rates
     assert len(rates) == 15
     first, last = float(np.mean(rates[:3])), float(np.mean(rates[-3:]))
@@ -265,11 +311,21 @@ def test_the_intervention_rate_falls_over_training(bc_flow: Path, tmp_path: Path
 
 @pytest.mark.slow
 @pytest.mark.learning
-def test_the_intervention_rate_keeps_falling_on_a_longer_budget(bc_flow: Path, tmp_path: Path, claim,
-                                                                learning_seed: int) -> None:
+def test_the_intervention_rate_keeps_falling_on_a_longer_budget(
+    bc_flow: Path, tmp_path: Path, claim, learning_seed: int
+) -> None:
     """28,800 env steps (30 iterations): the fall keeps going (bench/RESULTS.md, "Learning tests")."""
-    result = train(small(bc_flow, tmp_path / "run", num_envs=16, total_steps=28_800, checkpoint_every=9_600,
-                         log_every=960, seed=learning_seed))
+    result = train(
+        small(
+            bc_flow,
+            tmp_path / "run",
+            num_envs=16,
+            total_steps=28_800,
+            checkpoint_every=9_600,
+            log_every=960,
+            seed=learning_seed,
+        )
+    )
     rates = result.intervention_rates
     first, last = float(np.mean(rates[:3])), float(np.mean(rates[-3:]))
     claim("intervention rate fall at 28,800 steps", first - last, lower=0.15, first=first, last=last)
