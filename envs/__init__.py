@@ -8,12 +8,17 @@ env = make("Reach", num_envs=4096, backend="mjx")  # JAX / GPU
 from __future__ import annotations
 
 import difflib
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from robotrl.envs.randomization import Randomization
 from robotrl.envs.registration import register_envs
 from robotrl.envs.task import Expert, Task, TaskConfig
 from robotrl.envs.tasks import TASKS, task_class
+
+if TYPE_CHECKING:
+    from robotrl.envs.cpu import CpuVectorEnv
+    from robotrl.envs.mjx import MjxVectorEnv
+    from robotrl.envs.vector import RobotVectorEnv
 
 BACKENDS = ("cpu", "mjx")
 
@@ -40,6 +45,26 @@ def make_task(name: str, config: TaskConfig | None = None, **options: Any) -> Ta
     return cls(config)
 
 
+@overload
+def make(
+    task: str | Task,
+    num_envs: int = 1,
+    backend: Literal["cpu"] = "cpu",
+    randomization: Randomization | str | None = None,
+    seed: int | None = None,
+    **options: Any,
+) -> CpuVectorEnv: ...
+@overload
+def make(
+    task: str | Task,
+    num_envs: int = 1,
+    *,
+    backend: Literal["mjx"],
+    randomization: Randomization | str | None = None,
+    seed: int | None = None,
+    **options: Any,
+) -> MjxVectorEnv: ...
+@overload
 def make(
     task: str | Task,
     num_envs: int = 1,
@@ -47,7 +72,15 @@ def make(
     randomization: Randomization | str | None = None,
     seed: int | None = None,
     **options: Any,
-) -> Any:
+) -> RobotVectorEnv: ...
+def make(
+    task: str | Task,
+    num_envs: int = 1,
+    backend: str = "cpu",
+    randomization: Randomization | str | None = None,
+    seed: int | None = None,
+    **options: Any,
+) -> RobotVectorEnv:
     """A vector env of `num_envs` copies of `task` on `backend` ('cpu' or 'mjx').
 
     `randomization` is a `Randomization`, "task" for the task's own sim-to-real ranges, or None (off).

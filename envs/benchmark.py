@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gymnasium.spaces import Box
 
 from robotrl.envs.tasks import DEFAULT_TASK
 
@@ -107,9 +108,11 @@ def bench_ceiling(task: str, n: int, config: BenchConfig, steps: int) -> float:
     env.reset(seed=config.seed)
     initial = env.get_state()["physics"]
     actions = random_actions(env.action_space, 64, config.seed)
+    bounds = env.single_action_space
+    assert isinstance(bounds, Box)  # a task's actions are a Box
     ctrl = []
     for i in range(steps):  # the same control path as the timed run, recorded through the public API
-        a = np.clip(actions[i % 64], env.single_action_space.low, env.single_action_space.high).astype(np.float64)
+        a = np.clip(actions[i % 64], bounds.low, bounds.high).astype(np.float64)
         ctrl.append(np.asarray(env.task.control(np, env.frame(), a)))
         env.step(actions[i % 64])
     model, nsub = env.task.model, env.task.n_substeps
