@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
+from robotrl.envs.rollouts import EpisodeStats
 from robotrl.rl.replay import DemoTransitions, split_obs_keys
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import PolicyRunOptions, RLResult, RunLog, TrainClock, finish_run, save_run_state, start_run
@@ -65,7 +66,7 @@ def offline_start(
     return spec, DemoTransitions(config.store, spec, config.obs_keys, mc_gamma=mc_gamma), run_dir, state_path, rng
 
 
-def offline_evaluate(actor: Any, spec: Spec, config: OfflineOptions) -> Any:
+def offline_evaluate(actor: Any, spec: Spec, config: OfflineOptions) -> EpisodeStats:
     """Held-out success of the learned actor in the task the store was recorded in."""
     return evaluate_state_actor(
         actor,

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from robotrl.core.spec import Spec, flatten_obs
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
+from robotrl.envs.rollouts import EpisodeStats
 from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
 from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
@@ -229,7 +230,7 @@ def actor_step(
     return {"loss/actor": actor_loss.item(), "q/mean": q.mean().item(), "entropy": -logp.mean().item()}
 
 
-def evaluate(agent: Agent, config: SacConfig) -> Any:
+def evaluate(agent: Agent, config: SacConfig) -> EpisodeStats:
     """Success of the deterministic actor (the squashed mean) over held-out seeded episodes."""
     vector_keys = tuple(k for k in config.obs_keys if k not in agent.encoder)
     return evaluate_actor(

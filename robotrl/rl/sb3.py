@@ -23,6 +23,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from robotrl.envs.rollouts import EpisodeStats
 from robotrl.envs.tasks import DEFAULT_TASK
 
 ALGOS = ("sac", "ppo", "td3")
@@ -153,7 +154,7 @@ def flatten_batch(obs: dict[str, Any], keys: tuple[str, ...]) -> np.ndarray:
     return np.concatenate([np.asarray(obs[k], dtype=np.float32).reshape(n, -1) for k in keys], axis=1)
 
 
-def evaluate(model: Any, config: Sb3Config, keys: tuple[str, ...]) -> Any:
+def evaluate(model: Any, config: Sb3Config, keys: tuple[str, ...]) -> EpisodeStats:
     """Success over `eval_episodes` seeded episodes of the deterministic policy in the batched CPU env."""
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes

@@ -19,13 +19,13 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.envs.rollouts import EpisodeStats
 from robotrl.policies.base import Policy, PolicyConfig, policy_class, policy_config, register_all
 from robotrl.training.loop import (
     EMA,
@@ -121,7 +121,7 @@ def successful_episodes(store: EpisodeStore) -> list[int]:
     return chosen
 
 
-def evaluate(policy: Policy, config: BCConfig) -> Any:
+def evaluate(policy: Policy, config: BCConfig) -> EpisodeStats:
     from robotrl.training.evaluate import evaluate_policy
 
     return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=config.execute)

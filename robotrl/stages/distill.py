@@ -43,6 +43,7 @@ from tqdm import tqdm
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
+from robotrl.envs.rollouts import EpisodeStats
 from robotrl.policies import Policy, load
 from robotrl.policies.consistency import ConsistencyPolicy, VLAConsistencyPolicy, student_for, teachers
 from robotrl.training.evaluate import not_worse, rollout, training_seed
@@ -324,7 +325,7 @@ def gate(student: Policy, start: Policy, config: DistillConfig) -> tuple[Policy,
     }
 
 
-def evaluate(policy: Policy, config: DistillConfig) -> Any:
+def evaluate(policy: Policy, config: DistillConfig) -> EpisodeStats:
     from robotrl.training.evaluate import evaluate_policy
 
     return evaluate_policy(policy, config.eval_episodes, config.eval_envs, execute=config.execute)

@@ -15,11 +15,16 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from robotrl.core.spec import STRING, Spec, flatten_obs
+
+if TYPE_CHECKING:
+    from robotrl.envs.cpu import CpuVectorEnv
+    from robotrl.envs.rollouts import EpisodeStats
+    from robotrl.policies.controller import ChunkController
 
 #: evaluation seeds start here: demonstrations are recorded from seed 0 upwards, so these are held out
 HELD_OUT_SEED = 1_000_000
@@ -67,7 +72,7 @@ class EvalConfig:
 
 def evaluate_actor(
     actor: Callable[[dict[str, Any]], np.ndarray], task: str, episodes: int, num_envs: int, **options: Any
-) -> Any:
+) -> EpisodeStats:
     """Held-out success of an actor over the env's batched observations (a dict, images included) -> actions."""
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes
@@ -86,7 +91,7 @@ def evaluate_state_actor(
     episodes: int,
     num_envs: int,
     **options: Any,
-) -> Any:
+) -> EpisodeStats:
     """Held-out success of an actor-critic's actor: flattened state observations (N, D) -> actions (N, A)."""
     return evaluate_actor(lambda obs: actor(flatten_obs(obs, obs_keys)), task, episodes, num_envs, **options)
 
@@ -97,7 +102,7 @@ def spec_for(spec: Spec, keys: tuple[str, ...]) -> Spec:
     return dataclasses.replace(spec, observations=obs)
 
 
-def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: int, **options: Any) -> Any:
+def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: int, **options: Any) -> CpuVectorEnv:
     """The vector env of the policy's task, configured as the data it learned from, checked against its spec."""
     from robotrl.envs import make
 
@@ -115,7 +120,7 @@ def make_eval_env(spec: Spec, obs_keys: tuple[str, ...], num_envs: int, seed: in
     return env
 
 
-def controller_for(policy: Any, execute: int, act: Any = None) -> Any:
+def controller_for(policy: Any, execute: int, act: Any = None) -> ChunkController:
     """The chunk controller that runs `policy` (through `act` instead of `policy.act` where given: a wrapper that
     also records or relabels what the policy sees)."""
     from robotrl.policies.controller import ChunkController
@@ -130,7 +135,9 @@ def controller_for(policy: Any, execute: int, act: Any = None) -> Any:
     )
 
 
-def evaluate_policy(policy: Any, episodes: int, num_envs: int = 10, seed: int = HELD_OUT_SEED, execute: int = 8) -> Any:
+def evaluate_policy(
+    policy: Any, episodes: int, num_envs: int = 10, seed: int = HELD_OUT_SEED, execute: int = 8
+) -> EpisodeStats:
     """`EpisodeStats` of `policy` over `episodes` episodes from held-out seeds. The policy's sampling noise is
     seeded from `seed` as well, so an evaluation repeats exactly and two policies compared on the same seeds
     also start from the same noise stream (without it, the same policy's success moved from run to run;
@@ -145,7 +152,7 @@ def rollout(
     seed: int,
     execute: int,
     act: Callable[[dict[str, Any]], np.ndarray] | None = None,
-) -> tuple[Any, int]:
+) -> tuple[EpisodeStats, int]:
     """Evaluation's seeded episodes (`EpisodeStats`) and the env steps they took, every env of the last wave counted
     until its end: what a stage that drives the policy for data (distill's DAgger rounds) reports as its cost. `act`
     replaces the policy's call on each observation window (`controller_for`); a torch policy runs in eval mode."""
