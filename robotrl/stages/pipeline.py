@@ -113,7 +113,7 @@ PRESETS: dict[str, Budget] = {
         eval_episodes=4,
         eval_envs=4,
     ),
-    # sized to the issue's 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
+    # sized to 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
     # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-total-steps give
     # them back
     "default": Budget(
@@ -265,7 +265,7 @@ class PipelineConfig:
     Its candidates must differ by more than the gate's noise: on PickPlace's VLA 100 episodes kept the online gain
     where 30 could not tell the candidates apart (bench/RESULTS.md, "The VLA's chain to its one-step policy")"""
     eval_episodes: int | None = None
-    """held-out episodes each stage is evaluated on (the issue's table: 500)"""
+    """held-out episodes each stage is evaluated on (default: the preset's)"""
     execute: int = 8
     """actions executed per predicted chunk (training rollouts and evaluation alike)"""
     run_dir: Path | None = None
