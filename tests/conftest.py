@@ -1,18 +1,26 @@
 """Suite-wide settings and fixtures."""
 
 import gc
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
 import pytest
 import torch
+from filelock import FileLock
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.policies.timing import torch_threads
 from robotrl.rl.ppo_mjx import CPU_XLA_FLAGS
+
+# Two pytest-xdist workers share two cores: each runs torch on one thread, and so do the commands its tests start
+# (a second thread per worker only spins against the other worker's). Tests that set threads set them themselves.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
 
 # MJX under XLA's CPU fusion pass runs orders of magnitude slower and compiles slower: the test process and the MJX
 # training subprocesses it starts (which inherit the variable) get the flag. XLA reads it when the first backend
@@ -35,6 +43,36 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 os.environ["ROS_DOMAIN_ID"] = str(20 + 10 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")))
 
 
+#: the test files that take longest, longest first (bench/RESULTS.md, "The test suite's wall-clock"). pytest-xdist
+#: hands whole files to its two workers in collection order (pyproject: --dist loadfile --no-loadscope-reorder), so
+#: these start first and the many short files fill in behind them: the suite ends when its work does, not one long
+#: file after it. A stale order costs wall-clock only.
+LONGEST_FIRST = (
+    "tests/test_online.py",
+    "tests/test_ppo_mjx.py",
+    "tests/test_pipeline.py",
+    "tests/test_sac.py",
+    "tests/test_calql.py",
+    "tests/test_sac_images.py",
+    "tests/policies/test_bc.py",
+    "tests/test_offline_flow.py",
+    "tests/test_actor_learner.py",
+    "tests/policies/test_students.py",
+    "tests/policies/test_vla.py",
+    "tests/test_dsrl.py",
+    "tests/policies/test_export.py",
+    "tests/test_readme.py",
+    "tests/test_hil.py",
+    "tests/test_lint.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    root = config.rootpath
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_jax_caches() -> Iterator[None]:
     """Drop JAX's trace and executable caches after every test module. MJX programs leave ~10^5 live Python objects
@@ -44,6 +82,34 @@ def _release_jax_caches() -> Iterator[None]:
     yield
     jax.clear_caches()
     gc.collect()
+
+
+def shared(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> object:
+    """`build(path)` once per test run, in whichever pytest-xdist worker asks first; the other workers wait on a file
+    lock and get its JSON result and files too (a session fixture would otherwise build once per worker). What it
+    builds is read-only to the tests, as any session fixture's is."""
+    root = factory.getbasetemp()
+    root = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "shared"
+    root.mkdir(exist_ok=True)
+    done = root / f"{name}.json"
+    with FileLock(root / f"{name}.lock"):
+        if not done.exists():
+            done.write_text(json.dumps(build(root / name)))
+    return json.loads(done.read_text())
+
+
+def shared_path(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
+    return Path(str(shared(factory, name, lambda path: str(build(path)))))
+
+
+def reach_expert(factory: pytest.TempPathFactory, name: str, **record: float) -> Path:
+    """A shared store of Reach episodes of the scripted expert (`record`: record_expert's options)."""
+
+    def build(path: Path) -> Path:
+        record_expert(path, "Reach", progress=False, **record).close()  # type: ignore[arg-type]
+        return path
+
+    return shared_path(factory, name, build)
 
 
 @pytest.fixture(scope="session")
@@ -85,17 +151,13 @@ def kill_after_first_train_state():
 @pytest.fixture(scope="session")
 def reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """20 Reach episodes of the scripted expert at the task's demo noise (RLPD, WSRL, the actor/learner)."""
-    path = tmp_path_factory.mktemp("demos") / "reach.zarr"
-    record_expert(path, "Reach", episodes=20, num_envs=10, progress=False).close()
-    return path
+    return reach_expert(tmp_path_factory, "reach.zarr", episodes=20, num_envs=10)
 
 
 @pytest.fixture(scope="session")
 def offline_reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 Reach episodes of the expert at noise 0.3: enough coverage for the offline learners (IQL, Cal-QL)."""
-    path = tmp_path_factory.mktemp("demos") / "reach_offline.zarr"
-    record_expert(path, "Reach", episodes=40, num_envs=10, noise=0.3, progress=False).close()
-    return path
+    return reach_expert(tmp_path_factory, "reach_offline.zarr", episodes=40, num_envs=10, noise=0.3)
 
 
 @pytest.fixture
@@ -134,31 +196,32 @@ def train_bc_flow(store: Path, run_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def flow_reach_demos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 Reach episodes of the scripted expert at noise 0.3, 8 envs (online RL and HIL start from their BC)."""
-    path = tmp_path_factory.mktemp("demos") / "reach_flow.zarr"
-    record_expert(path, "Reach", episodes=40, num_envs=8, noise=0.3, progress=False).close()
-    return path
+    return reach_expert(tmp_path_factory, "reach_flow.zarr", episodes=40, num_envs=8, noise=0.3)
 
 
 @pytest.fixture(scope="session")
 def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return train_bc_flow(flow_reach_demos, tmp_path_factory.mktemp("bc") / "run")
+    return shared_path(tmp_path_factory, "bc_flow", lambda path: train_bc_flow(flow_reach_demos, path))
 
 
 @pytest.fixture(scope="session")
-def reach_bc_flow_success(reach_bc_flow: Path) -> float:
+def reach_bc_flow_success(reach_bc_flow: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
     """The half-trained flow policy's held-out success as the RL stages start from it (its 5-step ODE, chunks of 4
-    executed, the same 100 held-out episodes their learning tests evaluate on), measured once per test process."""
+    executed, the same 100 held-out episodes their learning tests evaluate on), measured once per test run."""
     from robotrl.flowrl.chain import load_flow_policy
     from robotrl.training.evaluate import evaluate_policy
 
-    with torch_threads(1):
-        return evaluate_policy(load_flow_policy(reach_bc_flow, 5), 100, 25, execute=4).success_rate
+    def build(_: Path) -> float:
+        with torch_threads(1):
+            return evaluate_policy(load_flow_policy(reach_bc_flow, 5), 100, 25, execute=4).success_rate
+
+    return float(shared(tmp_path_factory, "bc_flow_success", build))
 
 
 @pytest.fixture(scope="session")
 def offline_reach_bc_flow(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same recipe on the offline learners' demos (the offline flow stage's slow test was measured on it)."""
-    return train_bc_flow(offline_reach_demos, tmp_path_factory.mktemp("bc") / "run")
+    return shared_path(tmp_path_factory, "offline_bc_flow", lambda path: train_bc_flow(offline_reach_demos, path))
 
 
 def _agent_weights(path: Path) -> dict:

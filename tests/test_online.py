@@ -83,7 +83,7 @@ BUDGET = {
     "denoising_mdp": 57_600,
     "flow_sde": 28_800,
     "flow_noise": 43_200,
-    "ode_noise": 43_200,
+    "ode_noise": 33_600,
     "latent": 17_280,
     "residual": 43_200,
 }

@@ -82,6 +82,9 @@ def straight(mjx_subprocesses: None, tmp_path_factory: pytest.TempPathFactory) -
     return run_dir
 
 
+# slow on CPU JAX (the gpu lane's tests/test_gpu.py learns it on a GPU); the default suite checks its GAE, loss,
+# gradients and actions equal the torch PPO's, which learns Reach in tests/test_ppo.py
+@pytest.mark.slow
 @pytest.mark.learning
 def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, learning_seed: int) -> None:
     """40,960 env steps (20 iterations): from the untrained agent to a high success on 40 held-out episodes (seeds

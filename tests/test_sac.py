@@ -157,6 +157,8 @@ def test_hl_gauss_critic_represents_its_targets(tmp_path: Path) -> None:
     # SAC learns with it end to end: test_rlpd_learns_reach_from_demos[hl_gauss]
 
 
+# slow: the same `sac --init` fine-tuning as tests/test_calql.py's default-suite WSRL test, from IQL instead of Cal-QL
+@pytest.mark.slow
 @pytest.mark.learning
 def test_wsrl_fine_tunes_an_offline_iql_agent_online(
     reach_demos: Path, tmp_path: Path, claim, learning_seed: int
