@@ -49,14 +49,14 @@ os.environ["ROS_DOMAIN_ID"] = str(20 + 10 * int(os.environ.get("PYTEST_XDIST_WOR
 #: file after it. A stale order costs wall-clock only.
 LONGEST_FIRST = (
     "tests/test_online.py",
-    "tests/test_ppo_mjx.py",
     "tests/test_pipeline.py",
-    "tests/test_sac.py",
     "tests/test_calql.py",
     "tests/test_sac_images.py",
-    "tests/policies/test_bc.py",
     "tests/test_offline_flow.py",
+    "tests/policies/test_bc.py",
     "tests/test_actor_learner.py",
+    "tests/test_sac.py",
+    "tests/test_ppo_mjx.py",
     "tests/policies/test_students.py",
     "tests/policies/test_vla.py",
     "tests/test_dsrl.py",
@@ -102,14 +102,15 @@ def shared_path(factory: pytest.TempPathFactory, name: str, build: Callable[[Pat
     return Path(str(shared(factory, name, lambda path: str(build(path)))))
 
 
+def record_reach(path: Path, **record: float) -> Path:
+    """A new store at `path` of Reach episodes of the scripted expert (`record`: record_expert's options)."""
+    record_expert(path, "Reach", progress=False, **record).close()  # type: ignore[arg-type]
+    return path
+
+
 def reach_expert(factory: pytest.TempPathFactory, name: str, **record: float) -> Path:
-    """A shared store of Reach episodes of the scripted expert (`record`: record_expert's options)."""
-
-    def build(path: Path) -> Path:
-        record_expert(path, "Reach", progress=False, **record).close()  # type: ignore[arg-type]
-        return path
-
-    return shared_path(factory, name, build)
+    """A shared store of Reach episodes of the scripted expert, recorded once per test run."""
+    return shared_path(factory, name, lambda path: record_reach(path, **record))
 
 
 @pytest.fixture(scope="session")
