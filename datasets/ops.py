@@ -113,9 +113,9 @@ def info(config: DataInfo) -> dict[str, Any]:
 def check(config: DataValidate) -> list[str]:
     spec = None
     if config.task is not None:
-        from robotrl.envs import make_task
+        from robotrl.envs import spec_of
 
-        spec = make_task(config.task).spec()
+        spec = spec_of(config.task)
     errors = validate(EpisodeStore.open(config.store), spec)
     for e in errors:
         print(f"error: {e}")
@@ -202,9 +202,9 @@ def export(config: DataExport) -> Path:
 def import_(config: DataImport) -> EpisodeStore:
     spec = None
     if config.task is not None:
-        from robotrl.envs import make_task
+        from robotrl.envs import spec_of
 
-        spec = make_task(config.task).spec()
+        spec = spec_of(config.task)
     if config.format == "lerobot":
         from robotrl.datasets.lerobot import import_lerobot
 

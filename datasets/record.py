@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -49,6 +49,26 @@ def record_policy(
     return recorder.finalized
 
 
+class Demonstrator(Protocol):
+    """What `--demonstrator module:callable` returns: a batched policy over the vector env's observations, with
+    optional per-episode state (`reset(num_envs)` before the first step, `reset_env(i)` when env i starts anew)."""
+
+    def act(self, obs: dict[str, np.ndarray]) -> np.ndarray: ...
+
+
+def load_demonstrator(path: str) -> Demonstrator:
+    """`module:callable[?key=value&...]` called with its keyword arguments; the result has `act(obs)`."""
+    from robotrl.envs.outside import parse, resolve
+
+    ref = parse(path)
+    made = resolve(ref.target, "demonstrator")(**ref.kwargs)
+    if not callable(getattr(made, "act", None)):
+        raise ValueError(
+            f"demonstrator: expected {ref.target} to return an object with act(obs), got {type(made).__name__}"
+        )
+    return made
+
+
 def record_expert(
     out: str | Path,
     task: str,
@@ -57,27 +77,39 @@ def record_expert(
     noise: float | None = None,
     seed: int = 0,
     progress: bool = True,
+    demonstrator: str | None = None,
     **task_options: Any,
 ) -> EpisodeStore:
-    """Demonstrations of `task`'s scripted expert (at the task's `demo_noise` unless `noise` is given),
-    appended to the store at `out` (created if absent). Returns the store, open for appending."""
-    from robotrl.envs import make
+    """Demonstrations of `task`'s scripted expert (at the task's `demo_noise` unless `noise` is given), or of a
+    `demonstrator` (`module:callable`, the way an outside env gets one), appended to the store at `out` (created
+    if absent). Returns the store, open for appending."""
+    from robotrl.envs import is_task, make
 
+    if demonstrator is None and not is_task(task):
+        raise ValueError(f"demonstrator: {task} has no scripted expert; give one as --demonstrator module:callable")
+    if demonstrator is not None and noise is not None:
+        raise ValueError(f"noise: applies to a task's scripted expert, not to the demonstrator {demonstrator}")
     env = make(task, num_envs=num_envs, seed=seed, **task_options)
-    noise = env.task.demo_noise if noise is None else noise
-    expert = env.task.expert(noise=noise, seed=seed)
-    expert.reset(num_envs)
+    meta: dict[str, Any]
+    if demonstrator is not None:
+        expert: Any = load_demonstrator(demonstrator)
+        source, meta = "scripted", {"demonstrator": demonstrator}
+    else:
+        noise = env.task.demo_noise if noise is None else noise
+        expert = env.task.expert(noise=noise, seed=seed)
+        source, meta = "scripted", {"noise": noise}
+    getattr(expert, "reset", lambda n: None)(num_envs)
     store = EpisodeStore.create(out, env.task_spec, exist_ok=True)
     record_policy(
         env,
         expert.act,
         store,
         episodes,
-        source="scripted",
-        on_episode_end=expert.reset_env,
+        source=source,
+        on_episode_end=getattr(expert, "reset_env", None),
         seed=seed,
         progress=progress,
-        noise=noise,
+        **meta,
     )
     env.close()
     return store
@@ -88,6 +120,7 @@ class DataRecord:
     """Record demonstrations of a task's scripted expert (a noisy stand-in for a teleoperator) into a store."""
 
     task: str = DEFAULT_TASK
+    """task name, or an outside env (gym:<id>, <module>:<callable>) recorded with a --demonstrator"""
     out: Path = Path("data/pusht.zarr")
     """store to create, or to append to when its spec matches"""
     episodes: int = 100
@@ -104,6 +137,9 @@ class DataRecord:
     randomization: str | None = None
     """'task': every episode in the task's sim-to-real domain randomization (dynamics, latency, camera, light),
     for policies meant to cross the sim-to-real gap; default: nominal"""
+    demonstrator: str | None = None
+    """module:callable[?key=value&...] returning an object with act(obs) -> actions over the batch (and optional
+    reset(num_envs), reset_env(i)): a scripted controller or a trained policy; default: the task's scripted expert"""
 
 
 def run_record(config: DataRecord) -> EpisodeStore:
@@ -119,6 +155,7 @@ def run_record(config: DataRecord) -> EpisodeStore:
         num_envs=config.num_envs,
         noise=config.noise,
         seed=config.seed,
+        demonstrator=config.demonstrator,
         **options,
     )
     print(json.dumps({k: v for k, v in store.summary().items() if k != "keys"}))

@@ -3,6 +3,7 @@
 from robotrl.envs import make
 env = make("Reach", num_envs=8)                   # CPU threads
 env = make("Reach", num_envs=4096, backend="mjx")  # JAX / GPU
+env = make("gym:HalfCheetah-v5", num_envs=4)       # an outside gymnasium env (robotrl.envs.outside)
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, Any, Literal, overload
 
+from robotrl.core.spec import Spec
+from robotrl.envs.outside import is_outside
 from robotrl.envs.randomization import Randomization
 from robotrl.envs.registration import register_envs
 from robotrl.envs.task import Expert, Task, TaskConfig
 from robotrl.envs.tasks import TASKS, task_class
 
 if TYPE_CHECKING:
+    from robotrl.envs.adapter import GymVectorAdapter
     from robotrl.envs.cpu import CpuVectorEnv
     from robotrl.envs.mjx import MjxVectorEnv
     from robotrl.envs.vector import RobotVectorEnv
@@ -28,7 +32,10 @@ def list_tasks() -> list[str]:
 
 
 def make_task(name: str, config: TaskConfig | None = None, **options: Any) -> Task:
-    """A task by name; `options` override fields of its config dataclass."""
+    """A task by name; `options` override fields of its config dataclass (None: the task's default)."""
+    options = {k: v for k, v in options.items() if v is not None}
+    if is_outside(name):
+        raise ValueError(f"task: {name} is an outside env, not a robotrl task; it has no scripted expert or scene")
     if name not in TASKS:
         close = difflib.get_close_matches(name, list(TASKS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -43,6 +50,20 @@ def make_task(name: str, config: TaskConfig | None = None, **options: Any) -> Ta
     elif options:
         raise ValueError("make_task: pass either a config or options, not both")
     return cls(config)
+
+
+def spec_of(task: str, **options: Any) -> Spec:
+    """The spec of a task (with task options) or of an outside env, without stepping it."""
+    if not is_outside(task):
+        return make_task(task, **options).spec()
+    env = make(task, **options)
+    env.close()
+    return env.task_spec
+
+
+def is_task(task: object) -> bool:
+    """Whether `task` is one of robotrl's own tasks (scripted expert, scene, randomization, MJX), not an outside env."""
+    return isinstance(task, Task) or not is_outside(task)
 
 
 @overload
@@ -72,7 +93,7 @@ def make(
     randomization: Randomization | str | None = None,
     seed: int | None = None,
     **options: Any,
-) -> RobotVectorEnv: ...
+) -> RobotVectorEnv | GymVectorAdapter: ...
 def make(
     task: str | Task,
     num_envs: int = 1,
@@ -80,8 +101,11 @@ def make(
     randomization: Randomization | str | None = None,
     seed: int | None = None,
     **options: Any,
-) -> RobotVectorEnv:
+) -> RobotVectorEnv | GymVectorAdapter:
     """A vector env of `num_envs` copies of `task` on `backend` ('cpu' or 'mjx').
+
+    `task` may also name an outside env, `gym:<id>` or `<module>:<callable>` (`robotrl.envs.outside`): then it is
+    a `GymVectorAdapter` on the CPU, and only the options that have a meaning for it are taken.
 
     `randomization` is a `Randomization`, "task" for the task's own sim-to-real ranges, or None (off).
 
@@ -91,6 +115,10 @@ def make(
     from robotrl.envs.vector import check_num_envs
 
     check_num_envs(num_envs)
+    if isinstance(task, str) and is_outside(task):
+        from robotrl.envs.adapter import make_outside
+
+        return make_outside(task, num_envs, backend, randomization, seed, **options)
     backend_keys = {"output", "autoreset", "reward_type", "num_threads", "render_images"}
     backend_opts = {k: v for k, v in options.items() if k in backend_keys}
     task_opts = {k: v for k, v in options.items() if k not in backend_keys}
@@ -112,4 +140,16 @@ def make(
 
 register_envs()  # gymnasium ids robotrl/<Task>-v0 (by name; no task module is imported)
 
-__all__ = ["BACKENDS", "Expert", "Randomization", "Task", "TaskConfig", "list_tasks", "make", "make_task"]
+__all__ = [
+    "BACKENDS",
+    "Expert",
+    "Randomization",
+    "Task",
+    "TaskConfig",
+    "is_outside",
+    "is_task",
+    "list_tasks",
+    "make",
+    "make_task",
+    "spec_of",
+]

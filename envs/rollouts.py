@@ -32,13 +32,29 @@ class EpisodeStats:
     """the episode's instruction (tasks with one)"""
     wrong_object: np.ndarray | None = None
     """bool: another object than the instructed one got where the instruction wanted it (`Task.wrong_object`)"""
+    reports_success: bool = True
+    """False for an outside env that reports no success (`success` is then all False): judge it by `returns`"""
 
     @property
     def success_rate(self) -> float:
-        return float(np.mean(self.success)) if len(self.success) else float("nan")
+        return float(np.mean(self.success)) if len(self.success) and self.reports_success else float("nan")
+
+    @property
+    def mean_return(self) -> float:
+        return float(np.mean(self.returns)) if len(self.returns) else float("nan")
+
+    @property
+    def score(self) -> float:
+        """What a run keeps its best weights by: the success rate, or the mean return where there is none."""
+        return self.success_rate if self.reports_success else self.mean_return
+
+    def metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """The success rate (where reported) and the mean return, as metrics rows name them."""
+        out = {f"{prefix}/success_rate": self.success_rate} if self.reports_success else {}
+        return {**out, f"{prefix}/mean_return": self.mean_return}
 
     def success_ci95(self) -> tuple[float, float]:
-        return wilson_ci95(self.success)
+        return wilson_ci95(self.success) if self.reports_success else (float("nan"), float("nan"))
 
     def by_instruction(self) -> dict[str, dict[str, Any]]:
         """Per instruction: episodes, success rate with its Wilson interval, and the wrong-object rate."""
@@ -124,6 +140,7 @@ def run_episodes(
         np.array(lengths),
         np.array(instructions, dtype=object) if text is not None else None,
         np.array(wrongs, dtype=bool) if has_wrong else None,
+        reports_success=bool(getattr(env, "reports_success", True)),
     )
 
 

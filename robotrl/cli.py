@@ -144,11 +144,13 @@ def run_sb3(config: Any) -> Any:
     from robotrl.rl.sb3 import train
 
     result = train(config)
-    lo, hi = result.success_ci95
+    score = f"mean return {result.mean_return:.1f} (the env reports no success)"
+    if result.success_rate is not None and result.success_ci95 is not None:
+        lo, hi = result.success_ci95
+        score = f"success rate {result.success_rate:.1%} (95% CI {lo:.1%}-{hi:.1%})"
     print(
-        f"{config.task} {config.algo.upper()}: success rate {result.success_rate:.1%} "
-        f"(95% CI {lo:.1%}-{hi:.1%}) over {result.episodes} episodes after {result.timesteps} steps "
-        f"({result.train_seconds:.0f} s of training); run dir {result.run_dir}"
+        f"{config.task} {config.algo.upper()}: {score} over {result.episodes} episodes after {result.timesteps} "
+        f"steps ({result.train_seconds:.0f} s of training); run dir {result.run_dir}"
     )
     return result
 
@@ -232,7 +234,7 @@ COMMANDS: dict[str, dict[str, Command]] = {
             "Split a store's episodes into two stores.", "robotrl.datasets.ops:DataSplit", "robotrl.datasets.ops:split"
         ),
         "record": Command(
-            "Record a task's scripted expert across a vector env.",
+            "Record a task's scripted expert (or a --demonstrator) across a vector env.",
             "robotrl.datasets.record:DataRecord",
             "robotrl.datasets.record:run_record",
         ),
@@ -532,19 +534,28 @@ def parse(prog: str, command: Command, args: Sequence[str]) -> Any:
     values = view_values(parsed)
     for name in ("task", "tasks"):
         if name in values:
-            check_tasks(name, values[name])
+            values[name] = check_tasks(name, values[name])
     return cls(**values)
 
 
-def check_tasks(field: str, value: Any) -> None:
-    """A task field's value names registered tasks ('all' where a command takes every task)."""
+def check_tasks(field: str, value: Any) -> Any:
+    """A task field's value names registered tasks ('all' where a command takes every task) or outside envs
+    (`gym:<id>`, `<module>:<callable>`: checked to exist, and put in their canonical form, which is returned)."""
+    from robotrl.envs.outside import check_name, is_outside
     from robotrl.envs.tasks import TASKS
 
-    for name in [value] if isinstance(value, str) else list(value or ()):
-        if name != "all" and name not in TASKS:
+    names = [value] if isinstance(value, str) else list(value or ())
+    for i, name in enumerate(names):
+        if is_outside(name):
+            names[i] = check_name(name)
+        elif name != "all" and name not in TASKS:
             close = difflib.get_close_matches(name, list(TASKS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{field}: unknown task {name!r}; expected one of {sorted(TASKS)}{hint}")
+            raise ValueError(
+                f"{field}: unknown task {name!r}; expected one of {sorted(TASKS)}, gym:<id> or "
+                f"<module>:<callable>{hint}"
+            )
+    return names[0] if isinstance(value, str) else type(value)(names) if value is not None else value
 
 
 # ---------------------------------------------------------------------------------------------------

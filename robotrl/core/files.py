@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 MANIFEST = "manifest.json"
+
+
+def default_run_dir(*parts: str) -> Path:
+    """runs/<parts joined by '-'>-<time>, each part reduced to characters safe in one path component (an outside
+    env's name, `gym:robotrl/Reach-v0?x=1`, holds ':', '/' and '?')."""
+    safe = (re.sub(r"[^A-Za-z0-9._-]+", "_", p).strip("_") for p in parts)
+    return Path("runs") / "-".join([*safe, time.strftime("%Y%m%d-%H%M%S")])
 
 
 def sha256(path: Path) -> str:

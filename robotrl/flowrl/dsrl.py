@@ -54,6 +54,8 @@ from robotrl.training.loop import (
     TrainClock,
     check_finite_weights,
     load_run_state,
+    postfix,
+    recent_episodes,
     save_run_state,
     start_run,
 )
@@ -271,6 +273,7 @@ def train(config: DsrlConfig) -> RLResult:
 
     # the rollout's agent (its prior is the actor) and SAC's agent around the same prior
     env = training_env(policy, online)
+    reports_success = getattr(env, "reports_success", True)
     flow = FlowAgent(policy, online, policy.config.steps)  # only its prior trains (latent freezes the rest)
     execute = min(config.execute, policy.action_horizon)
     sac_config = config.sac(policy.spec.task, execute)
@@ -335,7 +338,7 @@ def train(config: DsrlConfig) -> RLResult:
 
             now, before = (it + 1) * per_iteration, it * per_iteration
             bar.update(per_iteration)
-            recent = tally.success[-100:]
+            recent = recent_episodes(tally.returns, tally.success, 100, reports_success)
             if now // config.log_every != before // config.log_every or it + 1 == iterations:
                 with torch.no_grad():
                     mean, std = flow.prior(batch["obs"])
@@ -348,16 +351,9 @@ def train(config: DsrlConfig) -> RLResult:
                         "prior/std": float(std.mean()),
                         "prior/mean_abs": float(mean.abs().mean()),
                     },
-                    **(
-                        {
-                            "train/success_rate": float(np.mean(recent)),
-                            "train/return": float(np.mean(tally.returns[-100:])),
-                        }
-                        if recent
-                        else {}
-                    ),
+                    **recent,
                 )
-            bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
+            bar.set_postfix(postfix(recent))
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_run_state(

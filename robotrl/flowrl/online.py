@@ -88,6 +88,8 @@ from robotrl.training.loop import (
     check_finite_weights,
     load_run_state,
     optimizer_step,
+    postfix,
+    recent_episodes,
     save_run_state,
     start_run,
 )
@@ -361,6 +363,7 @@ def train(config: OnlineConfig) -> RLResult:
     policy, agent, env, windows, tally, rng = run.policy, run.agent, run.env, run.windows, run.tally, run.rng
     run_dir, state_path, optimizer, iterations = run.run_dir, run.state_path, run.optimizer, run.iterations
     n, horizon, execute = config.num_envs, config.rollout_steps, min(config.execute, policy.action_horizon)
+    reports_success = getattr(env, "reports_success", True)
     start = 0
     if config.resume:
         state = load_run_state(state_path, agent, {"adam": optimizer}, rng, env)
@@ -407,7 +410,7 @@ def train(config: OnlineConfig) -> RLResult:
             # log, evaluate, checkpoint
             now, before = (it + 1) * n * horizon, it * n * horizon
             bar.update(n * horizon)
-            recent = tally.success[-100:]
+            recent = recent_episodes(tally.returns, tally.success, 100, reports_success)
             trained_s = clock.trained()
             if now // config.log_every != before // config.log_every or it + 1 == iterations:
                 log.log(
@@ -420,16 +423,9 @@ def train(config: OnlineConfig) -> RLResult:
                         "rollout/chain_logp": float(data["logp"].sum(1).mean()),
                         "rollout/explained_variance": explained_variance(data),
                     },
-                    **(
-                        {
-                            "train/success_rate": float(np.mean(recent)),
-                            "train/return": float(np.mean(tally.returns[-100:])),
-                        }
-                        if recent
-                        else {}
-                    ),
+                    **recent,
                 )
-            bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
+            bar.set_postfix(postfix(recent))
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations, best=best)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_run_state(

@@ -38,6 +38,8 @@ from robotrl.training.loop import (
     TrainingDiverged,
     finish_iterations,
     load_run_state,
+    postfix,
+    recent_episodes,
     save_run_state,
     start_run,
 )
@@ -323,22 +325,17 @@ def train(config: PpoConfig) -> RLResult:
             # log, evaluate, checkpoint
             now, before = (it + 1) * n * horizon, it * n * horizon
             bar.update(n * horizon)
-            recent = episodes["success"][-100:]
+            recent = recent_episodes(
+                episodes["returns"], episodes["success"], 100, getattr(env, "reports_success", True)
+            )
             trained_s = clock.trained()
             log.log(
                 now,
                 **stats,
                 **{"time/train_seconds": trained_s, "time/steps_per_second": now / max(trained_s, 1e-9)},
-                **(
-                    {
-                        "train/success_rate": float(np.mean(recent)),
-                        "train/return": float(np.mean(episodes["returns"][-100:])),
-                    }
-                    if recent
-                    else {}
-                ),
+                **recent,
             )
-            bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
+            bar.set_postfix(postfix(recent))
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_run_state(

@@ -49,6 +49,8 @@ from robotrl.training.loop import (
     load_run_state,
     load_train_state,
     polyak,
+    postfix,
+    recent_episodes,
     save_run_state,
     start_run,
 )
@@ -288,6 +290,7 @@ def train(config: SacConfig) -> RLResult:
     # envs and buffers
     env = make(config.task, num_envs=config.num_envs, seed=config.seed, **env_options(config))
     spec, n = env.task_spec, config.num_envs
+    reports_success = getattr(env, "reports_success", True)
     capacity = math.ceil(config.total_steps / n) + 1
     action_dim = int(np.prod(spec.action.shape))
     target_entropy = config.target_entropy if config.target_entropy is not None else -action_dim / 2
@@ -375,20 +378,9 @@ def train(config: SacConfig) -> RLResult:
                     )
             bar.update(n)
             if now // config.log_every != done_steps // config.log_every:
-                recent = episodes["success"][-20:]
-                log.log(
-                    now,
-                    **stats,
-                    **(
-                        {
-                            "train/success_rate": float(np.mean(recent)),
-                            "train/return": float(np.mean(episodes["returns"][-20:])),
-                        }
-                        if recent
-                        else {}
-                    ),
-                )
-                bar.set_postfix(success=f"{np.mean(recent):.2f}" if recent else "-")
+                recent = recent_episodes(episodes["returns"], episodes["success"], 20, reports_success)
+                log.log(now, **stats, **recent)
+                bar.set_postfix(postfix(recent))
             clock.evaluate_every(
                 config, log, lambda: evaluate(agent, config), now, done_steps, last=it + 1 == vector_steps
             )

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
+from robotrl.core.files import default_run_dir
 from robotrl.envs.rollouts import EpisodeStats
 from robotrl.envs.tasks import DEFAULT_TASK
 
@@ -36,11 +37,11 @@ class Sb3Config:
     fields are named as robotrl's own runs name them (SB3's: total_timesteps, n_envs, learning_rate, net_arch)."""
 
     task: str = DEFAULT_TASK
-    """task name (see `robotrl envs list`)"""
+    """task name (see `robotrl envs list`), or an outside env: gym:<id> or <module>:<callable>"""
     algo: Literal["sac", "ppo", "td3"] = "sac"
     """SAC (sample-efficient, the default), PPO or TD3"""
-    action_mode: str = "ee_delta"
-    """the task's action mode"""
+    action_mode: str | None = None
+    """the task's action mode (default: its own; 'native' for an outside env)"""
     reward_type: Literal["dense", "sparse"] = "dense"
     total_steps: int = 12_000
     """environment steps of training (all envs together)"""
@@ -90,8 +91,9 @@ class Sb3Config:
 
 @dataclass(frozen=True)
 class Sb3Result:
-    success_rate: float
-    success_ci95: tuple[float, float]
+    success_rate: float | None
+    """None where the env reports no success (judge it by `mean_return`)"""
+    success_ci95: tuple[float, float] | None
     mean_return: float
     episodes: int
     timesteps: int
@@ -126,13 +128,28 @@ class Sb3Td3Config(Sb3Config):
 
 
 def make_sb3_env(config: Sb3Config, seed: int | None = None) -> gym.Env:
-    """The registered single env, restricted to `obs_keys` and flattened to a Box (what SB3's MlpPolicy takes)."""
-    import robotrl.envs  # noqa: F401  (registers the ids)
-    from robotrl.envs.registration import env_id
+    """The single env, restricted to `obs_keys` and flattened to a Box (what SB3's MlpPolicy takes): a robotrl
+    task's registered id, or the outside env itself (its Box observation is the key 'state')."""
+    from robotrl.envs import is_outside
 
-    env = gym.make(
-        env_id(config.task), action_mode=config.action_mode, reward_type=config.reward_type, render_images=False
-    )
+    if is_outside(config.task):
+        from robotrl.envs.adapter import STATE_KEY, make_outside
+        from robotrl.envs.outside import parse
+
+        make_outside(config.task, action_mode=config.action_mode, reward_type=config.reward_type).close()  # checks
+        env = parse(config.task).factory()()
+        if not isinstance(env.observation_space, gym.spaces.Dict):
+            if tuple(config.obs_keys) != (STATE_KEY,):
+                raise ValueError(f"obs_keys: {config.task} has keys ['{STATE_KEY}']; got {list(config.obs_keys)}")
+            env.reset(seed=seed)
+            return env
+    else:
+        import robotrl.envs  # noqa: F401  (registers the ids)
+        from robotrl.envs.registration import env_id
+
+        env = gym.make(
+            env_id(config.task), action_mode=config.action_mode, reward_type=config.reward_type, render_images=False
+        )
     space = env.observation_space
     assert isinstance(space, gym.spaces.Dict)
     missing = [k for k in config.obs_keys if k not in space.spaces]
@@ -187,17 +204,20 @@ def train(config: Sb3Config) -> Sb3Result:
     from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
     torch.set_num_threads(config.threads)
-    run_dir = Path(config.run_dir or f"runs/sb3-{config.algo}-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(config.run_dir or default_run_dir("sb3", config.algo, config.task))
     run_dir.mkdir(parents=True, exist_ok=True)
     last = last_checkpoint(run_dir) if config.resume else None
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(_jsonable(dataclasses.asdict(config)), indent=2))
 
+    from robotrl.envs import is_outside
+
     venv = VecMonitor(
         DummyVecEnv([partial(make_sb3_env, config, config.seed + i) for i in range(config.num_envs)]),
-        info_keywords=("success",),
+        info_keywords=() if is_outside(config.task) else ("success",),
     )
-    keys = tuple(venv.envs[0].env.observation_space.spaces)  # FlattenObservation(FilterObservation): its key order
+    space = venv.envs[0].env.observation_space  # FlattenObservation(FilterObservation): its key order
+    keys = tuple(space.spaces) if isinstance(space, gym.spaces.Dict) else tuple(config.obs_keys)
     algo_cls: Any = {"sac": SAC, "ppo": PPO, "td3": TD3}[config.algo]
     if last is not None:
         model = algo_cls.load(last, env=venv, device="cpu")
@@ -236,10 +256,9 @@ def train(config: Sb3Config) -> Sb3Result:
     venv.close()
 
     stats = evaluate(model, config, keys)
-    lo, hi = stats.success_ci95()
     result = Sb3Result(
-        stats.success_rate,
-        (lo, hi),
+        stats.success_rate if stats.reports_success else None,
+        stats.success_ci95() if stats.reports_success else None,
         float(np.mean(stats.returns)),
         len(stats.success),
         int(model.num_timesteps),
@@ -252,7 +271,8 @@ def train(config: Sb3Config) -> Sb3Result:
         ("eval/mean_return", result.mean_return),
         ("time/train_seconds", seconds),
     ):
-        model.logger.record(key, value)
+        if value is not None:
+            model.logger.record(key, value)
     model.logger.dump(model.num_timesteps)
     model.logger.close()
     (run_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2))

@@ -102,6 +102,8 @@ class BCResult:
     success_rate: float | None
     success_ci95: tuple[float, float] | None
     run_dir: Path
+    mean_return: float | None = None
+    """the final evaluation's mean return (what an env without success is judged by)"""
 
 
 def make_policy(config: BCConfig, store: EpisodeStore) -> Policy:
@@ -200,21 +202,22 @@ def train(config: BCConfig) -> BCResult:
         if done % config.checkpoint_every == 0 or done == config.steps:
             checkpoint(done)
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-            stats = evaluate(ema.model if ema else policy, config)
-            log.log(done, **{"eval/success_rate": stats.success_rate})
+            log.log(done, **evaluate(ema.model if ema else policy, config).metrics())
     bar.close()
     seconds = time.perf_counter() - began
 
     final = ema.model if ema else policy
     final.eval()
     path = final.save(run_dir / "policy")
-    success, ci = None, None
+    success, ci, mean_return = None, None, None
     if config.eval_episodes > 0:
         stats = evaluate(final, config)
-        success, ci = stats.success_rate, stats.success_ci95()
-        log.log(config.steps, **{"eval/success_rate": success})
+        mean_return = stats.mean_return
+        if stats.reports_success:
+            success, ci = stats.success_rate, stats.success_ci95()
+        log.log(config.steps, **stats.metrics())
     log.close()
-    result = BCResult(path, config.steps, seconds, loss_value, success, ci, run_dir)
+    result = BCResult(path, config.steps, seconds, loss_value, success, ci, run_dir, mean_return)
     (run_dir / "result.json").write_text(json.dumps(jsonable(result), indent=2))
     return result
 
@@ -225,6 +228,9 @@ def run_train_bc(config: BCConfig) -> BCResult:
     success = (
         f"success {result.success_rate:.1%}{ci} over {config.eval_episodes} held-out episodes; "
         if result.success_rate is not None
+        else f"mean return {result.mean_return:.2f} over {config.eval_episodes} held-out episodes (no success "
+        "reported); "
+        if result.mean_return is not None
         else ""
     )
     assert isinstance(config.policy, PolicyConfig)  # BCConfig.__post_init__ resolved a name

@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from robotrl.core.files import default_run_dir
 from robotrl.core.spec import STRING
 from robotrl.training.loop import RLResult
 
@@ -760,7 +761,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
 
     torch.set_num_threads(config.threads)
     budget = config.budget()
-    run_dir = Path(config.run_dir or f"runs/pipeline-{config.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(config.run_dir or default_run_dir("pipeline", config.task))
     rows_path = run_dir / "stages.jsonl"
     if not config.resume and rows_path.exists():
         raise FileExistsError(

@@ -267,14 +267,14 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
                 )
             policy.config.steps = config.sampler_steps
         stats = evaluate_policy(policy, config.eval_episodes, config.eval_envs, config.eval_seed, config.execute)
-        lo, hi = stats.success_ci95()
         result = {
             "policy": str(config.policy),
             "task": policy.spec.task,
             "episodes": len(stats.success),
-            "success_rate": stats.success_rate,
-            "ci95": [lo, hi],
-            "mean_return": float(np.mean(stats.returns)),
+            # null where the env reports no success (an outside env judged by its return)
+            "success_rate": stats.success_rate if stats.reports_success else None,
+            "ci95": list(stats.success_ci95()) if stats.reports_success else None,
+            "mean_return": stats.mean_return,
             "seed": config.eval_seed,
         }
         if stats.wrong_object is not None:

@@ -7,7 +7,7 @@ import copy
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, Self, TypeVar
@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robotrl.core.files import default_run_dir
 from robotrl.envs.tasks import DEFAULT_TASK
 
 
@@ -158,8 +159,9 @@ class TaskOptions:
     """The task an online RL run acts in (its config's first fields)."""
 
     task: str = DEFAULT_TASK
-    """task name (`robotrl envs list`)"""
-    action_mode: str = "ee_delta"
+    """task name (`robotrl envs list`), or an outside env: gym:<id> or <module>:<callable>"""
+    action_mode: str | None = None
+    """the task's action mode (default: its own; 'native' for an outside env)"""
     reward_type: Literal["dense", "sparse"] = "dense"
     obs_keys: tuple[str, ...] = ("state",)
     """numeric, non-image observation keys, flattened in this order"""
@@ -234,7 +236,7 @@ def start_run(
             "resume it (--resume) or pick another run_dir"
         )
     torch.set_num_threads(config.threads)
-    run_dir = Path(config.run_dir or f"runs/{algorithm}-{task}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(config.run_dir or default_run_dir(algorithm, task))
     run_dir.mkdir(parents=True, exist_ok=True)
     state_path = run_dir / "train_state.pt"
     if config.resume and not state_path.exists():
@@ -262,6 +264,8 @@ class RLResult:
     """the best evaluated weights (flow-policy runs with evaluations: `BestCheckpoint`)"""
     best: dict[str, float] | None = None
     """their {"step", "success_rate"} on the run's evaluation seeds"""
+    mean_return: float | None = None
+    """the final evaluation's mean return (what an env without success is judged by)"""
 
     def save(self) -> Self:
         (self.run_dir / "result.json").write_text(json.dumps(jsonable(self), indent=2))
@@ -272,6 +276,8 @@ class RLResult:
         success = (
             f"success {self.success_rate:.1%}{ci} over {episodes} held-out episodes; "
             if self.success_rate is not None
+            else f"mean return {self.mean_return:.2f} over {episodes} held-out episodes (no success reported); "
+            if self.mean_return is not None
             else ""
         )
         rate = f" ({self.steps_per_second:,.0f} steps/s)" if self.steps_per_second else ""
@@ -281,6 +287,26 @@ class RLResult:
             else ""
         )
         return f"{name}: {success}{self.steps} {unit} in {self.train_seconds:.0f} s{rate}; weights {self.weights}{kept}"
+
+
+def recent_episodes(
+    returns: Sequence[float], success: Sequence[bool], window: int, reports_success: bool = True
+) -> dict[str, float]:
+    """An online run's training metrics over its last `window` finished episodes: the mean return and, where the
+    env reports success, the success rate ({} before any episode ends)."""
+    if not returns:
+        return {}
+    out = {"train/return": float(np.mean(returns[-window:]))}
+    if reports_success:
+        out["train/success_rate"] = float(np.mean(success[-window:]))
+    return out
+
+
+def postfix(metrics: Mapping[str, float]) -> dict[str, str]:
+    """A progress bar's postfix from `recent_episodes`: the success rate, else the return."""
+    if "train/success_rate" in metrics:
+        return {"success": f"{metrics['train/success_rate']:.2f}"}
+    return {"return": f"{metrics['train/return']:.1f}"} if metrics else {"success": "-"}
 
 
 class BestCheckpoint:
@@ -335,10 +361,10 @@ class TrainClock:
             return
         t0 = time.perf_counter()
         trained = t0 - self.began - self.eval_seconds
-        success = evaluate().success_rate
-        log.log(now, **{"eval/success_rate": success, "time/train_seconds": trained})
+        stats = evaluate()
+        log.log(now, **stats.metrics(), **{"time/train_seconds": trained})
         if best is not None:
-            best.offer(now, success)
+            best.offer(now, stats.score)
         self.eval_seconds += time.perf_counter() - t0
 
 
@@ -355,13 +381,15 @@ def finish_run(
 ) -> RLResult:
     """An RL run's end: the final held-out evaluation (if `eval_episodes`), logged at `steps` with the training
     seconds and offered to `best`, the log closed, and the result saved in the run directory."""
-    success, ci = None, None
+    success, ci, mean_return = None, None, None
     if config.eval_episodes > 0:
         final = evaluate()
-        success, ci = final.success_rate, final.success_ci95()
-        log.log(steps, **{"eval/success_rate": success, "time/train_seconds": seconds})
+        mean_return = final.mean_return
+        if final.reports_success:
+            success, ci = final.success_rate, final.success_ci95()
+        log.log(steps, **final.metrics(), **{"time/train_seconds": seconds})
         if best is not None:
-            best.offer(steps, success)
+            best.offer(steps, final.score)
     log.close()
     kept = best.best() if best is not None else None
     return RLResult(
@@ -374,6 +402,7 @@ def finish_run(
         steps_per_second,
         best_weights=best.path if best is not None and kept else None,
         best=kept,
+        mean_return=mean_return,
     ).save()
 
 

@@ -12,13 +12,14 @@ from robotrl.envs.adapter import GymVectorAdapter
 def test_box_env_gets_a_state_key_spec_and_same_step_autoreset():
     env = GymVectorAdapter("Pendulum-v1", num_envs=3, seed=0)
     spec = env.task_spec
-    assert spec.task == "Pendulum-v1" and spec.episode_steps == 200 and spec.action.shape == (1,)
+    assert spec.task == "gym:Pendulum-v1" and spec.episode_steps == 200 and spec.action.shape == (1,)
     assert spec.observations["state"].shape == (3,)
     obs, _ = env.reset()
     assert obs["state"].shape == (3, 3) and env.observation_space.contains(obs)
     for t in range(200):
         obs, reward, term, trunc, info = env.step(np.full((3, 1), 0.5, np.float32))
-        assert reward.shape == (3,) and "success" not in info  # Pendulum reports no success
+        # Pendulum reports no success: the adapter says so, and fills the key the stages read with False
+        assert reward.shape == (3,) and not env.reports_success and not info["success"].any()
         if t < 199:
             assert not trunc.any() and "final_obs" not in info
     assert trunc.all() and info["_final_obs"].all()
@@ -58,7 +59,7 @@ def test_dict_env_with_success_and_torch_output():
 
 def test_text_observations_stay_strings():
     pytest.importorskip("robotrl.envs.tasks.pick_place")
-    env = GymVectorAdapter("robotrl/PickPlace-v0", num_envs=2, seed=0, render_images=False)
+    env = GymVectorAdapter("robotrl/PickPlace-v0", num_envs=2, seed=0, env_kwargs={"render_images": False})
     obs, _ = env.reset()
     assert obs["instruction"].dtype == object and isinstance(obs["instruction"][0], str)
 
@@ -84,7 +85,7 @@ def test_unsupported_spaces_are_clear_errors():
 
 def test_factory_and_no_autoreset():
     env = GymVectorAdapter(lambda: gym.make("Pendulum-v1", max_episode_steps=2), num_envs=1, autoreset=False)
-    assert env.task_spec.task == "Pendulum-v1"
+    assert env.task_spec.task == "gym:Pendulum-v1"  # a lambda has no import path: named by its gymnasium id
     env.reset(seed=0)
     env.step(np.zeros((1, 1)))
     _, _, _, trunc, info = env.step(np.zeros((1, 1)))
