@@ -67,7 +67,7 @@ def spec_from_env(env: gym.Env, name: str, episode_steps: int | None = None) -> 
     if action.dtype == STRING:
         raise TypeError(f"action_space: expected a gymnasium.spaces.Box, got {env.action_space}")
     fps = env.metadata.get("render_fps") or 0.0
-    steps = episode_steps or (env.spec.max_episode_steps if env.spec is not None else None) or 0
+    steps = episode_steps or time_limit(env) or 0
     return Spec(
         task=name,
         observations=observations,
@@ -76,6 +76,16 @@ def spec_from_env(env: gym.Env, name: str, episode_steps: int | None = None) -> 
         control_hz=float(fps),
         episode_steps=int(steps),
     )
+
+
+def time_limit(env: gym.Env) -> int | None:
+    """The episode cap of an env: its outermost `TimeLimit` wrapper's (a factory's own), else its registration's."""
+    layer: Any = env
+    while isinstance(layer, gym.Wrapper):
+        if isinstance(layer, gym.wrappers.TimeLimit):
+            return int(layer._max_episode_steps)
+        layer = layer.env
+    return env.spec.max_episode_steps if env.spec is not None else None
 
 
 class GymVectorAdapter(gym.vector.VectorEnv):

@@ -57,10 +57,11 @@ class EnvsList:
 
 @dataclass
 class EnvsCheck:
-    """Run gymnasium's env checker (`gymnasium.utils.env_checker.check_env`) on a registered task."""
+    """Run gymnasium's env checker (`gymnasium.utils.env_checker.check_env`) on a registered task, or on an outside env
+    (then also print the spec robotrl derives from it)."""
 
     task: str = DEFAULT_TASK
-    """task name, or 'all'"""
+    """task name, 'all', or an outside env (gym:<id>, <module>:<callable>)"""
     render: bool = True
     """also check rendering (rgb_array)"""
 
@@ -103,18 +104,35 @@ def run_check(config: EnvsCheck) -> None:
     import gymnasium as gym
     from gymnasium.utils.env_checker import check_env
 
-    from robotrl.envs import list_tasks
+    from robotrl.envs import is_outside, list_tasks, spec_of
+    from robotrl.envs.outside import parse
     from robotrl.envs.registration import env_id
 
     names = list_tasks() if config.task == "all" else [config.task]
     for name in names:
-        env = gym.make(env_id(name), render_mode="rgb_array" if config.render else None, width=160, height=120)
+        render = {"render_mode": "rgb_array"} if config.render else {}
+        if is_outside(name):  # the env as its author made it (rendering where gymnasium.make can ask for it)
+            ref = parse(name)
+            env, label = ref.factory(**(render if ref.is_gym else {}))(), name
+        else:
+            env, label = (
+                gym.make(env_id(name), render_mode=render.get("render_mode"), width=160, height=120),
+                env_id(name),
+            )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            check_env(env.unwrapped, skip_render_check=not config.render)
+            check_env(env.unwrapped, skip_render_check=not config.render or env.render_mode is None)
         env.close()
         notes = sorted({str(w.message).replace("\x1b[33m", "").replace("\x1b[0m", "") for w in caught})
-        print(f"{env_id(name)}: check_env passed" + "".join(f"\n  note: {n}" for n in notes))
+        print(f"{label}: check_env passed" + "".join(f"\n  note: {n}" for n in notes))
+        if is_outside(name):
+            spec = spec_of(name)
+            obs = ", ".join(f"{k} {v.shape}" for k, v in spec.observations.items())
+            print(
+                f"  robotrl spec: {obs} -> action {spec.action.shape}, {spec.control_hz:g} Hz, {spec.episode_steps} "
+                f"steps; success reported: {'yes' if spec.metadata['success'] else 'no (judged by return)'}; "
+                f"seeding: {spec.metadata['seeding']}"
+            )
 
 
 def run_view(config: EnvsView) -> None:

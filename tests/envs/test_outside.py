@@ -202,3 +202,12 @@ def test_cli_records_validates_and_evaluates_a_users_env(tmp_path: Path):
     )  # fmt: skip
     assert sac.returncode == 0, sac.stderr
     assert json.loads((tmp_path / "sac" / "result.json").read_text())["success_rate"] is not None
+
+
+def test_envs_check_runs_gymnasiums_checker_on_an_outside_env_and_shows_robotrls_spec(tmp_path: Path):
+    out = robotrl("envs", "check", "--task", "outside_envs:make_point?radius=0.1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "outside_envs:make_point?radius=0.1: check_env passed" in out.stdout
+    assert "robotrl spec: state (4,) -> action (2,), 10 Hz, 30 steps; success reported: yes" in out.stdout
+    pendulum = robotrl("envs", "check", "--task", "gym:Pendulum-v1", cwd=tmp_path)
+    assert pendulum.returncode == 0 and "success reported: no (judged by return); seeding: reset" in pendulum.stdout
