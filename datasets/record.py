@@ -93,11 +93,11 @@ def record_expert(
     meta: dict[str, Any]
     if demonstrator is not None:
         expert: Any = load_demonstrator(demonstrator)
-        source, meta = "scripted", {"demonstrator": demonstrator}
+        meta = {"demonstrator": demonstrator}
     else:
         noise = env.task.demo_noise if noise is None else noise
         expert = env.task.expert(noise=noise, seed=seed)
-        source, meta = "scripted", {"noise": noise}
+        meta = {"noise": noise}
     getattr(expert, "reset", lambda n: None)(num_envs)
     store = EpisodeStore.create(out, env.task_spec, exist_ok=True)
     record_policy(
@@ -105,7 +105,7 @@ def record_expert(
         expert.act,
         store,
         episodes,
-        source=source,
+        source="scripted",
         on_episode_end=getattr(expert, "reset_env", None),
         seed=seed,
         progress=progress,

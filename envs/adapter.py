@@ -245,9 +245,22 @@ def make_outside(
     seed: int | None = None,
     **options: Any,
 ) -> GymVectorAdapter:
-    """`robotrl.envs.make` for an outside env: the options robotrl's stages pass that have a meaning here are taken
-    (`output`, `autoreset`, `episode_steps`, `action_mode` 'native', dense reward, no rendering); any other is a
-    one-line error naming it."""
+    """`robotrl.envs.make` for an outside env, its options checked by `outside_options`."""
+    options = outside_options(task, backend, randomization, **options)
+    return GymVectorAdapter(
+        parse(task),
+        num_envs,
+        seed,
+        output=options.get("output", "numpy"),
+        autoreset=options.get("autoreset", True),
+        episode_steps=options.get("episode_steps") or None,
+    )
+
+
+def outside_options(task: str, backend: str = "cpu", randomization: Any = None, **options: Any) -> dict[str, Any]:
+    """The options robotrl's stages pass that have a meaning for an outside env (`output`, `autoreset`,
+    `episode_steps`, `action_mode` 'native', dense reward, no rendering), returned; any other is a one-line error
+    naming it. Nothing is built."""
     if backend != "cpu":
         raise ValueError(f"backend: an outside env ({task}) runs on 'cpu' only, got {backend!r}")
     if randomization is not None:
@@ -259,21 +272,13 @@ def make_outside(
         if options.get(key) not in allowed:
             raise ValueError(f"{key}: {task} is an outside env; expected {allowed[-1]!r}, got {options[key]!r}")
     options.pop("num_threads", None)
-    adapter_keys = {"output", "autoreset", "episode_steps"}
-    unknown = set(options) - adapter_keys - set(expected)
+    unknown = set(options) - {"output", "autoreset", "episode_steps"} - set(expected)
     if unknown:
         raise ValueError(
             f"{task}: option(s) {sorted(unknown)} are robotrl task options; an outside env takes its own keyword "
             f"arguments in its name ('{task}?key=value')"
         )
-    return GymVectorAdapter(
-        parse(task),
-        num_envs,
-        seed,
-        output=options.get("output", "numpy"),
-        autoreset=options.get("autoreset", True),
-        episode_steps=options.get("episode_steps") or None,
-    )
+    return options
 
 
 @contextmanager

@@ -573,7 +573,9 @@ def check_tasks(field: str, value: Any) -> Any:
                 f"{field}: unknown task {name!r}; expected one of {sorted(TASKS)}, gym:<id> or "
                 f"<module>:<callable>{hint}"
             )
-    return names[0] if isinstance(value, str) else type(value)(names) if value is not None else value
+    if isinstance(value, str):
+        return names[0]
+    return value if value is None else type(value)(names)
 
 
 # ---------------------------------------------------------------------------------------------------

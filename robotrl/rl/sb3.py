@@ -133,10 +133,10 @@ def make_sb3_env(config: Sb3Config, seed: int | None = None) -> gym.Env:
     from robotrl.envs import is_outside
 
     if is_outside(config.task):
-        from robotrl.envs.adapter import STATE_KEY, make_outside
+        from robotrl.envs.adapter import STATE_KEY, outside_options
         from robotrl.envs.outside import parse
 
-        make_outside(config.task, action_mode=config.action_mode, reward_type=config.reward_type).close()  # checks
+        outside_options(config.task, action_mode=config.action_mode, reward_type=config.reward_type)
         env = parse(config.task).factory()()
         if not isinstance(env.observation_space, gym.spaces.Dict):
             if tuple(config.obs_keys) != (STATE_KEY,):
