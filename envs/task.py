@@ -102,7 +102,7 @@ class Task(abc.ABC):
             )
         if self.config.episode_steps <= 0:
             raise ValueError(f"{self.name}: episode_steps must be positive, got {self.config.episode_steps}")
-        self.model = mujoco.MjModel.from_xml_string(self.mjcf())
+        self.model = self.compile()
         self.n_substeps = max(1, round(1.0 / (self.control_hz * self.model.opt.timestep)))
         self._sensor_slices = {
             mujoco.mj_id2name(self.model, mujoco.mjtObj.mjOBJ_SENSOR, i): slice(
@@ -119,6 +119,10 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def mjcf(self) -> str:
         """The task's MJCF (primitive geoms only, so MJX can run it)."""
+
+    def compile(self) -> mujoco.MjModel:
+        """The task's compiled model: its MJCF, or a scene composed from it (robotrl/envs/tasks/arm.py)."""
+        return mujoco.MjModel.from_xml_string(self.mjcf())
 
     def sensor(self, frame: Frame, name: str) -> Any:
         return frame.sensordata[:, self._sensor_slices[name]]

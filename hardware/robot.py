@@ -12,6 +12,7 @@ field, what was expected and what was found. Torch-free and rclpy-free (the node
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,15 +21,13 @@ from typing import Any
 import numpy as np
 import yaml
 
+from robotrl.envs.robots import RobotDescription, RobotDescriptionError, load_robot
+
 #: the bundled robot files
 ROBOTS_DIR = Path(__file__).with_name("robots")
 #: how commands reach the driver: `trajectory_msgs/JointTrajectory` (a ros2_controllers
 #: JointTrajectoryController) or `std_msgs/Float64MultiArray` (a ForwardCommandController of positions)
 COMMAND_TYPES = ("joint_trajectory", "float64_multi_array")
-#: forward kinematics the workspace check can use (the task suite's arm: Franka Panda link frames), and how many
-#: leading joints of `joint_names` it reads (joints after them, e.g. a gripper's fingers, move no link of the arm)
-KINEMATICS = ("panda", "none")
-ARM_JOINTS = {"panda": 7}
 
 
 class RobotConfigError(ValueError):
@@ -77,10 +76,15 @@ class RobotConfig:
     joint_names: tuple[str, ...]
     limits: JointLimits
     workspace: Workspace | None = None
-    kinematics: str = "none"
-    """'panda' (check the workspace with the Panda's forward kinematics of the first 7 joints; any after them, such
-    as a gripper's fingers, are commanded and limited like the others but move no arm link) or 'none' (no
-    workspace check)"""
+    model: str = ""
+    """the robot's description (robotrl/envs/robots): a URDF or MJCF path (relative to this file), an
+    `example-robot-data:<name>` robot, or `task:<arm task>`; joint names and position limits not given here are
+    read from it, and the workspace is checked with its forward kinematics ('' = none: no workspace check)"""
+    ee: str = ""
+    """the model's end-effector body or site ('' = the description's own, e.g. tool0 of a UR)"""
+    model_joints: tuple[str, ...] = ()
+    """the model's names of `joint_names`, in their order, where the driver names them otherwise (e.g. fr3_joint1
+    for panda_joint1); () = the same names"""
     command_type: str = "joint_trajectory"
     time_from_start: float = 0.1
     """joint_trajectory: when the single commanded point should be reached (seconds)"""
@@ -94,6 +98,18 @@ class RobotConfig:
     @property
     def dof(self) -> int:
         return len(self.joint_names)
+
+    def load_model(self) -> RobotDescription:
+        """The compiled description (`model`), its `ee` site at the workspace's tool point (compiled once)."""
+        if not self.model:
+            raise RobotConfigError(f"robot {self.name}: model: none given, so no description to load")
+        offset = self.workspace.tool_offset if self.workspace is not None else 0.0
+        return _load(self.model, self.ee or None, offset)
+
+    def arm_indices(self) -> np.ndarray:
+        """Where each joint of the description's arm (its chain to `ee`, in chain order) is in `joint_names`."""
+        in_model = [*self.model_joints, *self.joint_names[len(self.model_joints) :]]
+        return np.array([in_model.index(j) for j in self.load_model().joint_names], dtype=np.int64)
 
     def lower(self) -> np.ndarray:
         return np.asarray(self.limits.lower, dtype=np.float64)
@@ -124,11 +140,20 @@ class RobotConfig:
     @classmethod
     def from_dict(cls, data: Any, where: str = "robot") -> RobotConfig:
         d = _mapping(data, where)
+        if "kinematics" in d:
+            raise RobotConfigError(
+                f"{where}: kinematics: not a field; the workspace check reads the robot's description: give model: "
+                "(e.g. task:PushT, example-robot-data:ur5 or a URDF path)"
+            )
         _known(d, {f.name for f in dataclasses.fields(cls)}, where)
-        for key in ("name", "joint_names", "limits"):
+        for key in ("name", "limits"):
             if key not in d:
                 raise RobotConfigError(f"{where}: missing field {key!r}")
-        names = d["joint_names"]
+        model, ee = _model_source(d.get("model", ""), where), str(d.get("ee", ""))
+        description = _description(model, ee, d, where) if model else None
+        if "joint_names" not in d and description is None:
+            raise RobotConfigError(f"{where}: missing field 'joint_names' (or a model to read them from)")
+        names = d["joint_names"] if "joint_names" in d else list(description.joint_names)  # type: ignore[union-attr]
         if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
             raise RobotConfigError(f"{where}: joint_names: expected a non-empty list of names, got {names!r}")
         if len(set(names)) != len(names):
@@ -136,6 +161,14 @@ class RobotConfig:
         n = len(names)
         lim = _mapping(d["limits"], f"{where}: limits")
         _known(lim, {f.name for f in dataclasses.fields(JointLimits)}, f"{where}: limits")
+        model_joints = d.get("model_joints", [])
+        if model_joints and (not isinstance(model_joints, list) or len(model_joints) > n):
+            raise RobotConfigError(f"{where}: model_joints: expected a list of at most {n} names, got {model_joints!r}")
+        in_model = [*model_joints, *names[len(model_joints) :]]
+        if description is not None:
+            for k, side in (("lower", 0), ("upper", 1)):
+                if k not in lim:
+                    lim = {**lim, k: [_model_range(description, j, where)[side] for j in in_model]}
         vec = {
             k: _floats(lim.get(k), n, f"{where}: limits.{k}") for k in ("lower", "upper", "velocity", "acceleration")
         }
@@ -159,16 +192,15 @@ class RobotConfig:
             if not all(a < b for a, b in zip(lo, hi)):
                 raise RobotConfigError(f"{where}: workspace: expected lower < upper on every axis, got {lo} and {hi}")
             workspace = Workspace(lo, hi, _number(w.get("tool_offset", 0.0), f"{where}: workspace.tool_offset"))  # type: ignore[arg-type]
-        kinematics = d.get("kinematics", "none")
-        if kinematics not in KINEMATICS:
-            raise RobotConfigError(f"{where}: kinematics: expected one of {KINEMATICS}, got {kinematics!r}")
-        if workspace is not None and kinematics == "none":
-            raise RobotConfigError(f"{where}: workspace: needs kinematics (one of {KINEMATICS[:-1]}) to be checked")
-        if kinematics in ARM_JOINTS and n < ARM_JOINTS[kinematics]:
-            raise RobotConfigError(
-                f"{where}: kinematics {kinematics!r}: expected the arm's {ARM_JOINTS[kinematics]} "
-                f"joints first (then any gripper joints), got {n} joints"
-            )
+        if workspace is not None and description is None:
+            raise RobotConfigError(f"{where}: workspace: needs a model (the robot's description) to be checked")
+        if description is not None:
+            missing = [j for j in description.joint_names if j not in in_model]
+            if missing:
+                raise RobotConfigError(
+                    f"{where}: joint_names: expected every joint of the model's arm {list(description.joint_names)} "
+                    f"(named by model_joints where the driver names them otherwise), missing {missing}"
+                )
         command_type = d.get("command_type", "joint_trajectory")
         if command_type not in COMMAND_TYPES:
             raise RobotConfigError(f"{where}: command_type: expected one of {COMMAND_TYPES}, got {command_type!r}")
@@ -191,12 +223,42 @@ class RobotConfig:
             joint_names=tuple(names),
             limits=JointLimits(**vec),
             workspace=workspace,
-            kinematics=kinematics,
+            model=model,
+            ee=ee,
+            model_joints=tuple(model_joints),
             command_type=command_type,
             topics=topics,
             description=str(d.get("description", "")),
             **positive,
         )
+
+
+#: descriptions compiled once per process (a robot file is read by every node and the safety filter)
+_load = functools.lru_cache(maxsize=16)(load_robot)
+
+
+def _model_source(x: Any, where: str) -> str:
+    """The description source with a relative file path made relative to the robot file's folder."""
+    if not isinstance(x, str):
+        raise RobotConfigError(f"{where}: model: expected a description (a path or name), got {x!r}")
+    if x and ":" not in x and not Path(x).is_absolute() and Path(where).suffix in (".yaml", ".yml"):
+        return str(Path(where).parent / x)
+    return x
+
+
+def _description(model: str, ee: str, d: dict[str, Any], where: str) -> RobotDescription:
+    offset = d.get("workspace", {}).get("tool_offset", 0.0) if isinstance(d.get("workspace"), dict) else 0.0
+    try:
+        return _load(model, ee or None, _number(offset, f"{where}: workspace.tool_offset"))
+    except RobotDescriptionError as e:
+        raise RobotConfigError(f"{where}: model: {e}") from None
+
+
+def _model_range(description: RobotDescription, joint: str, where: str) -> tuple[float, float]:
+    try:
+        return description.joint_range(joint)
+    except RobotDescriptionError as e:
+        raise RobotConfigError(f"{where}: joint_names: {e}") from None
 
 
 def _mapping(x: Any, where: str) -> dict[str, Any]:

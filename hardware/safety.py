@@ -193,11 +193,10 @@ class SafetyFilter:
 
 
 def _tool_point(robot: RobotConfig) -> Any:
-    """q (dof,) -> tool point (3,) in the base frame, or None when the robot has no workspace to check."""
-    if robot.workspace is None or robot.kinematics == "none":
+    """q (dof,) -> tool point (3,) in the base frame, or None when the robot has no workspace to check: the robot
+    description's forward kinematics (MuJoCo's mj_kinematics) of the arm's joints; others, such as a gripper's
+    fingers, move no link of the arm."""
+    if robot.workspace is None:
         return None
-    from robotrl.envs.tasks.arm import ee_position  # the task suite's Panda kinematics
-    from robotrl.hardware.robot import ARM_JOINTS
-
-    offset, arm = robot.workspace.tool_offset, ARM_JOINTS[robot.kinematics]
-    return lambda q: np.asarray(ee_position(q[:arm], offset))
+    model, arm = robot.load_model(), robot.arm_indices()
+    return lambda q: model.ee_position(np.asarray(q, dtype=np.float64)[arm])

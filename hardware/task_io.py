@@ -59,11 +59,9 @@ class TaskIO:
             sl = self.fields["tool_pos"]
             dims = min(planned.shape[1], 3)
             last[sl.start : sl.start + dims] += step * planned[:, :dims].sum(0)
-        elif mode == "joint_pos" and "joint_pos" in self.fields:
-            from robotrl.envs.tasks.arm import joint_targets_from_action
-
+        elif mode == "joint_pos" and "joint_pos" in self.fields and hasattr(self.task, "arm"):
             sl = self.fields["joint_pos"]
-            last[sl] = joint_targets_from_action(np, planned[-1:].astype(np.float64))[0][: sl.stop - sl.start]
+            last[sl] = self.task.arm.from_unit(np, planned[-1:].astype(np.float64))[0][: sl.stop - sl.start]
         state[-1] = last
         return {**history, "state": state}
 

@@ -1,17 +1,17 @@
-"""A 7-DoF arm with Franka Panda kinematics and joint limits, its MJCF, and an IK controller.
-
-The forward kinematics and the damped-least-squares IK are written once against an array namespace `xp`
-(numpy or jax.numpy), so the end-effector controller is the same code on the CPU and the MJX backend and
-needs no MuJoCo call: the parity between the backends then only depends on the physics.
+"""The task suite's default arm: a 7-DoF arm with the Franka Panda's link frames and joint limits, as an MJCF
+body tree, and the scene every arm task shares. Its kinematics are not written here: `ArmTask.arm` reads them from
+the compiled scene (robotrl/envs/robots/kinematics.py), as it would for any other arm.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+import mujoco
 import numpy as np
+
+from robotrl.envs.robots.kinematics import Chain, IKConfig
+from robotrl.envs.task import Task, TaskConfig
 
 # (name, body pos in parent, rotation about parent x in rad, joint range) — Panda link frames as in
 # Franka's documented kinematics: each child frame is Trans(pos) * RotX(alpha), then the joint turns about z.
@@ -25,8 +25,6 @@ PANDA_LINKS: tuple[tuple[str, tuple[float, float, float], float, tuple[float, fl
     ("joint7", (0.088, 0.0, 0.0), np.pi / 2, (-2.8973, 2.8973)),
 )
 FLANGE_Z = 0.107
-JOINT_NAMES = tuple(link[0] for link in PANDA_LINKS)
-JOINT_LIMITS = np.array([link[3] for link in PANDA_LINKS])
 HOME_QPOS = np.array([0.0, 0.2, 0.0, -2.2, 0.0, 2.4, np.pi / 4])
 # Position-actuator stiffness per joint (N·m/rad) and joint damping: stiff enough to track a 20 Hz IK target.
 # Links are gravity-compensated (`gravcomp`), as a torque-controlled arm's driver does, so targets carry no sag.
@@ -84,63 +82,105 @@ def arm_actuators_xml() -> str:
     return "\n".join(rows)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Kinematics in any array namespace (numpy / jax.numpy), batched over a leading dimension.
+class ArmTask(Task):
+    """A task of an arm: `self.arm` is the chain from the base to the scene's `ee` site (joints, limits, forward
+    kinematics, Jacobian, IK), read from the task's compiled model, not written for one arm.
+
+    The arm is the task suite's own unless the config's `robot` (Reach has one) names a description
+    (robotrl/envs/robots: a URDF or MJCF file, `example-robot-data:ur5`): then the task's scene, built without its
+    arm (`mjcf()` reads `config.robot`), gets that robot attached at `config.robot_base` with MuJoCo's
+    model-editing API, its links gravity-compensated, a position actuator on each joint of its chain, the task's
+    tool (`tool_xml`) on its end effector, and a start pose solved by the chain's IK: the tool pointing down at
+    `ready_point`."""
+
+    #: flange (the robot's end-effector frame) to the tool point, along the frame's z
+    tool_offset: ClassVar[float] = 0.1
+    #: where a loaded robot starts, the tool pointing down (metres, world frame)
+    ready_point: ClassVar[tuple[float, float, float]] = (0.45, 0.0, 0.35)
+
+    def __init__(self, config: TaskConfig | None = None) -> None:
+        super().__init__(config)
+        self.arm = Chain(self.model, "ee")
+        if self.robot:
+            self.home = self._solve_home()
+        else:
+            self.home = HOME_QPOS
+
+    @property
+    def robot(self) -> str:
+        return str(getattr(self.config, "robot", ""))
+
+    def tool_xml(self) -> str:
+        """Geoms of the task's tool, in the end-effector frame (its tool point `tool_offset` along z)."""
+        return ""
+
+    def compile(self) -> mujoco.MjModel:
+        if not self.robot:
+            return super().compile()
+        from robotrl.envs.robots.description import load_robot, load_spec
+
+        description = load_robot(self.robot)  # checks the source and its end effector in one line
+        robot, _, _ = load_spec(self.robot)
+        scene = mujoco.MjSpec.from_string(self.mjcf())
+        ee = robot.body(description.ee) or robot.site(description.ee).parent
+        ee.add_site(name="ee", pos=[0.0, 0.0, self.tool_offset], size=[0.01, 0.01, 0.01], rgba=[1, 0, 0, 0.5])
+        tool = self.tool_xml()
+        if tool:
+            xml = f"<mujoco><worldbody><body name='tool'>{tool}</body></worldbody></mujoco>"
+            tool_spec = mujoco.MjSpec.from_string(xml)
+            ee.add_frame().attach_body(tool_spec.body("tool"), "tool/", "")
+        for body in robot.bodies:
+            body.gravcomp = 1.0  # as a torque-controlled arm's driver compensates gravity
+        for name, (lo, hi) in zip(description.joint_names, description.limits):
+            joint = robot.joint(name)
+            joint.damping, joint.armature = [ROBOT_DAMPING, 0.0, 0.0], 0.1
+            joint.range, joint.limited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
+        base = [float(x) for x in getattr(self.config, "robot_base", (0.0, 0.0, 0.0))]
+        scene.worldbody.add_frame(pos=base).attach_body(robot.worldbody.first_body(), ROBOT_PREFIX, "")
+        for element in [*scene.joints, *scene.sites]:  # its joints as its driver names them; the `ee` site
+            if element.name.startswith(ROBOT_PREFIX):
+                element.name = element.name.removeprefix(ROBOT_PREFIX)
+        for name, (lo, hi) in zip(description.joint_names, description.limits):
+            act = scene.add_actuator(name=f"act_{name}", target=name, trntype=mujoco.mjtTrn.mjTRN_JOINT)
+            act.set_to_position(kp=ROBOT_KP)
+            act.ctrlrange, act.ctrllimited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
+        model = scene.compile()
+        chain = Chain(model, "ee")
+        if list(chain.qpos_adr) != list(range(chain.dof)):
+            raise ValueError(f"{self.name}: robot {self.robot!r}: expected its joints first in the scene's qpos")
+        return model
+
+    def _solve_home(self) -> np.ndarray:
+        """The robot's start: from the middle of its joint ranges (nudged off the straight-arm singularity), the
+        chain's IK to the tool pointing down at `ready_point`."""
+        lo, hi = self.arm.limits.T
+        q = (0.5 * (lo + hi) + 0.3)[None, :]
+        target, down = np.array([self.ready_point]), down_rotation(np, np.zeros(1))
+        for _ in range(400):
+            q = self.arm.ik(np, q, target, down, q[0], IKConfig(damping=0.02, nullspace_gain=0.0))
+        error = float(np.linalg.norm(self.arm.forward(np, q)[0][0] - target[0]))
+        if error > 0.01:
+            raise ValueError(
+                f"{self.name}: robot {self.robot!r}: its tool cannot reach the task's ready point {self.ready_point} "
+                f"pointing down ({error:.3f} m away)"
+            )
+        return q[0]
 
 
-def _cross(xp: Any, a: Any, b: Any) -> Any:
-    """Cross product over the last axis (cheaper than np.cross for small batched arrays)."""
-    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
-    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
-    return xp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+#: names of a loaded robot's elements in a task scene start with it (its joints keep their own names)
+ROBOT_PREFIX = "robot/"
+#: position-actuator stiffness of a loaded robot's joints (N m/rad; its links are gravity-compensated)
+ROBOT_KP = 4000.0
+#: and their joint damping (N m s/rad)
+ROBOT_DAMPING = 20.0
 
 
-def forward_kinematics(xp: Any, q: Any, tool_offset: float) -> tuple[Any, Any, Any]:
-    """Pose of the `ee` site and its geometric Jacobian for joint angles `q` (n, 7).
-
-    Returns (pos (n, 3), rot (n, 3, 3), jac (n, 6, 7)) in the arm's base frame. The frame is carried as
-    three column vectors so each link costs a few elementwise operations (this runs every control step).
-    """
-    n = q.shape[0]
-    x = xp.zeros((n, 3)) + xp.asarray([1.0, 0.0, 0.0])
-    y = xp.zeros((n, 3)) + xp.asarray([0.0, 1.0, 0.0])
-    z = xp.zeros((n, 3)) + xp.asarray([0.0, 0.0, 1.0])
-    pos = xp.zeros((n, 3))
-    cq, sq = xp.cos(q)[:, :, None], xp.sin(q)[:, :, None]
-    axes, origins = [], []
-    for i, (_, p, alpha, _) in enumerate(PANDA_LINKS):
-        pos = pos + p[0] * x + p[1] * y + p[2] * z
-        if alpha != 0.0:
-            ca, sa = float(np.cos(alpha)), float(np.sin(alpha))
-            y, z = ca * y + sa * z, -sa * y + ca * z
-        axes.append(z)
-        origins.append(pos)
-        x, y = cq[:, i] * x + sq[:, i] * y, -sq[:, i] * x + cq[:, i] * y
-    ee = pos + (FLANGE_Z + tool_offset) * z
-    zs, os_ = xp.stack(axes, axis=1), xp.stack(origins, axis=1)  # (n, 7, 3)
-    jac_pos = _cross(xp, zs, ee[:, None, :] - os_)
-    jac = xp.concatenate([xp.swapaxes(jac_pos, 1, 2), xp.swapaxes(zs, 1, 2)], axis=1)
-    return ee, xp.stack([x, y, z], axis=-1), jac
-
-
-def ee_position(q: Any, tool_offset: float) -> tuple[float, float, float]:
-    """Position of the `ee` site for one configuration `q` (7,), the recurrence of `forward_kinematics` in plain
-    floats: a robot's safety filter checks it every control period, where a batched numpy call for one
-    configuration costs far more in array overhead than this loop (bench/RESULTS.md, "Measurements behind the
-    code's design")."""
-    x: tuple[float, ...] = (1.0, 0.0, 0.0)
-    y: tuple[float, ...] = (0.0, 1.0, 0.0)
-    z: tuple[float, ...] = (0.0, 0.0, 1.0)
-    pos: tuple[float, ...] = (0.0, 0.0, 0.0)
-    for i, (_, p, alpha, _) in enumerate(PANDA_LINKS):
-        pos = tuple(pos[k] + p[0] * x[k] + p[1] * y[k] + p[2] * z[k] for k in range(3))
-        if alpha != 0.0:
-            ca, sa = math.cos(alpha), math.sin(alpha)
-            y, z = tuple(ca * y[k] + sa * z[k] for k in range(3)), tuple(-sa * y[k] + ca * z[k] for k in range(3))
-        c, s = math.cos(float(q[i])), math.sin(float(q[i]))
-        x, y = tuple(c * x[k] + s * y[k] for k in range(3)), tuple(-s * x[k] + c * y[k] for k in range(3))
-    d = FLANGE_Z + tool_offset
-    return pos[0] + d * z[0], pos[1] + d * z[1], pos[2] + d * z[2]
+def chain(tool_offset: float) -> Chain:
+    """The arm alone with its `ee` site `tool_offset` below the flange: its chain, for solving poses offline (a
+    task's start configuration) without building a task."""
+    body = arm_xml("", tool_offset)
+    xml = f'<mujoco><compiler angle="radian" autolimits="true"/><worldbody>{body}</worldbody></mujoco>'
+    return Chain(mujoco.MjModel.from_xml_string(xml), "ee")
 
 
 def down_rotation(xp: Any, yaw: Any) -> Any:
@@ -152,47 +192,6 @@ def down_rotation(xp: Any, yaw: Any) -> Any:
 
 def tool_yaw(xp: Any, rot: Any) -> Any:
     return xp.arctan2(rot[:, 1, 0], rot[:, 0, 0])
-
-
-@dataclass(frozen=True)
-class IKConfig:
-    """Damped-least-squares differential IK, applied once per control step."""
-
-    damping: float = 0.05
-    nullspace_gain: float = 0.2
-    max_joint_step: float = 0.25  # rad per control step; bounds what one command can ask of the arm
-
-
-def ik_joint_targets(
-    xp: Any,
-    q: Any,
-    target_pos: Any,
-    target_yaw: Any,
-    tool_offset: float,
-    cfg: IKConfig = IKConfig(),
-    fk: tuple[Any, Any, Any] | None = None,
-) -> Any:
-    """Joint targets that move the `ee` site towards (target_pos, pointing down at target_yaw).
-
-    `fk` is `forward_kinematics(xp, q, tool_offset)` if the caller already has it.
-    """
-    pos, rot, jac = fk if fk is not None else forward_kinematics(xp, q, tool_offset)
-    rot_d = down_rotation(xp, target_yaw)
-    err_rot = 0.5 * _cross(xp, xp.swapaxes(rot, 1, 2), xp.swapaxes(rot_d, 1, 2)).sum(axis=1)
-    err = xp.concatenate([target_pos - pos, err_rot], axis=-1)
-    jac_t = xp.swapaxes(jac, 1, 2)
-    jt_inv = jac_t @ xp.linalg.inv(jac @ jac_t + (cfg.damping**2) * xp.eye(6))  # J^T (J J^T + λ²I)^-1, (n, 7, 6)
-    dq = (jt_inv @ err[:, :, None])[:, :, 0]
-    home = (xp.asarray(HOME_QPOS) - q)[:, :, None]
-    dq = dq + cfg.nullspace_gain * (home - jt_inv @ (jac @ home))[:, :, 0]
-    dq = xp.clip(dq, -cfg.max_joint_step, cfg.max_joint_step)
-    return xp.clip(q + dq, xp.asarray(JOINT_LIMITS[:, 0]), xp.asarray(JOINT_LIMITS[:, 1]))
-
-
-def joint_targets_from_action(xp: Any, action: Any) -> Any:
-    """`joint_pos` mode: an action in [-1, 1]^7 spans each joint's full range."""
-    lo, hi = xp.asarray(JOINT_LIMITS[:, 0]), xp.asarray(JOINT_LIMITS[:, 1])
-    return lo + 0.5 * (action[:, : len(PANDA_LINKS)] + 1.0) * (hi - lo)
 
 
 def yaw_quat(xp: Any, yaw: Any) -> Any:

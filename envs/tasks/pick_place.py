@@ -19,7 +19,6 @@ from robotrl.envs.task import (
     Expert,
     Frame,
     ResetState,
-    Task,
     TaskConfig,
     TeleopNoise,
     split_state,
@@ -72,7 +71,7 @@ class PickPlaceConfig(TaskConfig):
     max_cube_yaw: float = np.pi / 4  # cube yaw drawn uniformly in +-this
 
 
-class PickPlace(Task):
+class PickPlace(arm.ArmTask):
     name = "PickPlace"
     teleop_axes = ("x", "y", "z", "yaw", "gripper")
     demo_noise = 0.5  # see the expert docstring for success against noise
@@ -147,12 +146,12 @@ class PickPlace(Task):
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         q = frame.qpos[:, :ARM_NQ]
         if self.config.action_mode == "joint_pos":
-            q_target = arm.joint_targets_from_action(xp, action)
+            q_target = self.arm.from_unit(xp, action)
         else:
-            ee, rot, _ = arm.forward_kinematics(xp, q, TOOL_OFFSET)
-            target = ee + self.config.max_ee_step * action[:, :3]
-            yaw = arm.tool_yaw(xp, rot) + self.config.max_yaw_step * action[:, 3]
-            q_target = arm.ik_joint_targets(xp, q, target, yaw, TOOL_OFFSET)
+            fk = self.arm.forward(xp, q)
+            target = fk[0] + self.config.max_ee_step * action[:, :3]
+            yaw = arm.tool_yaw(xp, fk[1]) + self.config.max_yaw_step * action[:, 3]
+            q_target = self.arm.ik(xp, q, target, arm.down_rotation(xp, yaw), arm.HOME_QPOS, fk=fk)
         # gripper command -1 (open) .. +1 (closed, squeezing): continuous, so a teleop trigger maps directly
         finger = FINGER_OPEN + 0.5 * (action[:, -1:] + 1.0) * (FINGER_CLOSED - FINGER_OPEN)
         return xp.concatenate([q_target, finger, finger], -1)
@@ -171,8 +170,7 @@ class PickPlace(Task):
         n = frame.qpos.shape[0]
         q = frame.qpos[:, :ARM_NQ]
         ee = self.sensor(frame, "ee_pos")
-        _, rot, _ = arm.forward_kinematics(xp, q, TOOL_OFFSET)
-        yaw = arm.tool_yaw(xp, rot)
+        yaw = arm.tool_yaw(xp, self.arm.forward(xp, q)[1])
         pos, quat = self._cubes(xp, frame)
         target = self._target_pos(xp, frame)
         bin_xyz = xp.asarray(np.array([BIN_POS[0], BIN_POS[1], CUBE_HALF]))

@@ -23,7 +23,6 @@ from robotrl.envs.task import (
     Expert,
     Frame,
     ResetState,
-    Task,
     TaskConfig,
     TeleopNoise,
     split_state,
@@ -146,9 +145,10 @@ def pose_distance(xp: Any, block: Any, target: Any) -> Any:
 
 def _start_arm_qpos() -> np.ndarray:
     """Joint angles with the tip at TIP_START pointing down (solved once with the task's own IK)."""
+    chain, down = arm.chain(TOOL_OFFSET), arm.down_rotation(np, np.zeros(1))
     q = arm.HOME_QPOS[None, :].copy()
     for _ in range(300):
-        q = arm.ik_joint_targets(np, q, TIP_START[None, :], np.zeros(1), TOOL_OFFSET)
+        q = chain.ik(np, q, TIP_START[None, :], down, arm.HOME_QPOS)
     return q[0]
 
 
@@ -184,7 +184,7 @@ class PushTConfig(TaskConfig):
     init_joint_noise: float = 0.02  # rad, uniform around the start pose
 
 
-class PushT(Task):
+class PushT(arm.ArmTask):
     name = "PushT"
     teleop_axes = ("x", "y")
     config_cls = PushTConfig
@@ -263,12 +263,13 @@ class PushT(Task):
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         q = frame.qpos[:, :ARM_NQ]
         if self.config.action_mode == "joint_pos":
-            return arm.joint_targets_from_action(xp, action)
-        fk = arm.forward_kinematics(xp, q, TOOL_OFFSET)
+            return self.arm.from_unit(xp, action)
+        fk = self.arm.forward(xp, q)
         xy = fk[0][:, :2] + self.config.max_ee_step * action[:, :2]
         target = xp.concatenate([xy, xp.full((q.shape[0], 1), TIP_Z)], -1)
         # the tip is a sphere: keep whatever yaw the tool has, so the IK spends no effort on it
-        return arm.ik_joint_targets(xp, q, target, arm.tool_yaw(xp, fk[1]), TOOL_OFFSET, fk=fk)
+        down = arm.down_rotation(xp, arm.tool_yaw(xp, fk[1]))
+        return self.arm.ik(xp, q, target, down, arm.HOME_QPOS, fk=fk)
 
     def block_pose(self, xp: Any, frame: Frame) -> Any:
         return frame.qpos[:, BLOCK_Q : BLOCK_Q + 3]

@@ -1,4 +1,6 @@
-"""Reach: the 7-DoF arm brings its end effector to a random target in front of it."""
+"""Reach: the arm brings its end effector to a random target in front of it. The arm is the task suite's 7-DoF
+arm, or any robot given by `robot` (a URDF/MJCF description: robotrl/envs/robots), whose joints then size the
+observation and the `joint_pos` action."""
 
 from __future__ import annotations
 
@@ -8,17 +10,18 @@ from typing import Any
 import numpy as np
 
 from robotrl.core.spec import ArraySpec
-from robotrl.envs.task import Expert, Frame, ResetState, Task, TaskConfig, TeleopNoise, state_layout, state_spec
+from robotrl.envs.task import Expert, Frame, ResetState, TaskConfig, TeleopNoise, state_layout, state_spec
 from robotrl.envs.tasks import arm
 
-#: layout of the "state" observation (joint positions and velocities first, as on every arm task)
-STATE_LAYOUT, STATE_DIM = state_layout(
-    ("joint_pos", 7),
-    ("joint_vel", 7),
-    ("tool_pos", 3),
-    ("target", 3),
-    ("target_rel", 3),
-)
+
+def reach_layout(dof: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """Layout of the "state" observation of an arm of `dof` joints (their positions and velocities first, as on
+    every arm task)."""
+    return state_layout(("joint_pos", dof), ("joint_vel", dof), ("tool_pos", 3), ("target", 3), ("target_rel", 3))
+
+
+#: the task suite's arm's layout
+STATE_LAYOUT, STATE_DIM = reach_layout(7)
 
 TOOL_OFFSET = 0.10  # a 10 cm stylus below the flange
 TARGET_LOW = np.array([0.30, -0.30, 0.15])
@@ -32,10 +35,15 @@ class ReachConfig(TaskConfig):
     max_ee_step: float = 0.05  # metres per control step at |action| = 1 (ee_delta mode)
     init_joint_noise: float = 0.15  # rad, uniform around the home pose
     images: bool = False  # render the front camera as the observation image_front (pixel policies)
+    robot: str = ""
+    """the arm: '' (the task suite's own) or a robot description (`example-robot-data:ur5`, a URDF/MJCF path)"""
+    robot_base: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """where a loaded robot's base stands (metres): near enough that the targets are in its reach"""
 
 
-class Reach(Task):
+class Reach(arm.ArmTask):
     name = "Reach"
+    tool_offset = TOOL_OFFSET
     teleop_axes = ("x", "y", "z")
     config_cls = ReachConfig
     reset_dims = 7 + 3
@@ -45,12 +53,15 @@ class Reach(Task):
     def __init__(self, config: ReachConfig | None = None) -> None:
         super().__init__(config)
         self.cameras = ("front",) if self.config.images else ()
+        self.layout = reach_layout(self.arm.dof)[0]
 
-    def mjcf(self) -> str:
-        stylus = (
-            '<geom type="capsule" fromto="0 0 0 0 0 0.1" size="0.012" rgba="0.2 0.2 0.2 1" '
+    def tool_xml(self) -> str:
+        return (
+            f'<geom type="capsule" fromto="0 0 0 0 0 {TOOL_OFFSET}" size="0.012" rgba="0.2 0.2 0.2 1" '
             'contype="0" conaffinity="0"/>'
         )
+
+    def mjcf(self) -> str:
         target = (
             f'<body name="target" mocap="true" pos="0.5 0 0.4"><geom type="sphere" size="{self.config.success_radius}" '
             'rgba="0.1 0.9 0.2 0.4" contype="0" conaffinity="0"/></body>'
@@ -59,34 +70,36 @@ class Reach(Task):
             "reach",
             option='timestep="0.002" iterations="4" ls_iterations="8"',
             camera='<camera name="front" pos="1.6 0 0.9" xyaxes="0 1 0 -0.45 0 0.9"/>',
-            bodies=arm.arm_xml(stylus, TOOL_OFFSET) + target,
-            actuators=arm.arm_actuators_xml(),
+            bodies=target if self.config.robot else arm.arm_xml(self.tool_xml(), TOOL_OFFSET) + target,
+            actuators="" if self.config.robot else arm.arm_actuators_xml(),
             flags='contact="disable"',
         )
 
     # --- pure functions ------------------------------------------------------------------------------
     def reset(self, xp: Any, u: Any) -> ResetState:
-        n = u.shape[0]
+        n, dof = u.shape[0], self.arm.dof
         noise = self.config.init_joint_noise
-        qpos = xp.asarray(arm.HOME_QPOS) + noise * (2.0 * u[:, :7] - 1.0)
+        qpos = xp.asarray(self.home) + noise * (2.0 * u[:, :dof] - 1.0)
         goal = xp.asarray(TARGET_LOW) + u[:, 7:10] * xp.asarray(TARGET_HIGH - TARGET_LOW)
-        return ResetState(qpos=qpos, qvel=xp.zeros((n, 7)), goal=goal)
+        return ResetState(qpos=qpos, qvel=xp.zeros((n, dof)), goal=goal)
 
     def mocap(self, xp: Any, goal: Any) -> tuple[Any, Any]:
         quat = xp.zeros((goal.shape[0], 1, 4)) + xp.asarray([1.0, 0.0, 0.0, 0.0])
         return goal[:, None, :], quat
 
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
-        q = frame.qpos[:, :7]
+        q = frame.qpos[:, : self.arm.dof]
         if self.config.action_mode == "joint_pos":
-            return arm.joint_targets_from_action(xp, action)
-        fk = arm.forward_kinematics(xp, q, TOOL_OFFSET)
+            return self.arm.from_unit(xp, action)
+        fk = self.arm.forward(xp, q)
         target = fk[0] + self.config.max_ee_step * action[:, :3]
-        return arm.ik_joint_targets(xp, q, target, xp.zeros(q.shape[0]), TOOL_OFFSET, fk=fk)
+        down = arm.down_rotation(xp, xp.zeros(q.shape[0]))
+        return self.arm.ik(xp, q, target, down, self.home, fk=fk)
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         ee = self.sensor(frame, "ee_pos")
-        state = xp.concatenate([frame.qpos[:, :7], frame.qvel[:, :7], ee, frame.goal, frame.goal - ee], axis=-1)
+        dof = self.arm.dof
+        state = xp.concatenate([frame.qpos[:, :dof], frame.qvel[:, :dof], ee, frame.goal, frame.goal - ee], axis=-1)
         return {"state": state.astype(xp.float32)}
 
     def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:
@@ -95,11 +108,11 @@ class Reach(Task):
 
     # --- specs ---------------------------------------------------------------------------------------
     def action_spec(self) -> ArraySpec:
-        dim = 7 if self.config.action_mode == "joint_pos" else 3
+        dim = self.arm.dof if self.config.action_mode == "joint_pos" else 3
         return ArraySpec((dim,), "float32", -1.0, 1.0)
 
     def state_obs_specs(self) -> dict[str, ArraySpec]:
-        return {"state": state_spec(STATE_LAYOUT)}
+        return {"state": state_spec(self.layout)}
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         return ReachExpert(self, noise, seed)
@@ -123,6 +136,7 @@ class ReachExpert(Expert):
         self.teleop.reset_env(index)
 
     def act(self, obs: dict[str, np.ndarray]) -> np.ndarray:
-        delta = np.asarray(obs["state"])[:, 20:23]
+        a, b = self.task.layout["target_rel"]
+        delta = np.asarray(obs["state"])[:, a:b]
         action = np.clip(delta / self.task.config.max_ee_step, -1.0, 1.0)
         return np.clip(self.teleop(action), -1.0, 1.0).astype(np.float32)

@@ -194,13 +194,12 @@ def test_joint_pos_mode_reaches_commanded_joint_targets():
     env = make("PushT", num_envs=2, seed=0, action_mode="joint_pos")
     env.reset(seed=0)
     assert env.single_action_space.shape == (7,)
-    from robotrl.envs.tasks import arm
-
-    target = (push_t.START_QPOS - arm.JOINT_LIMITS[:, 0]) / (arm.JOINT_LIMITS[:, 1] - arm.JOINT_LIMITS[:, 0]) * 2 - 1
+    lo, hi = env.task.arm.limits.T
+    target = (push_t.START_QPOS - lo) / (hi - lo) * 2 - 1
     target = np.tile(target + 0.05, (2, 1)).astype(np.float32)
     for _ in range(10):
         env.step(target)
-    want = arm.JOINT_LIMITS[:, 0] + 0.5 * (target[0] + 1) * (arm.JOINT_LIMITS[:, 1] - arm.JOINT_LIMITS[:, 0])
+    want = lo + 0.5 * (target[0] + 1) * (hi - lo)
     np.testing.assert_allclose(env.frame().qpos[:, :7], np.broadcast_to(want, (2, 7)), atol=0.03)
     env.close()
 

@@ -16,11 +16,9 @@ def env():
 def test_fk_matches_mujoco_site(env):
     env.reset(seed=3)
     frame = env.frame()
-    ee, _, _ = arm.forward_kinematics(np, frame.qpos[:, :7], 0.10)
+    ee, _, _ = env.task.arm.forward(np, frame.qpos[:, :7])
     # sensordata is computed before the last substep's integration: compare on the reset state, which is exact
     np.testing.assert_allclose(ee, env.task.sensor(frame, "ee_pos"), atol=1e-9)
-    # the one-configuration version the robot's safety filter uses agrees with it
-    np.testing.assert_allclose([arm.ee_position(q, 0.10) for q in frame.qpos[:, :7]], ee, atol=1e-12)
 
 
 def test_ik_moves_tool_in_commanded_direction(env):
@@ -56,12 +54,12 @@ def test_joint_pos_mode_reaches_commanded_joint_targets():
     target = np.zeros((2, 7), np.float32)  # mid-range of every joint
     for _ in range(20):
         env.step(target)
-    mid = arm.JOINT_LIMITS.mean(axis=1)
+    mid = env.task.arm.limits.mean(axis=1)
     np.testing.assert_allclose(env.frame().qpos[:, :7], np.broadcast_to(mid, (2, 7)), atol=0.05)
 
 
 def test_spec_names_the_arm_joints_with_their_limits():
     spec = make("Reach", num_envs=1).task_spec
-    assert spec.joint_names == arm.JOINT_NAMES
-    np.testing.assert_allclose(np.array(spec.joint_limits), arm.JOINT_LIMITS)
+    assert spec.joint_names == tuple(f"joint{i}" for i in range(1, 8))
+    np.testing.assert_allclose(np.array(spec.joint_limits), [link[3] for link in arm.PANDA_LINKS])
     assert spec.control_hz == 20.0 and spec.episode_steps == 60

@@ -1,5 +1,5 @@
-"""Robot files: the bundled ones load and agree with the task suite's arm; broken files are refused naming the
-field, the expected and the actual value."""
+"""Robot files: the bundled ones load and agree with the task suite's arm, their joints and limits read from the
+description they name; broken files are refused naming the field, the expected and the actual value."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from robotrl.envs.tasks.arm import JOINT_LIMITS, JOINT_NAMES
+from robotrl.envs import make_task
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig, RobotConfigError
 
 
@@ -23,10 +23,29 @@ def test_bundled_robots_load() -> None:
         assert all(t.startswith("/") for t in (robot.topics.joint_states, robot.topics.command))
 
 
+ARM = make_task("PushT").arm  # the task suite's arm, as its tasks read it from their compiled scenes
+
+
 def test_sim_panda_is_the_task_suites_arm() -> None:
+    """sim_panda names PushT's scene as its description and gives no joints or position limits: they are read from
+    it; its workspace is checked at the scene's `ee` site, PushT's tip."""
     robot = RobotConfig.load("sim_panda")
-    assert robot.joint_names == JOINT_NAMES
-    np.testing.assert_allclose(np.stack([robot.lower(), robot.upper()], -1), JOINT_LIMITS)
+    assert robot.model == "task:PushT" and robot.joint_names == ARM.joint_names
+    np.testing.assert_allclose(np.stack([robot.lower(), robot.upper()], -1), ARM.limits)
+    q = np.array([0.0, 0.2, 0.0, -2.2, 0.0, 2.4, 0.8])
+    np.testing.assert_allclose(robot.load_model().ee_position(q), ARM.forward(np, q[None])[0][0], atol=1e-12)
+
+
+def test_franka_fr3_is_checked_with_the_panda_urdf_under_its_own_joint_names() -> None:
+    """franka_fr3 names example-robot-data's Panda URDF (the FR3's chain is the Panda's) with model_joints mapping
+    the driver's fr3_joint* names to it: its tool point, 12 cm below panda_link8, is the task arm's PushT tip (the
+    task arm has the Panda's link frames), while its own FR3 limits stay as written."""
+    robot = RobotConfig.load("franka_fr3")
+    model = robot.load_model()
+    assert model.joint_names == tuple(f"panda_joint{i}" for i in range(1, 8))
+    q = np.array([0.3, 0.1, -0.2, -2.0, 0.1, 2.2, 0.5])
+    np.testing.assert_allclose(model.ee_position(q), ARM.forward(np, q[None])[0][0], atol=1e-9)
+    assert robot.lower()[5] == 0.5445  # the FR3's, not the Panda URDF's
 
 
 def test_sim_panda_hand_is_pick_places_arm_and_gripper() -> None:
@@ -38,7 +57,7 @@ def test_sim_panda_hand_is_pick_places_arm_and_gripper() -> None:
 
     robot = RobotConfig.load("sim_panda_hand")
     assert robot.joint_names == make_task("PickPlace").joint_names()
-    np.testing.assert_allclose(np.stack([robot.lower(), robot.upper()], -1)[:7], JOINT_LIMITS)
+    np.testing.assert_allclose(np.stack([robot.lower(), robot.upper()], -1)[:7], ARM.limits)
     assert (robot.lower()[7:] == FINGER_CLOSED).all() and (robot.upper()[7:] == FINGER_OPEN).all()
     safety = SafetyFilter(robot)
     home = np.array([0.0, 0.3, 0.0, -2.0, 0.0, 2.3, 0.8, 0.04, 0.04])
@@ -50,7 +69,9 @@ def test_sim_panda_hand_is_pick_places_arm_and_gripper() -> None:
     for key in ("joint_names", *("lower", "upper", "velocity", "acceleration")):
         target = data if key == "joint_names" else data["limits"]
         target[key] = target[key][:6]
-    with pytest.raises(RobotConfigError, match="kinematics 'panda': expected the arm's 7 joints first"):
+    with pytest.raises(
+        RobotConfigError, match=r"joint_names: expected every joint of the model's arm .* missing \['joint7'\]"
+    ):
         RobotConfig.from_dict(data, "six.yaml")
 
 
@@ -70,7 +91,11 @@ def write(tmp_path: Path, data: Any) -> Path:
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda d: d.pop("joint_names"), "missing field 'joint_names'"),
+        (lambda d: [d.pop("joint_names"), d.pop("model")], "missing field 'joint_names' \\(or a model"),
+        (lambda d: d.update(kinematics="panda"), "kinematics: not a field; the workspace check reads the robot's"),
+        (lambda d: d.update(model="nope.urdf"), r"model: robot '.*nope.urdf': no such file"),
+        (lambda d: d.update(model="example-robot-data:ur5"), r"joint_names: expected every joint of the model's arm"),
+        (lambda d: d.update(joint_names=[f"j{i}" for i in range(7)]), r"missing \['joint1', "),
         (lambda d: d.update(joint_name=[]), r"unknown field\(s\) \['joint_name'\]"),
         (lambda d: d["limits"].update(velocity=[1.0] * 6), r"limits.velocity: expected a list of 7 numbers"),
         (lambda d: d["limits"].update(acceleration=[1.0] * 6 + [0.0]), "limits.acceleration: expected positive"),
@@ -81,12 +106,14 @@ def write(tmp_path: Path, data: Any) -> Path:
         (lambda d: d["topics"]["images"].update(image_top=3), "topics.images.image_top: expected an absolute topic"),
         (lambda d: d.update(control_hz=0), "control_hz: expected a positive number, got 0"),
         (lambda d: d["workspace"].update(upper=[0.1, 0.5, 0.7]), "workspace: expected lower < upper on every axis"),
-        (lambda d: d.update(kinematics="none"), "workspace: needs kinematics"),
+        (lambda d: d.pop("model"), "workspace: needs a model"),
         (lambda d: d.update(joint_names=["a"] * 7), "expected distinct names"),
     ],
 )
 def test_broken_files_are_refused(tmp_path: Path, edit: Any, match: str) -> None:
     data = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+    data["joint_names"] = list(ARM.joint_names)  # written out, as a file for a driver of other names would
+    data["limits"].update(lower=ARM.limits[:, 0].tolist(), upper=ARM.limits[:, 1].tolist())
     edit(data)
     with pytest.raises(RobotConfigError, match=match) as err:
         RobotConfig.load(write(tmp_path, data))

@@ -66,6 +66,6 @@ def test_joint_pos_roll_sets_the_joints_to_the_last_planned_targets() -> None:
     after = io.roll_forward(before, planned)["state"]
     joints = task.spec().observations["state"].field_slices()["joint_pos"]
     expected = before["state"][-1].copy()
-    expected[joints] = arm.joint_targets_from_action(np, planned[-1:])[0]
+    expected[joints] = task.arm.from_unit(np, planned[-1:])[0]
     np.testing.assert_array_equal(after[-1], expected)
     np.testing.assert_array_equal(after[:-1], before["state"][:-1])

@@ -1,0 +1,21 @@
+"""Robots from description files (URDF, MJCF, `example-robot-data`) and the kinematics read from their compiled
+MuJoCo models."""
+
+from robotrl.envs.robots.description import (
+    EXAMPLE_ROBOTS,
+    RobotDescription,
+    RobotDescriptionError,
+    load_robot,
+    load_spec,
+)
+from robotrl.envs.robots.kinematics import Chain, IKConfig
+
+__all__ = [
+    "EXAMPLE_ROBOTS",
+    "Chain",
+    "IKConfig",
+    "RobotDescription",
+    "RobotDescriptionError",
+    "load_robot",
+    "load_spec",
+]
