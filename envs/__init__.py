@@ -32,10 +32,20 @@ def list_tasks() -> list[str]:
 
 
 def make_task(name: str, config: TaskConfig | None = None, **options: Any) -> Task:
-    """A task by name; `options` override fields of its config dataclass (None: the task's default)."""
+    """A task by name; `options` override fields of its config dataclass (None: the task's default). The name may
+    carry options itself, `Reach?robot=example-robot-data:ur5&robot_base=[0.2,0,0]` (JSON values), so that every
+    command that takes a task name takes them; options given both ways must agree."""
     options = {k: v for k, v in options.items() if v is not None}
     if is_outside(name):
         raise ValueError(f"task: {name} is an outside env, not a robotrl task; it has no scripted expert or scene")
+    if "?" in name:
+        from robotrl.envs.outside import query_options
+
+        named = query_options(name)
+        clash = sorted(k for k in named if k in options and options[k] != named[k])
+        if clash:
+            raise ValueError(f"task: {name!r} sets {clash[0]}={named[clash[0]]!r}, the options {options[clash[0]]!r}")
+        name, options = name.partition("?")[0], {**named, **options}
     if name not in TASKS:
         close = difflib.get_close_matches(name, list(TASKS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""

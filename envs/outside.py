@@ -28,8 +28,8 @@ GYM_PREFIX = "gym:"
 
 
 def is_outside(task: object) -> bool:
-    """Whether a task name names an outside env (robotrl's own tasks have no ':')."""
-    return isinstance(task, str) and ":" in task
+    """Whether a task name names an outside env (robotrl's own tasks have no ':' before their options)."""
+    return isinstance(task, str) and ":" in task.partition("?")[0]
 
 
 @dataclass(frozen=True)
@@ -64,17 +64,23 @@ class OutsideEnv:
 
 def parse(task: str) -> OutsideEnv:
     """`gym:<id>[?k=v&...]` or `<module>:<callable>[?k=v&...]`; a malformed name is a one-line error."""
-    target, _, query = task.partition("?")
+    target = task.partition("?")[0]
     head, _, tail = target.partition(":")
     if not head or not tail:
         raise ValueError(f"task: expected 'gym:<id>' or '<module>:<callable>', got {task!r}")
+    return OutsideEnv(target, query_options(task))
+
+
+def query_options(task: str) -> dict[str, Any]:
+    """The keyword arguments after a task name's '?' (`k=v&...`, values read as JSON where they parse): an outside
+    env's, or a robotrl task's options (`Reach?robot=example-robot-data:ur5`)."""
     kwargs: dict[str, Any] = {}
-    for pair in filter(None, query.split("&")):
+    for pair in filter(None, task.partition("?")[2].split("&")):
         key, eq, value = pair.partition("=")
         if not eq or not key.isidentifier():
             raise ValueError(f"task: expected keyword arguments as key=value after '?', got {pair!r} in {task!r}")
         kwargs[key] = _value(unquote(value))
-    return OutsideEnv(target, kwargs)
+    return kwargs
 
 
 def check_name(task: str) -> str:

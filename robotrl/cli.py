@@ -566,6 +566,10 @@ def check_tasks(field: str, value: Any) -> Any:
     for i, name in enumerate(names):
         if is_outside(name):
             names[i] = check_name(name)
+        elif "?" in name and name.partition("?")[0] in TASKS:  # a task with options: built once to check them
+            from robotrl.envs import make_task
+
+            make_task(name)
         elif name != "all" and name not in TASKS:
             close = difflib.get_close_matches(name, list(TASKS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -122,6 +122,7 @@ def test_results_table_is_at_most_15_lines_and_links_bench_results() -> None:
 def test_the_howtos_are_the_guides_the_readme_promises() -> None:
     assert list(howtos()) == [
         "Bring your own environment",
+        "Bring your own robot",
         "Add a task",
         "Add a policy",
         "Deploy to a robot",

@@ -179,3 +179,19 @@ def test_reach_takes_a_ur5_from_its_urdf() -> None:
     assert make_task("Reach").spec().observations["state"].shape == (23,)
     with pytest.raises((ValueError, TypeError), match=r"PushT: unknown option\(s\) \['robot'\]"):
         make_task("PushT", robot="example-robot-data:ur5")  # PushT and PickPlace keep their own arm for now
+
+
+def test_a_task_name_carries_its_options() -> None:
+    """`Reach?robot=...&robot_base=[...]` is Reach with those options (JSON values) wherever a task name goes, not
+    an outside env for the ':' inside an option; options given both ways must agree."""
+    from robotrl.envs import make_task
+    from robotrl.envs.outside import is_outside
+
+    name = "Reach?robot=example-robot-data:ur5&robot_base=[0.2,0,0]"
+    assert not is_outside(name) and is_outside("gym:Pendulum-v1?g=9.8")
+    task = make_task(name)
+    assert task.config.robot == "example-robot-data:ur5" and list(task.config.robot_base) == [0.2, 0, 0]
+    assert task.spec().metadata["task_options"]["robot"] == "example-robot-data:ur5"  # what evaluations rebuild
+    assert make_task(name, robot="example-robot-data:ur5").arm.dof == 6
+    with pytest.raises(ValueError, match="sets robot='example-robot-data:ur5', the options 'x.urdf'"):
+        make_task(name, robot="x.urdf")
