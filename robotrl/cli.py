@@ -219,6 +219,7 @@ GROUPS: dict[str, str] = {
     "train": "Training: behaviour cloning of any registered policy, offline / online / HIL RL of flow policies, "
     "DSRL, a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO and Stable-Baselines3.",
     "policy": "Policies: evaluate, export for the runtime, distill into a one-step student.",
+    "robot": "Robots: write a robot file (joints, limits, interface) from a URDF or MJCF description.",
 }
 
 SB3_COMMON = ("task", "obs_keys", "total_steps", "num_envs", "lr")
@@ -379,6 +380,13 @@ COMMANDS: dict[str, dict[str, Command]] = {
             "robotrl.stages.distill:DistillConfig",
             "robotrl.stages.distill:run_distill",
             common=("teacher", "store", "steps", "batch_size", "lr", "dagger_rounds"),
+        ),
+    },
+    "robot": {
+        "init": Command(
+            "Write a robot file from a robot's description (joints and limits read from it).",
+            "robotrl.hardware.robot_file:RobotInit",
+            "robotrl.hardware.robot_file:run_init",
         ),
     },
 }

@@ -58,6 +58,19 @@ def pusht_image_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return export(policy, root / "flow", "onnx")
 
 
+#: Reach on example-robot-data's UR5 (its scene composed from the URDF), episodes short for the ROS 2 tests
+UR5_OPTIONS = {"robot": "example-robot-data:ur5", "robot_base": [0.2, 0.0, 0.0], "episode_steps": 30}
+
+
+@pytest.fixture(scope="session")
+def ur5_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A small flow policy trained a few steps on the UR5 expert's Reach demos, exported; and the task options."""
+    root = tmp_path_factory.mktemp("ur5")
+    store = record_expert(root / "ur5.zarr", "Reach", episodes=4, num_envs=4, progress=False, **UR5_OPTIONS)
+    with torch_threads(1):
+        return export(small_flow(store, steps=20), root / "flow", "onnx"), UR5_OPTIONS
+
+
 @pytest.fixture(scope="session")
 def nan_export(pusht_demos: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A policy whose every output is NaN (its weights are): what a diverged training run exports."""

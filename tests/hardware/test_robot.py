@@ -129,3 +129,26 @@ def test_unknown_names_and_bad_yaml(tmp_path: Path) -> None:
         RobotConfig.load(bad)
     with pytest.raises(RobotConfigError, match="no such robot file"):
         RobotConfig.load(tmp_path / "missing.yaml")
+
+
+def test_robot_init_writes_a_robot_file_from_a_description(tmp_path: Path) -> None:
+    """`robotrl robot init`: a UR5's file from its URDF (velocity limits from its <limit velocity>), a task arm's from
+    its MJCF scene (velocity placeholders); both load as robot files with the description's joints and limits; an
+    existing file is not replaced unless asked."""
+    from robotrl.cli import main
+    from robotrl.hardware.robot_file import DEFAULT_VELOCITY
+
+    main(["robot", "init", "--model", "example-robot-data:ur5", "--out", str(tmp_path / "ur5.yaml")])
+    ur5 = RobotConfig.load(tmp_path / "ur5.yaml")
+    assert ur5.name == "ur5" and ur5.model == "example-robot-data:ur5" and ur5.ee == "tool0"
+    assert ur5.joint_names[0] == "shoulder_pan_joint" and ur5.limits.velocity == (3.15, 3.15, 3.15, 3.2, 3.2, 3.2)
+    np.testing.assert_allclose(ur5.upper()[0], 2 * np.pi)
+    main(["robot", "init", "--model", "task:Reach", "--out", str(tmp_path / "arm.yaml")])
+    arm = RobotConfig.load(tmp_path / "arm.yaml")
+    assert arm.joint_names == ARM.joint_names and set(arm.limits.velocity) == {DEFAULT_VELOCITY}
+    before = (tmp_path / "arm.yaml").read_text()
+    with pytest.raises(SystemExit):
+        main(["robot", "init", "--model", "example-robot-data:ur5", "--out", str(tmp_path / "arm.yaml")])
+    assert (tmp_path / "arm.yaml").read_text() == before
+    main(["robot", "init", "--model", "example-robot-data:ur5", "--out", str(tmp_path / "arm.yaml"), "--overwrite"])
+    assert RobotConfig.load(tmp_path / "arm.yaml").dof == 6

@@ -47,14 +47,15 @@ def stop_nodes(procs: dict[str, subprocess.Popen], tmp_path: Path) -> None:
 
 
 def start_lockstep(
-    tmp_path: Path, robot_name: str, task: str, options: dict, policy: Path
+    tmp_path: Path, robot_name: str | Path, task: str, options: dict, policy: Path
 ) -> dict[str, subprocess.Popen]:
     """The sim robot in lockstep and the deploy node stepping on its observations, seeded alike, on a robot file
     with its motion limits out of the policy's way (the in-process env has none) and the wall clock out of the
     lockstep: no observation set counts as stale and the sim robot waits for every command (with the sim robot's
     1 s and the robot's 0.1 s, a loaded 2-core CI machine could time a step out, and the episode left the
     in-process one). Staleness on the robot's real limits is the kill test's below."""
-    robot = yaml.safe_load((ROBOTS_DIR / f"{robot_name}.yaml").read_text())
+    robot_file = robot_name if isinstance(robot_name, Path) else ROBOTS_DIR / f"{robot_name}.yaml"
+    robot = yaml.safe_load(robot_file.read_text())
     joints = len(robot["limits"]["velocity"])
     robot["limits"].update(velocity=[100.0] * joints, acceleration=[1e5] * joints)
     robot["max_obs_age"] = 60.0
@@ -157,6 +158,36 @@ def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(
     np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
     # the deploy process embeds the instruction itself: under another torch thread count its last bit may differ
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-4)
+    assert over_ros.returns[0] != over_ros.returns[1]
+
+
+def test_a_ur5_from_its_urdf_over_ros_runs_the_in_process_episodes(
+    ur5_export: tuple[Path, dict], tmp_path: Path, ros_domain: None
+) -> None:
+    """The second arm end to end: Reach on example-robot-data's UR5 (scene composed from its URDF), a flow policy
+    trained on its expert's demos and exported, a robot file written from the URDF by `robotrl robot init`, the sim
+    robot and the deploy node in lockstep on it: the episodes over ROS 2 are the in-process ones."""
+    from robotrl.hardware.robot_file import RobotInit, run_init
+
+    policy, options = ur5_export
+    run_init(RobotInit(model="example-robot-data:ur5", out=tmp_path / "ur5.yaml"))
+    robot = RobotConfig.load(tmp_path / "ur5.yaml")
+    assert robot.joint_names == runtime.load(policy).spec.joint_names and robot.limits.velocity[0] == 3.15
+    procs = start_lockstep(tmp_path, tmp_path / "ur5.yaml", "Reach", options, policy)
+    try:
+        over_ros = evaluate_over_ros(2, SEED, episode_timeout=60.0)
+        assert all(p.poll() is None for p in procs.values()), "a node died"
+    finally:
+        stop_nodes(procs, tmp_path)
+    loaded = runtime.load(policy, threads=1)
+    env = make("Reach", num_envs=1, seed=SEED, **options)
+    controller = controller_for(loaded, execute=8)
+    controller.reset(1)
+    with seeded_sampling(loaded, SEED):
+        in_process = run_episodes(env, controller, 2, seed=SEED, on_episode_start=controller.reset_env)
+    env.close()
+    np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
+    np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
     assert over_ros.returns[0] != over_ros.returns[1]
 
 

@@ -1,0 +1,103 @@
+"""`robotrl robot init`: a robot file (`hardware/robot.py`) written from a robot's description, so that a new arm
+goes from its URDF to the deploy node and the sim robot without a hand-copied joint list.
+
+    robotrl robot init --model example-robot-data:ur5 --out ur5.yaml
+
+The file names the description (`model:`), from which the joints and their position limits are read whenever the
+file is loaded; it writes out what the description cannot say: velocity limits (a URDF's `<limit velocity>`, else a
+placeholder), acceleration limits and the command interface, each marked for the user to check against the robot's
+datasheet and driver.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from robotrl.envs.robots import RobotDescription, RobotDescriptionError, load_robot
+from robotrl.envs.robots.description import resolve
+
+#: rad/s^2 per joint where nothing says better: gentle for an arm, to be replaced by the datasheet's
+DEFAULT_ACCELERATION = 5.0
+#: rad/s per joint where the description has no velocity limit (an MJCF)
+DEFAULT_VELOCITY = 1.0
+
+
+@dataclass
+class RobotInit:
+    """Write a robot file for a robot's description (its joints and limits read from it)."""
+
+    model: str
+    """a URDF or MJCF path, example-robot-data:<name> (ur3, ur5, ur10, so100, so101, panda) or task:<arm task>"""
+    out: Path = Path("robot.yaml")
+    """the robot file to write"""
+    ee: str | None = None
+    """the end-effector body or site (default: the description's own)"""
+    name: str | None = None
+    """the robot's name (default: the file's stem)"""
+    overwrite: bool = False
+    """replace an existing file"""
+
+
+def urdf_velocities(path: Path) -> dict[str, float]:
+    """Joint name -> `<limit velocity>` of a URDF (joints without one left out)."""
+    found: dict[str, float] = {}
+    for joint in ET.parse(path).getroot().iter("joint"):
+        limit = joint.find("limit")
+        if limit is not None and joint.get("name") and limit.get("velocity"):
+            found[str(joint.get("name"))] = float(str(limit.get("velocity")))
+    return found
+
+
+def robot_file(robot: RobotDescription, name: str) -> str:
+    """The robot file's text for `robot`: its description and what the description does not hold."""
+    path, _, _ = resolve(robot.source)
+    urdf = urdf_velocities(path) if path is not None and path.suffix.lower() == ".urdf" else {}
+    velocity = [urdf.get(j, DEFAULT_VELOCITY) for j in robot.joint_names]
+    data = {
+        "name": name,
+        "description": f"{robot.source}, end effector {robot.ee}",
+        "model": robot.source,
+        "ee": robot.ee,
+        "limits": {"velocity": velocity, "acceleration": [DEFAULT_ACCELERATION] * len(velocity)},
+        "command_type": "joint_trajectory",
+        "control_hz": 20.0,
+        "max_obs_age": 0.1,
+    }
+    source = "the URDF's <limit velocity>" if urdf else f"a placeholder of {DEFAULT_VELOCITY} rad/s"
+    header = (
+        f"# Robot file for {robot.source} (robotrl robot init). Joints, in this order, and their position limits are\n"
+        f"# read from the description: {', '.join(robot.joint_names)}.\n"
+        f"# Check against the robot's datasheet and driver: velocity limits ({source}), acceleration limits\n"
+        f"# (a placeholder of {DEFAULT_ACCELERATION} rad/s^2), command_type and topics, and add a workspace box for\n"
+        "# the end effector (workspace: {lower: [x, y, z], upper: [x, y, z], tool_offset: m}).\n"
+    )
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
+def run_init(config: RobotInit) -> None:
+    from robotrl.hardware.robot import RobotConfig
+
+    out = config.out
+    if out.exists() and not config.overwrite:
+        raise FileExistsError(f"RobotInit.out: {out} exists; pass --overwrite to replace it")
+    blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise NotADirectoryError(f"RobotInit.out: {blocked} is a file, not a folder to write {out.name} in")
+    try:
+        robot = load_robot(config.model, config.ee)
+    except RobotDescriptionError as e:
+        raise RobotDescriptionError(f"RobotInit.model: {e}") from None
+    text = robot_file(robot, config.name or out.stem)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp.yaml")
+    try:
+        tmp.write_text(text)
+        RobotConfig.load(tmp)  # the file it writes is one the nodes read
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    print(f"robot file {out}: {len(robot.joint_names)} joints of {robot.source}, end effector {robot.ee}")
