@@ -5,6 +5,7 @@ the compiled scene (robotrl/envs/robots/kinematics.py), as it would for any othe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import mujoco
@@ -82,6 +83,16 @@ def arm_actuators_xml() -> str:
     return "\n".join(rows)
 
 
+@dataclass
+class ArmConfig(TaskConfig):
+    """Options of a task whose arm can be another robot's."""
+
+    robot: str = ""
+    """the arm: '' (the task suite's own) or a robot description (`example-robot-data:ur5`, a URDF/MJCF path)"""
+    robot_base: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """where a loaded robot's base stands (metres): near enough that the task's workspace is in its reach"""
+
+
 class ArmTask(Task):
     """A task of an arm: `self.arm` is the chain from the base to the scene's `ee` site (joints, limits, forward
     kinematics, Jacobian, IK), read from the task's compiled model, not written for one arm.
@@ -101,10 +112,14 @@ class ArmTask(Task):
     def __init__(self, config: TaskConfig | None = None) -> None:
         super().__init__(config)
         self.arm = Chain(self.model, "ee")
-        if self.robot:
-            self.home = self._solve_home()
-        else:
-            self.home = HOME_QPOS
+        adr, dofs = [int(a) for a in self.arm.qpos_adr], [int(self.model.jnt_dofadr[j]) for j in self.arm.joint_ids]
+        for where in (adr, dofs):
+            if where != list(range(where[0], where[0] + len(where))):
+                raise ValueError(f"{self.name}: expected the arm's joints in one run of qpos and qvel, got {where}")
+        #: the arm's joints in qpos and qvel (first for the task suite's arm, after the task's objects for a
+        #: loaded robot, which is attached to the finished scene)
+        self.arm_q, self.arm_v = slice(adr[0], adr[0] + len(adr)), slice(dofs[0], dofs[0] + len(dofs))
+        self.home = self._solve_home() if self.robot else HOME_QPOS
 
     @property
     def robot(self) -> str:
@@ -122,33 +137,32 @@ class ArmTask(Task):
         description = load_robot(self.robot)  # checks the source and its end effector in one line
         robot, _, _ = load_spec(self.robot)
         scene = mujoco.MjSpec.from_string(self.mjcf())
+        for body in robot.bodies:
+            body.gravcomp = 1.0  # as a torque-controlled arm's driver compensates gravity
+        for geom in robot.geoms:  # only the task's tool touches (as the task arm's links): no mesh collisions
+            geom.contype, geom.conaffinity = 0, 0
+        for name, (lo, hi) in zip(description.joint_names, description.limits):
+            joint = robot.joint(name)
+            joint.damping, joint.armature = [ROBOT_DAMPING, 0.0, 0.0], 0.1
+            joint.range, joint.limited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
         ee = robot.body(description.ee) or robot.site(description.ee).parent
         ee.add_site(name="ee", pos=[0.0, 0.0, self.tool_offset], size=[0.01, 0.01, 0.01], rgba=[1, 0, 0, 0.5])
         tool = self.tool_xml()
         if tool:
             xml = f"<mujoco><worldbody><body name='tool'>{tool}</body></worldbody></mujoco>"
-            tool_spec = mujoco.MjSpec.from_string(xml)
-            ee.add_frame().attach_body(tool_spec.body("tool"), "tool/", "")
-        for body in robot.bodies:
-            body.gravcomp = 1.0  # as a torque-controlled arm's driver compensates gravity
-        for name, (lo, hi) in zip(description.joint_names, description.limits):
-            joint = robot.joint(name)
-            joint.damping, joint.armature = [ROBOT_DAMPING, 0.0, 0.0], 0.1
-            joint.range, joint.limited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
+            ee.add_frame().attach_body(mujoco.MjSpec.from_string(xml).body("tool"), "tool/", "")
         base = [float(x) for x in getattr(self.config, "robot_base", (0.0, 0.0, 0.0))]
         scene.worldbody.add_frame(pos=base).attach_body(robot.worldbody.first_body(), ROBOT_PREFIX, "")
-        for element in [*scene.joints, *scene.sites]:  # its joints as its driver names them; the `ee` site
-            if element.name.startswith(ROBOT_PREFIX):
-                element.name = element.name.removeprefix(ROBOT_PREFIX)
+        for element in [*scene.joints, *scene.sites, *scene.geoms]:  # the description's and the tool's own names
+            for prefix in (ROBOT_PREFIX + "tool/", ROBOT_PREFIX):
+                if element.name.startswith(prefix):
+                    element.name = element.name.removeprefix(prefix)
+                    break
         for name, (lo, hi) in zip(description.joint_names, description.limits):
             act = scene.add_actuator(name=f"act_{name}", target=name, trntype=mujoco.mjtTrn.mjTRN_JOINT)
             act.set_to_position(kp=ROBOT_KP)
             act.ctrlrange, act.ctrllimited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
-        model = scene.compile()
-        chain = Chain(model, "ee")
-        if list(chain.qpos_adr) != list(range(chain.dof)):
-            raise ValueError(f"{self.name}: robot {self.robot!r}: expected its joints first in the scene's qpos")
-        return model
+        return scene.compile()
 
     def _solve_home(self) -> np.ndarray:
         """The robot's start: from the middle of its joint ranges (nudged off the straight-arm singularity), the

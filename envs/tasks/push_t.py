@@ -23,7 +23,6 @@ from robotrl.envs.task import (
     Expert,
     Frame,
     ResetState,
-    TaskConfig,
     TeleopNoise,
     split_state,
     state_layout,
@@ -56,8 +55,7 @@ TOOL_OFFSET = 0.12  # flange to the tip sphere's centre
 TIP_Z = BLOCK_HALF_HEIGHT  # the IK holds the tip centre at the block's mid-height
 TIP_START = np.array([0.30, 0.0, TIP_Z])  # tool position at reset, clear of every block start pose
 
-ARM_NQ = 7
-BLOCK_Q = ARM_NQ  # qpos/qvel index of the block's slide x; slide y and hinge z follow
+ARM_NQ = 7  # the task suite's arm
 
 
 def _grid(k: int) -> np.ndarray:
@@ -73,18 +71,25 @@ def _grid(k: int) -> np.ndarray:
 
 COVERAGE_POINTS = _grid(5)  # 175 points, 6 mm apart
 
-#: layout of the "state" observation: name -> (start, stop); the expert reads it by name
-STATE_LAYOUT, STATE_DIM = state_layout(
-    ("joint_pos", 7),
-    ("joint_vel", 7),
-    ("tool_pos", 3),
-    ("block_pose", 4),
-    ("block_vel", 3),
-    ("target_pose", 4),
-    ("pose_error", 3),
-    ("tool_in_block", 2),
-    ("coverage", 1),
-)
+
+def push_t_layout(dof: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """Layout of the "state" observation of an arm of `dof` joints: name -> (start, stop); the expert reads it by
+    name."""
+    return state_layout(
+        ("joint_pos", dof),
+        ("joint_vel", dof),
+        ("tool_pos", 3),
+        ("block_pose", 4),
+        ("block_vel", 3),
+        ("target_pose", 4),
+        ("pose_error", 3),
+        ("tool_in_block", 2),
+        ("coverage", 1),
+    )
+
+
+#: the task suite's arm's layout
+STATE_LAYOUT, STATE_DIM = push_t_layout(ARM_NQ)
 
 
 def _wrap(xp: Any, a: Any) -> Any:
@@ -156,7 +161,7 @@ START_QPOS = _start_arm_qpos()
 
 
 @dataclass
-class PushTConfig(TaskConfig):
+class PushTConfig(arm.ArmConfig):
     """Push-T options.
 
     Reset distribution (a deliberate choice): the target is fixed (as in the Push-T benchmark) at
@@ -186,6 +191,8 @@ class PushTConfig(TaskConfig):
 
 class PushT(arm.ArmTask):
     name = "PushT"
+    tool_offset = TOOL_OFFSET
+    ready_point = tuple(TIP_START)
     teleop_axes = ("x", "y")
     config_cls = PushTConfig
     control_hz = 20.0
@@ -197,14 +204,21 @@ class PushT(arm.ArmTask):
     def __init__(self, config: PushTConfig | None = None) -> None:
         super().__init__(config)
         self.cameras = ("top",) if self.config.images else ()
+        self.layout = push_t_layout(self.arm.dof)[0]
+        #: the arm's start (the tip at TIP_START pointing down) and the block's joints in qpos / qvel
+        self.start = START_QPOS if not self.robot else self.home
+        self.block_q = int(self.model.jnt_qposadr[self.model.joint("block_x").id])
+        self.block_v = int(self.model.jnt_dofadr[self.model.joint("block_x").id])
 
-    def mjcf(self) -> str:
-        tool = (
+    def tool_xml(self) -> str:
+        return (
             f'<geom type="capsule" fromto="0 0 0 0 0 {TOOL_OFFSET}" size="0.006" rgba="0.2 0.2 0.2 1" '
             'contype="0" conaffinity="0"/>'
             f'<geom name="tip" type="sphere" pos="0 0 {TOOL_OFFSET}" size="{TIP_RADIUS}" rgba="0.9 0.5 0.1 1" '
             'contype="2" conaffinity="0" condim="3" friction="0.2 0.005 0.0001" solref="0.01 1"/>'
         )
+
+    def mjcf(self) -> str:
 
         def t_geoms(attrs: str, rgba: str, half_height: float) -> str:
             return "".join(
@@ -223,7 +237,7 @@ class PushT(arm.ArmTask):
             camera='<camera name="front" pos="1.15 0 0.75" xyaxes="0 1 0 -0.733 0 0.68" fovy="45"/>'
             f'<camera name="top" pos="{tx} {ty} 0.55" xyaxes="0 1 0 -1 0 0" fovy="50"/>',
             bodies=f"""
-    {arm.arm_xml(tool, TOOL_OFFSET)}
+    {"" if self.config.robot else arm.arm_xml(self.tool_xml(), TOOL_OFFSET)}
     <body name="block" pos="0 0 {BLOCK_HALF_HEIGHT}">
       <inertial pos="0 0 0" mass="{BLOCK_MASS}" diaginertia="{izz} {izz} {izz}"/>
       <joint name="block_x" type="slide" axis="1 0 0" damping="{BLOCK_DAMPING}"/>
@@ -235,7 +249,7 @@ class PushT(arm.ArmTask):
       {t_geoms('contype="0" conaffinity="0"', "0.1 0.8 0.2 0.35", 0.0005)}
     </body>
 """,
-            actuators=arm.arm_actuators_xml(),
+            actuators="" if self.config.robot else arm.arm_actuators_xml(),
         )
 
     # --- pure functions ------------------------------------------------------------------------------
@@ -250,8 +264,9 @@ class PushT(arm.ArmTask):
         turn = cfg.min_turn + (cfg.max_turn - cfg.min_turn) * u[:, 2]
         turn = xp.where(u[:, 3] < 0.5, -turn, turn)
         block = xp.concatenate([goal[:, :2] + offset, (goal[:, 2] + turn)[:, None]], -1)
-        q_arm = xp.asarray(START_QPOS) + cfg.init_joint_noise * (2.0 * u[:, 4 : 4 + ARM_NQ] - 1.0)
-        qpos = xp.concatenate([q_arm, block], -1)
+        q_arm = xp.asarray(self.start) + cfg.init_joint_noise * (2.0 * u[:, 4 : 4 + self.arm.dof] - 1.0)
+        # the task arm comes first in qpos; a loaded robot, attached to the finished scene, after the block
+        qpos = xp.concatenate([q_arm, block] if self.arm_q.start == 0 else [block, q_arm], -1)
         return ResetState(qpos=qpos, qvel=xp.zeros((n, self.model.nv)), goal=goal)
 
     def mocap(self, xp: Any, goal: Any) -> tuple[Any, Any]:
@@ -261,7 +276,7 @@ class PushT(arm.ArmTask):
         return pos[:, None, :], quat[:, None, :]
 
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
-        q = frame.qpos[:, :ARM_NQ]
+        q = frame.qpos[:, self.arm_q]
         if self.config.action_mode == "joint_pos":
             return self.arm.from_unit(xp, action)
         fk = self.arm.forward(xp, q)
@@ -269,10 +284,10 @@ class PushT(arm.ArmTask):
         target = xp.concatenate([xy, xp.full((q.shape[0], 1), TIP_Z)], -1)
         # the tip is a sphere: keep whatever yaw the tool has, so the IK spends no effort on it
         down = arm.down_rotation(xp, arm.tool_yaw(xp, fk[1]))
-        return self.arm.ik(xp, q, target, down, arm.HOME_QPOS, fk=fk)
+        return self.arm.ik(xp, q, target, down, self.home, fk=fk)
 
     def block_pose(self, xp: Any, frame: Frame) -> Any:
-        return frame.qpos[:, BLOCK_Q : BLOCK_Q + 3]
+        return frame.qpos[:, self.block_q : self.block_q + 3]
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         block, target = self.block_pose(xp, frame), frame.goal
@@ -281,13 +296,13 @@ class PushT(arm.ArmTask):
         tool_in_block = to_frame(xp, block, ee[:, None, :2])[:, 0]
         state = xp.concatenate(
             [
-                frame.qpos[:, :ARM_NQ],
-                frame.qvel[:, :ARM_NQ],
+                frame.qpos[:, self.arm_q],
+                frame.qvel[:, self.arm_v],
                 ee,
                 block[:, :2],
                 xp.sin(block[:, 2:3]),
                 xp.cos(block[:, 2:3]),
-                frame.qvel[:, BLOCK_Q : BLOCK_Q + 3],
+                frame.qvel[:, self.block_v : self.block_v + 3],
                 target[:, :2],
                 xp.sin(target[:, 2:3]),
                 xp.cos(target[:, 2:3]),
@@ -325,11 +340,11 @@ class PushT(arm.ArmTask):
 
     # --- host-side -----------------------------------------------------------------------------------
     def action_spec(self) -> ArraySpec:
-        dim = ARM_NQ if self.config.action_mode == "joint_pos" else 2
+        dim = self.arm.dof if self.config.action_mode == "joint_pos" else 2
         return ArraySpec((dim,), "float32", -1.0, 1.0)
 
     def state_obs_specs(self) -> dict[str, ArraySpec]:
-        return {"state": state_spec(STATE_LAYOUT)}
+        return {"state": state_spec(self.layout)}
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         return PushTExpert(self, noise, seed)
@@ -487,7 +502,7 @@ class PushTExpert(Expert):
         n = s.shape[0]
         if self.contact.shape[0] != n:
             self.reset(n)
-        get = split_state(s, STATE_LAYOUT)
+        get = split_state(s, self.task.layout)
         tip = get["tool_pos"][:, :2]
         bp = get["block_pose"]
         block = np.c_[bp[:, :2], np.arctan2(bp[:, 2], bp[:, 3])]

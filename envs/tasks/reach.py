@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from robotrl.core.spec import ArraySpec
-from robotrl.envs.task import Expert, Frame, ResetState, TaskConfig, TeleopNoise, state_layout, state_spec
+from robotrl.envs.task import Expert, Frame, ResetState, TeleopNoise, state_layout, state_spec
 from robotrl.envs.tasks import arm
 
 
@@ -29,16 +29,12 @@ TARGET_HIGH = np.array([0.65, 0.30, 0.60])
 
 
 @dataclass
-class ReachConfig(TaskConfig):
+class ReachConfig(arm.ArmConfig):
     episode_steps: int = 60
     success_radius: float = 0.04  # metres between the tool tip and the target
     max_ee_step: float = 0.05  # metres per control step at |action| = 1 (ee_delta mode)
     init_joint_noise: float = 0.15  # rad, uniform around the home pose
     images: bool = False  # render the front camera as the observation image_front (pixel policies)
-    robot: str = ""
-    """the arm: '' (the task suite's own) or a robot description (`example-robot-data:ur5`, a URDF/MJCF path)"""
-    robot_base: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    """where a loaded robot's base stands (metres): near enough that the targets are in its reach"""
 
 
 class Reach(arm.ArmTask):
@@ -88,7 +84,7 @@ class Reach(arm.ArmTask):
         return goal[:, None, :], quat
 
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
-        q = frame.qpos[:, : self.arm.dof]
+        q = frame.qpos[:, self.arm_q]
         if self.config.action_mode == "joint_pos":
             return self.arm.from_unit(xp, action)
         fk = self.arm.forward(xp, q)
@@ -98,8 +94,8 @@ class Reach(arm.ArmTask):
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         ee = self.sensor(frame, "ee_pos")
-        dof = self.arm.dof
-        state = xp.concatenate([frame.qpos[:, :dof], frame.qvel[:, :dof], ee, frame.goal, frame.goal - ee], axis=-1)
+        arm_q, arm_v = frame.qpos[:, self.arm_q], frame.qvel[:, self.arm_v]
+        state = xp.concatenate([arm_q, arm_v, ee, frame.goal, frame.goal - ee], axis=-1)
         return {"state": state.astype(xp.float32)}
 
     def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:

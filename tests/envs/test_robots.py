@@ -177,8 +177,25 @@ def test_reach_takes_a_ur5_from_its_urdf() -> None:
     assert joints.single_action_space.shape == (6,)
     joints.close()
     assert make_task("Reach").spec().observations["state"].shape == (23,)
-    with pytest.raises((ValueError, TypeError), match=r"PushT: unknown option\(s\) \['robot'\]"):
-        make_task("PushT", robot="example-robot-data:ur5")  # PushT and PickPlace keep their own arm for now
+    with pytest.raises((ValueError, TypeError), match=r"PickPlace: unknown option\(s\) \['robot'"):
+        make_task("PickPlace", robot="example-robot-data:ur5")  # its gripper is the task arm's own
+
+
+def test_pusht_takes_a_ur5() -> None:
+    """PushT with the UR5: the pusher on tool0, the robot attached after the block (its joints after the block's in
+    qpos, read through the task's slices), the start solved with the tip at the task's start point; the expert
+    pushes the T home as with the task arm."""
+    from robotrl.envs import make
+    from robotrl.envs.rollouts import evaluate_expert
+    from robotrl.envs.tasks.push_t import TIP_START
+
+    env = make("PushT?robot=example-robot-data:ur5&robot_base=[0.2,0,0]", num_envs=10, seed=0)
+    task = env.task
+    assert task.block_q == 0 and task.arm_q == slice(3, 9) and env.task_spec.joint_names[0] == "shoulder_pan_joint"
+    assert env.single_observation_space["state"].shape == (2 * 6 + 20,)
+    np.testing.assert_allclose(task.arm.forward(np, task.start[None])[0][0], TIP_START, atol=0.01)
+    assert evaluate_expert(env, noise=0.0, episodes=20, seed=0).success_rate >= 0.9
+    env.close()
 
 
 def test_a_task_name_carries_its_options() -> None:
