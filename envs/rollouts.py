@@ -48,6 +48,11 @@ class EpisodeStats:
         """What a run keeps its best weights by: the success rate, or the mean return where there is none."""
         return self.success_rate if self.reports_success else self.mean_return
 
+    @property
+    def by(self) -> str:
+        """The name of `score`: "success_rate" or "mean_return"."""
+        return "success_rate" if self.reports_success else "mean_return"
+
     def metrics(self, prefix: str = "eval") -> dict[str, float]:
         """The success rate (where reported) and the mean return, as metrics rows name them."""
         out = {f"{prefix}/success_rate": self.success_rate} if self.reports_success else {}

@@ -827,3 +827,22 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
         env=ONE_THREAD,
     )
     assert out.returncode == 2 and "got a 'diffusion' policy" in out.stderr, out.stderr
+
+
+def test_best_checkpoint_of_an_env_without_success_is_kept_by_return(tmp_path: Path) -> None:
+    """In an env that reports no success the kept weights are chosen by the mean return and recorded under that
+    name, never as a success rate; the run's summary says so."""
+    from robotrl.envs.rollouts import EpisodeStats
+    from robotrl.training.loop import RLResult
+
+    saved: list[Path] = []
+    keeper = BestCheckpoint(tmp_path, saved.append)
+    no_success = EpisodeStats(
+        np.array([False, False]), np.array([-3.0, -5.0]), np.array([60, 60]), reports_success=False
+    )
+    assert no_success.by == "mean_return" and no_success.score == -4.0
+    assert keeper.offer(100, no_success.score, no_success.by) and keeper.best() == {"step": 100, "mean_return": -4.0}
+    assert not keeper.offer(200, -4.5, "mean_return") and keeper.offer(300, -1.0, "mean_return")
+    assert keeper.best() == {"step": 300, "mean_return": -1.0} and len(saved) == 2
+    result = RLResult(tmp_path / "w", 400, 1.0, None, None, tmp_path, best_weights=keeper.path, best=keeper.best())
+    assert "best evaluated mean return -1.00 at 300" in result.summary("sac", 10)

@@ -263,7 +263,8 @@ class RLResult:
     best_weights: Path | None = None
     """the best evaluated weights (flow-policy runs with evaluations: `BestCheckpoint`)"""
     best: dict[str, float] | None = None
-    """their {"step", "success_rate"} on the run's evaluation seeds"""
+    """their {"step", "success_rate"} (or "mean_return" where the env reports no success) on the run's evaluation
+    seeds"""
     mean_return: float | None = None
     """the final evaluation's mean return (what an env without success is judged by)"""
 
@@ -281,8 +282,15 @@ class RLResult:
             else ""
         )
         rate = f" ({self.steps_per_second:,.0f} steps/s)" if self.steps_per_second else ""
+        score = (
+            f"{self.best['success_rate']:.1%}"
+            if self.best and "success_rate" in self.best
+            else f"mean return {self.best.get('mean_return', float('nan')):.2f}"
+            if self.best
+            else ""
+        )
         kept = (
-            f"; best evaluated {self.best['success_rate']:.1%} at {int(self.best['step'])} {unit}: {self.best_weights}"
+            f"; best evaluated {score} at {int(self.best['step'])} {unit}: {self.best_weights}"
             if self.best and self.best_weights
             else ""
         )
@@ -320,17 +328,19 @@ class BestCheckpoint:
         self.path, self.record, self.save = run_dir / name, run_dir / f"{name}.json", save
 
     def best(self) -> dict[str, float] | None:
-        """{"step", "success_rate"} of the kept weights; None before any evaluation."""
+        """{"step", "success_rate"} of the kept weights ({"step", "mean_return"} in an env that reports no
+        success); None before any evaluation."""
         return json.loads(self.record.read_text()) if self.record.exists() else None
 
-    def offer(self, step: int, success: float) -> bool:
-        """Keep the current weights if they beat the kept ones (a tie keeps the earlier)."""
+    def offer(self, step: int, score: float, by: str = "success_rate") -> bool:
+        """Keep the current weights if their `score` (`by`: "success_rate" or "mean_return", `EpisodeStats.by`)
+        beats the kept ones' (a tie keeps the earlier)."""
         kept = self.best()
-        if kept is not None and success <= kept["success_rate"]:
+        if kept is not None and by in kept and score <= kept[by]:
             return False
         self.save(self.path)
         tmp = self.record.with_suffix(".partial")
-        tmp.write_text(json.dumps({"step": step, "success_rate": success}))
+        tmp.write_text(json.dumps({"step": step, by: score}))
         tmp.replace(self.record)  # the record names weights that are already whole
         return True
 
@@ -364,7 +374,7 @@ class TrainClock:
         stats = evaluate()
         log.log(now, **stats.metrics(), **{"time/train_seconds": trained})
         if best is not None:
-            best.offer(now, stats.score)
+            best.offer(now, stats.score, stats.by)
         self.eval_seconds += time.perf_counter() - t0
 
 
@@ -389,7 +399,7 @@ def finish_run(
             success, ci = final.success_rate, final.success_ci95()
         log.log(steps, **final.metrics(), **{"time/train_seconds": seconds})
         if best is not None:
-            best.offer(steps, final.score)
+            best.offer(steps, final.score, final.by)
     log.close()
     kept = best.best() if best is not None else None
     return RLResult(
