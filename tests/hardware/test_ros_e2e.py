@@ -110,16 +110,31 @@ def nodes(policy_and_options: tuple[Path, dict], tmp_path: Path, ros_domain: Non
         stop_nodes(procs, tmp_path)
 
 
-def in_process_episodes(export_dir: Path, options: dict, episodes: int) -> EpisodeStats:
+def in_process_episodes(
+    export_dir: Path, options: dict, episodes: int, task: str = "PushT", **env_options: object
+) -> EpisodeStats:
     """The exported policy's episodes in process, seeded as the lockstep nodes are."""
     policy = runtime.load(export_dir, threads=1)
-    env = make("PushT", num_envs=1, seed=SEED, **options)
+    env = make(task, num_envs=1, seed=SEED, **env_options, **options)
     controller = controller_for(policy, execute=8)
     controller.reset(1)
     with seeded_sampling(policy, SEED):
         stats = run_episodes(env, controller, episodes, seed=SEED, on_episode_start=controller.reset_env)
     env.close()
     return stats
+
+
+def over_ros_in_lockstep(
+    tmp_path: Path, robot: str | Path, task: str, options: dict, policy: Path, episodes: int
+) -> EpisodeStats:
+    """The exported policy's episodes over ROS 2: sim robot and deploy node in lockstep (`start_lockstep`)."""
+    procs = start_lockstep(tmp_path, robot, task, options, policy)
+    try:
+        over_ros = evaluate_over_ros(episodes, SEED, episode_timeout=60.0)
+        assert all(p.poll() is None for p in procs.values()), "a node died"
+    finally:
+        stop_nodes(procs, tmp_path)
+    return over_ros
 
 
 def test_lockstep_episodes_over_ros_are_the_in_process_episodes(nodes: dict, policy_and_options: tuple) -> None:
@@ -141,20 +156,8 @@ def test_pickplace_vla_and_its_gripper_over_ros_are_the_in_process_episodes(
     instruction from the sim robot with every step; in lockstep the language-conditioned policy's episodes over
     ROS 2 are the in-process ones, the instruction and the gripper included."""
     options = {"episode_steps": 25}
-    procs = start_lockstep(tmp_path, "sim_panda_hand", "PickPlace", options, pickplace_vla_export)
-    try:
-        over_ros = evaluate_over_ros(2, SEED, episode_timeout=60.0)
-        assert all(p.poll() is None for p in procs.values()), "a node died"
-    finally:
-        stop_nodes(procs, tmp_path)
-
-    policy = runtime.load(pickplace_vla_export, threads=1)
-    env = make("PickPlace", num_envs=1, seed=SEED, render_images=False, **options)
-    controller = controller_for(policy, execute=8)
-    controller.reset(1)
-    with seeded_sampling(policy, SEED):
-        in_process = run_episodes(env, controller, 2, seed=SEED, on_episode_start=controller.reset_env)
-    env.close()
+    over_ros = over_ros_in_lockstep(tmp_path, "sim_panda_hand", "PickPlace", options, pickplace_vla_export, 2)
+    in_process = in_process_episodes(pickplace_vla_export, options, 2, "PickPlace", render_images=False)
     np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
     # the deploy process embeds the instruction itself: under another torch thread count its last bit may differ
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-4)
@@ -173,19 +176,8 @@ def test_a_ur5_from_its_urdf_over_ros_runs_the_in_process_episodes(
     run_init(RobotInit(model="example-robot-data:ur5", out=tmp_path / "ur5.yaml"))
     robot = RobotConfig.load(tmp_path / "ur5.yaml")
     assert robot.joint_names == runtime.load(policy).spec.joint_names and robot.limits.velocity[0] == 3.15
-    procs = start_lockstep(tmp_path, tmp_path / "ur5.yaml", "Reach", options, policy)
-    try:
-        over_ros = evaluate_over_ros(2, SEED, episode_timeout=60.0)
-        assert all(p.poll() is None for p in procs.values()), "a node died"
-    finally:
-        stop_nodes(procs, tmp_path)
-    loaded = runtime.load(policy, threads=1)
-    env = make("Reach", num_envs=1, seed=SEED, **options)
-    controller = controller_for(loaded, execute=8)
-    controller.reset(1)
-    with seeded_sampling(loaded, SEED):
-        in_process = run_episodes(env, controller, 2, seed=SEED, on_episode_start=controller.reset_env)
-    env.close()
+    over_ros = over_ros_in_lockstep(tmp_path, tmp_path / "ur5.yaml", "Reach", options, policy, 2)
+    in_process = in_process_episodes(policy, options, 2, "Reach")
     np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
     assert over_ros.returns[0] != over_ros.returns[1]
