@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,7 +109,7 @@ class RobotConfig:
 
     def arm_indices(self) -> np.ndarray:
         """Where each joint of the description's arm (its chain to `ee`, in chain order) is in `joint_names`."""
-        in_model = [*self.model_joints, *self.joint_names[len(self.model_joints) :]]
+        in_model = model_names(self.joint_names, self.model_joints)
         return np.array([in_model.index(j) for j in self.load_model().joint_names], dtype=np.int64)
 
     def lower(self) -> np.ndarray:
@@ -164,7 +165,7 @@ class RobotConfig:
         model_joints = d.get("model_joints", [])
         if model_joints and (not isinstance(model_joints, list) or len(model_joints) > n):
             raise RobotConfigError(f"{where}: model_joints: expected a list of at most {n} names, got {model_joints!r}")
-        in_model = [*model_joints, *names[len(model_joints) :]]
+        in_model = model_names(names, model_joints)
         if description is not None:
             for k, side in (("lower", 0), ("upper", 1)):
                 if k not in lim:
@@ -231,6 +232,11 @@ class RobotConfig:
             description=str(d.get("description", "")),
             **positive,
         )
+
+
+def model_names(joint_names: Sequence[str], model_joints: Sequence[str]) -> list[str]:
+    """The description's names of a robot file's joints: `model_joints` for the first ones, their own after."""
+    return [*model_joints, *joint_names[len(model_joints) :]]
 
 
 #: descriptions compiled once per process (a robot file is read by every node and the safety filter)

@@ -7,6 +7,7 @@ from robotrl.envs.robots.description import (
     RobotDescriptionError,
     load_robot,
     load_spec,
+    robot_spec,
 )
 from robotrl.envs.robots.kinematics import Chain, IKConfig
 
@@ -18,4 +19,5 @@ __all__ = [
     "RobotDescriptionError",
     "load_robot",
     "load_spec",
+    "robot_spec",
 ]

@@ -22,7 +22,7 @@ from pathlib import Path
 import mujoco
 import numpy as np
 
-from robotrl.envs.robots.kinematics import Chain
+from robotrl.envs.robots.kinematics import Chain, joint_range
 
 PACKAGE = "example-robot-data"
 #: short names of robots in example-robot-data: (file inside its robots folder, end-effector body)
@@ -143,10 +143,7 @@ class RobotDescription:
         jid = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_JOINT, name)
         if jid < 0 or int(self.model.jnt_type[jid]) not in (mujoco.mjtJoint.mjJNT_HINGE, mujoco.mjtJoint.mjJNT_SLIDE):
             raise RobotDescriptionError(f"{self.source}: no hinge or slide joint named {name!r}")
-        if not self.model.jnt_limited[jid]:
-            return (-2 * np.pi, 2 * np.pi)
-        lo, hi = self.model.jnt_range[jid]
-        return float(lo), float(hi)
+        return joint_range(self.model, jid)
 
     @cached_property
     def _data(self) -> mujoco.MjData:
@@ -172,9 +169,10 @@ def _compile(spec: mujoco.MjSpec, name: str) -> mujoco.MjModel:
         raise RobotDescriptionError(f"{name}: MuJoCo cannot compile it: {str(e).splitlines()[0]}") from None
 
 
-def load_robot(source: str | Path, ee: str | None = None, tool_offset: float = 0.0) -> RobotDescription:
-    """Compile a robot description with an `ee` site on the body (or at the site) named `ee` (default: the
-    source's known end effector, or an existing `ee` site), `tool_offset` metres along that frame's z."""
+def robot_spec(source: str | Path, ee: str | None = None, tool_offset: float = 0.0) -> tuple[mujoco.MjSpec, str, str]:
+    """The description as an editable MjSpec with an `ee` site on the body (or at the site) named `ee` (default:
+    the source's known end effector, or an existing `ee` site), `tool_offset` metres along that frame's z; the
+    end-effector frame's name and the source's canonical name."""
     spec, default, name = load_spec(source)
     frame = ee or default
     if frame is None:
@@ -193,8 +191,17 @@ def load_robot(source: str | Path, ee: str | None = None, tool_offset: float = 0
             site.parent.add_site(name=EE_SITE, pos=pos, quat=compiled.quat)
     else:
         body.add_site(name=EE_SITE, pos=[0.0, 0.0, tool_offset])
-    model = _compile(spec, name)
-    robot = RobotDescription(name, model, frame)
+    return spec, frame, name
+
+
+def compile_robot(spec: mujoco.MjSpec, frame: str, name: str) -> RobotDescription:
+    """The description `robot_spec` made, compiled (the spec stays editable); one line if no joint moves `ee`."""
+    robot = RobotDescription(name, _compile(spec, name), frame)
     if not robot.chain.dof:
         raise RobotDescriptionError(f"robot {name!r}: ee: no joint moves {frame!r}")
     return robot
+
+
+def load_robot(source: str | Path, ee: str | None = None, tool_offset: float = 0.0) -> RobotDescription:
+    """Compile a robot description with its `ee` site (`robot_spec`)."""
+    return compile_robot(*robot_spec(source, ee, tool_offset))

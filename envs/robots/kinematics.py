@@ -67,6 +67,14 @@ def _cross(xp: Any, a: Any, b: Any) -> Any:
     return xp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
 
 
+def joint_range(model: mujoco.MjModel, joint: int) -> tuple[float, float]:
+    """A joint's position limits; an unlimited one (a URDF 'continuous' joint) turns a full turn either way."""
+    if not model.jnt_limited[joint]:
+        return -2 * np.pi, 2 * np.pi
+    lo, hi = model.jnt_range[joint]
+    return float(lo), float(hi)
+
+
 Columns = tuple[Any, Any, Any]
 """a batch of rotations as its three columns, each (n, 3): composing with a constant skips its zero entries, so a
 link costs a few elementwise operations (this runs every control step, where stacked 3x3 matmuls cost 2-3x more)"""
@@ -76,6 +84,10 @@ def _times(xp: Any, cols: Columns, v: np.ndarray) -> Any:
     """R @ v for a constant vector v (3,): (n, 3)."""
     terms = [cols[i] * float(v[i]) for i in range(3) if v[i] != 0.0]
     return sum(terms[1:], terms[0]) if terms else xp.zeros_like(cols[0])
+
+
+def _scaled(x: Any, k: float) -> Any:
+    return x if k == 1.0 else -x if k == -1.0 else x * k
 
 
 def _compose(xp: Any, cols: Columns, mat: Any) -> Columns:
@@ -88,7 +100,7 @@ def _compose(xp: Any, cols: Columns, mat: Any) -> Columns:
             if isinstance(m, float):
                 if m == 0.0:
                     continue
-                terms.append(cols[i] if m == 1.0 else -cols[i] if m == -1.0 else cols[i] * m)
+                terms.append(_scaled(cols[i], m))
             else:
                 terms.append(cols[i] * m)
         out.append(sum(terms[1:], terms[0]) if terms else xp.zeros_like(cols[0]))
@@ -104,10 +116,6 @@ def _axis_rotation(axis: np.ndarray, pre: np.ndarray) -> list[list[tuple[float, 
     return [[(float(const[i, j]), float(sin[i, j]), float(cos[i, j])) for j in range(3)] for i in range(3)]
 
 
-def _scaled(x: Any, k: float) -> Any:
-    return x if k == 1.0 else -x if k == -1.0 else x * k
-
-
 def _entries(rows: list[list[tuple[float, float, float]]], s: Any, c: Any) -> list[list[Any]]:
     """The entries of `_axis_rotation` for the sines and cosines s, c (n, 1): floats where constant."""
     out: list[list[Any]] = []
@@ -115,8 +123,11 @@ def _entries(rows: list[list[tuple[float, float, float]]], s: Any, c: Any) -> li
         out.append([])
         for const, ks, kc in row:
             terms = [_scaled(x, k) for x, k in ((s, ks), (c, kc)) if k != 0.0]
-            value: Any = const if not terms else sum(terms[1:], terms[0]) + const if const else sum(terms[1:], terms[0])
-            out[-1].append(value)
+            if not terms:
+                out[-1].append(const)
+                continue
+            value = sum(terms[1:], terms[0])
+            out[-1].append(value + const if const else value)
     return out
 
 
@@ -171,10 +182,7 @@ class Chain:
         self.joint_names: tuple[str, ...] = tuple(names)
         self.joint_ids: tuple[int, ...] = tuple(jids)
         self.qpos_adr = np.array([int(model.jnt_qposadr[j]) for j in jids], dtype=np.int64)
-        limited = np.array([bool(model.jnt_limited[j]) for j in jids], dtype=bool)
-        rng = np.array([model.jnt_range[j] for j in jids], dtype=np.float64).reshape(-1, 2)
-        # an unlimited hinge (a URDF 'continuous' joint) turns a full turn either way
-        self.limits = np.where(limited[:, None], rng, np.array([-2 * np.pi, 2 * np.pi]))
+        self.limits = np.array([joint_range(model, j) for j in jids], dtype=np.float64).reshape(-1, 2)
 
     @property
     def dof(self) -> int:

@@ -132,25 +132,29 @@ class ArmTask(Task):
     def compile(self) -> mujoco.MjModel:
         if not self.robot:
             return super().compile()
-        from robotrl.envs.robots.description import load_robot, load_spec
+        from robotrl.envs.robots.description import EE_SITE, compile_robot, robot_spec
 
-        description = load_robot(self.robot)  # checks the source and its end effector in one line
-        robot, _, _ = load_spec(self.robot)
+        robot, frame, name = robot_spec(self.robot, tool_offset=self.tool_offset)
+        chain = compile_robot(robot, frame, name).chain  # the source, its ee and its chain checked in one line
         scene = mujoco.MjSpec.from_string(self.mjcf())
         for body in robot.bodies:
             body.gravcomp = 1.0  # as a torque-controlled arm's driver compensates gravity
         for geom in robot.geoms:  # only the task's tool touches (as the task arm's links): no mesh collisions
             geom.contype, geom.conaffinity = 0, 0
-        for name, (lo, hi) in zip(description.joint_names, description.limits):
-            joint = robot.joint(name)
+        for joint_name, (lo, hi) in zip(chain.joint_names, chain.limits):
+            joint = robot.joint(joint_name)
             joint.damping, joint.armature = [ROBOT_DAMPING, 0.0, 0.0], 0.1
             joint.range, joint.limited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
-        ee = robot.body(description.ee) or robot.site(description.ee).parent
-        ee.add_site(name="ee", pos=[0.0, 0.0, self.tool_offset], size=[0.01, 0.01, 0.01], rgba=[1, 0, 0, 0.5])
+        ee = robot.site(EE_SITE)  # `tool_offset` along the end effector's z, as the task arm's `ee`
+        ee.size, ee.rgba = [0.01, 0.01, 0.01], [1, 0, 0, 0.5]
         tool = self.tool_xml()
-        if tool:
+        if tool:  # in the end-effector frame: `tool_offset` back along the site's z
+            rot = np.zeros(9)
+            mujoco.mju_quat2Mat(rot, np.asarray(ee.quat, dtype=np.float64))
+            origin = np.asarray(ee.pos) - rot.reshape(3, 3) @ np.array([0.0, 0.0, self.tool_offset])
             xml = f"<mujoco><worldbody><body name='tool'>{tool}</body></worldbody></mujoco>"
-            ee.add_frame().attach_body(mujoco.MjSpec.from_string(xml).body("tool"), "tool/", "")
+            frame = ee.parent.add_frame(pos=origin, quat=ee.quat)
+            frame.attach_body(mujoco.MjSpec.from_string(xml).body("tool"), "tool/", "")
         base = [float(x) for x in getattr(self.config, "robot_base", (0.0, 0.0, 0.0))]
         scene.worldbody.add_frame(pos=base).attach_body(robot.worldbody.first_body(), ROBOT_PREFIX, "")
         for element in [*scene.joints, *scene.sites, *scene.geoms]:  # the description's and the tool's own names
@@ -158,8 +162,8 @@ class ArmTask(Task):
                 if element.name.startswith(prefix):
                     element.name = element.name.removeprefix(prefix)
                     break
-        for name, (lo, hi) in zip(description.joint_names, description.limits):
-            act = scene.add_actuator(name=f"act_{name}", target=name, trntype=mujoco.mjtTrn.mjTRN_JOINT)
+        for joint_name, (lo, hi) in zip(chain.joint_names, chain.limits):
+            act = scene.add_actuator(name=f"act_{joint_name}", target=joint_name, trntype=mujoco.mjtTrn.mjTRN_JOINT)
             act.set_to_position(kp=ROBOT_KP)
             act.ctrlrange, act.ctrllimited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
         return scene.compile()

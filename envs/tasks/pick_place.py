@@ -151,7 +151,7 @@ class PickPlace(arm.ArmTask):
             fk = self.arm.forward(xp, q)
             target = fk[0] + self.config.max_ee_step * action[:, :3]
             yaw = arm.tool_yaw(xp, fk[1]) + self.config.max_yaw_step * action[:, 3]
-            q_target = self.arm.ik(xp, q, target, arm.down_rotation(xp, yaw), arm.HOME_QPOS, fk=fk)
+            q_target = self.arm.ik(xp, q, target, arm.down_rotation(xp, yaw), self.home, fk=fk)
         # gripper command -1 (open) .. +1 (closed, squeezing): continuous, so a teleop trigger maps directly
         finger = FINGER_OPEN + 0.5 * (action[:, -1:] + 1.0) * (FINGER_CLOSED - FINGER_OPEN)
         return xp.concatenate([q_target, finger, finger], -1)

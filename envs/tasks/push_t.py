@@ -219,7 +219,6 @@ class PushT(arm.ArmTask):
         )
 
     def mjcf(self) -> str:
-
         def t_geoms(attrs: str, rgba: str, half_height: float) -> str:
             return "".join(
                 f'<geom type="box" pos="{cx} {cy} 0" size="{hx} {hy} {half_height}" rgba="{rgba}" {attrs}/>'

@@ -282,18 +282,13 @@ class RLResult:
             else ""
         )
         rate = f" ({self.steps_per_second:,.0f} steps/s)" if self.steps_per_second else ""
-        score = (
-            f"{self.best['success_rate']:.1%}"
-            if self.best and "success_rate" in self.best
-            else f"mean return {self.best.get('mean_return', float('nan')):.2f}"
-            if self.best
-            else ""
-        )
-        kept = (
-            f"; best evaluated {score} at {int(self.best['step'])} {unit}: {self.best_weights}"
-            if self.best and self.best_weights
-            else ""
-        )
+        kept = ""
+        if self.best and self.best_weights:
+            best = self.best
+            score = (
+                f"{best['success_rate']:.1%}" if "success_rate" in best else f"mean return {best['mean_return']:.2f}"
+            )
+            kept = f"; best evaluated {score} at {int(best['step'])} {unit}: {self.best_weights}"
         return f"{name}: {success}{self.steps} {unit} in {self.train_seconds:.0f} s{rate}; weights {self.weights}{kept}"
 
 
