@@ -92,6 +92,7 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
         eval_envs=4,
         run_dir=tmp_path / "run",
         checkpoint_every=300,
+        eval_every=300,
         progress=False,
     )
     result = train(config)
@@ -107,6 +108,9 @@ def test_train_writes_model_metrics_tensorboard_and_result(tmp_path):
     assert (run / "model.zip").exists() and (run / "checkpoints" / "model_600_steps.zip").exists()
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["eval/success_rate"] == result.success_rate
+    evals = [row for row in lines if "eval/success_rate" in row]  # every eval_every steps, the last one once
+    assert [row["step"] for row in evals] == [300, 600]
+    assert 0 < evals[0]["time/train_seconds"] < evals[1]["time/train_seconds"] == pytest.approx(result.train_seconds)
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert json.loads((run / "result.json").read_text())["success_rate"] == result.success_rate
     assert json.loads((run / "config.json").read_text())["task"] == "Reach"

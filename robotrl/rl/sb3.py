@@ -61,6 +61,9 @@ class Sb3Config:
     """held-out episodes of the final evaluation"""
     eval_envs: int = 20
     """parallel envs of the evaluation"""
+    eval_every: int = 0
+    """evaluate every N env steps as well (0: only at the end): `eval/*` rows in metrics.jsonl with the training
+    seconds so far, evaluation time excluded (a return or success curve against env steps and seconds)"""
     seed: int = 0
     run_dir: Path | None = None
     """where the model, TensorBoard events and metrics.jsonl go (default: runs/sb3-<algo>-<task>-<time>)"""
@@ -81,8 +84,9 @@ class Sb3Config:
         for field in ("total_steps", "num_envs", "eval_episodes", "eval_envs", "batch_size", "threads"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{name}.{field}: expected a positive integer, got {getattr(self, field)}")
-        if self.checkpoint_every < 0:
-            raise ValueError(f"{name}.checkpoint_every: expected >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+        for field in ("checkpoint_every", "eval_every"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{name}.{field}: expected >= 0 (0: off), got {getattr(self, field)}")
         if not self.obs_keys:
             raise ValueError(f"{name}.obs_keys: expected at least one observation key, got ()")
         if self.resume and self.run_dir is None:
@@ -172,27 +176,46 @@ def flatten_batch(obs: dict[str, Any], keys: tuple[str, ...]) -> np.ndarray:
 
 
 def evaluate(model: Any, config: Sb3Config, keys: tuple[str, ...]) -> EpisodeStats:
-    """Success over `eval_episodes` seeded episodes of the deterministic policy in the batched CPU env."""
-    from robotrl.envs import make
-    from robotrl.envs.rollouts import run_episodes
+    """Success of the deterministic policy over `eval_episodes` held-out seeded episodes of the batched CPU env:
+    the seeds and env every robotrl learner is evaluated on."""
+    from robotrl.training.evaluate import evaluate_actor
 
-    env = make(
+    return evaluate_actor(
+        lambda obs: model.predict(flatten_batch(obs, keys), deterministic=True)[0],
         config.task,
-        num_envs=min(config.eval_envs, config.eval_episodes),
-        seed=config.seed + 10_000,
+        config.eval_episodes,
+        config.eval_envs,
         action_mode=config.action_mode,
         reward_type=config.reward_type,
         render_images=False,
     )
-    try:
-        return run_episodes(
-            env,
-            lambda obs: model.predict(flatten_batch(obs, keys), deterministic=True)[0],
-            config.eval_episodes,
-            seed=config.seed + 10_000,
-        )
-    finally:
-        env.close()
+
+
+def eval_callback(config: Sb3Config, keys: tuple[str, ...], began: float) -> Any:
+    """Every `eval_every` env steps but the last: the held-out evaluation, logged with the training seconds since
+    `began` (evaluations excluded; the callback's `eval_seconds` is their sum)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class EvalEvery(BaseCallback):
+        eval_seconds = 0.0
+
+        def _on_step(self) -> bool:
+            now, n = self.num_timesteps, self.training_env.num_envs
+            crossed = config.eval_every and now // config.eval_every != (now - n) // config.eval_every
+            if crossed and now < config.total_steps:  # not on the last step: the final evaluation follows
+                t0 = time.perf_counter()
+                stats = evaluate(self.model, config, keys)
+                for key, value in {
+                    "step": now,
+                    **stats.metrics(),
+                    "time/train_seconds": t0 - began - self.eval_seconds,
+                }.items():
+                    self.logger.record(key, value)
+                self.logger.dump(now)
+                self.eval_seconds += time.perf_counter() - t0
+            return True
+
+    return EvalEvery()
 
 
 def train(config: Sb3Config) -> Sb3Result:
@@ -244,13 +267,14 @@ def train(config: Sb3Config) -> Sb3Result:
             )
         )
     start = time.perf_counter()
+    evals = eval_callback(config, keys, start)
     model.learn(
         remaining,
-        callback=CallbackList(callbacks),
+        callback=CallbackList([*callbacks, evals]),
         reset_num_timesteps=last is None,
         log_interval=10 if config.algo in OFF_POLICY else 1,
     )
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start - evals.eval_seconds
     model_path = run_dir / "model.zip"
     model.save(model_path)
     venv.close()
@@ -267,6 +291,7 @@ def train(config: Sb3Config) -> Sb3Result:
         model_path,
     )
     for key, value in (
+        ("step", model.num_timesteps),
         ("eval/success_rate", result.success_rate),
         ("eval/mean_return", result.mean_return),
         ("time/train_seconds", seconds),
