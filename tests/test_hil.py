@@ -216,6 +216,11 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
             {"operator": "keyboard", "num_envs": 4},
             r"HilConfig.num_envs: expected 1 when a teleop device drives \(operator='keyboard'\), got 4",
         ),
+        (
+            {"operator": "my_robot.experts:Scripted", "operator_noise": 0.5},
+            r"HilConfig.operator_noise: applies to the task's scripted expert, not to the demonstrator "
+            r"my_robot.experts:Scripted; expected 0, got 0.5",
+        ),
         ({"stray_threshold": 0.0}, r"HilConfig.stray_threshold: expected > 0, got 0.0"),
         ({"stray_patience": 0}, r"HilConfig.stray_patience: expected >= 1, got 0"),
         ({"takeover_steps": 0}, r"HilConfig.takeover_steps: expected >= 1, got 0"),

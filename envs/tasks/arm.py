@@ -97,7 +97,7 @@ class ArmTask(Task):
     """A task of an arm: `self.arm` is the chain from the base to the scene's `ee` site (joints, limits, forward
     kinematics, Jacobian, IK), read from the task's compiled model, not written for one arm.
 
-    The arm is the task suite's own unless the config's `robot` (Reach has one) names a description
+    The arm is the task suite's own unless the config's `robot` (Reach, PushT, PickPlace) names a description
     (robotrl/envs/robots: a URDF or MJCF file, `example-robot-data:ur5`): then the task's scene, built without its
     arm (`mjcf()` reads `config.robot`), gets that robot attached at `config.robot_base` with MuJoCo's
     model-editing API, its links gravity-compensated, a position actuator on each joint of its chain, the task's
@@ -157,7 +157,7 @@ class ArmTask(Task):
             frame.attach_body(mujoco.MjSpec.from_string(xml).body("tool"), "tool/", "")
         base = [float(x) for x in getattr(self.config, "robot_base", (0.0, 0.0, 0.0))]
         scene.worldbody.add_frame(pos=base).attach_body(robot.worldbody.first_body(), ROBOT_PREFIX, "")
-        for element in [*scene.joints, *scene.sites, *scene.geoms]:  # the description's and the tool's own names
+        for element in [*scene.joints, *scene.sites, *scene.geoms, *scene.cameras]:  # their own names, as written
             for prefix in (ROBOT_PREFIX + "tool/", ROBOT_PREFIX):
                 if element.name.startswith(prefix):
                     element.name = element.name.removeprefix(prefix)

@@ -19,7 +19,6 @@ from robotrl.envs.task import (
     Expert,
     Frame,
     ResetState,
-    TaskConfig,
     TeleopNoise,
     split_state,
     state_layout,
@@ -40,30 +39,35 @@ SLOT_JITTER = 0.025
 BIN_POS = np.array([0.50, 0.25])
 BIN_HALF = 0.07  # inner half width
 BIN_WALL_HEIGHT = 0.06
-ARM_NQ = 7
+ARM_NQ = 7  # the task suite's arm; a loaded robot has its own (`PickPlace.arm.dof`)
 # stiffer than MuJoCo's default contact (which lets a squeezing finger sink ~4 mm into the cube);
 # the time constant stays >= 2 timesteps so the contact remains stable
 STIFF_CONTACT = 'solref="0.005 1" solimp="0.95 0.99 0.001"'
-CUBE_QPOS = 9  # arm (7) + fingers (2), then 7 qpos per free cube
-CUBE_QVEL = 9
 
-#: layout of the "state" observation: name -> (start, stop); the expert reads it by name
-STATE_LAYOUT, STATE_DIM = state_layout(
-    ("joint_pos", 7),
-    ("joint_vel", 7),
-    ("gripper", 1),
-    ("tool_pos", 3),
-    ("tool_yaw", 2),
-    ("cube_pos", 3 * NUM_CUBES),
-    ("cube_quat", 4 * NUM_CUBES),
-    ("target", NUM_CUBES),
-    ("target_rel", 3),
-    ("bin_rel", 3),
-)
+
+def pick_place_layout(dof: int) -> tuple[dict[str, tuple[int, int]], int]:
+    """Layout of the "state" observation of an arm with `dof` joints: name -> (start, stop); the expert reads it
+    by name."""
+    return state_layout(
+        ("joint_pos", dof),
+        ("joint_vel", dof),
+        ("gripper", 1),
+        ("tool_pos", 3),
+        ("tool_yaw", 2),
+        ("cube_pos", 3 * NUM_CUBES),
+        ("cube_quat", 4 * NUM_CUBES),
+        ("target", NUM_CUBES),
+        ("target_rel", 3),
+        ("bin_rel", 3),
+    )
+
+
+#: the task suite's arm's layout
+STATE_LAYOUT, STATE_DIM = pick_place_layout(ARM_NQ)
 
 
 @dataclass
-class PickPlaceConfig(TaskConfig):
+class PickPlaceConfig(arm.ArmConfig):
     episode_steps: int = 150
     max_ee_step: float = 0.03  # metres per control step at |action| = 1 (ee_delta)
     max_yaw_step: float = 0.25  # rad per control step at |action| = 1
@@ -77,12 +81,31 @@ class PickPlace(arm.ArmTask):
     demo_noise = 0.5  # see the expert docstring for success against noise
     config_cls = PickPlaceConfig
     cameras = ("front", "wrist")
-    # slot permutation (4), xy jitter (3 x 2), cube yaw (3), target cube (1), arm joint noise (7)
+    # slot permutation (4), xy jitter (3 x 2), cube yaw (3), target cube (1), arm joint noise (up to 7 joints)
     reset_dims = 4 + 2 * NUM_CUBES + NUM_CUBES + 1 + ARM_NQ
     goal_dim = NUM_CUBES  # one-hot target cube
+    tool_offset = TOOL_OFFSET
     config: PickPlaceConfig
 
-    def mjcf(self) -> str:
+    def __init__(self, config: PickPlaceConfig | None = None) -> None:
+        super().__init__(config)
+        if self.arm.dof > ARM_NQ:
+            raise ValueError(f"PickPlace.robot: expected an arm of at most {ARM_NQ} joints, got {self.arm.dof}")
+        self.layout = pick_place_layout(self.arm.dof)[0]
+        joint = self.model.joint
+        #: the fingers' and the first cube's joints in qpos / qvel (the task arm's joints come first, then its
+        #: fingers, then the cubes; a loaded robot, attached to the finished scene, after the cubes)
+        self.finger_q = [int(self.model.jnt_qposadr[joint(f"finger_{s}").id]) for s in "lr"]
+        self.cube_q = int(self.model.jnt_qposadr[joint(f"cube_{COLORS[0]}").id])
+        self.cube_v = int(self.model.jnt_dofadr[joint(f"cube_{COLORS[0]}").id])
+        #: the actuators' order in `ctrl` as positions in control()'s [arm targets, left, right finger]
+        wanted = [f"act_{name}" for name in self.arm.joint_names] + ["act_finger_l", "act_finger_r"]
+        names = [self.model.actuator(i).name for i in range(self.model.nu)]
+        if sorted(names) != sorted(wanted):
+            raise ValueError(f"PickPlace: expected the actuators {wanted}, got {names}")
+        self.ctrl_order = np.array([wanted.index(name) for name in names])
+
+    def tool_xml(self) -> str:
         # contype/conaffinity: cubes 1/3, table and bin 1/1, fingers 2/0 -> fingers touch only cubes,
         # the fingers never touch each other, and the arm links (contype 0) touch nothing.
         finger = (
@@ -91,13 +114,15 @@ class PickPlace(arm.ArmTask):
             '<geom type="box" size="0.01 0.006 0.035" pos="0 {y} 0.06" rgba="0.25 0.25 0.28 1" '
             'contype="2" conaffinity="0" friction="1.5 0.01 0.001" mass="0.03" {CONTACT}/></body>'
         )
-        tool = (
+        return (
             '<geom type="box" size="0.015 0.06 0.012" pos="0 0 0.012" rgba="0.3 0.3 0.32 1" '
             'contype="0" conaffinity="0"/>'
             '<camera name="wrist" pos="-0.06 0 0.0" quat="0 0.9659 0 -0.2588" fovy="75"/>'
             + finger.format(s="l", a=1, y=0.006, open=FINGER_OPEN, CONTACT=STIFF_CONTACT)
             + finger.format(s="r", a=-1, y=-0.006, open=FINGER_OPEN, CONTACT=STIFF_CONTACT)
         )
+
+    def mjcf(self) -> str:
         cubes = "\n".join(
             f'<body name="cube_{c}" pos="{SLOTS[i, 0]} {SLOTS[i, 1]} {CUBE_HALF}"><freejoint name="cube_{c}"/>'
             f'<geom name="cube_{c}" type="box" size="{CUBE_HALF} {CUBE_HALF} {CUBE_HALF}" rgba="{RGBA[i]}" '
@@ -122,8 +147,8 @@ class PickPlace(arm.ArmTask):
             "pick_place",
             option='timestep="0.002" iterations="8" ls_iterations="8"',
             camera='<camera name="front" pos="1.25 0 0.8" xyaxes="0 1 0 -0.707 0 0.707" fovy="48"/>',
-            bodies=f"{arm.arm_xml(tool, TOOL_OFFSET)}\n{cubes}\n{walls}",
-            actuators=arm.arm_actuators_xml() + fingers,
+            bodies=f"{'' if self.robot else arm.arm_xml(self.tool_xml(), TOOL_OFFSET)}\n{cubes}\n{walls}",
+            actuators=("" if self.robot else arm.arm_actuators_xml()) + fingers,  # a robot's: at compile()
             table_contacts=True,
         )
 
@@ -136,15 +161,18 @@ class PickPlace(arm.ArmTask):
         quat = arm.yaw_quat(xp, yaw)
         z = xp.full((n, NUM_CUBES, 1), CUBE_HALF)
         cubes = xp.concatenate([xy, z, quat], -1).reshape(n, 7 * NUM_CUBES)
-        q_arm = xp.asarray(arm.HOME_QPOS) + self.config.init_joint_noise * (2.0 * u[:, 14:21] - 1.0)
+        dof = self.arm.dof
+        q_arm = xp.asarray(self.home) + self.config.init_joint_noise * (2.0 * u[:, 14 : 14 + dof] - 1.0)
         fingers = xp.full((n, 2), FINGER_OPEN)
         target = xp.minimum(xp.floor(u[:, 13] * NUM_CUBES), NUM_CUBES - 1)
         goal = (target[:, None] == xp.arange(NUM_CUBES)[None, :]).astype(u.dtype)
-        qpos = xp.concatenate([q_arm, fingers, cubes], -1)
+        # the task arm and its fingers come first in qpos; a loaded robot (with the fingers) after the cubes
+        parts = [q_arm, fingers, cubes] if self.cube_q > 0 else [cubes, q_arm, fingers]
+        qpos = xp.concatenate(parts, -1)
         return ResetState(qpos=qpos, qvel=xp.zeros((n, self.model.nv)), goal=goal)
 
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
-        q = frame.qpos[:, :ARM_NQ]
+        q = frame.qpos[:, self.arm_q]
         if self.config.action_mode == "joint_pos":
             q_target = self.arm.from_unit(xp, action)
         else:
@@ -154,12 +182,12 @@ class PickPlace(arm.ArmTask):
             q_target = self.arm.ik(xp, q, target, arm.down_rotation(xp, yaw), self.home, fk=fk)
         # gripper command -1 (open) .. +1 (closed, squeezing): continuous, so a teleop trigger maps directly
         finger = FINGER_OPEN + 0.5 * (action[:, -1:] + 1.0) * (FINGER_CLOSED - FINGER_OPEN)
-        return xp.concatenate([q_target, finger, finger], -1)
+        return xp.concatenate([q_target, finger, finger], -1)[:, self.ctrl_order]
 
     def _cubes(self, xp: Any, frame: Frame) -> tuple[Any, Any]:
         """Cube positions (n, 3, 3) and quaternions (n, 3, 4) from the free joints."""
         n = frame.qpos.shape[0]
-        c = frame.qpos[:, CUBE_QPOS : CUBE_QPOS + 7 * NUM_CUBES].reshape(n, NUM_CUBES, 7)
+        c = frame.qpos[:, self.cube_q : self.cube_q + 7 * NUM_CUBES].reshape(n, NUM_CUBES, 7)
         return c[:, :, :3], c[:, :, 3:]
 
     def _target_pos(self, xp: Any, frame: Frame) -> Any:
@@ -168,7 +196,7 @@ class PickPlace(arm.ArmTask):
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         n = frame.qpos.shape[0]
-        q = frame.qpos[:, :ARM_NQ]
+        q = frame.qpos[:, self.arm_q]
         ee = self.sensor(frame, "ee_pos")
         yaw = arm.tool_yaw(xp, self.arm.forward(xp, q)[1])
         pos, quat = self._cubes(xp, frame)
@@ -177,8 +205,8 @@ class PickPlace(arm.ArmTask):
         state = xp.concatenate(
             [
                 q,
-                frame.qvel[:, :ARM_NQ],
-                frame.qpos[:, 7:8] + frame.qpos[:, 8:9],
+                frame.qvel[:, self.arm_v],
+                self._opening(frame)[:, None],
                 ee,
                 xp.stack([xp.sin(yaw), xp.cos(yaw)], -1),
                 pos.reshape(n, -1),
@@ -190,6 +218,10 @@ class PickPlace(arm.ArmTask):
             axis=-1,
         )
         return {"state": state.astype(xp.float32)}
+
+    def _opening(self, frame: Frame) -> Any:
+        """The gripper's opening (metres): both fingers' slide positions."""
+        return frame.qpos[:, self.finger_q[0]] + frame.qpos[:, self.finger_q[1]]
 
     def in_bin(self, xp: Any, pos: Any) -> Any:
         """Whether cube centres `pos` (..., 3) lie inside the bin (clear of the walls, below their top)."""
@@ -204,9 +236,9 @@ class PickPlace(arm.ArmTask):
         ee = self.sensor(frame, "ee_pos")
         cube = self._target_pos(xp, frame)
         n = frame.qpos.shape[0]
-        vel = frame.qvel[:, CUBE_QVEL : CUBE_QVEL + 6 * NUM_CUBES].reshape(n, NUM_CUBES, 6)
+        vel = frame.qvel[:, self.cube_v : self.cube_v + 6 * NUM_CUBES].reshape(n, NUM_CUBES, 6)
         speed = xp.linalg.norm(xp.einsum("nc,ncd->nd", frame.goal, vel[:, :, :3]), axis=-1)
-        opening = frame.qpos[:, 7] + frame.qpos[:, 8]
+        opening = self._opening(frame)
         near = xp.linalg.norm(cube - ee, axis=-1)
         reach = 1.0 - xp.tanh(10.0 * near)
         grasped = ((near < 0.02) & (opening > 2 * CUBE_HALF - 0.01) & (opening < 2 * CUBE_HALF + 0.005)).astype(
@@ -232,17 +264,17 @@ class PickPlace(arm.ArmTask):
 
     def wrong_object(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         """A cube that is not the named one lies in the bin."""
-        get = split_state(np.asarray(obs["state"]), STATE_LAYOUT)
+        get = split_state(np.asarray(obs["state"]), self.layout)
         n = len(get["target"])
         inside = np.asarray(self.in_bin(np, get["cube_pos"].reshape(n, NUM_CUBES, 3)))
         return np.asarray((inside & (np.asarray(get["target"]) < 0.5)).any(axis=-1))
 
     def action_spec(self) -> ArraySpec:
-        dim = ARM_NQ + 1 if self.config.action_mode == "joint_pos" else 5
+        dim = self.arm.dof + 1 if self.config.action_mode == "joint_pos" else 5
         return ArraySpec((dim,), "float32", -1.0, 1.0)
 
     def state_obs_specs(self) -> dict[str, ArraySpec]:
-        return {"state": state_spec(STATE_LAYOUT)}
+        return {"state": state_spec(self.layout)}
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         return PickPlaceExpert(self, noise, seed)
@@ -307,7 +339,7 @@ class PickPlaceExpert(Expert):
         n = s.shape[0]
         if self.phase.shape[0] != n:
             self.reset(n)
-        get = split_state(s, STATE_LAYOUT)
+        get = split_state(s, self.task.layout)
         ee = get["tool_pos"]
         yaw = np.arctan2(get["tool_yaw"][:, 0], get["tool_yaw"][:, 1])
         opening = get["gripper"][:, 0]

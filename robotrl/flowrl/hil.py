@@ -14,6 +14,8 @@ and an operator watches and may take over any env:
   expert takes the env over for `--takeover-steps` env steps, acting step by step, then hands back. A new episode
   starts with the policy in control. As the policy learns to act like the expert, it strays less: the
   intervention rate (the fraction of env steps under the operator's control) falls.
+- `--operator module:callable` (an outside env's, which has no scripted expert): the user's demonstrator, as
+  `robotrl data record --demonstrator` takes it, in the expert's place and by the same criterion.
 - `--operator keyboard|gamepad|spacemouse|scripted`: a teleop device of robotrl.datasets.teleop driving one env
   (`--num-envs 1`), paced at the control rate when a person drives. The operator drives while the device's
   take-over toggle is on (keyboard I, gamepad X, a ScriptedDevice's `interventions` step ranges), its commands
@@ -50,6 +52,7 @@ from tqdm import tqdm
 from robotrl.core.spec import STRING
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.collect import RateLimiter
+from robotrl.datasets.record import load_demonstrator
 from robotrl.datasets.sampler import MixedSampler, SequenceConfig, SequenceSampler
 from robotrl.datasets.teleop import DEVICES, TeleopDevice, action_axes, command_to_action, make_device
 from robotrl.envs.task import Expert, TeleopNoise
@@ -72,8 +75,9 @@ class HilConfig(OnlineConfig):
     the intervention rate on Reach fell far less than with 3e-4; bench/RESULTS.md, "Measurements behind the code's
     design")"""
     operator: str = "expert"
-    """who may take over: 'expert' (the task's scripted expert, by the stray criterion) or a teleop device
-    (keyboard, gamepad, spacemouse, scripted: its take-over toggle decides; one env)"""
+    """who may take over: 'expert' (the task's scripted expert, by the stray criterion), a demonstrator
+    `module:callable` (an outside env's, in the expert's place) or a teleop device (keyboard, gamepad, spacemouse,
+    scripted: its take-over toggle decides; one env)"""
     operator_noise: float = 0.0
     """the expert's (and the scripted device's) teleop noise when it drives"""
     criterion: Literal["stray", "stall"] = "stray"
@@ -110,15 +114,22 @@ class HilConfig(OnlineConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
-        if self.operator not in OPERATORS:
-            raise ValueError(f"{name}.operator: expected one of {OPERATORS}, got {self.operator!r}")
+        if self.operator not in OPERATORS and not self.demonstrator:
+            raise ValueError(
+                f"{name}.operator: expected one of {OPERATORS} or a demonstrator module:callable, got {self.operator!r}"
+            )
+        if self.demonstrator and self.operator_noise > 0:
+            raise ValueError(
+                f"{name}.operator_noise: applies to the task's scripted expert, not to the demonstrator "
+                f"{self.operator}; expected 0, got {self.operator_noise}"
+            )
         if self.method in HEADS:
             raise ValueError(
                 f"{name}.method: {self.method!r} freezes the flow network, which the operator's "
                 "interventions train by BC here; expected one of the chain methods (flow_sde, "
                 "flow_noise, denoising_mdp, ode_noise)"
             )
-        if self.operator != "expert" and self.num_envs != 1:
+        if self.operator in DEVICES and self.num_envs != 1:
             raise ValueError(
                 f"{name}.num_envs: expected 1 when a teleop device drives (operator="
                 f"{self.operator!r}), got {self.num_envs}"
@@ -137,6 +148,11 @@ class HilConfig(OnlineConfig):
             raise ValueError(f"{name}.operator_fraction: expected a share in [0, 1], got {self.operator_fraction}")
         self.out = None if self.out is None else Path(self.out)
         self.demos = None if self.demos is None else Path(self.demos)
+
+    @property
+    def demonstrator(self) -> bool:
+        """Whether `operator` names a demonstrator (module:callable) rather than the expert or a device."""
+        return ":" in self.operator
 
 
 @dataclass
@@ -396,7 +412,8 @@ class ExpertOperator(Watch):
     ) -> None:
         super().__init__(recorder, num_envs)
         self.expert, self.scale, self.config = expert, action_scale, config
-        self.expert.reset(num_envs)
+        getattr(self.expert, "reset", lambda n: None)(num_envs)  # a demonstrator's reset and reset_env are optional
+        self.reset_env = getattr(self.expert, "reset_env", lambda i: None)
         self.strikes, self.remaining = np.zeros(num_envs, np.int64), np.zeros(num_envs, np.int64)
         self.action = np.zeros((num_envs, len(action_scale)), np.float32)
         self.best, self.idle = np.full(num_envs, -np.inf, np.float32), np.zeros(num_envs, np.int64)
@@ -446,7 +463,7 @@ class ExpertOperator(Watch):
 
     def see(self, new_episode: np.ndarray) -> None:
         for i in np.nonzero(new_episode)[0]:
-            self.expert.reset_env(int(i))
+            self.reset_env(int(i))
         self.strikes[new_episode], self.remaining[new_episode] = 0, 0
         self.best[new_episode], self.idle[new_episode], self.succeeded[new_episode] = -np.inf, 0, False
         self.action = np.asarray(self.expert.act(self.obs), np.float32)
@@ -510,6 +527,19 @@ class DeviceOperator(Watch):
             )
 
 
+def simulated_operator(config: HilConfig, env: Any) -> Any:
+    """The operator who stands in for a human: the demonstrator `config.operator` names, or the task's scripted
+    expert (an outside env has none: it needs a demonstrator)."""
+    if config.demonstrator:
+        return load_demonstrator(config.operator)
+    if not hasattr(env, "task"):
+        raise ValueError(
+            f"HilConfig.operator: {env.task_spec.task} has no scripted expert; give a demonstrator as --operator "
+            "module:callable, or a teleop device"
+        )
+    return env.task.expert(noise=config.operator_noise, seed=config.seed)
+
+
 # ---------------------------------------------------------------------------------------------------
 # training
 # ---------------------------------------------------------------------------------------------------
@@ -536,11 +566,9 @@ def train(config: HilConfig, device: TeleopDevice | None = None) -> HilResult:
                 demos_from_store(demos, seed_store, everything=True)
         recorder = Recorder(store, n, demos, operator=device.name if device is not None else config.operator)
         operator: ExpertOperator | DeviceOperator
-        if config.operator == "expert" and device is None:
+        if (config.operator == "expert" or config.demonstrator) and device is None:
             scale = policy.normalizer.get_buffer("action_scale").detach().cpu().numpy().reshape(-1)
-            operator = ExpertOperator(
-                env.task.expert(noise=config.operator_noise, seed=config.seed), scale, config, recorder, n
-            )
+            operator = ExpertOperator(simulated_operator(config, env), scale, config, recorder, n)
         else:
             if device is None:
                 scripted = {"noise": config.operator_noise, "seed": config.seed}

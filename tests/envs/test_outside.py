@@ -211,3 +211,34 @@ def test_envs_check_runs_gymnasiums_checker_on_an_outside_env_and_shows_robotrls
     assert "robotrl spec: state (4,) -> action (2,), 10 Hz, 30 steps; success reported: yes" in out.stdout
     pendulum = robotrl("envs", "check", "--task", "gym:Pendulum-v1", cwd=tmp_path)
     assert pendulum.returncode == 0 and "success reported: no (judged by return); seeding: reset" in pendulum.stdout
+
+
+def test_flow_stages_run_on_a_users_env(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """BC, offline RL, DSRL and HIL of a flow policy on a user's env from the CLI; HIL's operator is the user's
+    demonstrator (the env has no scripted expert: `--operator expert` is refused in one line)."""
+    from robotrl.cli import main
+    from robotrl.datasets import EpisodeStore
+
+    name = "outside_envs:make_point?radius=0.1"
+    record_expert("p.zarr", name, episodes=8, num_envs=4, demonstrator="outside_envs:Demonstrator", progress=False)
+    tiny = ("--eval-episodes", "2", "--eval-envs", "2", "--threads", "1", "--no-progress")
+    main(["train", "bc", "policy:flow", "--store", "p.zarr", "--steps", "30", "--batch-size", "16",
+          "--policy.channels", "16", "32", "--run-dir", "bc", *tiny])  # fmt: skip
+    main(["train", "offline", "--policy", "bc/policy", "--store", "p.zarr", "--iterations", "1", "--critic-steps",
+          "20", "--policy-updates", "1", "--windows", "8", "--rollout-episodes", "2", "--rollout-envs", "2",
+          "--run-dir", "offline", *tiny])  # fmt: skip
+    main(["train", "dsrl", "--policy", "bc/policy", "--total-steps", "128", "--run-dir", "dsrl", *tiny])
+    with pytest.raises(SystemExit) as refused:
+        main(["train", "hil", "--policy", "bc/policy", "--total-steps", "120", "--run-dir", "hil-expert", *tiny])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1
+    assert f"HilConfig.operator: {name} has no scripted expert; give a demonstrator as --operator" in err
+    main(["train", "hil", "--policy", "bc/policy", "--operator", "outside_envs:Demonstrator", "--num-envs", "4",
+          "--total-steps", "240", "--run-dir", "hil", *tiny])  # fmt: skip
+    for run in ("bc", "offline", "dsrl", "hil"):
+        result = json.loads((tmp_path / run / "result.json").read_text())
+        assert result["success_rate"] is not None and np.isfinite(result["mean_return"]), run
+    hil = json.loads((tmp_path / "hil" / "result.json").read_text())
+    with EpisodeStore.open(tmp_path / "hil" / "hil.zarr") as store:  # the demonstrator's take-overs are recorded
+        interventions = [store.episode(i).data["intervention"].sum() for i in range(store.num_episodes)]
+    assert store.num_episodes == hil["steps"] // 30 and sum(interventions) > 0 and hil["intervention_rates"][0] > 0

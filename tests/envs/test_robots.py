@@ -177,8 +177,6 @@ def test_reach_takes_a_ur5_from_its_urdf() -> None:
     assert joints.single_action_space.shape == (6,)
     joints.close()
     assert make_task("Reach").spec().observations["state"].shape == (23,)
-    with pytest.raises((ValueError, TypeError), match=r"PickPlace: unknown option\(s\) \['robot'"):
-        make_task("PickPlace", robot="example-robot-data:ur5")  # its gripper is the task arm's own
 
 
 def test_pusht_takes_a_ur5() -> None:
@@ -196,6 +194,26 @@ def test_pusht_takes_a_ur5() -> None:
     np.testing.assert_allclose(task.arm.forward(np, task.start[None])[0][0], TIP_START, atol=0.01)
     assert evaluate_expert(env, noise=0.0, episodes=20, seed=0).success_rate >= 0.9
     env.close()
+
+
+def test_pick_place_takes_a_ur5() -> None:
+    """PickPlace with the UR5: the gripper (fingers on slide joints, the wrist camera) on tool0, the robot and its
+    fingers attached after the cubes in qpos, the actuators reordered to control()'s [arm, fingers]; the expert
+    picks and places by a real friction grasp as with the task arm, in both action modes' spaces."""
+    from robotrl.envs import make
+    from robotrl.envs.rollouts import evaluate_expert
+
+    env = make("PickPlace?robot=example-robot-data:ur5&robot_base=[0.2,0,0]", num_envs=10, seed=0)
+    task = env.task
+    assert (task.cube_q, task.arm_q, task.finger_q) == (0, slice(21, 27), [27, 28])
+    names = [task.model.actuator(i).name for i in task.ctrl_order.argsort()]
+    assert names == [f"act_{j}" for j in task.arm.joint_names] + ["act_finger_l", "act_finger_r"]
+    assert env.single_observation_space["state"].shape == (2 * 6 + 36,)
+    assert evaluate_expert(env, noise=0.0, episodes=10, seed=0).success_rate >= 0.9
+    env.close()
+    joints = make("PickPlace?robot=example-robot-data:ur5", num_envs=1, seed=0, action_mode="joint_pos")
+    assert joints.single_action_space.shape == (7,) and joints.task.model.camera("wrist").id >= 0
+    joints.close()
 
 
 def test_a_task_name_carries_its_options() -> None:
