@@ -281,6 +281,12 @@ def test_bad_config_names_the_field():
         PipelineConfig(interventions=False, online_criterion="stall")
     with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected >= 0, got nan"):
         PipelineConfig(online_bc_coef=float("nan"))
+    with pytest.raises(
+        ValueError, match=r"PipelineConfig.demonstrator: gym:Hopper-v5 is an outside env, without a scripted expert"
+    ):
+        PipelineConfig(task="gym:Hopper-v5")
+    with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: applies to a task's scripted expert, not to"):
+        PipelineConfig(task="gym:Hopper-v5", demonstrator="my_envs:Scripted", demo_noise=0.5)
     with pytest.raises(ValueError, match=r"PipelineConfig.offline_gate_episodes: expected > 0, got 0"):
         PipelineConfig(offline_gate_episodes=0)
     assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
@@ -341,3 +347,29 @@ def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
     assert policy.name == "vla" and policy.config.obs_horizon == 1
     trained = json.loads((tmp_path / "bc" / "config.json").read_text())
     assert (trained["batch_size"], trained["lr"], trained["policy"]["obs_horizon"]) == (16, 3e-4, 1)
+
+
+def test_an_outside_env_runs_every_stage_with_the_users_demonstrator(tmp_path, monkeypatch):
+    """`robotrl run --task <module>:<callable> --demonstrator <module>:<callable>`: the user's demonstrator records
+    the demos and is the online stage's operator; every stage is evaluated on the env's own success. An env that
+    reports no success is refused in one line before anything is recorded."""
+    from robotrl.datasets import EpisodeStore
+    from robotrl.stages.pipeline import run
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "envs"))  # outside_envs: the user's own module
+    monkeypatch.chdir(tmp_path)
+    point = "outside_envs:make_point?radius=0.1"
+    config = PipelineConfig(
+        task=point, demonstrator="outside_envs:Demonstrator", preset="smoke", threads=1, progress=False, run_dir="run"
+    )
+    rows = run(config)
+    assert [r.stage for r in rows] == list(STAGES) and rows[0].success_rate == 1.0  # the demonstrator's demos
+    assert all(r.success_rate is not None for r in rows)
+    with EpisodeStore.open(tmp_path / "run" / "demos.zarr") as demos:
+        assert demos.spec.task == point and demos.episodes[0]["demonstrator"] == "outside_envs:Demonstrator"
+    with EpisodeStore.open(tmp_path / "run" / "online" / "hil.zarr") as online:
+        assert {e.get("operator") for e in online.episodes} == {"outside_envs:Demonstrator"}
+    pendulum = PipelineConfig(task="gym:Pendulum-v1", demonstrator="outside_envs:Demonstrator", run_dir="p")
+    with pytest.raises(ValueError, match=r"PipelineConfig.task: gym:Pendulum-v1 reports no success"):
+        run(pendulum)
+    assert not (tmp_path / "p" / "demos.zarr").exists()

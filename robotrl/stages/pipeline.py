@@ -3,19 +3,22 @@
     robotrl run                                   # PushT, the default preset (<= 15 min on 2 cores)
     robotrl run --preset smoke                    # every stage on a tiny budget (CI)
     robotrl run --task PickPlace --preset full    # the long version; PickPlace trains the VLA
+    robotrl run --task my_envs:make_env --demonstrator my_envs:Scripted    # an outside env, with the user's expert
     robotrl.stages.pipeline.run(PipelineConfig(preset="smoke"))                       # the same dataclass
 
 Stages, each a command of its own that reads the previous stage's files and writes its own under run_dir:
 
-    demos    robotrl data record       the task's scripted expert (noise <= 0.5)          -> demos.zarr
+    demos    robotrl data record       the task's scripted expert (noise <= 0.5), or the
+                                       outside env's `--demonstrator`                      -> demos.zarr
     bc       robotrl train bc          BC flow (or VLA) policy                            -> bc/policy
     offline  robotrl train offline     RL-100's iterative offline RL (critic from the store, OPE-gated updates:
                                        AWR by default, `--offline-extraction ppo` for the
                                        chain's clipped PPO; rollouts added to the store)   -> offline/policy
-    online   robotrl train hil         online RL in the parallel vector env with the task's scripted expert as the
-                                       operator taking over when the policy strays (HIL); `--no-interventions`:
-                                       plain `robotrl train online`; the full preset hands on the best of its
-                                       evaluations on training seeds, the last weights otherwise; accepted only
+    online   robotrl train hil         online RL in the parallel vector env with the task's scripted expert (or
+                                       the demonstrator) as the operator taking over when the policy strays
+                                       (HIL); `--no-interventions`: plain `robotrl train online`; the full
+                                       preset hands on the best of its evaluations on training seeds, the last
+                                       weights otherwise; accepted only
                                        if not worse than its start on fresh seeds (else online/policy is the
                                        start's)                                            -> online/policy
     distill  robotrl policy distill    the one-step consistency student of the RL'd policy (the VLA's
@@ -208,6 +211,10 @@ class PipelineConfig:
     """the offline stage's policy update (`robotrl train offline --extraction`): awr, advantage-weighted flow
     matching on the store, or ppo, RL-100's clipped PPO over the chain (on Reach awr raised a half-trained policy
     and every ppo update was undone by its gates; bench/RESULTS.md, "The offline stage's policy extraction")"""
+    demonstrator: str | None = None
+    """an outside env's demonstrator (`module:callable`, as `robotrl data record --demonstrator`): it records the
+    demos and is the online stage's operator (an outside env has no scripted expert; its stages are judged by the
+    success it reports)"""
     demo_noise: float | None = None
     """the scripted expert's noise for the demos; default: the task's demo_noise (its stand-in for a human)
     capped at 0.5, because BC learns PushT from noise-0.5 demos and barely from noise-1.0 ones (bench/RESULTS.md,
@@ -322,6 +329,18 @@ class PipelineConfig:
                 raise ValueError(f"PipelineConfig.bc_channels: expected > 0, got {self.bc_channels}")
         if self.demo_noise is not None and not self.demo_noise >= 0.0:
             raise ValueError(f"PipelineConfig.demo_noise: expected >= 0 or None (the task's), got {self.demo_noise}")
+        from robotrl.envs.outside import is_outside
+
+        if is_outside(self.task) and self.demonstrator is None:
+            raise ValueError(
+                f"PipelineConfig.demonstrator: {self.task} is an outside env, without a scripted expert; expected "
+                "its demonstrator as --demonstrator module:callable, got none"
+            )
+        if self.demonstrator is not None and self.demo_noise is not None:
+            raise ValueError(
+                f"PipelineConfig.demo_noise: applies to a task's scripted expert, not to the demonstrator "
+                f"{self.demonstrator}; expected none, got {self.demo_noise}"
+            )
         for name in ("execute", "threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"PipelineConfig.{name}: expected >= 1, got {getattr(self, name)}")
@@ -362,17 +381,27 @@ class StageRow:
 
 def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.datasets.record import record_expert
+    from robotrl.envs import spec_of
 
+    if not spec_of(config.task).metadata.get("success", True):
+        raise ValueError(
+            f"PipelineConfig.task: {config.task} reports no success (info['success'] or 'is_success'), by which "
+            "robotrl run judges and gates its stages; train it stage by stage (robotrl train ...), judged by return"
+        )
     out = run_dir / "demos.zarr"
+    source: dict[str, Any] = (
+        {"demonstrator": config.demonstrator}
+        if config.demonstrator is not None
+        else {"noise": demo_noise(config), "render_images": policy_kind(config) != STATE_POLICY}
+    )
     store = record_expert(
         out,
         config.task,
         budget.demo_episodes,
         num_envs=min(8, budget.demo_episodes),
-        noise=demo_noise(config),
         seed=config.seed,
         progress=config.progress,
-        render_images=policy_kind(config) != STATE_POLICY,
+        **source,
     )
     summary = store.summary()
     store.close()
@@ -545,6 +574,7 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
         result = train_hil(
             HilConfig(
+                operator=config.demonstrator or "expert",
                 demos=run_dir / "demos.zarr",
                 criterion=config.online_criterion,
                 operator_fraction=config.online_operator_fraction,
@@ -682,9 +712,9 @@ def policy_kind(config: PipelineConfig) -> str:
     policy."""
     if config.policy is not None:
         return config.policy
-    from robotrl.envs import make_task
+    from robotrl.envs import spec_of
 
-    spec = make_task(config.task).spec()
+    spec = spec_of(config.task)
     return "vla" if any(v.dtype == STRING for v in spec.observations.values()) else STATE_POLICY
 
 
