@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,8 @@ class CollectConfig:
     """Teleoperate (or script) a task and record the episodes the operator keeps into an episode store."""
 
     task: str = DEFAULT_TASK
-    """task name (`robotrl envs list`); a human device needs a task that declares its teleop axes"""
+    """task name (`robotrl envs list`) or an outside env; a human device needs a task that declares its teleop
+    axes, or `axes`"""
     device: str = "scripted"
     """teleop device: keyboard, gamepad, spacemouse or scripted (the task's expert)"""
     out: Path = Path("data/pusht.zarr")
@@ -69,6 +70,9 @@ class CollectConfig:
     operator runs as fast as the simulation allows)"""
     robot: str = "sim"
     """robot name written into each episode's metadata"""
+    axes: tuple[str, ...] = ()
+    """an outside env (which has no teleop mapping of its own): the command axis behind each element of its action,
+    from x y z roll pitch yaw gripper (e.g. `--axes x y`: the twist's x and y drive a 2-D action)"""
 
 
 @dataclass
@@ -219,14 +223,19 @@ def collect(config: CollectConfig, device: TeleopDevice | None = None) -> Collec
     store: EpisodeStore | None = None
     view: LiveView | None = None
     try:
-        task, spec = env.task, env.task_spec
+        task, spec = getattr(env, "task", None), env.task_spec
+        if device is None and config.device == "scripted" and task is None:
+            raise ValueError(
+                f"device: scripted runs a task's scripted expert; {spec.task} is an outside env without one "
+                "(record its demonstrator with `robotrl data record --demonstrator`), or drive it with a device"
+            )
         if device is None:
             extra: dict[str, Any] = {}
             if config.device == "scripted":
                 extra = {"noise": config.noise, "seed": config.seed, "discard_failures": config.discard_failures}
             device = make_device(config.device, task, **extra)
         if device.human:
-            action_axes(spec)  # a task a twist cannot drive fails here, before the store or device opens
+            action_axes(spec, config.axes)  # a task a twist cannot drive fails here, before the store or device opens
         check_store(config.out, spec)
         realtime = (device.human or config.view) if config.realtime is None else config.realtime
         meta: dict[str, Any] = {"device": device.name, "seed": config.seed}
@@ -277,7 +286,9 @@ def _session(
         while summary.kept < config.episodes and summary.discarded < config.max_discarded:
             device.reset_episode()
             status = EpisodeStatus(episode=episode)
-            verdict, reason = _episode(env, spec, device, writer, status, obs_batch, view, limiter, summary)
+            verdict, reason = _episode(
+                env, spec, device, writer, status, obs_batch, view, limiter, summary, config.axes
+            )
             if verdict == "keep":
                 success = bool(status.any_success)
                 steps = len(writer)
@@ -337,9 +348,10 @@ def _episode(
     view: LiveView | None,
     limiter: RateLimiter | None,
     summary: CollectSummary,
+    axes: Sequence[str] = (),
 ) -> tuple[str, str]:
     """Run one episode into `writer`; returns (verdict, reason): keep, discard, restart (discarded before
-    the first step) or quit. `status` is updated in place."""
+    the first step) or quit. `status` is updated in place; `axes` map the device's twist onto the action."""
     obs = {k: v[0] for k, v in obs_batch.items()}
     prompted = False
     if limiter is not None:
@@ -364,7 +376,7 @@ def _episode(
                 )
                 prompted = True
         else:
-            action = command_to_action(command, spec)
+            action = command_to_action(command, spec, axes)
             next_obs, reward, terminated, truncated, info = env.step(action[None])
             success = bool(np.asarray(info.get("success", [False]))[0])
             writer.add(

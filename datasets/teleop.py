@@ -114,15 +114,30 @@ def teleop_axes(task: str) -> tuple[str, ...] | None:
     return task_class(task).teleop_axes if task in TASKS else None
 
 
-def action_axes(spec: Spec) -> tuple[str, ...]:
-    """The command axis behind each element of `spec`'s action; a clear error for tasks a twist cannot drive."""
+def action_axes(spec: Spec, axes: Sequence[str] = ()) -> tuple[str, ...]:
+    """The command axis behind each element of `spec`'s action; a clear error for tasks a twist cannot drive.
+    `axes` names them for an env that declares none of its own (an outside env's native action: `--axes x y`)."""
+    if axes:
+        names = (*TWIST_AXES, "gripper")
+        if any(a not in names for a in axes):
+            raise TeleopError(f"axes: expected names from {names}, got {list(axes)}")
+        if spec.action.shape != (len(axes),):
+            raise SpecMismatchError(
+                f"axes: {spec.task}'s action has shape {spec.action.shape}; got {len(axes)} axes {list(axes)}"
+            )
+        return tuple(axes)
+    if spec.action_mode == "native":
+        raise TeleopError(
+            f"axes: {spec.task} has no teleop mapping of its own; expected the command axis behind each of its "
+            f"{spec.action.shape} action elements (e.g. --axes x y), got none"
+        )
     if spec.action_mode != "ee_delta":
         raise TeleopError(
             f"{spec.task}: action_mode: expected 'ee_delta' for a teleop device, got {spec.action_mode!r}; "
             "a twist cannot drive joint targets (use device='scripted', or the task's ee_delta mode)"
         )
-    axes = teleop_axes(spec.task)
-    if axes is None:
+    found = teleop_axes(spec.task)
+    if found is None:
         from robotrl.envs.tasks import TASKS
 
         drivable = [name for name in sorted(TASKS) if teleop_axes(name) is not None]
@@ -130,19 +145,19 @@ def action_axes(spec: Spec) -> tuple[str, ...]:
             f"task: no teleop mapping for {spec.task!r} (its Task class sets no teleop_axes); expected "
             f"one of {drivable}"
         )
-    if spec.action.shape != (len(axes),):
+    if spec.action.shape != (len(found),):
         raise SpecMismatchError(
-            f"{spec.task}: action shape: the teleop mapping {axes} expects ({len(axes)},), "
+            f"{spec.task}: action shape: the teleop mapping {found} expects ({len(found)},), "
             f"the spec has {spec.action.shape}"
         )
-    return axes
+    return found
 
 
-def command_to_action(command: TeleopCommand, spec: Spec) -> np.ndarray:
+def command_to_action(command: TeleopCommand, spec: Spec, axes: Sequence[str] = ()) -> np.ndarray:
     """The task action (float32, clipped to the spec's bounds) for `command`.
 
     A command with `action` set (a scripted device) is passed through; otherwise each action element takes
-    the command axis `action_axes(spec)` names for it.
+    the command axis `action_axes(spec, axes)` names for it.
     """
     if command.action is not None:
         action = np.asarray(command.action, dtype=np.float64)
@@ -153,7 +168,7 @@ def command_to_action(command: TeleopCommand, spec: Spec) -> np.ndarray:
     else:
         values = dict(zip(TWIST_AXES, command.twist))
         values["gripper"] = command.gripper
-        action = np.array([values[a] for a in action_axes(spec)], dtype=np.float64)
+        action = np.array([values[a] for a in action_axes(spec, axes)], dtype=np.float64)
     return np.clip(action, spec.action.low_array(), spec.action.high_array()).astype(np.float32)
 
 

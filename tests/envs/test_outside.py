@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.envs import is_task, make, make_task, spec_of
 from robotrl.envs.outside import check_name, parse
@@ -217,7 +219,6 @@ def test_flow_stages_run_on_a_users_env(tmp_path: Path, capsys: pytest.CaptureFi
     """BC, offline RL, DSRL and HIL of a flow policy on a user's env from the CLI; HIL's operator is the user's
     demonstrator (the env has no scripted expert: `--operator expert` is refused in one line)."""
     from robotrl.cli import main
-    from robotrl.datasets import EpisodeStore
 
     name = "outside_envs:make_point?radius=0.1"
     record_expert("p.zarr", name, episodes=8, num_envs=4, demonstrator="outside_envs:Demonstrator", progress=False)
@@ -242,3 +243,35 @@ def test_flow_stages_run_on_a_users_env(tmp_path: Path, capsys: pytest.CaptureFi
     with EpisodeStore.open(tmp_path / "hil" / "hil.zarr") as store:  # the demonstrator's take-overs are recorded
         interventions = [store.episode(i).data["intervention"].sum() for i in range(store.num_episodes)]
     assert store.num_episodes == hil["steps"] // 30 and sum(interventions) > 0 and hil["intervention_rates"][0] > 0
+
+
+def test_a_teleop_device_drives_a_users_env_through_the_axes_it_is_given(tmp_path: Path):
+    """`data collect --task <outside env> --device <device> --axes x y`: the device's twist drives the env's native
+    action by the named axes, and its kept episodes are recorded as teleop; without axes, or with the scripted
+    device (an outside env has no scripted expert), the session is refused before a store is opened."""
+    from robotrl.datasets.collect import CollectConfig, collect
+    from robotrl.datasets.teleop import EpisodeStatus, TeleopCommand, TeleopDevice, TeleopError
+
+    class Hand(TeleopDevice):  # a person steering the point to its goal with a 6-axis twist
+        name = "hand"
+
+        def read(self, obs: dict, status: EpisodeStatus | None = None) -> TeleopCommand:
+            if status is not None and status.done:
+                return TeleopCommand(keep=True)
+            s = np.asarray(obs["state"])
+            return TeleopCommand(twist=np.r_[np.clip(5 * (s[2:] - s[:2]), -1, 1), 0, 0, 0, 0])
+
+    name = "outside_envs:make_point?radius=0.1"
+    config = CollectConfig(task=name, out=tmp_path / "hand.zarr", episodes=3, axes=("x", "y"), realtime=False)
+    summary = collect(config, device=Hand())
+    assert summary.kept == 3 and summary.successes == 3
+    with EpisodeStore.open(tmp_path / "hand.zarr") as store:
+        assert {e["source"] for e in store.episodes} == {"teleop"} and store.spec.task == name
+        np.testing.assert_array_equal(np.abs(store.episode(0).data["action"]).max(), 1.0)  # the twist's own scale
+    with pytest.raises(TeleopError, match=r"axes: outside_envs:make_point\?radius=0.1 has no teleop mapping"):
+        collect(replace(config, axes=(), out=tmp_path / "a.zarr"), device=Hand())
+    with pytest.raises(TeleopError, match=r"axes: expected names from \('x', .*got \['x', 'forward'\]"):
+        collect(replace(config, axes=("x", "forward"), out=tmp_path / "a.zarr"), device=Hand())
+    with pytest.raises(ValueError, match=r"device: scripted runs a task's scripted expert; outside_envs:make_point"):
+        collect(replace(config, device="scripted", out=tmp_path / "a.zarr"))
+    assert not (tmp_path / "a.zarr").exists()
