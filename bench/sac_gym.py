@@ -48,9 +48,17 @@ class SacGymConfig:
     """each run's directory: <out>/<env>/<sac|sb3-sac>-seed<seed>"""
 
 
-def commands(config: SacGymConfig, env_id: str, seed: int) -> dict[str, list[str]]:
-    """The two CLI commands of one (env, seed): robotrl's SAC and SB3's, with the same settings."""
-    action_dim = int(gym.make(env_id).action_space.shape[0])  # type: ignore[index]
+def action_dim(env_id: str) -> int:
+    env = gym.make(env_id)
+    try:
+        return int(env.action_space.shape[0])  # type: ignore[index]
+    finally:
+        env.close()
+
+
+def commands(config: SacGymConfig, env_id: str, seed: int, action_dim: int) -> dict[str, list[str]]:
+    """The two CLI commands of one (env, seed): robotrl's SAC and SB3's, with the same settings (the target
+    entropy -`action_dim`, SB3's `auto`)."""
     shared = [
         "--task", f"gym:{env_id}",
         "--total-steps", str(config.total_steps),
@@ -93,8 +101,9 @@ def main(config: SacGymConfig) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for env_id in config.envs:
         rows: dict[str, list[dict[str, Any]]] = {"sac": [], "sb3-sac": []}
+        dim = action_dim(env_id)
         for seed in config.seeds:
-            cmds = commands(config, env_id, seed)
+            cmds = commands(config, env_id, seed, dim)
             began = time.perf_counter()
             procs = {
                 name: subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

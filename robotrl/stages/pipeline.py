@@ -381,9 +381,10 @@ class StageRow:
 
 def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.datasets.record import record_expert
-    from robotrl.envs import spec_of
+    from robotrl.envs import is_outside, spec_of
 
-    if not spec_of(config.task).metadata.get("success", True):
+    # robotrl's tasks all report success; an outside env's spec says whether it does
+    if is_outside(config.task) and not spec_of(config.task).metadata["success"]:
         raise ValueError(
             f"PipelineConfig.task: {config.task} reports no success (info['success'] or 'is_success'), by which "
             "robotrl run judges and gates its stages; train it stage by stage (robotrl train ...), judged by return"
