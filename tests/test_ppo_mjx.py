@@ -4,8 +4,9 @@ the torch PPO (GAE, loss, gradients, actions of the exported agent) and refuses 
 
 The MJX runs go through the CLI in subprocesses started with `CPU_XLA_FLAGS` (XLA's CPU fusion makes MJX ~300x
 slower; the suite's conftest.py sets it for the test process before JAX starts, and they inherit it) and this suite's
-persistent compilation cache: every MJX run here has the same program-shaping config (`MJX_ARGS`), so the first
-one compiles (about a minute and a half on a 2-core machine) and the others load it.
+persistent compilation cache: every exactness run here has the same program-shaping config (`MJX_ARGS`, small
+envs: compiling costs the same at any size), so the first one compiles and the others, resumed runs included, load
+it.
 """
 
 from __future__ import annotations
@@ -28,20 +29,11 @@ from robotrl.rl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
 from robotrl.training.evaluate import evaluate_state_actor
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
-N, HORIZON = 32, 64  # one iteration = 2,048 env steps
-MJX_ARGS = [
-    "train",
-    "ppo",
-    "--backend",
-    "mjx",
-    "--task",
-    "Reach",
-    "--num-envs",
-    str(N),
-    "--rollout-steps",
-    str(HORIZON),
-    "--no-progress",
-]
+N, HORIZON = 32, 64  # the learning run: one iteration = 2,048 env steps
+#: the exactness runs (resume, NaN): 128 env steps an iteration; compiling costs the same at any size
+SMALL_N, SMALL_HORIZON = 8, 16
+TASK_ARGS = ["train", "ppo", "--backend", "mjx", "--task", "Reach", "--no-progress"]
+MJX_ARGS = [*TASK_ARGS, "--num-envs", str(SMALL_N), "--rollout-steps", str(SMALL_HORIZON)]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +45,8 @@ def mjx_subprocesses() -> Iterator[None]:
         yield
 
 
-def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(ROBOTRL), *MJX_ARGS, *args], capture_output=True, text=True, timeout=900)
+def run_cli(*args: str, check: bool = True, sizes: list[str] = MJX_ARGS) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(ROBOTRL), *sizes, *args], capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"robotrl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
@@ -63,9 +55,9 @@ def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def budget(iterations: int, run_dir: Path, *extra: str) -> list[str]:
     return [
         "--total-steps",
-        str(N * HORIZON * iterations),
+        str(SMALL_N * SMALL_HORIZON * iterations),
         "--checkpoint-every",
-        str(N * HORIZON),
+        str(SMALL_N * SMALL_HORIZON),
         "--eval-episodes",
         "0",
         "--run-dir",
@@ -93,6 +85,10 @@ def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, lea
     torch.manual_seed(learning_seed)
     start = evaluate_state_actor(PpoAgent(23, 3, cfg).act, "Reach", ("state",), 40, 25).success_rate
     run_cli(
+        "--num-envs",
+        str(N),
+        "--rollout-steps",
+        str(HORIZON),
         "--total-steps",
         "40960",
         "--eval-episodes",
@@ -101,6 +97,7 @@ def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, lea
         str(tmp_path / "run"),
         "--seed",
         str(learning_seed),
+        sizes=TASK_ARGS,
     )
     result = json.loads((tmp_path / "run" / "result.json").read_text())
     agent = PpoAgent(23, 3, cfg)
@@ -117,7 +114,11 @@ def test_killed_run_resumes_exactly(tmp_path: Path, straight: Path, kill_after_f
         [str(ROBOTRL), *MJX_ARGS, *budget(3, killed)], killed / "train_state.pt", timeout=600
     )
     assert 1 <= step < 3, step
+    cache = Path(jax.config.jax_compilation_cache_dir)
+    programs = set(cache.glob("jit_iteration-*"))
     run_cli(*budget(3, killed, "--resume"))
+    # the restored state has the fresh state's types and placement: resuming loads the compiled program
+    assert set(cache.glob("jit_iteration-*")) == programs, "the resumed run compiled its iteration again"
     a = torch.load(straight / "agent.pt", weights_only=True)
     b = torch.load(killed / "agent.pt", weights_only=True)
     assert set(a) == set(b)

@@ -459,7 +459,8 @@ def state_from_tensors(template: TrainState, saved: dict[str, torch.Tensor]) -> 
                 f"{arr.shape} {arr.dtype} (saved with another config?)"
             )
         leaves.append(arr)
-    return jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves), jax.devices()[0])
+    # uncommitted, like init's state: a state committed to a device would compile another iteration program
+    return jax.device_put(jax.tree_util.tree_unflatten(treedef, leaves))
 
 
 # --- the run ---------------------------------------------------------------------------------------
