@@ -268,27 +268,6 @@ def test_demo_holds_bench_counts_the_near_miss_steps(pusht_demos):
     assert inside == int(np.sum(cov < push_t.PushTConfig.success_coverage))
 
 
-def test_model_steps_in_mjx_with_the_pusher_in_contact():
-    jax = pytest.importorskip("jax")
-    from mujoco import mjx
-
-    task = make_task("PushT")
-    mx = mjx.put_model(task.model)
-    # the block's stem end pressed 2 mm onto the tip: the contact must push the block away (+y)
-    bottom = push_t.BOXES[1, 1] - push_t.BOXES[1, 3]
-    tip = push_t.TIP_START
-    block = np.array([tip[0], tip[1] - bottom + push_t.TIP_RADIUS - 0.002, 0.0])
-    qpos = np.r_[push_t.START_QPOS, block]
-    data = mjx.make_data(mx).replace(qpos=jax.numpy.asarray(qpos), ctrl=jax.numpy.asarray(push_t.START_QPOS))
-    step = jax.jit(mjx.step)
-    for _ in range(5):
-        data = step(mx, data)
-    q = np.asarray(data.qpos)
-    assert np.all(np.isfinite(q)) and np.all(np.isfinite(np.asarray(data.qvel)))
-    assert q[8] - block[1] > 1e-3  # pushed off the tip along +y
-    assert abs(q[7] - block[0]) < 1e-3 and abs(q[9]) < 1e-2  # a centred push: no sideways slide or spin
-
-
 def test_only_the_tip_and_the_block_can_collide_and_the_target_is_visual():
     import mujoco
 
