@@ -2,13 +2,15 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/online_budgets.py                       # every method, seeds 0-4
     OMP_NUM_THREADS=1 .venv/bin/python bench/online_budgets.py --methods residual --seeds 3 4
+    OMP_NUM_THREADS=1 .venv/bin/python bench/online_budgets.py --methods dsrl --every 1920
 
 tests/test_online.py's per-method learning test trains the half-trained Reach flow policy (tests/conftest.py's
 `train_bc_flow`) for `BUDGET[method]` env steps and asserts a gain of `GAIN` on 100 held-out episodes. This runs the
-same configuration (the test's `small`) with a held-out evaluation every `--every` env steps: the learning rate is
-constant and evaluations run in their own RNG, so the value at step S is what the test gives with a budget of S. One
-JSON line per (method, seed): the BC start and the gain at each evaluated step; the budgets and their spread go to
-bench/RESULTS.md, section "Learning tests: thresholds against their spread over seeds".
+same configuration (the test's `small`; `dsrl`: tests/test_dsrl.py's, whose budget is `DSRL_STEPS`) with a held-out
+evaluation every `--every` env steps: the learning rate is constant and evaluations run in their own RNG, so the
+value at step S is what the test gives with a budget of S. One JSON line per (method, seed): the BC start and the
+gain at each evaluated step; the budgets and their spread go to bench/RESULTS.md, section "Learning tests:
+thresholds against their spread over seeds".
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 @dataclass
 class OnlineBudgetsConfig:
     methods: tuple[str, ...] = ()
-    """methods to run (default: every one of `robotrl train online`)"""
+    """methods to run (default: every one of `robotrl train online`; `dsrl`: `robotrl train dsrl`)"""
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     every: int = 4800
     """env steps between held-out evaluations (a multiple of the test's 960 env steps per iteration)"""
@@ -38,9 +40,11 @@ class OnlineBudgetsConfig:
 
 
 def main(config: OnlineBudgetsConfig) -> list[dict]:
+    import test_dsrl
     from conftest import record_reach, train_bc_flow
     from test_online import BUDGET, small
 
+    from robotrl.flowrl import dsrl
     from robotrl.flowrl.chain import METHODS, load_flow_policy
     from robotrl.flowrl.online import train
     from robotrl.training.evaluate import evaluate_policy
@@ -55,13 +59,27 @@ def main(config: OnlineBudgetsConfig) -> list[dict]:
     rows = []
     for method in config.methods or METHODS:
         for seed in config.seeds:
-            steps = config.steps.get(method, BUDGET[method])
             run = config.out / f"{method}-seed{seed}"
-            result = train(
-                small(
-                    policy, run, method=method, total_steps=steps, eval_episodes=100, eval_every=config.every, seed=seed
+            if method == "dsrl":
+                steps = config.steps.get(method, test_dsrl.DSRL_STEPS)
+                result = dsrl.train(
+                    test_dsrl.small(
+                        policy, run, total_steps=steps, eval_episodes=100, eval_every=config.every, seed=seed
+                    )
                 )
-            )
+            else:
+                steps = config.steps.get(method, BUDGET[method])
+                result = train(
+                    small(
+                        policy,
+                        run,
+                        method=method,
+                        total_steps=steps,
+                        eval_episodes=100,
+                        eval_every=config.every,
+                        seed=seed,
+                    )
+                )
             metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
             gains = [[m["step"], round(m["eval/success_rate"] - start, 4)] for m in metrics if "eval/success_rate" in m]
             row = {"method": method, "seed": seed, "bc": start, "gain_at_step": gains}
