@@ -290,6 +290,11 @@ class ConsistencyPolicy(ConsistencyHead, GenerativePolicy):
         tc = teacher.config
         shared = {f.name: getattr(tc, f.name) for f in dataclasses.fields(GenerativeConfig)}
         if channels is not None:
+            if tc.backbone != "unet":
+                raise ValueError(
+                    f"ConsistencyPolicy.from_teacher: channels narrows a U-Net student; this teacher's backbone is "
+                    f"{tc.backbone!r} (leave channels unset)"
+                )
             if len(channels) != len(tc.channels):
                 raise ValueError(
                     f"ConsistencyPolicy.from_teacher: channels: expected {len(tc.channels)} U-Net levels "

@@ -15,13 +15,23 @@ from torch import nn
 
 from robotrl.core.spec import Spec
 from robotrl.policies.base import Policy, PolicyConfig
-from robotrl.policies.nets import ObsEncoder, TemporalUnet, last_linear, mlp, padded_horizon
+from robotrl.policies.nets import ChunkMLP, ObsEncoder, TemporalUnet, last_linear, mlp, padded_horizon
+
+#: the chunk networks a generative policy can have (GenerativeConfig.backbone)
+BACKBONES = ("unet", "mlp")
 
 
 @dataclass
 class GenerativeConfig(PolicyConfig):
+    backbone: str = "unet"
+    """the chunk network: 'unet' (the diffusion-policy 1D U-Net, `channels`) or 'mlp' (a residual MLP over the
+    flattened chunk, `mlp_width` x `mlp_depth`: far less work per call for short chunks from state)"""
     channels: tuple[int, ...] = (64, 128, 256)
     """U-Net widths per level (diffusion policy's default is (256, 512, 1024); this trains on a CPU)"""
+    mlp_width: int = 256
+    """backbone 'mlp': the residual blocks' width"""
+    mlp_depth: int = 3
+    """backbone 'mlp': the number of residual blocks"""
     image_dim: int = 64
     """features per camera and frame"""
     kernel: int = 5
@@ -42,6 +52,11 @@ class GenerativeConfig(PolicyConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         name = type(self).__name__
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"{name}.backbone: expected one of {list(BACKBONES)}, got {self.backbone!r}")
+        for field in ("mlp_width", "mlp_depth"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{name}.{field}: expected >= 1, got {getattr(self, field)}")
         self.noise_prior, self.action_residual = tuple(self.noise_prior), tuple(self.action_residual)
         for field in ("noise_prior", "action_residual"):
             if any(w < 1 for w in getattr(self, field)):
@@ -112,10 +127,16 @@ class GenerativePolicy(Policy):
         vector_dims = {k: spec.observations[k].size for k in self.vector_keys}
         image_sizes = {k: spec.observations[k].shape[0] for k in self.image_keys}
         self.encoder = encoder = ObsEncoder(vector_dims, image_sizes, cfg.obs_horizon, cfg.image_dim)
-        self.horizon = padded_horizon(cfg.action_horizon, len(cfg.channels))
-        self.net = TemporalUnet(
-            self.action_dim, encoder.out_dim, cfg.channels, kernel=cfg.kernel, time_scale=self.time_scale
-        )
+        if cfg.backbone == "mlp":
+            self.horizon = cfg.action_horizon
+            self.net = ChunkMLP(
+                self.action_dim, self.horizon, encoder.out_dim, cfg.mlp_width, cfg.mlp_depth, time_scale=self.time_scale
+            )
+        else:
+            self.horizon = padded_horizon(cfg.action_horizon, len(cfg.channels))
+            self.net = TemporalUnet(
+                self.action_dim, encoder.out_dim, cfg.channels, kernel=cfg.kernel, time_scale=self.time_scale
+            )
         #: the learned initial-noise distribution (`GenerativeConfig.noise_prior`), or None for the standard normal
         self.prior: NoisePrior | None = None
         #: the learned chunk correction (`GenerativeConfig.action_residual`), or None

@@ -45,6 +45,11 @@ class MeanFlowConfig(GenerativeConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.backbone != "unet":
+            raise ValueError(
+                f"MeanFlowConfig.backbone: expected 'unet' (MeanFlow's two-time network is a U-Net), "
+                f"got {self.backbone!r}"
+            )
         if self.steps < 1:
             raise ValueError(f"MeanFlowConfig.steps: expected >= 1, got {self.steps}")
         if not 0.0 <= self.flow_ratio <= 1.0:

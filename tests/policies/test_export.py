@@ -66,12 +66,16 @@ def obs(pusht: EpisodeStore) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def policies(pusht: EpisodeStore, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Policy, Path]]:
-    """Flow (Euler, 10 steps) and diffusion (DDIM, 10 steps), trained a few steps and saved as checkpoints."""
+    """Flow (Euler, 10 steps; on the U-Net and on the MLP backbone) and diffusion (DDIM, 10 steps), trained a few
+    steps and saved as checkpoints."""
     root = tmp_path_factory.mktemp("ckpt")
     out = {}
     torch.manual_seed(0)  # initial weights independent of which tests ran before in this process
     for name, policy in {
         "flow": FlowPolicy(pusht.spec, FlowConfig(channels=(32, 64), steps=10, solver="euler"), pusht.stats()),
+        "flow-mlp": FlowPolicy(
+            pusht.spec, FlowConfig(backbone="mlp", mlp_width=64, mlp_depth=2, steps=10), pusht.stats()
+        ),
         "diffusion": DiffusionPolicy(
             pusht.spec, DiffusionConfig(channels=(32, 64), sampler="ddim", steps=10), pusht.stats()
         ),
@@ -111,7 +115,7 @@ def seeded_act(policy: Policy, obs: dict[str, Any], seed: int) -> tuple[np.ndarr
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-@pytest.mark.parametrize("name", ["flow", "diffusion"])
+@pytest.mark.parametrize("name", ["flow", "flow-mlp", "diffusion"])
 def test_export_reproduces_the_torch_policy(
     name: str, fmt: str, policies: dict, exports: dict, obs: dict[str, np.ndarray]
 ) -> None:
@@ -375,3 +379,27 @@ def test_run_export_config(policies: dict, obs: dict[str, np.ndarray], capsys: p
     assert np.abs(rt.act(obs, noise=noise) - expected).max() <= TOLERANCE["onnx"]
     with pytest.raises(ExportError, match="format"):
         export(ckpt, out, "tflite")  # type: ignore[arg-type]
+
+
+def test_the_mlp_backbone_is_a_residual_mlp_and_its_misuses_are_refused(pusht: EpisodeStore) -> None:
+    """backbone 'mlp': the chunk network is the residual MLP, unpadded (the chunk is the action horizon); unknown
+    backbones, MeanFlow on an MLP and a narrower U-Net student of an MLP teacher are refused in one line."""
+    from robotrl.policies.consistency import ConsistencyPolicy
+    from robotrl.policies.meanflow import MeanFlowConfig
+    from robotrl.policies.nets import ChunkMLP
+
+    policy = FlowPolicy(pusht.spec, FlowConfig(backbone="mlp", mlp_width=32, mlp_depth=1), pusht.stats())
+    assert isinstance(policy.net, ChunkMLP) and policy.horizon == policy.config.action_horizon
+    assert len(policy.net.blocks) == 1 and policy.net.inp.out_features == 32
+    with pytest.raises(ValueError, match=r"FlowConfig.backbone: expected one of \['unet', 'mlp'\], got 'rnn'"):
+        FlowConfig(backbone="rnn")
+    with pytest.raises(ValueError, match=r"FlowConfig.mlp_depth: expected >= 1, got 0"):
+        FlowConfig(backbone="mlp", mlp_depth=0)
+    with pytest.raises(ValueError, match=r"MeanFlowConfig.backbone: expected 'unet'"):
+        MeanFlowConfig(backbone="mlp")
+    with pytest.raises(ValueError, match=r"channels narrows a U-Net student; this teacher's backbone is 'mlp'"):
+        ConsistencyPolicy.from_teacher(policy, channels=(16, 32))
+    student = ConsistencyPolicy.from_teacher(policy)  # the teacher's MLP, weights and all
+    assert isinstance(student.net, ChunkMLP)
+    for name, x in policy.net.state_dict().items():
+        torch.testing.assert_close(student.net.state_dict()[name], x, rtol=0, atol=0)
