@@ -60,26 +60,13 @@ def main(config: OnlineBudgetsConfig) -> list[dict]:
     for method in config.methods or METHODS:
         for seed in config.seeds:
             run = config.out / f"{method}-seed{seed}"
+            run_options = {"eval_episodes": 100, "eval_every": config.every, "seed": seed}
             if method == "dsrl":
                 steps = config.steps.get(method, test_dsrl.DSRL_STEPS)
-                result = dsrl.train(
-                    test_dsrl.small(
-                        policy, run, total_steps=steps, eval_episodes=100, eval_every=config.every, seed=seed
-                    )
-                )
+                result = dsrl.train(test_dsrl.small(policy, run, total_steps=steps, **run_options))
             else:
                 steps = config.steps.get(method, BUDGET[method])
-                result = train(
-                    small(
-                        policy,
-                        run,
-                        method=method,
-                        total_steps=steps,
-                        eval_episodes=100,
-                        eval_every=config.every,
-                        seed=seed,
-                    )
-                )
+                result = train(small(policy, run, method=method, total_steps=steps, **run_options))
             metrics = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
             gains = [[m["step"], round(m["eval/success_rate"] - start, 4)] for m in metrics if "eval/success_rate" in m]
             row = {"method": method, "seed": seed, "bc": start, "gain_at_step": gains}

@@ -27,7 +27,7 @@ from torch.func import jvp
 from robotrl.core.spec import Spec
 from robotrl.policies.base import register
 from robotrl.policies.generative import GenerativeConfig, GenerativePolicy
-from robotrl.policies.nets import ObsEncoder, SinusoidalEmbedding, TemporalUnet
+from robotrl.policies.nets import ObsEncoder, TemporalUnet, time_embedding
 
 
 @dataclass
@@ -74,12 +74,7 @@ class MeanFlowUnet(nn.Module):
         time_scale: float = 100.0,
     ) -> None:
         super().__init__()
-        self.interval = nn.Sequential(
-            SinusoidalEmbedding(time_dim, time_scale),
-            nn.Linear(time_dim, 4 * time_dim),
-            nn.Mish(),
-            nn.Linear(4 * time_dim, time_dim),
-        )
+        self.interval = time_embedding(time_dim, time_scale, 4 * time_dim)
         self.unet = TemporalUnet(
             action_dim, cond_dim + time_dim, channels, time_dim=time_dim, kernel=kernel, time_scale=time_scale
         )

@@ -52,6 +52,13 @@ class SinusoidalEmbedding(nn.Module):
         return torch.cat([arg.sin(), arg.cos()], dim=-1)
 
 
+def time_embedding(time_dim: int, scale: float, hidden: int) -> nn.Sequential:
+    """A scalar time (or interval) -> a learned `time_dim` vector: sinusoids, then a one-hidden-layer MLP."""
+    return nn.Sequential(
+        SinusoidalEmbedding(time_dim, scale), nn.Linear(time_dim, hidden), nn.Mish(), nn.Linear(hidden, time_dim)
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # 1D temporal U-Net (the diffusion-policy denoiser): conv residual blocks over the chunk's time axis,
 # FiLM-conditioned on the observation features and the noise level
@@ -88,12 +95,7 @@ class TemporalUnet(nn.Module):
         time_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        self.time = nn.Sequential(
-            SinusoidalEmbedding(time_dim, time_scale),
-            nn.Linear(time_dim, 4 * time_dim),
-            nn.Mish(),
-            nn.Linear(4 * time_dim, time_dim),
-        )
+        self.time = time_embedding(time_dim, time_scale, 4 * time_dim)
         cond = cond_dim + time_dim
         chans = [action_dim, *channels]
         self.down = nn.ModuleList()
@@ -162,12 +164,7 @@ class ChunkMLP(nn.Module):
         time_scale: float = 1.0,
     ) -> None:
         super().__init__()
-        self.time = nn.Sequential(
-            SinusoidalEmbedding(time_dim, time_scale),
-            nn.Linear(time_dim, 2 * time_dim),
-            nn.Mish(),
-            nn.Linear(2 * time_dim, time_dim),
-        )
+        self.time = time_embedding(time_dim, time_scale, 2 * time_dim)
         self.inp = nn.Linear(horizon * action_dim + cond_dim + time_dim, width)
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 2 * width), nn.Mish(), nn.Linear(2 * width, width))

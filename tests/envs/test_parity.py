@@ -53,23 +53,24 @@ CASES = [
 ]
 #: PushT from a pose with the pusher pressed onto the block (`push_t_in_contact`), zero actions: the backends agree
 #: to ~1e-13 over the 20 steps in contact (`python tests/envs/test_parity.py PushT:contact`), so rounding bounds it
-PUSH_CONTACT = (0.0, 0.0, 0.0, 0.0)
+PUSH_CONTACT = "PushT:contact"
+CONTACT[PUSH_CONTACT] = (0.0, 0.0, 0.0, 0.0)
 DEFAULT_CONTACT = (1e-2, 0.5, 0.5, 1e-2)
 QUANTITIES = ("qpos", "qvel", "obs", "reward")
 
 
-def bound(name: str, key: str, t: np.ndarray, contact: tuple[float, ...] | None = None) -> np.ndarray:
-    """The bound on the error after control step t (0-based) of task `name` (`contact`: CONTACT[name]'s)."""
-    jump = dict(zip(QUANTITIES, contact or CONTACT.get(name, DEFAULT_CONTACT)))[key]
-    return ROUNDOFF * (t + 1) + jump * (t + 1) / STEPS
+def bound(name: str, key: str, t: np.ndarray) -> np.ndarray:
+    """The bound on the error after control step t (0-based) of case `name` (a task, or PUSH_CONTACT)."""
+    contact = dict(zip(QUANTITIES, CONTACT.get(name, DEFAULT_CONTACT)))[key]
+    return ROUNDOFF * (t + 1) + contact * (t + 1) / STEPS
 
 
 def trajectories(
     name: str, steps: int = STEPS, pose: np.ndarray | None = None
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Per control step, the max abs CPU-vs-MJX errors (over envs and elements) of qpos, qvel, float observations and
-    reward: arrays of `steps`; and the MJX envs' qpos after each step (steps, envs, nq). With `pose`, every env starts at rest in that qpos and
-    both backends take zero actions (the tool holds where it is)."""
+    reward: arrays of `steps`; and the MJX envs' qpos after each step (steps, envs, nq). With `pose`, every env
+    starts at rest in that qpos and both backends take zero actions (the tool holds where it is)."""
     from robotrl.envs.mjx import MjxVectorEnv
 
     task = make_task(name)
@@ -118,10 +119,10 @@ def trajectories(
     return err, qpos
 
 
-def check_bounds(name: str, err: dict[str, np.ndarray], contact: tuple[float, ...] | None = None) -> None:
+def check_bounds(name: str, err: dict[str, np.ndarray]) -> None:
     t = np.arange(STEPS)
     for key, values in err.items():
-        limit = bound(name, key, t, contact)
+        limit = bound(name, key, t)
         over = np.flatnonzero(values > limit)
         assert not len(over), (
             f"{name}: |CPU - MJX| of {key} at step {over[0] + 1} is {values[over[0]]:.3g}, over its "
@@ -147,7 +148,7 @@ def test_pusher_contact_agrees_and_pushes_the_block() -> None:
     along +y, centred in the first step (no sideways slide, hardly a turn), more than a centimetre in 20."""
     start = push_t_in_contact()
     err, qpos = trajectories("PushT", pose=start)
-    check_bounds("PushT", err, PUSH_CONTACT)
+    check_bounds(PUSH_CONTACT, err)
     first, moved = qpos[0] - start, qpos[-1] - start
     assert np.all(first[:, 8] > 1e-3) and np.all(moved[:, 8] > 1e-2), (first[:, 8], moved[:, 8])
     assert np.all(np.abs(first[:, 7]) < 1e-3) and np.all(np.abs(first[:, 9]) < 2e-2), first[:, 7:]
@@ -157,6 +158,6 @@ if __name__ == "__main__":  # prints the measured errors, to set the tolerances 
     import sys
 
     for task_name in sys.argv[1:] or list_tasks():
-        contact = task_name == "PushT:contact"  # the pusher-contact case
+        contact = task_name == PUSH_CONTACT
         errors = trajectories("PushT" if contact else task_name, pose=push_t_in_contact() if contact else None)[0]
         print(task_name, {k: [float(f"{x:.2g}") for x in v] for k, v in errors.items()}, flush=True)
