@@ -168,25 +168,31 @@ def one_thread():
         yield
 
 
-def train_bc_flow(store: Path, run_dir: Path) -> Path:
-    """A half-trained flow policy (400 BC steps, (32, 64) U-Net, chunks of 8, 4 executed): about 50% on held-out
-    Reach episodes from 40 demos at noise 0.3, room to move either way (the flow RL stages start from it)."""
+def train_bc_flow(store: Path, run_dir: Path, backbone: str = "unet") -> Path:
+    """A half-trained flow policy (chunks of 8, 4 executed) from 40 Reach demos at noise 0.3, room to move either way
+    (the flow RL stages start from it). `unet`: 400 BC steps of a (32, 64) U-Net, about 50% on held-out Reach
+    episodes; `mlp`: 100 BC steps of a 128 x 2 chunk MLP, about 40%, whose RL iterations cost a fraction of the
+    U-Net's (bench/RESULTS.md, "Learning tests: thresholds against their spread over seeds")."""
     from robotrl.policies import FlowConfig
     from robotrl.stages.bc import BCConfig, train
 
+    policy, steps = {
+        "unet": (FlowConfig(channels=(32, 64), action_horizon=8), 400),
+        "mlp": (FlowConfig(backbone="mlp", mlp_width=128, mlp_depth=2, action_horizon=8), 100),
+    }[backbone]
     torch.set_num_threads(1)
     return train(
         BCConfig(
             store=store,
-            policy=FlowConfig(channels=(32, 64), action_horizon=8),
-            steps=400,
+            policy=policy,
+            steps=steps,
             batch_size=32,
             warmup=10,
             ema=0.99,
             execute=4,
             lr=3e-4,
             eval_episodes=0,
-            checkpoint_every=400,
+            checkpoint_every=steps,
             threads=1,
             run_dir=run_dir,
             progress=False,
@@ -205,18 +211,33 @@ def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFacto
     return shared_path(tmp_path_factory, "bc_flow", lambda path: train_bc_flow(flow_reach_demos, path))
 
 
-@pytest.fixture(scope="session")
-def reach_bc_flow_success(reach_bc_flow: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
-    """The half-trained flow policy's held-out success as the RL stages start from it (its 5-step ODE, chunks of 4
-    executed, the same 100 held-out episodes their learning tests evaluate on), measured once per test run."""
+def held_out_success(factory: pytest.TempPathFactory, name: str, policy: Path) -> float:
+    """A flow start's held-out success as the RL stages start from it (its 5-step ODE, chunks of 4 executed, the same
+    100 held-out episodes their learning tests evaluate on), measured once per test run."""
     from robotrl.flowrl.chain import load_flow_policy
     from robotrl.training.evaluate import evaluate_policy
 
     def build(_: Path) -> float:
         with torch_threads(1):
-            return evaluate_policy(load_flow_policy(reach_bc_flow, 5), 100, 25, execute=4).success_rate
+            return evaluate_policy(load_flow_policy(policy, 5), 100, 25, execute=4).success_rate
 
-    return float(shared(tmp_path_factory, "bc_flow_success", build))
+    return float(shared(factory, name, build))
+
+
+@pytest.fixture(scope="session")
+def reach_bc_flow_success(reach_bc_flow: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
+    return held_out_success(tmp_path_factory, "bc_flow_success", reach_bc_flow)
+
+
+@pytest.fixture(scope="session")
+def reach_mlp_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The half-trained start on the chunk MLP: the online chain methods' learning tests fine-tune it."""
+    return shared_path(tmp_path_factory, "mlp_flow", lambda path: train_bc_flow(flow_reach_demos, path, "mlp"))
+
+
+@pytest.fixture(scope="session")
+def reach_mlp_flow_success(reach_mlp_flow: Path, tmp_path_factory: pytest.TempPathFactory) -> float:
+    return held_out_success(tmp_path_factory, "mlp_flow_success", reach_mlp_flow)
 
 
 @pytest.fixture(scope="session")

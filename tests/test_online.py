@@ -51,8 +51,9 @@ def demos(flow_reach_demos: Path) -> Path:
 
 
 @pytest.fixture
-def bc_flow(reach_bc_flow: Path) -> Path:
-    return reach_bc_flow
+def bc_flow(reach_mlp_flow: Path) -> Path:
+    """The chunk-MLP start: what the tests below check holds for any flow network, and its iterations are cheap."""
+    return reach_mlp_flow
 
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
@@ -75,32 +76,36 @@ def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
     return replace(base, **overrides)
 
 
+#: the BC start each method's learning test fine-tunes (tests/conftest.py's `train_bc_flow`): the chunk MLP, whose RL
+#: iterations cost a fraction of the U-Net's; residual keeps the U-Net start, on which it learns (its correction of
+#: the MLP start's chunks does not lift it within the budget; bench/RESULTS.md, "Learning tests")
+START = {**{method: "mlp" for method in METHODS}, "residual": "unet"}
 #: env steps each method trains for in its default-suite learning test; the test asserts a gain of >= 10 points of
-#: held-out success over the BC start on the same 100 episodes (~2 standard errors of a paired difference at ~50%:
+#: held-out success over its BC start on the same 100 episodes (~2 standard errors of a paired difference at ~50%:
 #: a method that does not learn stays under it). The budgets are set from the spread over seeds 0-4
 #: (bench/online_budgets.py; bench/RESULTS.md, "Learning tests") so that every seed clears the bar.
 BUDGET = {
-    "denoising_mdp": 52_800,
-    "flow_sde": 38_400,
-    "flow_noise": 43_200,
-    "ode_noise": 33_600,
-    "latent": 17_280,
+    "denoising_mdp": 43_200,
+    "flow_sde": 24_000,
+    "flow_noise": 24_000,
+    "ode_noise": 28_800,
+    "latent": 14_400,
     "residual": 43_200,
 }
 GAIN = 0.10
 
 
 @pytest.mark.learning
-# the suite's 900 s guards against hangs; denoising_mdp's budget nears it on a loaded machine
-@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("method", METHODS)
 def test_each_method_raises_held_out_success(
-    method: str, bc_flow: Path, reach_bc_flow_success: float, tmp_path: Path, claim, learning_seed: int
+    method: str, request: pytest.FixtureRequest, tmp_path: Path, claim, learning_seed: int
 ) -> None:
-    """Every method of `robotrl train online` fine-tunes the half-trained Reach flow policy to a higher success on
+    """Every method of `robotrl train online` fine-tunes a half-trained Reach flow policy to a higher success on
     the same 100 held-out episodes within a CI budget. The checkpoint is what `robotrl policy eval` loads (the same success
     on the same seeds): the ODE policy with K = 5 Euler steps, or, for the methods that train a head of a frozen flow
     network, the BC checkpoint's flow network bit for bit with that head added."""
+    fixture = {"mlp": "reach_mlp_flow", "unet": "reach_bc_flow"}[START[method]]
+    bc_flow, before = request.getfixturevalue(fixture), request.getfixturevalue(f"{fixture}_success")
     steps = BUDGET[method]
     result = train(
         small(bc_flow, tmp_path / "run", method=method, total_steps=steps, eval_episodes=100, seed=learning_seed)
@@ -108,9 +113,9 @@ def test_each_method_raises_held_out_success(
     assert result.success_rate is not None
     claim(
         f"{method} gain over BC",
-        result.success_rate - reach_bc_flow_success,
+        result.success_rate - before,
         lower=GAIN,
-        before=reach_bc_flow_success,
+        before=before,
         after=result.success_rate,
         env_steps=steps,
     )
@@ -133,13 +138,13 @@ def test_latent_is_the_default_method() -> None:
 @pytest.mark.learning
 @pytest.mark.parametrize("method", ["denoising_mdp", "flow_sde", "flow_noise", "ode_noise"])
 def test_the_chain_methods_gain_more_on_a_longer_budget(
-    bc_flow: Path, reach_bc_flow_success: float, tmp_path: Path, method: str, claim, learning_seed: int
+    reach_bc_flow: Path, reach_bc_flow_success: float, tmp_path: Path, method: str, claim, learning_seed: int
 ) -> None:
     """86,400 env steps (~2.5 min each): the chain methods go well past their CI-budget gains (bench/RESULTS.md,
     "Online RL of a flow policy": 82-99% from the 51% start at this budget on seeds 0 and 1); asserted >= +25
     points, and the training episodes' success rises from the first iterations to the last."""
     result = train(
-        small(bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100, seed=learning_seed)
+        small(reach_bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100, seed=learning_seed)
     )
     assert result.success_rate is not None
     claim(
@@ -252,7 +257,11 @@ def test_chain_log_likelihood_is_recomputed_from_the_stored_chain(bc_flow: Path,
             else:  # ode_noise's deterministic Euler steps
                 torch.testing.assert_close(chain[:, k + 1], mean)
         z = torch.cat(z)
-    assert abs(float(z.mean())) < 0.05 and abs(float(z.std()) - 1) < 0.05, (z.mean(), z.std())
+    # within 4 standard errors of N(0, 1)'s mean and std for z.numel() draws (ode_noise has a fifth of the others')
+    assert abs(float(z.mean())) < 4 / z.numel() ** 0.5 and abs(float(z.std()) - 1) < 4 / (2 * z.numel()) ** 0.5, (
+        z.mean(),
+        z.std(),
+    )
     # PPO's first ratio is 1, and a positive advantage pulls on the policy (and Flow-Noise's noise net)
     adv = torch.linspace(-1.0, 1.0, 64)
     batch = {"obs": obs, "chain": chain, "logp": logp, "value": torch.zeros(64), "adv": adv, "ret": torch.zeros(64)}
@@ -419,9 +428,11 @@ def test_executed_likelihood_scores_only_the_actions_the_env_runs(bc_flow: Path)
         OnlineConfig(policy=bc_flow, likelihood="all")  # type: ignore[arg-type]
 
 
-def test_dense_scale_scales_only_the_rewards_below_success(bc_flow: Path) -> None:
+def test_dense_scale_scales_only_the_rewards_below_success(reach_bc_flow: Path) -> None:
     """--dense-scale: the same rollout (same chains, same envs) earns a decision exactly `scale` of its dense reward
-    where no step of it succeeded, more where one did (success stays 1); the tally keeps the env's reward."""
+    where no step of it succeeded, more where one did (success stays 1); the tally keeps the env's reward. (The U-Net
+    start: it reaches targets within these 48 steps, the MLP start not.)"""
+    bc_flow = reach_bc_flow
     config = OnlineConfig(policy=bc_flow, method="flow_sde", sampler_steps=5, execute=4)
     policy = load_flow_policy(bc_flow, 5)
     agent = FlowAgent(policy, config, 5)
