@@ -28,8 +28,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
-def bc_flow(reach_bc_flow: Path) -> Path:
-    return reach_bc_flow
+def bc_flow(reach_mlp_flow: Path) -> Path:
+    """The chunk-MLP start (about 40% on Reach): the operator has much to correct, and its iterations are cheap."""
+    return reach_mlp_flow
 
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> HilConfig:
@@ -294,7 +295,7 @@ def test_killed_run_resumes_exactly(
 
 @pytest.mark.learning
 def test_the_intervention_rate_falls_over_training(bc_flow: Path, tmp_path: Path, claim, learning_seed: int) -> None:
-    """16 envs, 14,400 env steps (15 iterations): the share of env steps the expert drives falls as PPO and the BC
+    """16 envs, 9,600 env steps (10 iterations): the share of env steps the expert drives falls as PPO and the BC
     loss on its interventions pull the policy towards acting as it does; asserted on the mean of the first three
     iterations against the last three (seeds 0-4: bench/RESULTS.md, "Learning tests")."""
     result = train(
@@ -302,16 +303,16 @@ def test_the_intervention_rate_falls_over_training(bc_flow: Path, tmp_path: Path
             bc_flow,
             tmp_path / "run",
             num_envs=16,
-            total_steps=14_400,
+            total_steps=9_600,
             checkpoint_every=4_800,
             log_every=960,
             seed=learning_seed,
         )
     )
     rates = result.intervention_rates
-    assert len(rates) == 15
+    assert len(rates) == 10
     first, last = float(np.mean(rates[:3])), float(np.mean(rates[-3:]))
-    claim("intervention rate fall", first - last, lower=0.05, first=first, last=last)
+    claim("intervention rate fall", first - last, lower=0.2, first=first, last=last)
 
 
 @pytest.mark.slow
@@ -319,13 +320,13 @@ def test_the_intervention_rate_falls_over_training(bc_flow: Path, tmp_path: Path
 def test_the_intervention_rate_keeps_falling_on_a_longer_budget(
     bc_flow: Path, tmp_path: Path, claim, learning_seed: int
 ) -> None:
-    """28,800 env steps (30 iterations): the fall keeps going (bench/RESULTS.md, "Learning tests")."""
+    """19,200 env steps (20 iterations): the fall keeps going (bench/RESULTS.md, "Learning tests")."""
     result = train(
         small(
             bc_flow,
             tmp_path / "run",
             num_envs=16,
-            total_steps=28_800,
+            total_steps=19_200,
             checkpoint_every=9_600,
             log_every=960,
             seed=learning_seed,
@@ -333,4 +334,4 @@ def test_the_intervention_rate_keeps_falling_on_a_longer_budget(
     )
     rates = result.intervention_rates
     first, last = float(np.mean(rates[:3])), float(np.mean(rates[-3:]))
-    claim("intervention rate fall at 28,800 steps", first - last, lower=0.15, first=first, last=last)
+    claim("intervention rate fall at 19,200 steps", first - last, lower=0.4, first=first, last=last)
