@@ -246,6 +246,14 @@ def offline_reach_bc_flow(offline_reach_demos: Path, tmp_path_factory: pytest.Te
     return shared_path(tmp_path_factory, "offline_bc_flow", lambda path: train_bc_flow(offline_reach_demos, path))
 
 
+@pytest.fixture(scope="session")
+def offline_reach_mlp_flow(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The chunk-MLP recipe on the offline learners' demos (the offline flow stage's default-suite tests)."""
+    return shared_path(
+        tmp_path_factory, "offline_mlp_flow", lambda path: train_bc_flow(offline_reach_demos, path, "mlp")
+    )
+
+
 def _agent_weights(path: Path) -> dict:
     import torch
 

@@ -27,8 +27,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
-def bc_flow(offline_reach_bc_flow: Path) -> Path:
-    return offline_reach_bc_flow
+def bc_flow(offline_reach_mlp_flow: Path) -> Path:
+    """The chunk-MLP start: the stage's critic and gates see the same store, its flow updates and rollouts cost less."""
+    return offline_reach_mlp_flow
 
 
 def tiny(policy: Path, store: Path, run_dir: Path, **overrides: object) -> OfflineFlowConfig:
@@ -256,7 +257,7 @@ def test_awr_extraction_raises_held_out_success_on_reach(
     result = train(config)
     rows = metrics(tmp_path / "run")
     start = rows[0]["eval/success_rate"]
-    claim("offline AWR gain", result.success_rate - start, lower=0.15, start=start, end=result.success_rate)
+    claim("offline AWR gain", result.success_rate - start, lower=0.4, start=start, end=result.success_rate)
     awr = [r for r in rows if "loss/awr" in r]
     assert len(awr) == 1 and awr[0]["awr/max_weight"] <= config.awr_max_weight and awr[0]["ope/accepted"] == 1.0
     state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)["agent"]
@@ -349,14 +350,14 @@ def assert_gates_decided_by_their_bounds(run_dir: Path, updates: int) -> None:
 @pytest.mark.slow
 @pytest.mark.learning
 def test_stage_does_not_lower_held_out_success_on_reach(
-    bc_flow: Path, offline_reach_demos: Path, tmp_path: Path, claim, learning_seed: int
+    offline_reach_bc_flow: Path, offline_reach_demos: Path, tmp_path: Path, claim, learning_seed: int
 ) -> None:
     """The defaults on the Reach setup of the module docstring (K = 5, chunks of 4 executed, 2 iterations): held-out
     success over 100 paired episodes ends no more than 3 points below the BC start (bench/RESULTS.md, "Measurements
-    behind the code's design")."""
+    behind the code's design"; the U-Net start it was measured on)."""
     result = train(
         OfflineFlowConfig(
-            policy=bc_flow,
+            policy=offline_reach_bc_flow,
             store=offline_reach_demos,
             run_dir=tmp_path / "run",
             iterations=2,
