@@ -26,8 +26,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # training subprocesses it starts (which inherit the variable) get the flag. XLA reads it when the first backend
 # starts, which no import does. Measured on dev-2c with a cold compilation cache: tests/envs/test_mjx.py +
 # test_parity.py 354 s -> 179 s. Not on an accelerator, where fusion is what makes kernels fast.
+# The suite also compiles at LLVM's lowest optimization level: its MJX tests are compile-bound here and check values,
+# not speed (a cold cache: tests/envs/test_parity.py's Reach case 48 s -> 39 s; bench/RESULTS.md, "The test suite's
+# wall-clock").
 if not any(p in os.environ.get("JAX_PLATFORMS", "") for p in ("gpu", "cuda")):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {CPU_XLA_FLAGS}".strip()
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} {CPU_XLA_FLAGS} --xla_backend_optimization_level=0".strip()
+    )
 
 # MJX tests are dominated by XLA compilation on a 2-core machine; a persistent cache outside the checkout
 # makes every run after the first on the same machine much faster (a clean clone still compiles once).

@@ -174,7 +174,7 @@ def test_howto_runs(title: str, tmp_path: Path) -> None:
         # a DDS domain apart from this worker's other ROS tests (tests/conftest.py gives each worker a block)
         "ROS_DOMAIN_ID": str(int(os.environ.get("ROS_DOMAIN_ID", "0")) + 5),
     }
-    # the suite's JAX compilation cache (tests/conftest.py): the GPU how-to's MJX PPO (Reach, 32 envs, 64 steps) is
+    # the suite's JAX compilation cache (tests/conftest.py): the GPU how-to's MJX PPO (Reach, 8 envs, 16 steps) is
     # the program tests/test_ppo_mjx.py compiles, so the two compile it once between them
     env.update(
         JAX_COMPILATION_CACHE_DIR=str(jax.config.jax_compilation_cache_dir),
