@@ -53,22 +53,29 @@ os.environ["ROS_DOMAIN_ID"] = str(20 + 10 * int(os.environ.get("PYTEST_XDIST_WOR
 #: these start first and the many short files fill in behind them: the suite ends when its work does, not one long
 #: file after it. A stale order costs wall-clock only.
 LONGEST_FIRST = (
+    "tests/test_ppo_mjx.py",  # first: the README's GPU how-to (tests/test_readme.py) then loads its MJX program
+    "tests/envs/test_parity.py",
     "tests/test_online.py",
+    "tests/test_readme.py",
     "tests/test_pipeline.py",
     "tests/test_calql.py",
     "tests/test_sac_images.py",
-    "tests/test_offline_flow.py",
-    "tests/policies/test_bc.py",
-    "tests/test_actor_learner.py",
     "tests/test_sac.py",
-    "tests/test_ppo_mjx.py",
-    "tests/policies/test_students.py",
-    "tests/policies/test_vla.py",
+    "tests/test_actor_learner.py",
+    "tests/policies/test_bc.py",
     "tests/test_dsrl.py",
-    "tests/policies/test_export.py",
-    "tests/test_readme.py",
-    "tests/test_hil.py",
+    "tests/test_iql.py",
+    "tests/test_sb3.py",
+    "tests/test_offline_flow.py",
+    "tests/envs/test_mjx.py",
+    "tests/policies/test_vla.py",
     "tests/test_lint.py",
+    "tests/test_classifier.py",
+    "tests/envs/test_outside.py",
+    "tests/policies/test_export.py",
+    "tests/hardware/test_ros_e2e.py",
+    "tests/test_wheel.py",
+    "tests/test_hil.py",
 )
 
 
