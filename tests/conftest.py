@@ -26,13 +26,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # training subprocesses it starts (which inherit the variable) get the flag. XLA reads it when the first backend
 # starts, which no import does. Measured on dev-2c with a cold compilation cache: tests/envs/test_mjx.py +
 # test_parity.py 354 s -> 179 s. Not on an accelerator, where fusion is what makes kernels fast.
-# The suite also compiles at LLVM's lowest optimization level: its MJX tests are compile-bound here and check values,
-# not speed (a cold cache: tests/envs/test_parity.py's Reach case 48 s -> 39 s; bench/RESULTS.md, "The test suite's
-# wall-clock").
-if not any(p in os.environ.get("JAX_PLATFORMS", "") for p in ("gpu", "cuda")):
-    os.environ["XLA_FLAGS"] = (
-        f"{os.environ.get('XLA_FLAGS', '')} {CPU_XLA_FLAGS} --xla_backend_optimization_level=0".strip()
-    )
+# This process also compiles at LLVM's lowest optimization level: its MJX tests are compile-bound here and check
+# values, not speed (a cold cache: tests/envs/test_parity.py's Reach case 48 s -> 39 s; bench/RESULTS.md, "The test
+# suite's wall-clock"). The backend starts with it and the variable is put back: the MJX training runs that tests
+# start have the users' flags, so they and the README's GPU how-to (which sets them) share one compiled program.
+_XLA_FLAGS = f"{os.environ.get('XLA_FLAGS', '')} {CPU_XLA_FLAGS}".strip()
+_ON_CPU = not any(p in os.environ.get("JAX_PLATFORMS", "") for p in ("gpu", "cuda"))
+if _ON_CPU:
+    os.environ["XLA_FLAGS"] = f"{_XLA_FLAGS} --xla_backend_optimization_level=0"
 
 # MJX tests are dominated by XLA compilation on a 2-core machine; a persistent cache outside the checkout
 # makes every run after the first on the same machine much faster (a clean clone still compiles once).
@@ -40,6 +41,9 @@ _cache = Path(os.environ.get("ROBOTRL_JAX_CACHE", Path.home() / ".cache" / "robo
 _cache.mkdir(parents=True, exist_ok=True)
 jax.config.update("jax_compilation_cache_dir", str(_cache))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+if _ON_CPU:
+    jax.devices()  # the backend starts with this process's flags (above)
+    os.environ["XLA_FLAGS"] = _XLA_FLAGS
 
 # A DDS domain block of this test process's own: under pytest-xdist two workers run ROS tests side by side, and nodes
 # of one worker would otherwise see the other's topics. In-process nodes (rclpy.init() reads the variable) and the
