@@ -44,13 +44,12 @@ class OnlineBudgetsConfig:
 
 def main(config: OnlineBudgetsConfig) -> list[dict]:
     import test_dsrl
-    from conftest import record_reach, train_bc_flow
+    from conftest import record_reach, start_success, train_bc_flow
     from test_online import BUDGET, START, small
 
     from robotrl.flowrl import dsrl
-    from robotrl.flowrl.chain import METHODS, load_flow_policy
+    from robotrl.flowrl.chain import METHODS
     from robotrl.flowrl.online import train
-    from robotrl.training.evaluate import evaluate_policy
 
     torch.set_num_threads(1)
     demos = config.out / "reach_flow.zarr"  # the suite's `flow_reach_demos`
@@ -62,7 +61,7 @@ def main(config: OnlineBudgetsConfig) -> list[dict]:
         if backbone not in starts:
             bc = config.out / f"bc-{backbone}"
             policy = bc / "policy" if (bc / "policy").exists() else train_bc_flow(demos, bc, backbone)
-            starts[backbone] = policy, evaluate_policy(load_flow_policy(policy, 5), 100, 25, execute=4).success_rate
+            starts[backbone] = policy, start_success(policy)
         return starts[backbone]
 
     rows = []

@@ -227,17 +227,19 @@ def reach_bc_flow(flow_reach_demos: Path, tmp_path_factory: pytest.TempPathFacto
     return shared_path(tmp_path_factory, "bc_flow", lambda path: train_bc_flow(flow_reach_demos, path))
 
 
-def held_out_success(factory: pytest.TempPathFactory, name: str, policy: Path) -> float:
-    """A flow start's held-out success as the RL stages start from it (its 5-step ODE, chunks of 4 executed, the same
-    100 held-out episodes their learning tests evaluate on), measured once per test run."""
+def start_success(policy: Path) -> float:
+    """A flow start's held-out success as the RL stages start from it: its 5-step ODE, chunks of 4 executed, the same
+    100 held-out episodes their learning tests evaluate on (bench/online_budgets.py measures it the same way)."""
     from robotrl.flowrl.chain import load_flow_policy
     from robotrl.training.evaluate import evaluate_policy
 
-    def build(_: Path) -> float:
-        with torch_threads(1):
-            return evaluate_policy(load_flow_policy(policy, 5), 100, 25, execute=4).success_rate
+    with torch_threads(1):
+        return evaluate_policy(load_flow_policy(policy, 5), 100, 25, execute=4).success_rate
 
-    return float(shared(factory, name, build))
+
+def held_out_success(factory: pytest.TempPathFactory, name: str, policy: Path) -> float:
+    """`start_success(policy)`, measured once per test run."""
+    return float(shared(factory, name, lambda _: start_success(policy)))
 
 
 @pytest.fixture(scope="session")

@@ -432,9 +432,8 @@ def test_dense_scale_scales_only_the_rewards_below_success(reach_bc_flow: Path) 
     """--dense-scale: the same rollout (same chains, same envs) earns a decision exactly `scale` of its dense reward
     where no step of it succeeded, more where one did (success stays 1); the tally keeps the env's reward. (The U-Net
     start: it reaches targets within these 48 steps, the MLP start not.)"""
-    bc_flow = reach_bc_flow
-    config = OnlineConfig(policy=bc_flow, method="flow_sde", sampler_steps=5, execute=4)
-    policy = load_flow_policy(bc_flow, 5)
+    config = OnlineConfig(policy=reach_bc_flow, method="flow_sde", sampler_steps=5, execute=4)
+    policy = load_flow_policy(reach_bc_flow, 5)
     agent = FlowAgent(policy, config, 5)
 
     def run(scale: float) -> tuple[np.ndarray, Tally]:
