@@ -64,7 +64,7 @@ def test_each_stage_wrote_the_documented_files(smoke):
     from robotrl.policies import load, runtime
 
     store = EpisodeStore.open(run_dir / "demos.zarr")
-    assert store.spec.task == "PushT"
+    assert store.spec.task == "PushT" and store.spec.episode_steps == 150  # smoke's episodes: 150 of PushT's 600
     # PushT's teleop stand-in is noise 1.0; the pipeline's demos are capped at 0.5 (BC learns from those)
     assert {episode.meta["noise"] for episode in store} == {0.5}
     policies = {s: load(run_dir / s / "policy") for s in ("bc", "offline", "online", "distill")}

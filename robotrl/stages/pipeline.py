@@ -89,6 +89,9 @@ class Budget:
     """training-seed episodes on which the distilled student must beat its start (the teacher's one-step sampler)"""
     eval_episodes: int
     eval_envs: int
+    episode_steps: int | None = None
+    """at most this many steps an episode (None: the task's own length). The demos are recorded with it and every
+    later stage runs the length its policy's spec carries, so a short smoke run evaluates short episodes"""
 
 
 PRESETS: dict[str, Budget] = {
@@ -116,6 +119,7 @@ PRESETS: dict[str, Budget] = {
         distill_gate_episodes=2,
         eval_episodes=4,
         eval_envs=4,
+        episode_steps=150,
     ),
     # sized to 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
     # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-total-steps give
@@ -395,6 +399,9 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
         if config.demonstrator is not None
         else {"noise": demo_noise(config), "render_images": policy_kind(config) != STATE_POLICY}
     )
+    length = spec_of(config.task).episode_steps
+    if budget.episode_steps is not None and budget.episode_steps < length and not is_outside(config.task):
+        source["episode_steps"] = budget.episode_steps
     store = record_expert(
         out,
         config.task,
