@@ -30,7 +30,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # values, not speed (a cold cache: tests/envs/test_parity.py's Reach case 48 s -> 39 s; bench/RESULTS.md, "The test
 # suite's wall-clock"). The backend starts with it and the variable is put back: the MJX training runs that tests
 # start have the users' flags, so they and the README's GPU how-to (which sets them) share one compiled program.
-_XLA_FLAGS = f"{os.environ.get('XLA_FLAGS', '')} {CPU_XLA_FLAGS}".strip()
+# The xdist controller imports this file too and its workers inherit its environment: the flag is added once, so that
+# every process's XLA_FLAGS is the how-to's exact string (XLA's flags are part of the compilation cache's key).
+_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
+if CPU_XLA_FLAGS not in _XLA_FLAGS.split():
+    _XLA_FLAGS = f"{_XLA_FLAGS} {CPU_XLA_FLAGS}".strip()
 _ON_CPU = not any(p in os.environ.get("JAX_PLATFORMS", "") for p in ("gpu", "cuda"))
 if _ON_CPU:
     os.environ["XLA_FLAGS"] = f"{_XLA_FLAGS} --xla_backend_optimization_level=0"

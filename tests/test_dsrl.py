@@ -25,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small(policy: Path, run_dir: Path, **overrides: object) -> DsrlConfig:
-    """CI-sized: 16 envs, chunks of 4 executed, a 5-step ODE, 200 decisions from the BC prior before updates."""
+    """CI-sized: 16 envs, chunks of 4 executed, a 5-step ODE, 200 decisions from the BC prior before updates, batches
+    of 128."""
     base = DsrlConfig(
         policy=policy,
         num_envs=16,
@@ -33,6 +34,7 @@ def small(policy: Path, run_dir: Path, **overrides: object) -> DsrlConfig:
         sampler_steps=5,
         total_steps=11_520,
         learning_starts=200,
+        batch_size=128,
         eval_episodes=0,
         checkpoint_every=1920,
         log_every=1920,
