@@ -8,14 +8,15 @@ deploy.launch.py, params/deploy.yaml), so a wheel's install starts the node as t
 `robotrl-deploy --ros-args --params-file <launch_dir>/params/deploy.yaml -p policy:=...` (`NODES["deploy"]`).
 
 Subscribes to the robot's joint states, the task state (objects' poses from a simulator, perception or motion
-capture), its cameras and an instruction; every control period (or, with `trigger:=observation`, once per new
-set of observations: lockstep with a simulator) it feeds the newest observations to the chunk executor, turns
-the action into joint targets with the task's own controller and publishes what the safety filter lets
-through, as a JointTrajectory or a Float64MultiArray per the robot's file. The policy runs through
-`robotrl.policies.runtime` (onnxruntime; no training code). Malformed messages are counted and logged, never a
-crash. The e-stop (a `std_msgs/Bool` topic or the `~/estop` service) latches; `~/reset` re-arms it and starts
-a new episode (history and chunks cleared); it refuses, saying which, while a robot topic is not matched yet
-(and, with `trigger:=observation`, until a whole observation set has arrived).
+capture), its cameras and an instruction; every control period (or, with `trigger:=observation`, once per new set of
+observations: lockstep with a simulator) it feeds the newest observations to the chunk executor, turns the action
+into joint targets with the task's own controller (an outside env's action is the command itself,
+`hardware/sim_env.py`) and publishes what the safety filter lets through, as a JointTrajectory or a
+Float64MultiArray per the robot's file. The policy runs through `robotrl.policies.runtime` (onnxruntime; no training
+code). Malformed messages are counted and logged, never a crash. The e-stop (a `std_msgs/Bool` topic or the
+`~/estop` service) latches; `~/reset` re-arms it and starts a new episode (history and chunks cleared); it refuses,
+saying which, while a robot topic is not matched yet (and, with `trigger:=observation`, until a whole observation
+set has arrived).
 Diagnostics (`diagnostic_msgs`) carry the safety state, its counters, malformed-message counts and inference times.
 """
 

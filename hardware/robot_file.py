@@ -2,6 +2,7 @@
 goes from its URDF to the deploy node and the sim robot without a hand-copied joint list.
 
     robotrl robot init --model example-robot-data:ur5 --out ur5.yaml
+    robotrl robot init --task gym:Pendulum-v1 --out pendulum.yaml      # an outside env: its actions are the commands
 
 The file names the description (`model:`), from which the joints and their position limits are read whenever the
 file is loaded; it writes out what the description cannot say: velocity limits (a URDF's `<limit velocity>`, else a
@@ -15,8 +16,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import yaml
 
+from robotrl.core.spec import Spec
 from robotrl.envs.robots import RobotDescription, RobotDescriptionError, load_robot
 from robotrl.envs.robots.description import resolve
 
@@ -30,8 +33,10 @@ DEFAULT_VELOCITY = 1.0
 class RobotInit:
     """Write a robot file for a robot's description (its joints and limits read from it)."""
 
-    model: str
+    model: str = ""
     """a URDF or MJCF path, example-robot-data:<name> (ur3, ur5, ur10, so100, so101, panda) or task:<arm task>"""
+    task: str | None = None
+    """instead of a model: an outside env (gym:<id> or module:callable), whose robot commands its actions"""
     out: Path = Path("robot.yaml")
     """the robot file to write"""
     ee: str | None = None
@@ -78,20 +83,71 @@ def robot_file(robot: RobotDescription, name: str) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
 
 
+def env_robot_file(spec: Spec, name: str) -> str:
+    """The robot file's text for an outside env: one command per action dimension, limited to the action space's
+    bounds, at the env's control rate; rate limits that let a command cross its whole range in one period."""
+    low, high = spec.action.low_array(), spec.action.high_array()
+    if len(spec.action.shape) != 1 or not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise ValueError(
+            f"RobotInit.task: {spec.task}: expected a flat action space with finite bounds (what a robot may be sent), "
+            f"got shape {spec.action.shape}, low {low.tolist()}, high {high.tolist()}"
+        )
+    hz = spec.control_hz or 20.0
+    span = (high - low).astype(float)
+    data = {
+        "name": name,
+        "description": f"the actions of {spec.task}",
+        "joint_names": [f"action_{i}" for i in range(len(span))],
+        "limits": {
+            "lower": low.astype(float).tolist(),
+            "upper": high.astype(float).tolist(),
+            "velocity": (2.0 * span * hz).tolist(),
+            "acceleration": (4.0 * span * hz * hz).tolist(),
+        },
+        "command_type": "float64_multi_array",
+        "control_hz": float(hz),
+        "max_obs_age": 2.0 / hz,
+    }
+    rate = f"{spec.control_hz:g} Hz, the env's render_fps" if spec.control_hz else "20 Hz: the env names no rate"
+    header = (
+        f"# Robot file for the outside env {spec.task} (robotrl robot init --task). Its commands are the env's\n"
+        f"# actions, limited to the action space's bounds; the rate limits let a command cross its range in one\n"
+        f"# period ({rate}): tighten them to what the real actuators take.\n"
+    )
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
 def run_init(config: RobotInit) -> None:
     from robotrl.hardware.robot import RobotConfig
 
+    if bool(config.model) == bool(config.task):
+        raise ValueError(
+            f"RobotInit: expected a --model (a robot's description) or a --task (an outside env), got model "
+            f"{config.model!r} and task {config.task!r}"
+        )
     out = config.out
     if out.exists() and not config.overwrite:
         raise FileExistsError(f"RobotInit.out: {out} exists; pass --overwrite to replace it")
     blocked = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
     if blocked is not None:
         raise NotADirectoryError(f"RobotInit.out: {blocked} is a file, not a folder to write {out.name} in")
-    try:
-        robot = load_robot(config.model, config.ee)
-    except RobotDescriptionError as e:
-        raise RobotDescriptionError(f"RobotInit.model: {e}") from None
-    text = robot_file(robot, config.name or out.stem)
+    if config.task:
+        from robotrl.envs import is_outside, spec_of
+
+        if not is_outside(config.task):
+            raise ValueError(
+                f"RobotInit.task: expected an outside env (gym:<id> or module:callable), got {config.task!r}; a "
+                f"robotrl task's arm is --model task:{config.task}"
+            )
+        spec = spec_of(config.task)
+        text, what = env_robot_file(spec, config.name or out.stem), f"{spec.action.size} actions of {spec.task}"
+    else:
+        try:
+            robot = load_robot(config.model, config.ee)
+        except RobotDescriptionError as e:
+            raise RobotDescriptionError(f"RobotInit.model: {e}") from None
+        text = robot_file(robot, config.name or out.stem)
+        what = f"{len(robot.joint_names)} joints of {robot.source}, end effector {robot.ee}"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp.yaml")
     try:
@@ -100,4 +156,4 @@ def run_init(config: RobotInit) -> None:
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
-    print(f"robot file {out}: {len(robot.joint_names)} joints of {robot.source}, end effector {robot.ee}")
+    print(f"robot file {out}: {what}")

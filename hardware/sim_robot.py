@@ -43,7 +43,7 @@ from robotrl.hardware.robot import RobotConfig
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 #: seconds of slack when comparing a command's due time with the clock (float sums like t + latency)
-_TIME_EPS = 1e-9
+TIME_EPS = 1e-9
 
 
 @dataclass
@@ -79,7 +79,7 @@ class SimRobot:
                 f"robot.joint_names: robot {robot.name!r} has joints {list(robot.joint_names)}, but task "
                 f"{task.name!r} drives {list(names)} (same names, same order); use a robot file for this task's arm"
             )
-        _check_seed(config.seed, "SimRobotConfig.seed")
+        check_seed(config.seed, "SimRobotConfig.seed")
         if config.perturbation is not None and not isinstance(config.perturbation, Randomization):
             raise TypeError(
                 f"SimRobotConfig.perturbation: expected a Randomization or None, "
@@ -156,7 +156,7 @@ class SimRobot:
         Pending commands are dropped and the arm holds its start pose until the first command is due.
         """
         if seed is not None:
-            self._rng = np.random.default_rng(_check_seed(seed, "seed"))
+            self._rng = np.random.default_rng(check_seed(seed, "seed"))
         task, m, d = self.task, self.model, self.data
         start = task.reset(np, self._rng.random((1, task.reset_dims)))
         # the draws the vector env makes per reset (its randomization, camera jitter, light), so the next
@@ -183,15 +183,15 @@ class SimRobot:
     # --- the driver's interface -----------------------------------------------------------------------
     def command(self, q_target: np.ndarray, now: float) -> None:
         """Take a joint-position target (robot joint order), to be applied from `now + latency` on."""
-        q = self._joint_vector(q_target, "q_target")
-        now = _time(now, "now")
+        q = command_vector(q_target, self.robot, "q_target", "joint positions")
+        now = check_time(now, "now")
         heapq.heappush(self._pending, (now + self.latency, self._arrivals, q))
         self._arrivals += 1
 
     def step(self, now: float) -> None:
         """One control period of physics, servoing to the latest command due at `now`."""
-        now = _time(now, "now")
-        while self._pending and self._pending[0][0] <= now + _TIME_EPS:
+        now = check_time(now, "now")
+        while self._pending and self._pending[0][0] <= now + TIME_EPS:
             self._target = heapq.heappop(self._pending)[2]
         m, d = self.model, self.data
         d.ctrl[:] = self._target[self._act_joint]
@@ -200,6 +200,11 @@ class SimRobot:
             mujoco.mj_step(m, d)
         self._steps += 1
         self._evaluate()
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        """The task's cameras, each published as an image topic."""
+        return tuple(self.task.cameras)
 
     def joint_state(self) -> tuple[np.ndarray, np.ndarray]:
         """Positions (with `joint_noise`) and velocities of the robot's joints, in its joint order."""
@@ -283,19 +288,6 @@ class SimRobot:
             "truncated": self._steps >= self.task.config.episode_steps and not terminated,
         }
 
-    def _joint_vector(self, values: Any, what: str) -> np.ndarray:
-        dof, names = self.robot.dof, list(self.robot.joint_names)
-        try:
-            q = np.array(values, dtype=np.float64)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{what}: expected {dof} joint positions {names}, got {values!r}") from e
-        if q.shape != (dof,):
-            raise ValueError(f"{what}: expected shape ({dof},), one position per joint {names}, got {q.shape}")
-        bad = [names[i] for i in np.nonzero(~np.isfinite(q))[0]]
-        if bad:
-            raise ValueError(f"{what}: expected finite joint positions, got NaN/inf for {bad}")
-        return q
-
     def _render(self) -> dict[str, np.ndarray]:
         if self._renderer is None:
             from robotrl.envs.render import BatchRenderer
@@ -312,13 +304,29 @@ class SimRobot:
         )
 
 
-def _time(now: Any, what: str) -> float:
+def command_vector(values: Any, robot: RobotConfig, what: str, noun: str) -> np.ndarray:
+    """A command for `robot` (one finite number per name of its file, in its order) as float64, or a ValueError
+    naming `what`, the expected and the actual value."""
+    n, names = robot.dof, list(robot.joint_names)
+    try:
+        q = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: expected {n} {noun} {names}, got {values!r}") from e
+    if q.shape != (n,):
+        raise ValueError(f"{what}: expected shape ({n},), one of the {noun} {names} each, got {q.shape}")
+    bad = [names[i] for i in np.nonzero(~np.isfinite(q))[0]]
+    if bad:
+        raise ValueError(f"{what}: expected finite {noun}, got NaN/inf for {bad}")
+    return q
+
+
+def check_time(now: Any, what: str) -> float:
     if isinstance(now, bool) or not isinstance(now, (int, float, np.floating, np.integer)) or not math.isfinite(now):
         raise ValueError(f"{what}: expected a finite time in seconds, got {now!r}")
     return float(now)
 
 
-def _check_seed(seed: Any, what: str) -> int:
+def check_seed(seed: Any, what: str) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"{what}: expected an integer >= 0, got {seed!r}")
     return int(seed)

@@ -17,6 +17,10 @@ Lockstep (`lockstep:=true`): one step per command, taken as soon as the command 
 on any topic that DDS matched to a subscriber since it went out, which that subscriber missed): the sim then runs
 exactly as the in-process evaluation does, as fast as the policy answers -- for comparing success over ROS 2 with
 `robotrl policy eval`.
+
+An outside env (`task:=gym:<id>` or `module:callable`) is hosted as it is (`SimEnv`): its robot file
+(`robotrl robot init --task <env>`) names one command per action dimension, the commands are its actions, the
+joint states echo the action being applied and the task state is its observation.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from robotrl.hardware.messages import (
 )
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.ros import declare_config, json_object, spin_node
+from robotrl.hardware.sim_env import SimEnv, SimEnvConfig
 from robotrl.hardware.sim_robot import SimRobot, SimRobotConfig
 
 STATUS_TOPIC = "/robotrl/sim/status"
@@ -53,8 +58,9 @@ PERTURBATIONS = ("none", "task")
 @dataclass
 class SimRobotNodeConfig:
     robot: str = "sim_panda"
-    """a bundled robot or a path to a robot file (the task's arm)"""
+    """a bundled robot or a path to a robot file (the task's arm, or an outside env's commands)"""
     task: str = "PushT"
+    """a robotrl task, or an outside env (gym:<id> or module:callable) hosted as it is"""
     task_options: str = "{}"
     """JSON object of task config fields, e.g. {"images": true}"""
     seed: int = 0
@@ -80,14 +86,26 @@ class SimRobotNode(Node):
     def __init__(self, config: SimRobotNodeConfig | None = None) -> None:
         super().__init__("robotrl_sim_robot")
         cfg = self.config = config or declare_config(self, SimRobotNodeConfig)
-        from robotrl.envs import make_task
+        from robotrl.envs import is_outside, make_task
 
         self.robot = RobotConfig.load(cfg.robot)
         options = json_object(cfg.task_options, "task_options")
-        perturbation = make_task(cfg.task, **options).default_randomization() if cfg.perturbation == "task" else None
-        self.sim = SimRobot(
-            SimRobotConfig(cfg.task, options, cfg.seed, perturbation, cfg.joint_noise, cfg.command_latency), self.robot
-        )
+        self.sim: SimRobot | SimEnv
+        if is_outside(cfg.task):
+            if cfg.perturbation != "none" or cfg.joint_noise:
+                raise ValueError(
+                    f"SimRobotNodeConfig.perturbation/joint_noise: {cfg.task} is an outside env, which has no "
+                    f"randomization or joints of robotrl's; expected 'none' and 0, got {cfg.perturbation!r} and "
+                    f"{cfg.joint_noise}"
+                )
+            self.sim = SimEnv(SimEnvConfig(cfg.task, options, cfg.seed, cfg.command_latency), self.robot)
+        else:
+            task = make_task(cfg.task, **options)
+            perturbation = task.default_randomization() if cfg.perturbation == "task" else None
+            self.sim = SimRobot(
+                SimRobotConfig(cfg.task, options, cfg.seed, perturbation, cfg.joint_noise, cfg.command_latency),
+                self.robot,
+            )
         self.episode, self.malformed = 0, 0
         self.done = False
         self.awaiting_since = time.monotonic()
@@ -97,7 +115,7 @@ class SimRobotNode(Node):
         self.state_pub = self.create_publisher(Float64MultiArray, t.task_state, 10)
         self.image_pubs = {
             f"image_{c}": self.create_publisher(Image, t.images.get(f"image_{c}", f"/camera/{c}/image_raw"), 10)
-            for c in self.sim.task.cameras
+            for c in self.sim.cameras
         }
         self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
         self.instruction_pub = self.create_publisher(String, t.instruction, 10)

@@ -3,7 +3,8 @@ the task's own controller (the same `Task.control` the simulator applies, so a p
 acted in training), and the future-state roll that asynchronous inference aligns chunks with.
 
 The task is rebuilt from the exported policy's spec (name, action mode, task options); the robot must have the
-task's arm (same number of joints, in the task's order -- names may differ, e.g. fr3_joint1 for joint1).
+task's arm (same number of joints, in the task's order -- names may differ, e.g. fr3_joint1 for joint1). A policy
+of an outside env acts natively: its action is the command, its robot file one command per action dimension.
 """
 
 from __future__ import annotations
@@ -18,14 +19,22 @@ from robotrl.hardware.robot import RobotConfig
 
 class TaskIO:
     def __init__(self, spec: Spec, robot: RobotConfig) -> None:
-        from robotrl.envs import make_task
+        from robotrl.envs import is_outside, make_task
         from robotrl.envs.task import Frame
 
+        self.spec, self.robot, self._frame = spec, robot, Frame
+        self.native = is_outside(spec.task)
+        if self.native:  # an outside env: the robot's commands are its actions (hardware/sim_env.py)
+            from robotrl.hardware.sim_env import check_native_robot
+
+            check_native_robot(spec, robot)
+            self.task: Any = None
+            self.fields = {}
+            return
         options: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v for k, v in spec.metadata.get("task_options", {}).items()
         }
         self.task = make_task(spec.task, **{**options, "action_mode": spec.action_mode})
-        self.spec, self.robot, self._frame = spec, robot, Frame
         model = self.task.model
         if model.nu != robot.dof:
             raise SpecMismatchError(
@@ -39,7 +48,10 @@ class TaskIO:
         self.fields = state.field_slices() if state is not None else {}
 
     def joint_targets(self, q: np.ndarray, action: np.ndarray) -> np.ndarray:
-        """The arm's joint targets for task `action` (A,) from measured joint positions `q` (dof,)."""
+        """The arm's joint targets for task `action` (A,) from measured joint positions `q` (dof,); an outside
+        env's action itself (its robot's commands are its actions)."""
+        if self.native:
+            return np.asarray(action, dtype=np.float64).reshape(-1)
         qpos = np.zeros((1, self.nq))
         qpos[0, : self.robot.dof] = q
         frame = self._frame(qpos, np.zeros((1, self.nv)), np.zeros((1, self.nsens)), np.zeros((1, self.goal_dim)))
@@ -49,7 +61,7 @@ class TaskIO:
         """The observation history as it will be after the `planned` actions (d, A): the newest frame's tool or
         joint positions moved as the controller will move them (the arm follows its targets; objects are left
         where they are -- the policy's next chunk reacts to them when it is observed again)."""
-        if "state" not in history:
+        if "state" not in history or self.native:  # an outside env's state has no model to roll
             return history
         state = history["state"].copy()
         last = state[-1]

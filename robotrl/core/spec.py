@@ -66,6 +66,14 @@ class ArraySpec:
     def high_array(self) -> np.ndarray:
         return np.asarray(self.high if self.high is not None else [np.inf] * self.size, np.float64).reshape(self.shape)
 
+    def middle(self) -> np.ndarray:
+        """The middle of the bounds elementwise, 0 on an axis unbounded on either side (clipped into its bound):
+        a neutral action to start from or to probe an env with."""
+        low, high = self.low_array(), self.high_array()
+        bounded = np.isfinite(low) & np.isfinite(high)
+        mid = np.where(bounded, 0.5 * (np.where(bounded, low, 0.0) + np.where(bounded, high, 0.0)), 0.0)
+        return np.clip(mid, low, high)
+
     @property
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))

@@ -55,6 +55,18 @@ class Demonstrator:
         return np.clip(self.gain * (s[:, 2:] - s[:, :2]), -1, 1)
 
 
+class Unbounded(PointGoal):
+    """The point pushed by an unbounded action (a Box without bounds): nothing a robot could be limited to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+
+def make_unbounded() -> gym.Env:
+    return gym.wrappers.TimeLimit(Unbounded(), 10)
+
+
 class OwnSeed(PointGoal):
     """An env with a `seed` keyword of its own (its goal layout), which the adapter must pass through."""
 

@@ -3,6 +3,7 @@ a ROS 2 context for in-process node tests."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +70,21 @@ def ur5_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     store = record_expert(root / "ur5.zarr", "Reach", episodes=4, num_envs=4, progress=False, **UR5_OPTIONS)
     with torch_threads(1):
         return export(small_flow(store, steps=20), root / "flow", "onnx"), UR5_OPTIONS
+
+
+@pytest.fixture
+def point_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A user's outside env (tests/envs/outside_envs.py, importable by name here and in the nodes started from
+    here): a small chunk-MLP flow policy trained on its demonstrator's episodes, exported; and the env's name."""
+    envs = Path(__file__).resolve().parents[1] / "envs"
+    monkeypatch.syspath_prepend(str(envs))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(envs), os.environ.get("PYTHONPATH")])))
+    task = "outside_envs:make_point?radius=0.1"
+    store = record_expert(
+        tmp_path / "point.zarr", task, episodes=8, num_envs=4, demonstrator="outside_envs:Demonstrator", progress=False
+    )
+    with torch_threads(1):
+        return export(small_flow(store, steps=300, backbone="mlp"), tmp_path / "flow", "onnx"), task
 
 
 @pytest.fixture(scope="session")

@@ -239,3 +239,22 @@ def test_ros_eval_command_line(nodes: dict, policy_and_options: tuple) -> None:
     in_process = in_process_episodes(*policy_and_options, 2)
     assert result["episodes"] == 2 and result["success_rate"] == float(in_process.success.mean())
     assert result["ci95"] == pytest.approx(list(wilson_ci95(in_process.success)))
+
+
+def test_an_outside_env_over_ros_runs_the_in_process_episodes(
+    point_export: tuple[Path, str], tmp_path: Path, ros_domain: None
+) -> None:
+    """A user's gymnasium env (tests/envs/outside_envs.py, imported by name) end to end: a flow policy trained on its
+    demonstrator's episodes and exported, a robot file written from the env's action space by `robotrl robot init
+    --task`, the sim robot hosting the env and the deploy node sending its actions in lockstep: the episodes over
+    ROS 2 are the in-process ones."""
+    from robotrl.hardware.robot_file import RobotInit, run_init
+
+    policy, task = point_export
+    run_init(RobotInit(task=task, out=tmp_path / "point.yaml"))
+    over_ros = over_ros_in_lockstep(tmp_path, tmp_path / "point.yaml", task, {}, policy, 3)
+    in_process = in_process_episodes(policy, {}, 3, task)
+    np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
+    np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(over_ros.success, in_process.success)
+    assert len(set(np.round(over_ros.returns, 6))) == 3

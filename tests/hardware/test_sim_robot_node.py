@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rclpy.executors import SingleThreadedExecutor
@@ -15,6 +16,7 @@ from sensor_msgs.msg import JointState
 from std_msgs.msg import Float64MultiArray, String
 
 from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.robot_file import RobotInit, run_init
 from robotrl.hardware.sim_robot_node import STATUS_TOPIC, SimRobotNode, SimRobotNodeConfig
 from ros_spin import spin_until
 
@@ -70,3 +72,22 @@ def test_a_subscriber_matched_in_time_hears_each_observation_once(lockstep_sim: 
     assert spin_until(executor, lambda: len(first.joint_states) == 2 and len(first.states) == 2, 5.0)
     spin_until(executor, lambda: False, 0.5)  # watchdog periods pass while the sim waits for a command
     assert (len(first.joint_states), len(first.states)) == (2, 2)  # a lockstep deploy node would act once
+
+
+def test_an_outside_env_takes_no_randomization_or_joint_noise(
+    ros: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outside env has none of robotrl's randomization or joints: asking for them is one line, not a sim."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "envs"))
+    task = "outside_envs:make_point"
+    run_init(RobotInit(task=task, out=tmp_path / "point.yaml"))
+    robot = str(tmp_path / "point.yaml")
+    for options in ({"perturbation": "task"}, {"joint_noise": 0.01}):
+        with pytest.raises(ValueError, match=r"SimRobotNodeConfig.perturbation/joint_noise: .* is an outside env"):
+            SimRobotNode(SimRobotNodeConfig(robot=robot, task=task, **options))  # type: ignore[arg-type]
+    sim = SimRobotNode(SimRobotNodeConfig(robot=robot, task=task))
+    try:
+        assert sim.sim.cameras == () and sim.image_pubs == {} and sim.sim.control_hz == 10.0
+    finally:
+        sim.close()
+        sim.destroy_node()
