@@ -75,7 +75,6 @@ class SimEnv:
         self._pending: list[tuple[float, int, np.ndarray]] = []
         self._arrivals = 0
         self._next_obs: dict[str, np.ndarray] | None = None  # the episode the env started when the last one ended
-        self._seeded = True  # the next reset without a seed is the env's first reset (the constructor's seed)
         self.reset()
 
     # --- episodes ------------------------------------------------------------------------------------
@@ -87,9 +86,8 @@ class SimEnv:
             obs, _ = self.env.reset(seed=check_seed(seed, "seed"))
         elif self._next_obs is not None:
             obs = self._next_obs
-        else:  # the first episode, or a reset mid-episode: what the constructor's seed or the stream gives next
-            obs, _ = self.env.reset(seed=int(self.config.seed) if self._seeded else None)
-        self._seeded = False
+        else:  # the first episode (the vector env's constructor seed), or a reset mid-episode: the stream's next
+            obs, _ = self.env.reset()
         self._obs = {k: np.asarray(v)[0] for k, v in obs.items()}
         self._next_obs = None
         self._target = self._neutral.copy()
@@ -115,11 +113,10 @@ class SimEnv:
         as the vector env clips it). A finished episode is not stepped: the next one starts with `reset`."""
         now = check_time(now, "now")
         while self._pending and self._pending[0][0] <= now + TIME_EPS:
-            self._target = heapq.heappop(self._pending)[2]
+            self._target = np.clip(heapq.heappop(self._pending)[2], self._low, self._high)
         if self._status["terminated"] or self._status["truncated"]:
             return
-        action = np.clip(self._target, self._low, self._high).astype(self.spec.action.dtype)
-        obs, reward, terminated, truncated, info = self.env.step(action[None])
+        obs, reward, terminated, truncated, info = self.env.step(self._target.astype(self.spec.action.dtype)[None])
         done = bool(terminated[0]) or bool(truncated[0])
         if done:  # the vector env started the next episode already: keep it for `reset`, show the last state
             self._next_obs = {k: np.asarray(v) for k, v in obs.items()}
@@ -136,8 +133,7 @@ class SimEnv:
 
     def joint_state(self) -> tuple[np.ndarray, np.ndarray]:
         """The action being applied (the actuators' setpoints, what their driver echoes back), and zero rates."""
-        applied = np.clip(self._target, self._low, self._high).astype(np.float64)
-        return applied, np.zeros_like(applied)
+        return self._target.copy(), np.zeros_like(self._target)
 
     def observation(self) -> dict[str, np.ndarray]:
         """The env's observation after the last step (or reset), as the vector env gives it for one env."""

@@ -100,8 +100,9 @@ class SimRobotNode(Node):
                 )
             self.sim = SimEnv(SimEnvConfig(cfg.task, options, cfg.seed, cfg.command_latency), self.robot)
         else:
-            task = make_task(cfg.task, **options)
-            perturbation = task.default_randomization() if cfg.perturbation == "task" else None
+            perturbation = (
+                make_task(cfg.task, **options).default_randomization() if cfg.perturbation == "task" else None
+            )
             self.sim = SimRobot(
                 SimRobotConfig(cfg.task, options, cfg.seed, perturbation, cfg.joint_noise, cfg.command_latency),
                 self.robot,

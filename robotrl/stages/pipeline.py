@@ -399,9 +399,9 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
         if config.demonstrator is not None
         else {"noise": demo_noise(config), "render_images": policy_kind(config) != STATE_POLICY}
     )
-    length = spec_of(config.task).episode_steps
-    if budget.episode_steps is not None and budget.episode_steps < length and not is_outside(config.task):
-        source["episode_steps"] = budget.episode_steps
+    cap = budget.episode_steps
+    if cap is not None and not is_outside(config.task) and cap < spec_of(config.task).episode_steps:
+        source["episode_steps"] = cap  # the task is built only for a budget that caps its episodes (smoke)
     store = record_expert(
         out,
         config.task,
