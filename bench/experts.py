@@ -4,6 +4,7 @@ The experts stand in for human demonstrators downstream, so their success (with 
 property of the task suite worth tracking like any speed figure.
 
     python bench/experts.py --episodes 200
+    python bench/experts.py --tasks 'Reach?robot=example-robot-data:ur5&robot_base=[0.2,0,0]' --noises 0 0.3 1
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ class ExpertBenchConfig:
     episodes: int = 200
     num_envs: int = 50
     seed: int = 0
+    noises: tuple[float, ...] = ()
+    """the expert's noise levels (default: 0 and each task's demo_noise)"""
 
 
 def main(cfg: ExpertBenchConfig) -> None:
     for task in cfg.tasks:
         env = make(task, num_envs=cfg.num_envs, seed=cfg.seed, render_images=False)
-        for noise in (0.0, env.task.demo_noise):
+        for noise in cfg.noises or (0.0, env.task.demo_noise):
             start = time.perf_counter()
             stats = evaluate_expert(env, noise=noise, episodes=cfg.episodes, seed=cfg.seed)
             low, high = stats.success_ci95()

@@ -102,7 +102,13 @@ class ArmTask(Task):
     arm (`mjcf()` reads `config.robot`), gets that robot attached at `config.robot_base` with MuJoCo's
     model-editing API, its links gravity-compensated, a position actuator on each joint of its chain, the task's
     tool (`tool_xml`) on its end effector, and a start pose solved by the chain's IK: the tool pointing down at
-    `ready_point`."""
+    `ready_point`.
+
+    A loaded robot's joints are servoed as a position-controlled arm's driver tracks its targets: stiff
+    (`ROBOT_KP`) and critically damped, each joint's damping set from its inertia at the start pose, as passive
+    joint damping (integrated implicitly, alike on the CPU and on MJX). The description's effort limits are not
+    applied: they would clamp the drive of a step target while the damping still resists, and the arm would lag
+    its targets by far more than a driver's tracking error."""
 
     #: flange (the robot's end-effector frame) to the tool point, along the frame's z
     tool_offset: ClassVar[float] = 0.1
@@ -120,6 +126,8 @@ class ArmTask(Task):
         #: loaded robot, which is attached to the finished scene)
         self.arm_q, self.arm_v = slice(adr[0], adr[0] + len(adr)), slice(dofs[0], dofs[0] + len(dofs))
         self.home = self._solve_home() if self.robot else HOME_QPOS
+        if self.robot:
+            self._damp_servos()
 
     @property
     def robot(self) -> str:
@@ -143,8 +151,9 @@ class ArmTask(Task):
             geom.contype, geom.conaffinity = 0, 0
         for joint_name, (lo, hi) in zip(chain.joint_names, chain.limits):
             joint = robot.joint(joint_name)
-            joint.damping, joint.armature = [ROBOT_DAMPING, 0.0, 0.0], 0.1
+            joint.armature = 0.1  # its damping is set from the compiled model (`_damp_servos`)
             joint.range, joint.limited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
+            joint.actfrclimited = mujoco.mjtLimited.mjLIMITED_FALSE
         ee = robot.site(EE_SITE)  # `tool_offset` along the end effector's z, as the task arm's `ee`
         ee.size, ee.rgba = [0.01, 0.01, 0.01], [1, 0, 0, 0.5]
         tool = self.tool_xml()
@@ -168,6 +177,16 @@ class ArmTask(Task):
             act.ctrlrange, act.ctrllimited = [lo, hi], mujoco.mjtLimited.mjLIMITED_TRUE
         return scene.compile()
 
+    def _damp_servos(self) -> None:
+        """Each joint of the loaded robot critically damped about its servo: damping 2 sqrt(kp I), with I the
+        joint's own inertia (armature included) at the start pose, the diagonal of the joint-space mass matrix."""
+        data = mujoco.MjData(self.model)
+        data.qpos[self.arm_q] = self.home
+        mujoco.mj_forward(self.model, data)
+        mass = np.zeros((self.model.nv, self.model.nv))
+        mujoco.mj_fullM(self.model, data, mass)
+        self.model.dof_damping[self.arm_v] = 2.0 * np.sqrt(ROBOT_KP * np.diag(mass)[self.arm_v])
+
     def _solve_home(self) -> np.ndarray:
         """The robot's start: from the middle of its joint ranges (nudged off the straight-arm singularity), the
         chain's IK to the tool pointing down at `ready_point`."""
@@ -187,10 +206,9 @@ class ArmTask(Task):
 
 #: names of a loaded robot's elements in a task scene start with it (its joints keep their own names)
 ROBOT_PREFIX = "robot/"
-#: position-actuator stiffness of a loaded robot's joints (N m/rad; its links are gravity-compensated)
-ROBOT_KP = 4000.0
-#: and their joint damping (N m s/rad)
-ROBOT_DAMPING = 20.0
+#: position-actuator stiffness of a loaded robot's joints (N m/rad; its links are gravity-compensated): with
+#: critical damping, a joint settles on a step target within about one control period
+ROBOT_KP = 10000.0
 
 
 def chain(tool_offset: float) -> Chain:

@@ -182,17 +182,43 @@ def test_reach_takes_a_ur5_from_its_urdf() -> None:
 def test_pusht_takes_a_ur5() -> None:
     """PushT with the UR5: the pusher on tool0, the robot attached after the block (its joints after the block's in
     qpos, read through the task's slices), the start solved with the tip at the task's start point; the expert
-    pushes the T home as with the task arm."""
+    pushes the T home as with the task arm. The base at the origin puts the start 0.30 m from the UR5's base axis
+    (at `robot_base=[0.2,0,0]` it is at the arm's inner singularity, where an x command barely moves the tool)."""
     from robotrl.envs import make
     from robotrl.envs.rollouts import evaluate_expert
     from robotrl.envs.tasks.push_t import TIP_START
 
-    env = make("PushT?robot=example-robot-data:ur5&robot_base=[0.2,0,0]", num_envs=10, seed=0)
+    env = make("PushT?robot=example-robot-data:ur5", num_envs=10, seed=0)
     task = env.task
     assert task.block_q == 0 and task.arm_q == slice(3, 9) and env.task_spec.joint_names[0] == "shoulder_pan_joint"
     assert env.single_observation_space["state"].shape == (2 * 6 + 20,)
     np.testing.assert_allclose(task.arm.forward(np, task.start[None])[0][0], TIP_START, atol=0.01)
     assert evaluate_expert(env, noise=0.0, episodes=20, seed=0).success_rate >= 0.9
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["Reach?robot=example-robot-data:ur5&robot_base=[0.2,0,0]", "PushT?robot=example-robot-data:ur5"]
+)
+def test_a_loaded_robot_tracks_its_steps_without_overshoot(name: str) -> None:
+    """A loaded robot's servos are critically damped: a constant end-effector step command moves the tool, each
+    control step, most of the way to its target and never past it (the URDF's undamped drives overshot a step by
+    up to 1.5x, and a limited drive with the damping lagged it at a third of the step)."""
+    from robotrl.envs import make
+
+    env = make(name, num_envs=1, seed=0)
+    step = env.task.config.max_ee_step
+    for axis in (0, 1):
+        env.reset(seed=0)
+        action = np.zeros((1, *env.single_action_space.shape))
+        action[0, axis] = 1.0
+        ee = env.task.sensor(env.frame(), "ee_pos").copy()
+        for _ in range(4):
+            env.step(action)
+            now = env.task.sensor(env.frame(), "ee_pos").copy()
+            moved = (now - ee)[0, axis] / step
+            assert 0.6 <= moved <= 1.0, f"{name}: axis {axis}: the tool moved {moved:.2f} of the step"
+            ee = now
     env.close()
 
 
