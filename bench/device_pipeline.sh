@@ -8,7 +8,7 @@
 # one before (the chain the issue asks for; the seventeenth session ran online and distill side by side from BC).
 # The defaults are the twentieth session's call (bench/RESULTS.md, "PushT in one chain on a GPU"): 546 s on h100,
 # the online stage cut by its 160 s at 296,960 of 307,200 env steps (~2,100 env steps/s).
-#   SMOKE=1        first `robotrl run --task Reach --preset smoke --device cuda` beside the demos (every torch stage's
+#   SMOKE=1        first `robotrl run --task Reach --budget smoke --device cuda` beside the demos (every torch stage's
 #                  GPU path at a tiny budget); 0 skips it
 #   DEMOS          a PushT store to carry and use instead of recording one
 #   BC_STEPS, BC_BATCH, HIL_STEPS, HIL_ENVS, HIL_MINIBATCH, DISTILL_STEPS, DISTILL_BATCH, DAGGER_EPISODES,
@@ -76,7 +76,7 @@ else
     >"$W/record.log" 2>&1 &
 fi
 if [ "$SMOKE" = 1 ]; then
-  timeout 120 "$W/robotrl" run --task Reach --preset smoke --device "$DEVICE" --run-dir "$W/smoke" --no-progress \
+  timeout 120 "$W/robotrl" run --task Reach --budget smoke --device "$DEVICE" --run-dir "$W/smoke" --no-progress \
     >"$W/smoke.log" 2>&1 && mark "smoke passed" || mark "smoke FAILED (rc $?)"
 fi
 wait

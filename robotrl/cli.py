@@ -202,6 +202,9 @@ class Command:
     """config fields the command itself sets (its class's defaults), not options"""
     policy: str | None = None
     """the field that takes any registered policy's config (`policy:<name> --policy.<field> ...`)"""
+    unset: tuple[str, str] | None = None
+    """what the options named by "module:NAME" (a tuple of field names) mean when left at None, shown as their
+    default (`robotrl run`: the recipe's value)"""
 
     def config_class(self) -> type:
         return _load(self.config)
@@ -396,7 +399,8 @@ RUN = Command(
     "The whole pipeline on a task: demos, BC, offline RL, online RL with interventions, one-step distillation, export.",
     "robotrl.stages.pipeline:PipelineConfig",
     "robotrl.stages.pipeline:run_pipeline",
-    common=("task", "preset", "policy", "threads"),
+    common=("task", "budget", "policy", "config", "print_config", "resume", "run_dir", "threads"),
+    unset=("the recipe's", "robotrl.stages.pipeline:RECIPE_OPTIONS"),
 )
 
 
@@ -479,12 +483,14 @@ def parser_view(cls: type, command: Command) -> type:
     wanted = set(command.common or [f.name for f in fields]) | set(RUN_COMMON) | {command.policy}
     common = [f for f in fields if f.name in wanted or _default(f) is dataclasses.MISSING]
     advanced = [f for f in fields if f not in common]
+    unset_hint, unset = (command.unset[0], set(_load(command.unset[1]))) if command.unset else ("", set())
 
     def spec(f: dataclasses.Field) -> tuple[Any, ...]:
         kind, default = hints[f.name], _default(f)
         if f.name == command.policy:
             kind, default = policy_choices(default)
-        kind = Annotated[kind, tyro.conf.arg(help=docs.get(f.name, ""))]
+        hint = f"(default: {unset_hint})" if f.name in unset else None
+        kind = Annotated[kind, tyro.conf.arg(help=docs.get(f.name, ""), help_behavior_hint=hint)]
         if default is dataclasses.MISSING:
             return (f.name, kind)
         return (f.name, kind, dataclasses.field(default_factory=_constant(default)))

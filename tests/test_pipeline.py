@@ -1,5 +1,6 @@
 """`robotrl run`: the whole pipeline on the default task through the console script, as the README starts it."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -9,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from robotrl.stages.pipeline import STAGES, PipelineConfig, read_rows
+from robotrl.stages.recipes import recipe_for
 
 ROBOTRL = str(Path(sys.executable).parent / "robotrl")
 
@@ -22,17 +25,17 @@ def robotrl(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     run_dir = tmp_path_factory.mktemp("pipeline") / "run"
-    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--no-progress", "--threads", "1")
+    out = robotrl("run", "--budget", "smoke", "--run-dir", str(run_dir), "--no-progress", "--threads", "1")
     return run_dir, out
 
 
-def test_smoke_preset_runs_every_stage_and_prints_the_table(smoke):
+def test_smoke_budget_runs_every_stage_and_prints_the_table(smoke):
     run_dir, out = smoke
     assert out.returncode == 0, out.stderr[-3000:]
     rows = read_rows(run_dir / "stages.jsonl")
     assert [r.stage for r in rows] == list(STAGES)
     table = (run_dir / "summary.md").read_text()
-    assert table.startswith("robotrl run: PushT, preset smoke, success over 4 held-out episodes")  # no overrides
+    assert table.startswith("robotrl run: PushT (flow), budget smoke, success over 4 held-out episodes")  # no overrides
     for stage in STAGES:
         assert f"| {stage} |" in table and f"| {stage} |" in out.stdout
     by = {r.stage: r for r in rows}
@@ -78,9 +81,10 @@ def test_each_stage_wrote_the_documented_files(smoke):
     }
     chunk = exported.act(obs)
     assert chunk.shape == (1, exported.action_horizon, *store.spec.action.shape) and np.isfinite(chunk).all()
-    config = json.loads((run_dir / "config.json").read_text())
-    assert config["preset"] == "smoke" and config["task"] == "PushT"
-    offline = json.loads((run_dir / "offline" / "config.json").read_text())  # the preset's success gate
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())  # what ran: every setting, resolved
+    assert (config["budget"], config["task"], config["policy"]) == ("smoke", "PushT", "flow")
+    assert config["settings"] == recipe_for("PushT").settings("smoke").to_dict()
+    offline = json.loads((run_dir / "offline" / "config.json").read_text())  # the recipe's success gate
     assert (offline["gate_episodes"], offline["gate_z"]) == (2, 1.0)
     row = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}["offline"]
     assert all(g["kept"] <= (g["new_success"] > g["start_success"]) for g in row.extra["gates"])
@@ -88,7 +92,8 @@ def test_each_stage_wrote_the_documented_files(smoke):
         handed, bc = (load(run_dir / s / "policy").state_dict() for s in ("offline", "bc"))
         assert all(torch.equal(handed[k], bc[k]) for k in bc)
     online = json.loads((run_dir / "online" / "config.json").read_text())  # the anchor and rate reach the stage
-    assert (online["lr"], online["bc_coef"]) == (config["online_lr"], config["online_bc_coef"]) == (3e-5, 1.0)
+    settings = config["settings"]
+    assert (online["lr"], online["bc_coef"]) == (settings["online_lr"], settings["online_bc_coef"]) == (3e-5, 1.0)
     # the stage chooses among its evaluations on training seeds, not the held-out ones its row reports, and hands
     # its best on (the gate then judges that one), the last weights kept beside it
     from robotrl.training.evaluate import HELD_OUT_SEED, ROLLOUT_SEED
@@ -104,7 +109,7 @@ def test_each_stage_wrote_the_documented_files(smoke):
 def test_resume_skips_finished_stages(smoke):
     run_dir, _ = smoke
     before = (run_dir / "stages.jsonl").read_text()
-    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), "--resume", "--no-progress", timeout=120)
+    out = robotrl("run", "--run-dir", str(run_dir), "--resume", "--no-progress", timeout=120)  # its own settings
     assert out.returncode == 0, out.stderr[-3000:]
     assert (run_dir / "stages.jsonl").read_text() == before  # nothing re-run, the table printed from the files
     assert "| export |" in out.stdout
@@ -114,7 +119,7 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     """A pipeline killed inside its online stage: `--resume` runs that stage again from nothing. Its train state
     on disk would refuse a fresh start, and its best-checkpoint record would outrank the new run's evaluations.
     The resumed stages run with the resume's options (here: evaluated every 128 env steps by the one-step
-    sampler), recorded beside the first run's config."""
+    sampler) on top of the run's own config.yaml, recorded beside it."""
     run_dir = tmp_path / "run"
     shutil.copytree(smoke[0], run_dir)
     resumed = run_dir / "resumed.jsonl"
@@ -125,8 +130,6 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     (run_dir / "online" / "best_policy.json").write_text(json.dumps({"step": 10**9, "success_rate": 2.0}))
     out = robotrl(
         "run",
-        "--preset",
-        "smoke",
         "--run-dir",
         str(run_dir),
         "--resume",
@@ -156,10 +159,10 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
         json.dumps(json.loads(line)["extra"]) for line in finished
     ]
     assert rows[3].extra["best"]["step"] in (128, 256, 384, 512)  # this run's own evaluations, not the stale record
-    # the table's header names the budget fields set on top of the preset
-    assert (
-        "preset smoke (online_num_envs=2, online_eval_every=128, online_gate_episodes=3), success over 4" in out.stdout
-    )
+    # the table's header names the settings given on top of the run's config.yaml
+    header = next(line for line in out.stdout.splitlines() if line.startswith("robotrl run:"))
+    assert header.startswith(f"robotrl run: PushT (flow), config {run_dir / 'config.yaml'} (online_num_envs=2, ")
+    assert "online_eval_every=128, online_gate_episodes=3, online_sampler_steps=1), success over 4" in header
     online = json.loads((run_dir / "online" / "config.json").read_text())
     assert online["eval_every"] == 128 and online["eval_sampler_steps"] == 1 and online["eval_episodes"] == 3
     assert (
@@ -170,13 +173,29 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
         online["ema"],
     ) == (2, 8, "stall", 0.5, 0.8)
     assert rows[3].extra["gate"]["start_success"] in (0.0, 1 / 3, 2 / 3, 1.0)
-    assert json.loads((run_dir / "config.json").read_text())["online_sampler_steps"] is None  # the first run's
-    assert [json.loads(line)["online_sampler_steps"] for line in resumed.read_text().splitlines()] == [1]
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["settings"]["online_sampler_steps"] is None
+    assert [json.loads(line)["settings"]["online_sampler_steps"] for line in resumed.read_text().splitlines()] == [1]
+
+
+def test_a_runs_config_file_runs_its_settings_again(smoke, tmp_path):
+    """`--config <run>/config.yaml` resolves to exactly what that run ran (`--print-config` shows it, running
+    nothing); an option given beside it overrides the file's value."""
+    run_dir, _ = smoke
+    ran = (run_dir / "config.yaml").read_text()
+    out = robotrl("run", "--config", str(run_dir / "config.yaml"), "--print-config", timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout == ran
+    out = robotrl("run", "--config", str(run_dir / "config.yaml"), "--bc-steps", "9", "--seed", "3", "--print-config")
+    printed = yaml.safe_load(out.stdout)
+    assert (printed["seed"], printed["settings"]["bc_steps"], printed["budget"]) == (3, 9, "smoke")
+    assert {**printed["settings"], "bc_steps": 40} == yaml.safe_load(ran)["settings"]
+    fresh = robotrl("run", "--budget", "smoke", "--threads", "1", "--print-config", "--run-dir", str(tmp_path / "x"))
+    assert fresh.stdout == ran and not (tmp_path / "x").exists()  # the recipe's smoke budget, and nothing run
 
 
 def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
     run_dir, _ = smoke
-    out = robotrl("run", "--preset", "smoke", "--run-dir", str(run_dir), timeout=120)
+    out = robotrl("run", "--budget", "smoke", "--run-dir", str(run_dir), timeout=120)
     assert out.returncode == 2 and "already holds a pipeline" in out.stderr
 
 
@@ -206,7 +225,7 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
     import torch
 
     from robotrl.policies import load
-    from robotrl.stages.pipeline import PRESETS, accept_online
+    from robotrl.stages.pipeline import accept_online
 
     shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
     wrecked = load(reach_bc_flow)
@@ -215,8 +234,10 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
         for p in wrecked.parameters():
             p.add_(3.0 * torch.randn_like(p))
     wrecked.save(tmp_path / "online" / "policy")
-    budget = dataclasses.replace(PRESETS["smoke"], online_gate_episodes=20, eval_envs=20)
-    gate = accept_online(PipelineConfig(task="Reach", execute=4, run_dir=tmp_path), budget, tmp_path)
+    settings = dataclasses.replace(
+        recipe_for("Reach").settings("smoke"), online_gate_episodes=20, eval_envs=20, execute=4
+    )
+    gate = accept_online(PipelineConfig(task="Reach", run_dir=tmp_path), settings, tmp_path)
     assert gate["kept"] == "start" and gate["start_success"] >= 0.2 > gate["online_success"], gate
     kept = (tmp_path / "online" / "policy" / "model.safetensors").read_bytes()
     assert kept == (reach_bc_flow / "model.safetensors").read_bytes()
@@ -226,14 +247,22 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
 def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reach_bc_flow, tmp_path):
     """`--no-interventions`: plain online RL, still PPO over the Flow-SDE chain with the velocity anchor (a method
     that freezes the network would leave the anchor nothing to hold), gated like the operator's stage."""
-    import dataclasses
-
-    from robotrl.stages.pipeline import PRESETS, stage_online
+    from robotrl.stages.pipeline import stage_online
 
     shutil.copytree(reach_bc_flow, tmp_path / "offline" / "policy")
-    budget = dataclasses.replace(PRESETS["smoke"], online_total_steps=256, online_num_envs=2, online_rollout_steps=64)
-    config = PipelineConfig(task="Reach", execute=4, run_dir=tmp_path, interventions=False, threads=1, progress=False)
-    weights, steps, extra = stage_online(config, budget, tmp_path)
+    config = PipelineConfig(
+        task="Reach",
+        budget="smoke",
+        execute=4,
+        run_dir=tmp_path,
+        interventions=False,
+        online_total_steps=256,
+        online_num_envs=2,
+        online_rollout_steps=64,
+        threads=1,
+        progress=False,
+    )
+    weights, steps, extra = stage_online(config, config.settings(), tmp_path)
     online = json.loads((tmp_path / "online" / "config.json").read_text())
     assert (online["method"], online["lr"], online["bc_coef"]) == ("flow_sde", 3e-5, 1.0)
     assert steps >= 256 and extra["gate"]["kept"] in ("online", "start") and weights.exists()
@@ -241,31 +270,32 @@ def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reac
 
 
 def test_bad_config_names_the_field():
-    with pytest.raises(ValueError, match=r"PipelineConfig.preset: expected one of .*got 'huge'"):
-        PipelineConfig(preset="huge")
+    with pytest.raises(ValueError, match=r"PipelineConfig.budget: expected one of .*got 'huge'"):
+        PipelineConfig(budget="huge")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: expected > 0, got 0"):
         PipelineConfig(bc_steps=0)
     with pytest.raises(ValueError, match=r"PipelineConfig.bc_lr: expected > 0, got -0.001"):
         PipelineConfig(bc_lr=-1e-3)
     with pytest.raises(ValueError, match=r"PipelineConfig.bc_channels: expected > 0, got \(32, 0, 128\)"):
         PipelineConfig(bc_channels=(32, 0, 128))
-    with pytest.raises(ValueError, match=r"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got 'dpo'"):
+    with pytest.raises(ValueError, match=r"PipelineConfig.offline_extraction: expected one of 'ppo', 'awr', got 'dpo'"):
         PipelineConfig(offline_extraction="dpo")  # type: ignore[arg-type]
     with pytest.raises(
         ValueError, match=r"PipelineConfig.device: expected a torch device such as 'cpu' or 'cuda', got 'gpu'"
     ):
         PipelineConfig(device="gpu")
-    with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: expected >= 0 or None .*got nan"):
+    with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: expected a finite number >= 0, got nan"):
         PipelineConfig(demo_noise=float("nan"))
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_lr: expected > 0, got 0.0"):
-        PipelineConfig(online_lr=0.0)
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_sampler_steps: expected > 0, got 0"):
-        PipelineConfig(online_sampler_steps=0)
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_num_envs: expected > 0, got 0"):
-        PipelineConfig(online_num_envs=0)
+    with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: expected int, got 2.5"):
+        PipelineConfig(bc_steps=2.5)  # type: ignore[arg-type]
+    for name in ("online_lr", "online_sampler_steps", "online_num_envs", "offline_gate_episodes"):
+        with pytest.raises(ValueError, match=rf"PipelineConfig.{name}: expected > 0, got 0"):
+            PipelineConfig(**{name: 0.0 if name == "online_lr" else 0})
     with pytest.raises(ValueError, match=r"PipelineConfig.online_minibatch_size: expected > 0, got -1"):
         PipelineConfig(online_minibatch_size=-1)
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_criterion: expected 'stray' or 'stall', got 'lost'"):
+    with pytest.raises(
+        ValueError, match=r"PipelineConfig.online_criterion: expected one of 'stray', 'stall', got 'lost'"
+    ):
         PipelineConfig(online_criterion="lost")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"PipelineConfig.online_ema: expected a decay in \[0, 1\), got 1.0"):
         PipelineConfig(online_ema=1.0)
@@ -275,36 +305,26 @@ def test_bad_config_names_the_field():
         PipelineConfig(online_operator_fraction=1.5)
     with pytest.raises(
         ValueError,
-        match=r"PipelineConfig.interventions: the operator's options .*'stall'.*got "
-        r"interventions=False",
+        match=r"PipelineConfig.interventions: the operator's options .*'stall'.*got interventions=False",
     ):
         PipelineConfig(interventions=False, online_criterion="stall")
-    with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected >= 0, got nan"):
-        PipelineConfig(online_bc_coef=float("nan"))
+    with pytest.raises(ValueError, match=r"PipelineConfig.online_bc_coef: expected a finite number >= 0, got inf"):
+        PipelineConfig(online_bc_coef=float("inf"))
     with pytest.raises(
         ValueError, match=r"PipelineConfig.demonstrator: gym:Hopper-v5 is an outside env, without a scripted expert"
     ):
         PipelineConfig(task="gym:Hopper-v5")
     with pytest.raises(ValueError, match=r"PipelineConfig.demo_noise: applies to a task's scripted expert, not to"):
         PipelineConfig(task="gym:Hopper-v5", demonstrator="my_envs:Scripted", demo_noise=0.5)
-    with pytest.raises(ValueError, match=r"PipelineConfig.offline_gate_episodes: expected > 0, got 0"):
-        PipelineConfig(offline_gate_episodes=0)
-    assert PipelineConfig(preset="smoke", bc_steps=7).budget().bc_steps == 7
-    assert PipelineConfig(offline_gate_episodes=100).budget().offline_gate_episodes == 100
-    assert PipelineConfig(distill_gate_episodes=100).budget().distill_gate_episodes == 100
     with pytest.raises(ValueError, match=r"PipelineConfig.distill_gate_episodes: expected > 0, got -1"):
         PipelineConfig(distill_gate_episodes=-1)
-    # the BC recipe that took PushT to 97% on one core: the BC stage's options, the distillation's batch unchanged
-    budget = PipelineConfig(preset="full", bc_batch_size=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).budget()  # type: ignore[arg-type]
-    assert (budget.bc_batch_size, budget.bc_lr, budget.bc_channels, budget.distill_batch_size) == (
-        256,
-        1e-3,
-        (32, 64, 128),
-        64,
-    )
-    # the GPU chain's online and student batches (bench/device_pipeline.sh)
-    budget = PipelineConfig(preset="full", online_num_envs=64, distill_batch_size=1024).budget()
-    assert (budget.online_num_envs, budget.distill_batch_size, budget.online_rollout_steps) == (64, 1024, 160)
+    with pytest.raises(ValueError, match=r"PipelineConfig.task: expected a task with a recipe, one of .*got 'Nope'"):
+        PipelineConfig(task="Nope")
+    # an option overrides its recipe value and nothing else
+    recipe = recipe_for("PushT").settings("full")
+    settings = PipelineConfig(budget="full", bc_batch_size=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).settings()  # type: ignore[arg-type]
+    assert settings == dataclasses.replace(recipe, bc_batch_size=256, bc_lr=1e-3, bc_policy={"channels": (32, 64, 128)})
+    assert PipelineConfig(budget="smoke", bc_steps=7).settings().bc_steps == 7
 
 
 @pytest.mark.parametrize("policy, images", [("flow", False), ("vla", True)])
@@ -314,8 +334,8 @@ def test_demos_carry_camera_images_only_for_the_vla(tmp_path, policy, images):
     from robotrl.datasets import EpisodeStore
     from robotrl.stages.pipeline import stage_demos
 
-    config = PipelineConfig(task="PickPlace", preset="smoke", policy=policy, demo_episodes=1, progress=False)  # type: ignore[arg-type]
-    out, steps, _ = stage_demos(config, config.budget(), tmp_path)
+    config = PipelineConfig(task="PickPlace", budget="smoke", policy=policy, demo_episodes=1, progress=False)
+    out, steps, _ = stage_demos(config, config.settings(), tmp_path)
     with EpisodeStore.open(out) as store:
         keys = set(store.spec.observations)
     assert steps == 150 and "state" in keys
@@ -323,26 +343,29 @@ def test_demos_carry_camera_images_only_for_the_vla(tmp_path, policy, images):
 
 
 def test_the_vla_trains_by_its_own_bc_recipe(tmp_path):
-    """The VLA's BC stage takes one frame at batch 32 and lr 3e-4 (the flow policy's two frames at batch 64 and
-    lr 1e-3 gave it 12.8% where this recipe gave 22.6%, bench/RESULTS.md); the flow policy keeps the preset's."""
+    """PickPlace's VLA recipe takes one frame at batch 32 and lr 3e-4 (the flow policy's two frames at batch 64 and
+    lr 1e-3 gave it 12.8% where this recipe gave 22.6%, bench/RESULTS.md); its default recipe trains the state flow
+    policy; options override either."""
     from robotrl.policies import FlowConfig, VLAConfig, load
-    from robotrl.stages.pipeline import bc_recipe, stage_bc, stage_demos
+    from robotrl.stages.pipeline import bc_options, stage_bc, stage_demos
 
-    vla = PipelineConfig(task="PickPlace", preset="default", progress=False)
-    assert bc_recipe(vla, vla.budget()) == {"batch_size": 32, "lr": 3e-4, "policy": VLAConfig(obs_horizon=1)}
-    mine = PipelineConfig(task="PickPlace", preset="default", bc_batch_size=48, bc_lr=1e-4)
-    assert bc_recipe(mine, mine.budget()) == {"batch_size": 48, "lr": 1e-4, "policy": VLAConfig(obs_horizon=1)}
-    flow = PipelineConfig(task="PickPlace", preset="default", policy="flow")
-    assert bc_recipe(flow, flow.budget()) == {
+    vla = PipelineConfig(task="PickPlace", policy="vla")
+    assert bc_options(vla, vla.settings()) == {"batch_size": 32, "lr": 3e-4, "policy": VLAConfig(obs_horizon=1)}
+    mine = PipelineConfig(task="PickPlace", policy="vla", bc_batch_size=48, bc_lr=1e-4)
+    assert bc_options(mine, mine.settings()) == {"batch_size": 48, "lr": 1e-4, "policy": VLAConfig(obs_horizon=1)}
+    flow = PipelineConfig(task="PickPlace")
+    assert bc_options(flow, flow.settings()) == {
         "batch_size": 64,
         "lr": 1e-3,
         "policy": FlowConfig(channels=(32, 64, 128)),
     }
 
-    smoke = PipelineConfig(task="PickPlace", preset="smoke", demo_episodes=1, bc_steps=2, threads=1, progress=False)
-    assert bc_recipe(smoke, smoke.budget())["batch_size"] == 16  # smoke's batch stays small
-    stage_demos(smoke, smoke.budget(), tmp_path)
-    checkpoint, _, _ = stage_bc(smoke, smoke.budget(), tmp_path)
+    smoke = PipelineConfig(
+        task="PickPlace", policy="vla", budget="smoke", demo_episodes=1, bc_steps=2, threads=1, progress=False
+    )
+    assert bc_options(smoke, smoke.settings())["batch_size"] == 16  # smoke's batch stays small
+    stage_demos(smoke, smoke.settings(), tmp_path)
+    checkpoint, _, _ = stage_bc(smoke, smoke.settings(), tmp_path)
     policy = load(checkpoint)
     assert policy.name == "vla" and policy.config.obs_horizon == 1
     trained = json.loads((tmp_path / "bc" / "config.json").read_text())
@@ -360,7 +383,7 @@ def test_an_outside_env_runs_every_stage_with_the_users_demonstrator(tmp_path, m
     monkeypatch.chdir(tmp_path)
     point = "outside_envs:make_point?radius=0.1"
     config = PipelineConfig(
-        task=point, demonstrator="outside_envs:Demonstrator", preset="smoke", threads=1, progress=False, run_dir="run"
+        task=point, demonstrator="outside_envs:Demonstrator", budget="smoke", threads=1, progress=False, run_dir="run"
     )
     rows = run(config)
     assert [r.stage for r in rows] == list(STAGES) and rows[0].success_rate == 1.0  # the demonstrator's demos

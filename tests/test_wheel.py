@@ -205,13 +205,13 @@ def test_deploy_starts_with_a_shipped_parameter_file(installed: tuple[Path, dict
 
 @pytest.mark.slow
 def test_run_smoke_from_the_wheel(installed: tuple[Path, dict[str, str], Path]) -> None:
-    """`robotrl run --preset smoke` from the wheel: every stage, its table and the exported policy."""
+    """`robotrl run --budget smoke` from the wheel: every stage, its table and the exported policy."""
     bin_dir, env, work = installed
     out = run(
         [
             str(bin_dir / "robotrl"),
             "run",
-            "--preset",
+            "--budget",
             "smoke",
             "--run-dir",
             "pipeline",

@@ -182,7 +182,7 @@ def train(config: BCConfig) -> BCResult:
         disable=not config.progress,
         dynamic_ncols=True,
     )
-    began = time.perf_counter()
+    began, eval_seconds = time.perf_counter(), 0.0
     loss_value = float("nan")
     policy.train()
     for step in range(start, config.steps):
@@ -202,9 +202,13 @@ def train(config: BCConfig) -> BCResult:
         if done % config.checkpoint_every == 0 or done == config.steps:
             checkpoint(done)
         if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-            log.log(done, **evaluate(ema.model if ema else policy, config).metrics())
+            t0 = time.perf_counter()  # its training time so far logged beside it: success against training time
+            metrics = evaluate(ema.model if ema else policy, config).metrics()
+            log.log(done, **metrics, **{"time/train_seconds": t0 - began - eval_seconds})
+            eval_seconds += time.perf_counter() - t0
+            policy.train()
     bar.close()
-    seconds = time.perf_counter() - began
+    seconds = time.perf_counter() - began - eval_seconds
 
     final = ema.model if ema else policy
     final.eval()

@@ -1,10 +1,15 @@
 """The RL-100 pipeline end to end: `robotrl run`.
 
-    robotrl run                                   # PushT, the default preset (<= 15 min on 2 cores)
-    robotrl run --preset smoke                    # every stage on a tiny budget (CI)
-    robotrl run --task PickPlace --preset full    # the long version; PickPlace trains the VLA
+    robotrl run                                     # PushT, its recipe's quick budget (<= 20 min on 2 cores)
+    robotrl run --budget standard                   # <= 90 min on 2 cores; also gpu, full, smoke (CI)
+    robotrl run --task PickPlace --policy vla       # PickPlace's VLA recipe (its default one trains the state policy)
+    robotrl run --print-config                      # the settings it would run, as config.yaml holds them
+    robotrl run --config runs/<run>/config.yaml     # a run's settings again, exactly
     robotrl run --task my_envs:make_env --demonstrator my_envs:Scripted    # an outside env, with the user's expert
-    robotrl.stages.pipeline.run(PipelineConfig(preset="smoke"))                       # the same dataclass
+    robotrl.stages.pipeline.run(PipelineConfig(budget="smoke"))                       # the same dataclass
+
+The settings of every stage come from the task's recipe (robotrl/stages/recipes: data files of what the
+measurements chose, per budget); any option given overrides the recipe's value.
 
 Stages, each a command of its own that reads the previous stage's files and writes its own under run_dir:
 
@@ -17,7 +22,7 @@ Stages, each a command of its own that reads the previous stage's files and writ
     online   robotrl train hil         online RL in the parallel vector env with the task's scripted expert (or
                                        the demonstrator) as the operator taking over when the policy strays
                                        (HIL); `--no-interventions`: plain `robotrl train online`; the full
-                                       preset hands on the best of its evaluations on training seeds, the last
+                                       recipe may hand on the best of its evaluations on training seeds, the last
                                        weights otherwise; accepted only
                                        if not worse than its start on fresh seeds (else online/policy is the
                                        start's)                                            -> online/policy
@@ -49,247 +54,115 @@ import numpy as np
 
 from robotrl.core.files import default_run_dir
 from robotrl.core.spec import STRING
+from robotrl.stages.recipes import (
+    BUDGETS,
+    Budget,
+    Recipe,
+    RecipeError,
+    Settings,
+    read_yaml,
+    recipe_for,
+    settings_from,
+)
 from robotrl.training.loop import RLResult
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
-
-
-@dataclass(frozen=True)
-class Budget:
-    """How much each stage does; a preset is one of these."""
-
-    demo_episodes: int
-    bc_steps: int
-    bc_batch_size: int
-    bc_channels: tuple[int, ...]
-    bc_lr: float
-    offline_iterations: int
-    offline_critic_steps: int
-    offline_policy_updates: int
-    """ppo extraction: OPE-gated updates per iteration"""
-    offline_awr_steps: int
-    """awr extraction: advantage-weighted flow-matching steps per iteration (one gated update)"""
-    offline_rollout_episodes: int
-    offline_gate_episodes: int
-    """training-seed episodes of each policy on which the offline update must gain (beyond one standard error) to
-    be kept"""
-    online_total_steps: int
-    online_num_envs: int
-    online_rollout_steps: int
-    online_gate_episodes: int
-    """training-seed episodes on which the online policy must not lose to its start to be handed on"""
-    online_eval_every: int
-    """env steps between the online stage's evaluations on online_gate_episodes training-seed episodes (other seeds
-    than the gate's); the best evaluated weights are handed on (0: the last weights)"""
-    distill_steps: int
-    distill_batch_size: int
-    distill_dagger_rounds: int
-    distill_dagger_episodes: int
-    distill_gate_episodes: int
-    """training-seed episodes on which the distilled student must beat its start (the teacher's one-step sampler)"""
-    eval_episodes: int
-    eval_envs: int
-    episode_steps: int | None = None
-    """at most this many steps an episode (None: the task's own length). The demos are recorded with it and every
-    later stage runs the length its policy's spec carries, so a short smoke run evaluates short episodes"""
-
-
-PRESETS: dict[str, Budget] = {
-    "smoke": Budget(
-        demo_episodes=6,
-        bc_steps=40,
-        bc_batch_size=16,
-        bc_channels=(16, 32),
-        bc_lr=1e-4,
-        offline_iterations=1,
-        offline_critic_steps=50,
-        offline_policy_updates=2,
-        offline_awr_steps=10,
-        offline_rollout_episodes=2,
-        offline_gate_episodes=2,
-        online_total_steps=512,
-        online_num_envs=4,
-        online_rollout_steps=64,
-        online_gate_episodes=2,
-        online_eval_every=256,
-        distill_steps=20,
-        distill_batch_size=16,
-        distill_dagger_rounds=1,
-        distill_dagger_episodes=2,
-        distill_gate_episodes=2,
-        eval_episodes=4,
-        eval_envs=4,
-        episode_steps=150,
-    ),
-    # sized to 15 minutes on 2 cores, which 8,000 BC steps, 61,440 online env steps and twice the offline
-    # critic overran (bench/RESULTS.md, "The default preset's wall-clock"); --bc-steps / --online-total-steps give
-    # them back
-    "default": Budget(
-        demo_episodes=200,
-        bc_steps=6_000,
-        bc_batch_size=64,
-        bc_channels=(32, 64, 128),
-        bc_lr=1e-3,
-        offline_iterations=1,
-        offline_critic_steps=1_000,
-        offline_policy_updates=10,
-        offline_awr_steps=400,
-        offline_rollout_episodes=10,
-        offline_gate_episodes=10,
-        online_total_steps=30_720,
-        online_num_envs=16,
-        online_rollout_steps=160,
-        online_gate_episodes=20,
-        online_eval_every=0,
-        distill_steps=600,
-        distill_batch_size=64,
-        distill_dagger_rounds=1,
-        distill_dagger_episodes=25,
-        distill_gate_episodes=30,
-        eval_episodes=50,
-        eval_envs=50,
-    ),
-    "full": Budget(
-        demo_episodes=200,
-        bc_steps=22_000,
-        bc_batch_size=64,
-        bc_channels=(64, 128, 256),
-        bc_lr=1e-4,
-        offline_iterations=5,
-        offline_critic_steps=5_000,
-        offline_policy_updates=10,
-        offline_awr_steps=3_000,
-        offline_rollout_episodes=50,
-        offline_gate_episodes=100,
-        online_total_steps=1_000_000,
-        online_num_envs=32,
-        online_rollout_steps=160,
-        online_gate_episodes=200,
-        online_eval_every=200_000,
-        distill_steps=5_000,
-        distill_batch_size=64,
-        distill_dagger_rounds=3,
-        distill_dagger_episodes=100,
-        distill_gate_episodes=200,
-        eval_episodes=500,
-        eval_envs=50,
-    ),
-}
-
-
-#: PipelineConfig's numeric fields that override its preset's Budget field of the same name
-OVERRIDES = (
-    "demo_episodes",
-    "bc_steps",
-    "bc_batch_size",
-    "bc_lr",
-    "offline_gate_episodes",
-    "online_total_steps",
-    "online_num_envs",
-    "online_eval_every",
-    "online_gate_episodes",
-    "distill_steps",
-    "distill_batch_size",
-    "distill_gate_episodes",
-    "eval_episodes",
-)
+#: PipelineConfig's fields that override the recipe's setting of the same name (`Settings`)
+OVERRIDES = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "bc_policy")
+#: PipelineConfig's fields that default to the recipe's value
+RECIPE_OPTIONS = (*OVERRIDES, "bc_channels")
+#: the file in a run directory that holds what ran: `robotrl run --config <it>` runs it again
+CONFIG_FILE = "config.yaml"
+#: PipelineConfig's fields that say what runs (a config file holds them besides its settings)
+RUN_FIELDS = ("task", "policy", "budget", "demonstrator", "seed", "threads", "device")
 
 
 @dataclass
 class PipelineConfig:
-    """Demos -> BC -> offline RL -> online RL with interventions -> one-step distillation -> export, evaluated."""
+    """Demos -> BC -> offline RL -> online RL with interventions -> one-step distillation -> export, evaluated.
+
+    The stages' settings are the task's recipe for the budget (robotrl/stages/recipes: what the measurements chose);
+    every option below that is set overrides the recipe's value of the same name."""
 
     task: str = "PushT"
-    preset: Literal["smoke", "default", "full"] = "default"
-    """the stages' budget (PRESETS); any of the options below that is set overrides its preset value"""
+    budget: Budget = "quick"
+    """quick (<= 20 min on 2 cores), standard (<= 90 min), gpu (one GPU, <= 15 min), full, smoke (CI)"""
     policy: str | None = None
-    """the BC policy: a registered flow policy that learns from data and names a student (default: vla for a task
-    with a language instruction, flow otherwise); flow is the state policy: its demos are recorded without camera
-    images, so a camera task (PickPlace) trains and evaluates on its state vector (which names the target) and
-    nothing is rendered; the VLA trains by its own BC recipe (`BC_RECIPES`: one frame, batch 32, lr 3e-4)"""
-    interventions: bool = True
-    """online stage with the simulated operator (robotrl train hil); False: plain online RL over the same Flow-SDE
-    chain (on PushT from a half-trained BC policy it gained where the operator's stage held level; bench/RESULTS.md,
-    "PushT and PickPlace with the anchored online stage")"""
-    offline_extraction: Literal["ppo", "awr"] = "awr"
-    """the offline stage's policy update (`robotrl train offline --extraction`): awr, advantage-weighted flow
-    matching on the store, or ppo, RL-100's clipped PPO over the chain (on Reach awr raised a half-trained policy
-    and every ppo update was undone by its gates; bench/RESULTS.md, "The offline stage's policy extraction")"""
+    """the BC policy, a flow policy with a student (None: the recipe's, flow; PickPlace also has vla). flow is the
+    state policy: its demos carry no camera images"""
+    config: Path | None = None
+    """a run's config.yaml, run again exactly (options given here override the file's)"""
+    print_config: bool = False
+    """print the resolved settings (config.yaml's form) and run nothing"""
     demonstrator: str | None = None
     """an outside env's demonstrator (`module:callable`, as `robotrl data record --demonstrator`): it records the
     demos and is the online stage's operator (an outside env has no scripted expert; its stages are judged by the
     success it reports)"""
-    demo_noise: float | None = None
-    """the scripted expert's noise for the demos; default: the task's demo_noise (its stand-in for a human)
-    capped at 0.5, because BC learns PushT from noise-0.5 demos and barely from noise-1.0 ones (bench/RESULTS.md,
-    "Sim-to-real twins over ROS 2")"""
     demo_episodes: int | None = None
+    demo_noise: float | None = None
+    """the scripted expert's noise for the demos (the recipe's: the task's stand-in for a human, capped at 0.5)"""
     bc_steps: int | None = None
     bc_batch_size: int | None = None
     bc_lr: float | None = None
     bc_channels: tuple[int, ...] | None = None
-    """the flow policy's U-Net widths. On PushT, `--bc-steps 10000 --bc-batch-size 256 --bc-lr 1e-3 --bc-channels 32 64
-    128` trains a better state flow policy on one CPU core than the full preset's BC, in under half its time
-    (bench/RESULTS.md, "On this machine's CPU")"""
+    """the flow policy's U-Net widths (the recipe's `bc_policy.channels`)"""
+    offline_extraction: Literal["ppo", "awr"] | None = None
+    """the offline stage's policy update: awr, advantage-weighted flow matching on the store, or ppo, RL-100's
+    clipped PPO over the chain"""
+    offline_iterations: int | None = None
+    offline_critic_steps: int | None = None
+    offline_policy_updates: int | None = None
+    offline_awr_steps: int | None = None
+    offline_rollout_episodes: int | None = None
     offline_gate_episodes: int | None = None
-    """training-seed episodes of each policy in the offline stage's success gate (default preset: 10). Its update is
-    kept only on a gain beyond one standard error (`train offline --gate-z`): on PushT 10 gate episodes let through
-    an AWR update that lowered BC and the online stage after it (bench/RESULTS.md, "PushT through `robotrl run`")"""
+    """training-seed episodes of each policy in the offline stage's success gate (its update kept only on a gain
+    beyond one standard error)"""
+    interventions: bool | None = None
+    """the online stage with the simulated operator (robotrl train hil); False: plain online RL over the same
+    Flow-SDE chain"""
     online_total_steps: int | None = None
-    online_lr: float = 3e-5
-    """the online stage's learning rate (`train hil`'s own default, 3e-4, is for its operator's BC loss: with it a
-    half-trained PushT policy fell; bench/RESULTS.md, "The reward's weight on success")"""
-    online_bc_coef: float = 1.0
-    """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update). With it at lr 3e-5
-    the stage raised PickPlace and held PushT level, where the unanchored stage at 3e-4 had lowered PushT
-    (bench/RESULTS.md, "PushT and PickPlace with the anchored online stage")"""
     online_num_envs: int | None = None
-    """parallel envs of the online stage (a GPU's PushT chain: 64, bench/device_pipeline.sh)"""
+    online_rollout_steps: int | None = None
     online_minibatch_size: int | None = None
-    """decisions per PPO minibatch of the online stage (default: `train online`'s 64)"""
-    online_criterion: Literal["stray", "stall"] = "stray"
+    """decisions per PPO minibatch of the online stage"""
+    online_lr: float | None = None
+    online_bc_coef: float | None = None
+    """the online stage's velocity anchor (`train online|hil --bc-coef`; 0 frees the update)"""
+    online_criterion: Literal["stray", "stall"] | None = None
     """when the simulated operator takes over (`train hil --criterion`): stray where the policy's actions leave the
-    expert's (PickPlace's gains), stall where the episode makes no progress (PushT, whose policy may push the T from
-    another side than the expert's: stray took over a large share of its steps; bench/RESULTS.md, "The operator
-    from a strong BC policy")"""
-    online_operator_fraction: float = 0.0
-    """share of the online stage's BC windows drawn from the operator's take-overs (`train hil --operator-fraction`;
-    PushT's GPU chain: 0.5)"""
-    online_ema: float = 0.0
-    """decay per update of the online stage's weight average, handed on instead of its last weights (`train online
-    --ema`; 0: the last weights). PushT's chains on a GPU and on this machine's CPU: 0.8 (bench/RESULTS.md, "PushT
-    stage by stage")"""
+    expert's, stall where the episode makes no progress"""
+    online_operator_fraction: float | None = None
+    """share of the online stage's BC windows drawn from the operator's take-overs"""
+    online_ema: float | None = None
+    """decay per update of the online stage's weight average, handed on instead of its last weights (0: the last)"""
     online_eval_every: int | None = None
-    """env steps between the online stage's evaluations on training seeds, its best checkpoint handed on (the
-    preset's: default none, full 200,000)"""
+    """env steps between the online stage's evaluations on training seeds, its best checkpoint handed on (0: none)"""
     online_gate_episodes: int | None = None
-    """training-seed episodes of each of the online stage's evaluations and of its gate (default preset: 20)"""
+    """training-seed episodes of each of the online stage's evaluations and of its gate"""
     online_sampler_steps: int | None = None
-    """Euler steps of the sampler the online stage picks its best checkpoint by and is gated with (default: the
-    policy's own). 1 where the one-step stage keeps the teacher's one-step sampler: on PickPlace it beat the same
-    weights' ten-step samples (bench/RESULTS.md, "PickPlace's one-step policy")"""
+    """Euler steps of the sampler the online stage picks its best checkpoint by and is gated with (the recipe's:
+    the policy's own)"""
     distill_steps: int | None = None
     distill_batch_size: int | None = None
-    """the one-step student's batch (PushT's students at 1,024 on a GPU lost less to their teacher than at 64 on the
-    CPU; bench/RESULTS.md, "On a GPU, stage by stage")"""
+    distill_dagger_rounds: int | None = None
+    distill_dagger_episodes: int | None = None
     distill_gate_episodes: int | None = None
-    """training-seed episodes on which the one-step student must match its start to be deployed (default preset: 30).
-    Its candidates must differ by more than the gate's noise: on PickPlace's VLA 100 episodes kept the online gain
-    where 30 could not tell the candidates apart (bench/RESULTS.md, "The VLA's chain to its one-step policy")"""
+    """training-seed episodes on which the distilled student must match its start to be deployed"""
     eval_episodes: int | None = None
-    """held-out episodes each stage is evaluated on (default: the preset's)"""
-    execute: int = 8
+    """held-out episodes each stage is evaluated on"""
+    eval_envs: int | None = None
+    execute: int | None = None
     """actions executed per predicted chunk (training rollouts and evaluation alike)"""
+    episode_steps: int | None = None
+    """at most this many steps an episode (the recipe's: the task's own length)"""
     run_dir: Path | None = None
     """default: runs/pipeline-<task>-<time>"""
     resume: bool = False
-    """skip the stages already finished in run_dir"""
+    """skip the stages finished in run_dir (the rest run by its config.yaml and the options given here)"""
     seed: int = 0
     threads: int = 2
     device: str = "cpu"
-    """torch device of the BC, online and distill stages ("cuda"; the envs step on the CPU either way): PushT's flow
-    policy gains most from a batch a GPU trains in minutes and this machine's cores in hours (bench/RESULTS.md, "BC
-    on a GPU"); the offline stage runs on the CPU"""
+    """torch device of the BC, online and distill stages ("cuda"; envs and the offline stage run on the CPU)"""
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -298,41 +171,12 @@ class PipelineConfig:
         check_device(self.device, "PipelineConfig.device")
         if self.policy is not None:
             check_policy(self.policy)
-        if self.preset not in PRESETS:
-            raise ValueError(f"PipelineConfig.preset: expected one of {sorted(PRESETS)}, got {self.preset!r}")
-        if self.offline_extraction not in ("ppo", "awr"):
-            raise ValueError(
-                f"PipelineConfig.offline_extraction: expected 'ppo' or 'awr', got {self.offline_extraction!r}"
-            )
-        for name in (*OVERRIDES, "online_lr", "online_sampler_steps", "online_minibatch_size"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"PipelineConfig.{name}: expected > 0, got {value}")
-        if not 0.0 <= self.online_bc_coef < float("inf"):
-            raise ValueError(f"PipelineConfig.online_bc_coef: expected >= 0, got {self.online_bc_coef}")
-        if not 0.0 <= self.online_ema < 1.0:
-            raise ValueError(f"PipelineConfig.online_ema: expected a decay in [0, 1), got {self.online_ema}")
-        if self.online_criterion not in ("stray", "stall"):
-            raise ValueError(
-                f"PipelineConfig.online_criterion: expected 'stray' or 'stall', got {self.online_criterion!r}"
-            )
-        if not 0.0 <= self.online_operator_fraction <= 1.0:
-            raise ValueError(
-                f"PipelineConfig.online_operator_fraction: expected a share in [0, 1], got "
-                f"{self.online_operator_fraction}"
-            )
-        if not self.interventions and (self.online_criterion != "stray" or self.online_operator_fraction):
-            raise ValueError(
-                "PipelineConfig.interventions: the operator's options (online_criterion="
-                f"{self.online_criterion!r}, online_operator_fraction={self.online_operator_fraction}) "
-                "expected the online stage with the operator, got interventions=False"
-            )
+        if self.budget not in BUDGETS:
+            raise ValueError(f"PipelineConfig.budget: expected one of {list(BUDGETS)}, got {self.budget!r}")
         if self.bc_channels is not None:
             self.bc_channels = tuple(self.bc_channels)
             if not self.bc_channels or min(self.bc_channels) < 1:
                 raise ValueError(f"PipelineConfig.bc_channels: expected > 0, got {self.bc_channels}")
-        if self.demo_noise is not None and not self.demo_noise >= 0.0:
-            raise ValueError(f"PipelineConfig.demo_noise: expected >= 0 or None (the task's), got {self.demo_noise}")
         from robotrl.envs.outside import is_outside
 
         if is_outside(self.task) and self.demonstrator is None:
@@ -345,20 +189,78 @@ class PipelineConfig:
                 f"PipelineConfig.demo_noise: applies to a task's scripted expert, not to the demonstrator "
                 f"{self.demonstrator}; expected none, got {self.demo_noise}"
             )
-        for name in ("execute", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PipelineConfig.{name}: expected >= 1, got {getattr(self, name)}")
+        if self.threads < 1:
+            raise ValueError(f"PipelineConfig.threads: expected >= 1, got {self.threads}")
         if self.resume and self.run_dir is None:
             raise ValueError("PipelineConfig.resume: needs run_dir (the pipeline to continue)")
         if self.run_dir is not None:
             self.run_dir = Path(self.run_dir)
+        if self.config is not None:
+            self.config = Path(self.config)
+        self.settings()  # a bad override or recipe ends here, in one line, before anything runs
 
     def overrides(self) -> dict[str, Any]:
-        """The budget fields set on top of the preset."""
-        return {k: v for k in (*OVERRIDES, "bc_channels") if (v := getattr(self, k)) is not None}
+        """The settings given on top of the recipe (or the config file)."""
+        given = {k: v for k in OVERRIDES if (v := getattr(self, k)) is not None}
+        return {**given, **({"bc_channels": self.bc_channels} if self.bc_channels is not None else {})}
 
-    def budget(self) -> Budget:
-        return dataclasses.replace(PRESETS[self.preset], **self.overrides())
+    def settings(self) -> Settings:
+        """The stages' settings: the config file's or the task's recipe for the budget, with the overrides."""
+        if self.config is not None:
+            base = RunFile.read(self.config).settings
+        else:
+            recipe = self.recipe()
+            base = recipe.settings(self.budget)
+            if self.policy is not None and self.policy != recipe.policy:  # the recipe's policy fields are not its
+                base = dataclasses.replace(base, bc_policy={})
+        over = {k: v for k in OVERRIDES if (v := getattr(self, k)) is not None}
+        if self.bc_channels is not None:
+            over["bc_policy"] = {**base.bc_policy, "channels": self.bc_channels}
+        try:
+            return dataclasses.replace(base, **over)
+        except RecipeError as e:
+            raise RecipeError(str(e).replace("Settings.", "PipelineConfig.", 1)) from None
+
+    def recipe(self) -> Recipe:
+        return recipe_for(self.task, self.policy)
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """A run's config.yaml: what ran (RUN_FIELDS) and every setting it ran with."""
+
+    run: dict[str, Any]
+    settings: Settings
+
+    @classmethod
+    def of(cls, config: PipelineConfig) -> RunFile:
+        run = {k: getattr(config, k) for k in RUN_FIELDS}
+        return cls({**run, "policy": policy_kind(config)}, config.settings())
+
+    def text(self) -> str:
+        import yaml
+
+        return yaml.safe_dump({**self.run, "settings": self.settings.to_dict()}, sort_keys=False)
+
+    @classmethod
+    def read(cls, path: Path) -> RunFile:
+        data = read_yaml(path)
+        unknown = sorted(set(data) - {*RUN_FIELDS, "settings"})
+        if unknown or not isinstance(data.get("settings"), dict):
+            raise RecipeError(
+                f"{path}: expected a run's config.yaml ({', '.join(RUN_FIELDS)}, settings), got the keys {sorted(data)}"
+            )
+        return cls({k: data[k] for k in RUN_FIELDS if k in data}, settings_from(data["settings"], f"{path}: settings"))
+
+
+def from_file(config: PipelineConfig) -> PipelineConfig:
+    """`config` with what its config file ran (task, policy, budget, seed, ...) where `config` leaves the default:
+    options given on the command line override the file's."""
+    if config.config is None:
+        return config
+    defaults = PipelineConfig.__dataclass_fields__
+    taken = {k: v for k, v in RunFile.read(config.config).run.items() if getattr(config, k) == defaults[k].default}
+    return dataclasses.replace(config, **taken)
 
 
 @dataclass
@@ -383,7 +285,7 @@ class StageRow:
 # the stages: each returns (output path, env steps, extra) and leaves evaluation to the pipeline
 
 
-def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+def stage_demos(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.datasets.record import record_expert
     from robotrl.envs import is_outside, spec_of
 
@@ -397,16 +299,16 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
     source: dict[str, Any] = (
         {"demonstrator": config.demonstrator}
         if config.demonstrator is not None
-        else {"noise": demo_noise(config), "render_images": policy_kind(config) != STATE_POLICY}
+        else {"noise": demo_noise(config, settings), "render_images": policy_kind(config) != STATE_POLICY}
     )
-    cap = budget.episode_steps
+    cap = settings.episode_steps
     if cap is not None and not is_outside(config.task) and cap < spec_of(config.task).episode_steps:
         source["episode_steps"] = cap  # the task is built only for a budget that caps its episodes (smoke)
     store = record_expert(
         out,
         config.task,
-        budget.demo_episodes,
-        num_envs=min(8, budget.demo_episodes),
+        settings.demo_episodes,
+        num_envs=min(8, settings.demo_episodes),
         seed=config.seed,
         progress=config.progress,
         **source,
@@ -422,11 +324,6 @@ def stage_demos(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[
 
 #: the state policy: its demos are recorded without camera images (any other policy's with them)
 STATE_POLICY = "flow"
-#: BC recipes of policies that train better by their own than by the preset's batch, lr and U-Net widths: BCConfig's
-#: fields, and their policy config's under "policy". The VLA's, one frame, batch 32, lr 3e-4, trains it further on
-#: PickPlace in less time than the flow policy's (two frames, batch 64, lr 1e-3; bench/RESULTS.md, "The VLA's BC
-#: recipe")
-BC_RECIPES: dict[str, dict[str, Any]] = {"vla": {"batch_size": 32, "lr": 3e-4, "policy": {"obs_horizon": 1}}}
 
 
 def check_policy(name: str) -> None:
@@ -447,75 +344,66 @@ def check_policy(name: str) -> None:
         )
 
 
-def bc_recipe(config: PipelineConfig, budget: Budget) -> dict[str, Any]:
-    """BCConfig's options of the BC stage, its policy config under "policy": the preset's batch, lr and U-Net
-    widths, or the policy's own BC recipe (at most the preset's batch: smoke's stays small); --bc-batch-size and
-    --bc-lr override either."""
-    from dataclasses import fields, replace
+def bc_options(config: PipelineConfig, settings: Settings) -> dict[str, Any]:
+    """BCConfig's batch, lr and policy config of the BC stage: the settings' `bc_policy` fields on the policy's own
+    registered config."""
+    from robotrl.policies.base import config_from_dict, policy_config
 
-    from robotrl.policies.base import policy_config
-
-    name = policy_kind(config)
-    recipe = BC_RECIPES.get(name)
-    policy = policy_config(name)
-    if recipe is None:
-        widths: dict[str, Any] = (
-            {"channels": budget.bc_channels} if "channels" in {f.name for f in fields(policy)} else {}
-        )
-        return {"batch_size": budget.bc_batch_size, "lr": budget.bc_lr, "policy": replace(policy, **widths)}
+    policy = policy_config(policy_kind(config))
+    merged = {**dataclasses.asdict(policy), **settings.bc_policy}
     return {
-        "batch_size": config.bc_batch_size or min(recipe["batch_size"], budget.bc_batch_size),
-        "lr": config.bc_lr or recipe["lr"],
-        "policy": replace(policy, **recipe.get("policy", {})),
+        "batch_size": settings.bc_batch_size,
+        "lr": settings.bc_lr,
+        "policy": config_from_dict(type(policy), merged, "Settings.bc_policy"),
     }
 
 
-def stage_bc(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+def stage_bc(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.stages.bc import BCConfig, train
 
     result = train(
         BCConfig(
             store=run_dir / "demos.zarr",
-            steps=budget.bc_steps,
-            **bc_recipe(config, budget),
-            execute=config.execute,
-            warmup=min(500, budget.bc_steps // 10),
+            steps=settings.bc_steps,
+            **bc_options(config, settings),
+            execute=settings.execute,
+            warmup=min(500, settings.bc_steps // 10),
             eval_episodes=0,
             run_dir=run_dir / "bc",
             seed=config.seed,
             threads=config.threads,
             device=config.device,
             progress=config.progress,
-            checkpoint_every=max(1, budget.bc_steps // 4),
+            checkpoint_every=max(1, settings.bc_steps // 4),
         )
     )
     return result.checkpoint, 0, {"final_loss": result.final_loss}
 
 
-def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+def stage_offline(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.datasets import EpisodeStore
     from robotrl.flowrl.offline import OfflineFlowConfig, train
 
-    extraction: dict[str, Any] = {"policy_updates": budget.offline_policy_updates}
-    if config.offline_extraction == "awr":
+    extraction: dict[str, Any] = {"policy_updates": settings.offline_policy_updates}
+    if settings.offline_extraction == "awr":
         extraction = {
             "extraction": "awr",
             "lr": 3e-4,
             "policy_updates": 1,
-            "epochs": budget.offline_awr_steps,
-            "windows": budget.bc_batch_size,
+            "epochs": settings.offline_awr_steps,
+            "windows": settings.bc_batch_size,
         }
     result = train(
         OfflineFlowConfig(
             policy=run_dir / "bc" / "policy",
             store=run_dir / "demos.zarr",
-            iterations=budget.offline_iterations,
-            critic_steps=budget.offline_critic_steps,
-            rollout_episodes=budget.offline_rollout_episodes,
-            rollout_envs=min(10, budget.offline_rollout_episodes),
-            gate_episodes=budget.offline_gate_episodes,
-            eval_envs=budget.eval_envs,
-            execute=config.execute,
+            iterations=settings.offline_iterations,
+            critic_steps=settings.offline_critic_steps,
+            rollout_episodes=settings.offline_rollout_episodes,
+            rollout_envs=min(10, settings.offline_rollout_episodes),
+            gate_episodes=settings.offline_gate_episodes,
+            eval_envs=settings.eval_envs,
+            execute=settings.execute,
             eval_episodes=0,
             run_dir=run_dir / "offline",
             seed=config.seed,
@@ -540,7 +428,7 @@ def stage_offline(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     return result.weights, env_steps, {"policy_updates": result.steps, "kept_updates": kept, "gates": gates}
 
 
-def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+def stage_online(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.training.evaluate import training_seed
 
     # with online_eval_every, the run evaluates on training seeds (not the gate's, not the held-out ones) and keeps
@@ -548,35 +436,35 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
     # policy")
     selection = (
         {
-            "eval_every": budget.online_eval_every,
-            "eval_episodes": budget.online_gate_episodes,
+            "eval_every": settings.online_eval_every,
+            "eval_episodes": settings.online_gate_episodes,
             "eval_seed": training_seed(config.seed, 8_000),
-            "eval_sampler_steps": config.online_sampler_steps,
+            "eval_sampler_steps": settings.online_sampler_steps,
         }
-        if budget.online_eval_every
+        if settings.online_eval_every
         else {}
     )
     common: dict[str, Any] = {
         "policy": run_dir / "offline" / "policy",
-        "num_envs": budget.online_num_envs,
-        "total_steps": budget.online_total_steps,
-        "rollout_steps": budget.online_rollout_steps,
-        "execute": config.execute,
+        "num_envs": settings.online_num_envs,
+        "total_steps": settings.online_total_steps,
+        "rollout_steps": settings.online_rollout_steps,
+        "execute": settings.execute,
         "eval_episodes": 0,
         "run_dir": run_dir / "online",
         "seed": config.seed,
         "threads": config.threads,
         "device": config.device,
         "progress": config.progress,
-        "lr": config.online_lr,
-        "bc_coef": config.online_bc_coef,
-        "ema": config.online_ema,
+        "lr": settings.online_lr,
+        "bc_coef": settings.online_bc_coef,
+        "ema": settings.online_ema,
         **selection,
-        **({"minibatch_size": config.online_minibatch_size} if config.online_minibatch_size else {}),
+        **({"minibatch_size": settings.online_minibatch_size} if settings.online_minibatch_size else {}),
     }
     extra: dict[str, Any] = {}
     result: RLResult  # the HIL run's is a HilResult, with its intervention rates
-    if config.interventions:
+    if settings.interventions:
         from robotrl.flowrl.hil import HilConfig, train as train_hil
 
         # the operator's stretches seed from the demos and are recorded to online/hil.zarr, the demos left as they are
@@ -584,8 +472,8 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
             HilConfig(
                 operator=config.demonstrator or "expert",
                 demos=run_dir / "demos.zarr",
-                criterion=config.online_criterion,
-                operator_fraction=config.online_operator_fraction,
+                criterion=settings.online_criterion,
+                operator_fraction=settings.online_operator_fraction,
                 **common,
             )
         )
@@ -601,7 +489,7 @@ def stage_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple
         result = train_online(OnlineConfig(method="flow_sde", **common))
     if result.best_weights is not None:
         extra["best"] = hand_on_best(result.best_weights, run_dir / "online", result.best)
-    return run_dir / "online" / "policy", result.steps, {**extra, "gate": accept_online(config, budget, run_dir)}
+    return run_dir / "online" / "policy", result.steps, {**extra, "gate": accept_online(config, settings, run_dir)}
 
 
 def hand_on_best(best: Path, online: Path, record: dict[str, float] | None) -> dict[str, Any]:
@@ -613,7 +501,7 @@ def hand_on_best(best: Path, online: Path, record: dict[str, float] | None) -> d
     return {**(record or {}), "last_policy": str(last)}
 
 
-def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict[str, Any]:
+def accept_online(config: PipelineConfig, settings: Settings, run_dir: Path) -> dict[str, Any]:
     """RL-100's acceptance test for the online stage: its policy is handed on only if it does not lose to its start
     on fresh training-seed episodes (a PushT default run's online stage lowered it; bench/RESULTS.md, "PushT default
     preset with DAgger distillation"); otherwise online/policy gets the start's weights and the RL'd ones move to
@@ -625,9 +513,9 @@ def accept_online(config: PipelineConfig, budget: Budget, run_dir: Path) -> dict
     seed = training_seed(config.seed, 9_000)  # none of the distill stage's DAgger and gate seeds
     policies = [load(online), load(start)]
     for policy in policies:
-        policy.config.steps = config.online_sampler_steps or policy.config.steps
+        policy.config.steps = settings.online_sampler_steps or policy.config.steps
     ok, online_rate, start_rate = not_worse(
-        policies[0], policies[1], budget.online_gate_episodes, budget.eval_envs, seed, config.execute
+        policies[0], policies[1], settings.online_gate_episodes, settings.eval_envs, seed, settings.execute
     )
     kept = "online" if ok else "start"
     if not ok:
@@ -650,7 +538,7 @@ def distill_store(run_dir: Path) -> Path:
         return online if grown.num_steps >= given.num_steps else demos
 
 
-def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+def stage_distill(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     """On the online stage's own store where it has one (the teacher's rollouts and the operator's take-overs, on
     which PickPlace's student beat the one distilled on the demos; bench/RESULTS.md, "PickPlace with the state flow
     policy"), plus DAgger rounds on the student's own windows."""
@@ -661,21 +549,21 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
         DistillConfig(
             teacher=run_dir / "online" / "policy",
             store=store,
-            steps=budget.distill_steps,
-            warmup=min(200, budget.distill_steps // 10),
-            batch_size=budget.distill_batch_size,
-            dagger_rounds=budget.distill_dagger_rounds,
-            dagger_episodes=budget.distill_dagger_episodes,
-            gate_episodes=budget.distill_gate_episodes,
+            steps=settings.distill_steps,
+            warmup=min(200, settings.distill_steps // 10),
+            batch_size=settings.distill_batch_size,
+            dagger_rounds=settings.distill_dagger_rounds,
+            dagger_episodes=settings.distill_dagger_episodes,
+            gate_episodes=settings.distill_gate_episodes,
             eval_episodes=0,
-            eval_envs=budget.eval_envs,
-            execute=config.execute,
+            eval_envs=settings.eval_envs,
+            execute=settings.execute,
             run_dir=run_dir / "distill",
             seed=config.seed,
             threads=config.threads,
             device=config.device,
             progress=config.progress,
-            checkpoint_every=max(1, budget.distill_steps // 2),
+            checkpoint_every=max(1, settings.distill_steps // 2),
         )
     )
     return (
@@ -690,14 +578,14 @@ def stage_distill(config: PipelineConfig, budget: Budget, run_dir: Path) -> tupl
     )
 
 
-def stage_export(config: PipelineConfig, budget: Budget, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+def stage_export(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
     from robotrl.policies.export import export
 
     source = run_dir / "distill" / "policy"
     return export(source, run_dir / "export", "onnx"), 0, {"format": "onnx", "source": str(source)}
 
 
-RUNNERS: dict[str, Callable[[PipelineConfig, Budget, Path], tuple[Path, int, dict[str, Any]]]] = {
+RUNNERS: dict[str, Callable[[PipelineConfig, Settings, Path], tuple[Path, int, dict[str, Any]]]] = {
     "demos": stage_demos,
     "bc": stage_bc,
     "offline": stage_offline,
@@ -707,20 +595,25 @@ RUNNERS: dict[str, Callable[[PipelineConfig, Budget, Path], tuple[Path, int, dic
 }
 
 
-def demo_noise(config: PipelineConfig) -> float:
-    if config.demo_noise is not None:
-        return config.demo_noise
+def demo_noise(config: PipelineConfig, settings: Settings) -> float:
+    """The settings' noise, else the task's stand-in for a human capped at 0.5 (BC learns PushT from noise-0.5 demos
+    and barely from noise-1.0 ones; bench/RESULTS.md, "Sim-to-real twins over ROS 2")."""
+    if settings.demo_noise is not None:
+        return settings.demo_noise
     from robotrl.envs import make_task
 
     return min(0.5, make_task(config.task).demo_noise)
 
 
 def policy_kind(config: PipelineConfig) -> str:
-    """The BC policy's registry name: the config's, else vla for a task with a language instruction, else the state
-    policy."""
+    """The BC policy's registry name: the config's, else its task's recipe's; an outside env's: vla where it gives a
+    language instruction, else the state policy."""
     if config.policy is not None:
         return config.policy
-    from robotrl.envs import spec_of
+    from robotrl.envs import is_outside, spec_of
+
+    if not is_outside(config.task):
+        return config.recipe().policy
 
     spec = spec_of(config.task)
     return "vla" if any(v.dtype == STRING for v in spec.observations.values()) else STATE_POLICY
@@ -744,14 +637,14 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
     return window
 
 
-def evaluate_stage(path: Path, config: PipelineConfig, budget: Budget) -> tuple[float, tuple[float, float], float]:
+def evaluate_stage(path: Path, config: PipelineConfig, settings: Settings) -> tuple[float, tuple[float, float], float]:
     """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
     from robotrl.policies.timing import latency, torch_threads
     from robotrl.training.evaluate import evaluate_policy, load_any
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
-        stats = evaluate_policy(policy, budget.eval_episodes, budget.eval_envs, execute=config.execute)
+        stats = evaluate_policy(policy, settings.eval_episodes, settings.eval_envs, execute=settings.execute)
         window = one_window(policy, config.seed)
         ms, _ = latency(lambda: policy.act(window), calls=200, warmup=5, max_seconds=5.0)
     return stats.success_rate, stats.success_ci95(), float(np.percentile(ms, 50))
@@ -772,14 +665,15 @@ def read_rows(path: Path) -> list[StageRow]:
     return rows
 
 
-def table(rows: list[StageRow], config: PipelineConfig, budget: Budget) -> str:
-    # a run with its budget overridden is not its preset's: the header says which fields it set
+def table(rows: list[StageRow], config: PipelineConfig, settings: Settings) -> str:
+    # a run with settings given on top of its recipe (or config file) is not the recipe's: the header names them
     changed = ", ".join(
         f"{k}={' '.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in config.overrides().items()
     )
+    source = f"config {config.config}" if config.config is not None else f"budget {config.budget}"
     lines = [
-        f"robotrl run: {config.task}, preset {config.preset}{f' ({changed})' if changed else ''}, success over "
-        f"{budget.eval_episodes} held-out episodes",
+        f"robotrl run: {config.task} ({policy_kind(config)}), {source}{f' ({changed})' if changed else ''}, "
+        f"success over {settings.eval_episodes} held-out episodes",
         "",
         "| stage | success | 95% CI | env steps | wall-clock (s) | latency p50 (ms) | output |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -792,13 +686,23 @@ def table(rows: list[StageRow], config: PipelineConfig, budget: Budget) -> str:
     return "\n".join(lines)
 
 
+def resolved(config: PipelineConfig) -> PipelineConfig:
+    """What runs: a resumed run with its own config.yaml's settings (unless another file is given), and a config
+    file's task, policy, budget, seed, ... where the options leave them at their defaults."""
+    own = None if config.run_dir is None else Path(config.run_dir) / CONFIG_FILE
+    if config.resume and config.config is None and own is not None and own.exists():
+        config = dataclasses.replace(config, config=own)
+    return from_file(config)
+
+
 def run(config: PipelineConfig) -> list[StageRow]:
     import torch
 
     from robotrl.training.loop import jsonable
 
+    config = resolved(config)
     torch.set_num_threads(config.threads)
-    budget = config.budget()
+    settings = config.settings()
     run_dir = Path(config.run_dir or default_run_dir("pipeline", config.task))
     rows_path = run_dir / "stages.jsonl"
     if not config.resume and rows_path.exists():
@@ -807,11 +711,12 @@ def run(config: PipelineConfig) -> list[StageRow]:
             "(--resume) or pick another run_dir"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not config.resume:
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
-    else:  # the stages still to run may run with other options: their config is kept beside the first
+    ran = RunFile.of(config)
+    if not (run_dir / CONFIG_FILE).exists():
+        (run_dir / CONFIG_FILE).write_text(ran.text())
+    else:  # the stages still to run may run with other settings: each resumption's are kept beside the first
         with (run_dir / "resumed.jsonl").open("a") as f:
-            f.write(json.dumps(jsonable(config)) + "\n")
+            f.write(json.dumps(jsonable({**ran.run, "settings": ran.settings.to_dict()})) + "\n")
     rows = read_rows(rows_path)
     done = {r.stage for r in rows}
     for stage in STAGES:
@@ -821,14 +726,14 @@ def run(config: PipelineConfig) -> list[StageRow]:
         # otherwise refuse the fresh start (online) or be appended to (demos)
         shutil.rmtree(run_dir / ("demos.zarr" if stage == "demos" else stage), ignore_errors=True)
         began = time.perf_counter()
-        output, env_steps, extra = RUNNERS[stage](config, budget, run_dir)
+        output, env_steps, extra = RUNNERS[stage](config, settings, run_dir)
         seconds = time.perf_counter() - began
         success, ci, latency_ms = None, None, None
         if stage == "demos":
             success = extra.get("demo_success_rate")
         else:
             t0 = time.perf_counter()
-            success, ci, latency_ms = evaluate_stage(Path(output), config, budget)
+            success, ci, latency_ms = evaluate_stage(Path(output), config, settings)
             extra["eval_seconds"] = round(time.perf_counter() - t0, 1)
         row = StageRow(
             stage,
@@ -844,12 +749,17 @@ def run(config: PipelineConfig) -> list[StageRow]:
             f.write(json.dumps(jsonable(row)) + "\n")
         rows.append(row)
         if config.progress:
-            print(table([row], config, budget).splitlines()[-1], flush=True)
-    (run_dir / "summary.md").write_text(table(rows, config, budget) + "\n")
+            print(table([row], config, settings).splitlines()[-1], flush=True)
+    (run_dir / "summary.md").write_text(table(rows, config, settings) + "\n")
     return rows
 
 
 def run_pipeline(config: PipelineConfig) -> list[StageRow]:
+    """`robotrl run`: the pipeline and its table, or (--print-config) the settings it would run."""
+    if config.print_config:
+        print(RunFile.of(resolved(config)).text(), end="")
+        return []
     rows = run(config)
-    print(table(rows, config, config.budget()))
+    config = resolved(config)
+    print(table(rows, config, config.settings()))
     return rows
