@@ -47,48 +47,36 @@ class TimeToSuccessConfig:
     seed: int = 0
 
 
-def demos(cfg: TimeToSuccessConfig, settings: Any) -> Path:
+def main(cfg: TimeToSuccessConfig) -> None:
     from robotrl.datasets.record import record_expert
-    from robotrl.envs import make_task
+    from robotrl.stages.bc import train
+    from robotrl.stages.pipeline import PipelineConfig, bc_config, demo_noise
 
-    if not cfg.store.exists():
-        noise = settings.demo_noise if settings.demo_noise is not None else min(0.5, make_task(cfg.task).demo_noise)
+    pipeline = PipelineConfig(task=cfg.task, budget=cfg.budget, bc_steps=cfg.steps, progress=False)  # type: ignore[arg-type]
+    settings = pipeline.settings()
+    if not cfg.store.exists():  # the demos the recipe records
+        noise = demo_noise(pipeline, settings)
         record_expert(
             cfg.store, cfg.task, settings.demo_episodes, num_envs=8, noise=noise, seed=cfg.seed, progress=False
         ).close()
-    return cfg.store
-
-
-def main(cfg: TimeToSuccessConfig) -> None:
-    from robotrl.stages.bc import BCConfig, train
-    from robotrl.stages.pipeline import PipelineConfig, bc_options
-
-    pipeline = PipelineConfig(task=cfg.task, budget=cfg.budget)  # type: ignore[arg-type]
-    settings = pipeline.settings()
-    store = demos(cfg, settings)
-    steps = cfg.steps or settings.bc_steps
     baseline_seconds = None
     for name in cfg.variants:
-        options = bc_options(pipeline, settings)
+        recipe = bc_config(pipeline, settings, cfg.out)  # the pipeline's BC stage, as `robotrl run` trains it
         change = dict(VARIANTS[name])
-        policy = dataclasses.replace(options.pop("policy"), **change.pop("policy", {}))
+        policy = dataclasses.replace(recipe.policy, **change.pop("policy", {}))  # type: ignore[arg-type]
         run_dir = cfg.out / name
         began = time.perf_counter()
         train(
-            BCConfig(
-                store=store,
+            dataclasses.replace(
+                recipe,
+                store=cfg.store,
                 policy=policy,
-                steps=steps,
-                **{**options, **change},
-                warmup=min(500, steps // 10),
-                execute=settings.execute,
+                **change,
                 eval_every=cfg.eval_every,
                 eval_episodes=cfg.eval_episodes,
                 eval_envs=min(50, cfg.eval_episodes),
                 run_dir=run_dir,
-                seed=cfg.seed,
                 threads=cfg.threads,
-                progress=False,
             )
         )
         reached = None

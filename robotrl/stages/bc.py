@@ -16,7 +16,6 @@ was never stopped.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from robotrl.training.loop import (
     EMA,
     PolicyRunOptions,
     RunLog,
+    TrainClock,
     check_device,
     cosine_lr,
     jsonable,
@@ -161,6 +161,11 @@ def train(config: BCConfig) -> BCResult:
         set_rng_state(state["rng"], rng)
         start = state["step"]
 
+    def evaluate_now() -> EpisodeStats:
+        stats = evaluate(ema.model if ema else policy, config)
+        policy.train()  # the evaluation left it in eval mode
+        return stats
+
     def checkpoint(step: int) -> None:
         save_train_state(
             state_path,
@@ -182,7 +187,7 @@ def train(config: BCConfig) -> BCResult:
         disable=not config.progress,
         dynamic_ncols=True,
     )
-    began, eval_seconds = time.perf_counter(), 0.0
+    clock = TrainClock()
     loss_value = float("nan")
     policy.train()
     for step in range(start, config.steps):
@@ -201,14 +206,9 @@ def train(config: BCConfig) -> BCResult:
             bar.set_postfix(loss=f"{loss_value:.4f}")
         if done % config.checkpoint_every == 0 or done == config.steps:
             checkpoint(done)
-        if config.eval_every and done % config.eval_every == 0 and done != config.steps:
-            t0 = time.perf_counter()  # its training time so far logged beside it: success against training time
-            metrics = evaluate(ema.model if ema else policy, config).metrics()
-            log.log(done, **metrics, **{"time/train_seconds": t0 - began - eval_seconds})
-            eval_seconds += time.perf_counter() - t0
-            policy.train()
+        clock.evaluate_every(config, log, evaluate_now, done, step, last=done == config.steps)
     bar.close()
-    seconds = time.perf_counter() - began - eval_seconds
+    seconds = clock.trained()
 
     final = ema.model if ema else policy
     final.eval()

@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -65,6 +65,9 @@ from robotrl.stages.recipes import (
     settings_from,
 )
 from robotrl.training.loop import RLResult
+
+if TYPE_CHECKING:
+    from robotrl.stages.bc import BCConfig
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
 #: PipelineConfig's fields that override the recipe's setting of the same name (`Settings`)
@@ -201,8 +204,7 @@ class PipelineConfig:
 
     def overrides(self) -> dict[str, Any]:
         """The settings given on top of the recipe (or the config file)."""
-        given = {k: v for k in OVERRIDES if (v := getattr(self, k)) is not None}
-        return {**given, **({"bc_channels": self.bc_channels} if self.bc_channels is not None else {})}
+        return {k: v for k in RECIPE_OPTIONS if (v := getattr(self, k)) is not None}
 
     def settings(self) -> Settings:
         """The stages' settings: the config file's or the task's recipe for the budget, with the overrides."""
@@ -213,9 +215,9 @@ class PipelineConfig:
             base = recipe.settings(self.budget)
             if self.policy is not None and self.policy != recipe.policy:  # the recipe's policy fields are not its
                 base = dataclasses.replace(base, bc_policy={})
-        over = {k: v for k in OVERRIDES if (v := getattr(self, k)) is not None}
-        if self.bc_channels is not None:
-            over["bc_policy"] = {**base.bc_policy, "channels": self.bc_channels}
+        over = self.overrides()
+        if "bc_channels" in over:
+            over["bc_policy"] = {**base.bc_policy, "channels": over.pop("bc_channels")}
         try:
             return dataclasses.replace(base, **over)
         except RecipeError as e:
@@ -358,25 +360,30 @@ def bc_options(config: PipelineConfig, settings: Settings) -> dict[str, Any]:
     }
 
 
-def stage_bc(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    from robotrl.stages.bc import BCConfig, train
+def bc_config(config: PipelineConfig, settings: Settings, run_dir: Path) -> BCConfig:
+    """The BC stage's `robotrl train bc` config: on run_dir's demos, into run_dir/bc."""
+    from robotrl.stages.bc import BCConfig
 
-    result = train(
-        BCConfig(
-            store=run_dir / "demos.zarr",
-            steps=settings.bc_steps,
-            **bc_options(config, settings),
-            execute=settings.execute,
-            warmup=min(500, settings.bc_steps // 10),
-            eval_episodes=0,
-            run_dir=run_dir / "bc",
-            seed=config.seed,
-            threads=config.threads,
-            device=config.device,
-            progress=config.progress,
-            checkpoint_every=max(1, settings.bc_steps // 4),
-        )
+    return BCConfig(
+        store=run_dir / "demos.zarr",
+        steps=settings.bc_steps,
+        **bc_options(config, settings),
+        execute=settings.execute,
+        warmup=min(500, settings.bc_steps // 10),
+        eval_episodes=0,
+        run_dir=run_dir / "bc",
+        seed=config.seed,
+        threads=config.threads,
+        device=config.device,
+        progress=config.progress,
+        checkpoint_every=max(1, settings.bc_steps // 4),
     )
+
+
+def stage_bc(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    from robotrl.stages.bc import train
+
+    result = train(bc_config(config, settings, run_dir))
     return result.checkpoint, 0, {"final_loss": result.final_loss}
 
 

@@ -281,3 +281,19 @@ def test_evaluation_is_repeatable_and_leaves_the_callers_random_stream(reach_dem
     exported = load_runtime(export(policy, tmp_path / "onnx"))
     c, d = evaluate_policy(exported, 4, 4, execute=4), evaluate_policy(exported, 4, 4, execute=4)
     np.testing.assert_array_equal(c.returns, d.returns)
+
+
+def test_periodic_evaluations_log_the_training_seconds_before_them(reach_demos: Path, tmp_path: Path) -> None:
+    """`eval_every`: an evaluation at each multiple of it (the final one is `eval_episodes`' own), logged with the
+    training seconds so far, evaluations excluded (success against training time: bench/bc_time_to_success.py); the
+    result's train_seconds leave the evaluations out too."""
+    result = train(small(reach_demos, tmp_path / "run", eval_every=10, eval_episodes=4, eval_envs=4))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/success_rate" in r]
+    assert [r["step"] for r in evals] == [10, 20, 30, 40]
+    seconds = [r["time/train_seconds"] for r in evals[:-1]]
+    assert 0 < seconds[0] < seconds[1] < seconds[2] < result.train_seconds
+    # the wall-clock runs ahead of the training seconds by each evaluation's own time
+    walls = {r["step"]: r["wall_s"] for r in rows if "train/loss" in r}
+    ahead = [walls[step] - s for step, s in zip((10, 20, 30), seconds)]
+    assert ahead[0] < ahead[1] < ahead[2]

@@ -225,8 +225,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def check_types(config: Any, where: str) -> None:
-    """Each field of a dataclass holds its annotated type (int, float, bool, str, a Literal, a tuple, a dict, or
-    None where it is optional); a list where a tuple is annotated becomes the tuple. One line names the field."""
+    """Each field of a dataclass holds its annotated type (int, float, bool, str, a Literal, a dict, or None where
+    it is optional); an int where a float is annotated becomes the float. One line names the field."""
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
@@ -257,11 +257,6 @@ def conforms(value: Any, hint: Any) -> tuple[bool, Any]:
         return ok, float(value) if ok else value
     if hint is str:
         return isinstance(value, str), value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            return False, value
-        items = [conforms(v, args[0]) for v in value]
-        return all(ok for ok, _ in items), tuple(v for _, v in items)
     if origin is dict:
         return isinstance(value, dict), value
     return True, value
@@ -275,8 +270,6 @@ def type_name(hint: Any) -> str:
         return "one of " + ", ".join(repr(a) for a in args)
     if hint is type(None):
         return "none"
-    if origin is tuple:
-        return f"a list of {type_name(args[0])}"
     return getattr(hint, "__name__", str(hint))
 
 
