@@ -141,14 +141,31 @@ def test_no_help_of_the_cli_carries_a_measured_result_or_a_date():
     )
 
 
-def test_every_results_section_the_package_names_exists():
-    """A docstring or comment that sends the reader to `bench/RESULTS.md, "<section>"` names a heading there (the
-    heading itself or its start), so a renamed section fails here rather than leaving a dead reference."""
-    headings = [
+def results_headings() -> list[str]:
+    return [
         " ".join(line.lstrip("#").split())
         for line in (ROOT / "bench" / "RESULTS.md").read_text().splitlines()
         if line.startswith("#")
     ]
+
+
+def test_the_recipes_name_their_measurements_without_carrying_them():
+    """A recipe's comments (robotrl/stages/recipes/*.yaml, read by users choosing settings) name the bench/RESULTS.md
+    section behind a value, quoted, and carry no figure of their own: each quoted name is a heading there."""
+    headings, bad = results_headings(), []
+    for path in sorted((ROOT / "robotrl" / "stages" / "recipes").glob("*.yaml")):
+        comments = " ".join(line.split("#", 1)[1].strip() for line in path.read_text().splitlines() if "#" in line)
+        bad += [f"{path.name}: {hit}" for hit in offences(comments)]
+        for name in re.findall(r'"([^"]+)"', comments):
+            if not any(h == name or h.startswith(name) for h in headings):
+                bad.append(f"{path.name}: section {name!r} not in bench/RESULTS.md")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_results_section_the_package_names_exists():
+    """A docstring or comment that sends the reader to `bench/RESULTS.md, "<section>"` names a heading there (the
+    heading itself or its start), so a renamed section fails here rather than leaving a dead reference."""
+    headings = results_headings()
     reference = re.compile(r'bench/RESULTS\.md,\s+((?:"[^"]+"(?:,?\s+(?:and|or)\s+)?)+)')
     bad = []
     for path in package_files():
