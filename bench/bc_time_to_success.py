@@ -27,6 +27,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "mlp512": {"batch_size": 256, "lr": 1e-3, "policy": {"backbone": "mlp", "mlp_width": 512, "mlp_depth": 4}},
     "mlp256": {"batch_size": 256, "lr": 1e-3, "policy": {"backbone": "mlp", "mlp_width": 256, "mlp_depth": 3}},
     "unet_b256": {"batch_size": 256, "lr": 1e-3},
+    "tail20": {"success_tail": 20},
+    "tail20_b256": {"success_tail": 20, "batch_size": 256},
+    "tail20_b256_h8": {"success_tail": 20, "batch_size": 256, "policy": {"action_horizon": 8}},
 }
 
 

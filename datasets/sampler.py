@@ -96,12 +96,20 @@ class SequenceConfig:
     """load every needed key into RAM (fast); False reads zarr chunks through an LRU cache"""
     extra_keys: tuple[str, ...] = ()
     """per-step keys returned at the anchor step only (e.g. 'reward', 'intervention')"""
+    success_tail: int | None = None
+    """anchor windows only up to this many steps after each episode's first success (None: at every step;
+    episodes that never succeed keep every step). Success counts at any step of an episode, and what a
+    demonstration does after it (holds, drifts) is not what reaching it takes: where demonstrations run on long
+    after success, those steps are most windows (the windows still read the actions there, as data)"""
 
     def __post_init__(self) -> None:
         for name in ("obs_horizon", "action_horizon"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"SequenceConfig.{name}: expected an integer >= 1, got {value!r}")
+        tail = self.success_tail
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, (int, np.integer)) or tail < 0):
+            raise ValueError(f"SequenceConfig.success_tail: expected None or an integer >= 0, got {tail!r}")
 
 
 class SequenceSampler:
@@ -115,7 +123,10 @@ class SequenceSampler:
         config: SequenceConfig | None = None,
         episodes: Sequence[int] | None = None,
         text: Mapping[str, Sequence[str]] | None = None,
+        anchor_ends: np.ndarray | None = None,
     ) -> None:
+        """`anchor_ends`: per episode (all of them), the row before which its windows' anchors end (default: the
+        episode's end); the windows still read the rows after it."""
         self.config = config or SequenceConfig()
         self.data = dict(data)
         self.obs_keys = tuple(obs_keys)
@@ -134,10 +145,13 @@ class SequenceSampler:
                 raise ValueError(
                     f"SequenceSampler.text[{k!r}]: expected one string per episode ({len(ends)}), got shape {v.shape}"
                 )
-        lengths = ends[chosen] - starts[chosen]
-        # one anchor per step of every chosen episode, with its episode's bounds
+        last = ends if anchor_ends is None else np.asarray(anchor_ends, dtype=np.int64)
+        if last.shape != ends.shape or np.any(last <= starts) or np.any(last > ends):
+            raise ValueError(f"SequenceSampler.anchor_ends: expected one row in (start, end] per episode, got {last}")
+        lengths = last[chosen] - starts[chosen]
+        # one anchor per step of every chosen episode (up to its anchor end), with its episode's bounds
         self.anchor = (
-            np.concatenate([np.arange(starts[e], ends[e]) for e in chosen]) if len(chosen) else np.zeros(0, np.int64)
+            np.concatenate([np.arange(starts[e], last[e]) for e in chosen]) if len(chosen) else np.zeros(0, np.int64)
         )
         self.ep_index = np.repeat(chosen, lengths)
         self.ep_start = np.repeat(starts[chosen], lengths)
@@ -163,7 +177,11 @@ class SequenceSampler:
         else:
             data = {k: ChunkCache(store.array(k), store.num_steps) for k in keys}
         text = {k: [meta.get("instruction") or "" for meta in store.episodes] for k in string_keys(store.spec)}
-        return cls(data, store.episode_ends, obs_keys, config, episodes, text)
+        anchor_ends = None
+        if config.success_tail is not None:
+            anchor_ends = success_ends(np.asarray(store.load(["success"])["success"]), store.episode_ends)
+            anchor_ends = np.minimum(anchor_ends + config.success_tail, store.episode_ends)
+        return cls(data, store.episode_ends, obs_keys, config, episodes, text, anchor_ends)
 
     def __len__(self) -> int:
         return len(self.anchor)
@@ -194,6 +212,18 @@ class SequenceSampler:
         if len(self) == 0:
             raise ValueError("sample: the sampler has no steps (empty store or no episodes selected)")
         return self.get(rng.integers(0, len(self), size=batch_size))
+
+
+def success_ends(success: np.ndarray, episode_ends: np.ndarray) -> np.ndarray:
+    """Per episode, the row after its first success (its end where it never succeeds)."""
+    ends = np.asarray(episode_ends, dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]])
+    out = ends.copy()
+    for i, (a, b) in enumerate(zip(starts, ends)):
+        hits = np.flatnonzero(success[a:b])
+        if len(hits):
+            out[i] = a + hits[0] + 1
+    return out
 
 
 class MixedSampler:

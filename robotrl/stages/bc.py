@@ -64,6 +64,10 @@ class BCConfig(PolicyRunOptions):
     success_only: bool = False
     """train on the episodes in which the task succeeded (filtered BC: demonstrations recorded under heavy noise or
     domain randomization fail often, and cloning the failures teaches them)"""
+    success_tail: int | None = None
+    """train on each episode up to this many steps after its first success (None: every step). Success counts at
+    any step, and demonstrations that run on after it (PushT's expert holds the T for most of its episode) spend
+    most samples on steps success never needed (datasets/sampler.py, SequenceConfig.success_tail)"""
     device: str = "cpu"
     """torch device the policy trains on ("cuda", "cuda:1"); evaluation and the saved weights are the same either
     way (checkpoints hold CPU tensors). A GPU trains PushT's U-Net tens of times faster than this machine's cores"""
@@ -137,7 +141,9 @@ def train(config: BCConfig) -> BCResult:
     run_dir, state_path, rng = start_run(config, f"bc-{name}", store.spec.task, holds="train_state.pt")
 
     # data
-    windows = SequenceConfig(chosen.obs_horizon, chosen.action_horizon, chosen.obs_keys)
+    windows = SequenceConfig(
+        chosen.obs_horizon, chosen.action_horizon, chosen.obs_keys, success_tail=config.success_tail
+    )
     sampler = SequenceSampler.from_store(
         store, windows, episodes=successful_episodes(store) if config.success_only else None
     )

@@ -105,6 +105,9 @@ class DistillConfig(PolicyRunOptions):
     """training windows on which the student-teacher gap is logged"""
     execute: int = 8
     """actions executed per predicted chunk at evaluation"""
+    success_tail: int | None = None
+    """distill on the store's episodes up to this many steps after their first success (None: every step;
+    `train bc --success-tail`)"""
     dagger_rounds: int = 0
     """times the student drives and the teacher labels its windows (DAgger), spread evenly over the run (0: off)"""
     dagger_episodes: int = 50
@@ -344,7 +347,9 @@ def train(config: DistillConfig) -> DistillResult:
     store = EpisodeStore.open(config.store)
     store.check_spec(teacher.spec, that=f"teacher {config.teacher}")
     tc = teacher.config
-    windows = SequenceConfig(tc.obs_horizon, tc.action_horizon, tuple(teacher.obs_keys))
+    windows = SequenceConfig(
+        tc.obs_horizon, tc.action_horizon, tuple(teacher.obs_keys), success_tail=config.success_tail
+    )
     sampler = SequenceSampler.from_store(store, windows)
 
     run_dir, state_path, rng = start_run(config, f"distill-{teacher.name}", store.spec.task, holds="train_state.pt")

@@ -125,3 +125,28 @@ def test_windows_carry_their_episode_instruction() -> None:
     assert len(mixed["obs"]["instruction"]) == 10
     with pytest.raises(ValueError, match=r"text\['instruction'\]: expected one string per episode \(3\)"):
         SequenceSampler(data, ends, ["state"], text={"instruction": ["only one"]})
+
+
+def test_success_tail_ends_each_episodes_anchors_after_its_first_success(tmp_path: Path) -> None:
+    """Anchors stop `success_tail` steps after an episode's first success (every step where it never succeeds);
+    the windows still read the actions after that point, as data, not padding."""
+    store = EpisodeStore.create(tmp_path / "s.zarr", SPEC)
+    first = {0: 10, 1: None, 2: 0, 3: 28}  # 3: its tail runs past its 31 steps  # episode -> step of its first success
+    for k, hit in first.items():
+        d = episode_data(k)
+        d["success"] = np.arange(episode_length(k)) >= (hit if hit is not None else 10**6)
+        store.append_episode(d, {"k": k})
+    store = EpisodeStore.open(tmp_path / "s.zarr")
+    tail = 3
+    sampler = SequenceSampler.from_store(store, SequenceConfig(action_horizon=8, success_tail=tail))
+    every = sampler.get(np.arange(len(sampler)))
+    for k, hit in first.items():
+        n = episode_length(k)
+        kept = n if hit is None else min(n, hit + 1 + tail)
+        np.testing.assert_array_equal(every["t"][every["episode"] == k], np.arange(kept))
+    last = np.flatnonzero(every["episode"] == 0)[-1]  # anchor 13 of a 20-step episode: its chunk runs to the end
+    np.testing.assert_array_equal(every["action"][last], episode_data(0)["action"][[13, 14, 15, 16, 17, 18, 19, 19]])
+    np.testing.assert_array_equal(every["action_is_pad"][last], [False] * 7 + [True])
+    assert len(SequenceSampler.from_store(store, SequenceConfig())) == store.num_steps
+    with pytest.raises(ValueError, match=r"SequenceConfig.success_tail: expected None or an integer >= 0, got -1"):
+        SequenceConfig(success_tail=-1)
