@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from robotrl.stages.pipeline import STAGES, PipelineConfig, read_rows
+from robotrl.stages.pipeline import SKIPPED_BY, STAGES, PipelineConfig, read_rows
 from robotrl.stages.recipes import recipe_for
 
 ROBOTRL = str(Path(sys.executable).parent / "robotrl")
@@ -93,6 +93,8 @@ def test_each_stage_wrote_the_documented_files(smoke):
         assert all(torch.equal(handed[k], bc[k]) for k in bc)
     online = json.loads((run_dir / "online" / "config.json").read_text())  # the anchor and rate reach the stage
     settings = config["settings"]
+    bc, distill = (json.loads((run_dir / s / "config.json").read_text()) for s in ("bc", "distill"))
+    assert bc["success_tail"] == distill["success_tail"] == settings["success_tail"] == 20  # the recipe's, to both
     assert (online["lr"], online["bc_coef"]) == (settings["online_lr"], settings["online_bc_coef"]) == (3e-5, 1.0)
     # the stage chooses among its evaluations on training seeds, not the held-out ones its row reports, and hands
     # its best on (the gate then judges that one), the last weights kept beside it
@@ -175,6 +177,34 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     assert rows[3].extra["gate"]["start_success"] in (0.0, 1 / 3, 2 / 3, 1.0)
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["settings"]["online_sampler_steps"] is None
     assert [json.loads(line)["settings"]["online_sampler_steps"] for line in resumed.read_text().splitlines()] == [1]
+
+
+def test_a_budget_leaves_out_the_rl_stages_and_hands_bc_on(smoke, tmp_path):
+    """offline_iterations and online_total_steps at 0 leave those stages out: BC's policy is what the distillation
+    learns from, and their rows carry BC's figures, saying so."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(smoke[0], run_dir)
+    (run_dir / "resumed.jsonl").unlink(missing_ok=True)
+    finished = (run_dir / "stages.jsonl").read_text().splitlines()[:2]  # demos, bc
+    (run_dir / "stages.jsonl").write_text("\n".join(finished) + "\n")
+    skip = ("--offline-iterations", "0", "--online-total-steps", "0")
+    out = robotrl("run", "--run-dir", str(run_dir), "--resume", "--no-progress", "--threads", "1", *skip)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}
+    assert list(rows) == list(STAGES)
+    for stage, before in (("offline", "bc"), ("online", "offline")):
+        assert rows[stage].extra == {"skipped": f"{SKIPPED_BY[stage]} is 0: the {before} stage's policy handed on"}
+        assert (rows[stage].success_rate, rows[stage].env_steps) == (rows["bc"].success_rate, 0)
+        assert f"| {stage} |" in out.stdout and f"skipped: {SKIPPED_BY[stage]} is 0" in out.stdout
+    from robotrl.policies import load
+
+    bc, taught = (load(run_dir / s / "policy").state_dict() for s in ("bc", "online"))
+    assert all(torch.equal(taught[k], bc[k]) for k in bc)
+    distill = json.loads((run_dir / "distill" / "config.json").read_text())
+    assert (
+        Path(distill["teacher"]) == run_dir / "online" / "policy" and Path(distill["store"]) == run_dir / "demos.zarr"
+    )
+    assert not (run_dir / "offline" / "config.json").exists() and not (run_dir / "online" / "hil.zarr").exists()
 
 
 def test_a_runs_config_file_runs_its_settings_again(smoke, tmp_path):
@@ -293,6 +323,9 @@ def test_bad_config_names_the_field():
             PipelineConfig(**{name: 0.0 if name == "online_lr" else 0})
     with pytest.raises(ValueError, match=r"PipelineConfig.online_minibatch_size: expected > 0, got -1"):
         PipelineConfig(online_minibatch_size=-1)
+    for name in ("online_total_steps", "offline_iterations", "success_tail"):  # 0 leaves a stage (the tail) out
+        with pytest.raises(ValueError, match=rf"PipelineConfig.{name}: expected a finite number >= 0, got -1"):
+            PipelineConfig(**{name: -1})
     with pytest.raises(
         ValueError, match=r"PipelineConfig.online_criterion: expected one of 'stray', 'stall', got 'lost'"
     ):

@@ -41,6 +41,8 @@ def test_each_recipe_validates_against_its_task_and_policy(path: Path):
     # the budgets are what their names say: smoke the smallest, standard at least quick's
     smoke, quick, standard = (recipe.settings(b) for b in ("smoke", "quick", "standard"))
     for name in ("demo_episodes", "bc_steps", "online_total_steps", "distill_steps", "eval_episodes"):
+        if getattr(quick, name) == 0:  # a stage the quick budget leaves out
+            continue
         assert getattr(smoke, name) <= getattr(quick, name) <= getattr(standard, name), name
 
 
@@ -61,8 +63,8 @@ def test_a_task_picks_its_recipe():
             r"R.yaml: budgets.smoke: unknown setting\(s\) \['bc_stpes'\]",
         ),
         (
-            lambda t: t.replace("  bc_steps: 6000", "  bc_steps: many"),
-            r"R.yaml: budgets.quick: bc_steps: expected int, got 'many'",
+            lambda t: t.replace("  demo_episodes: 200", "  demo_episodes: many"),
+            r"R.yaml: budgets.quick: demo_episodes: expected int, got 'many'",
         ),
         (
             lambda t: t.replace("  bc_lr: 1.0e-3", "  bc_lr: -1.0"),

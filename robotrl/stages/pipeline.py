@@ -70,6 +70,8 @@ if TYPE_CHECKING:
     from robotrl.stages.bc import BCConfig
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
+#: the RL stages a budget may leave out, by the setting that is 0 then: the stage before's policy is handed on
+SKIPPED_BY = {"offline": "offline_iterations", "online": "online_total_steps"}
 #: PipelineConfig's fields that override the recipe's setting of the same name (`Settings`)
 OVERRIDES = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "bc_policy")
 #: PipelineConfig's fields that default to the recipe's value
@@ -158,6 +160,9 @@ class PipelineConfig:
     """actions executed per predicted chunk (training rollouts and evaluation alike)"""
     episode_steps: int | None = None
     """at most this many steps an episode (the recipe's: the task's own length)"""
+    success_tail: int | None = None
+    """BC and distillation train on each episode up to this many steps after its first success (`train bc
+    --success-tail`)"""
     run_dir: Path | None = None
     """default: runs/pipeline-<task>-<time>"""
     resume: bool = False
@@ -369,6 +374,7 @@ def bc_config(config: PipelineConfig, settings: Settings, run_dir: Path) -> BCCo
         steps=settings.bc_steps,
         **bc_options(config, settings),
         execute=settings.execute,
+        success_tail=settings.success_tail,
         warmup=min(500, settings.bc_steps // 10),
         eval_episodes=0,
         run_dir=run_dir / "bc",
@@ -565,6 +571,7 @@ def stage_distill(config: PipelineConfig, settings: Settings, run_dir: Path) -> 
             eval_episodes=0,
             eval_envs=settings.eval_envs,
             execute=settings.execute,
+            success_tail=settings.success_tail,
             run_dir=run_dir / "distill",
             seed=config.seed,
             threads=config.threads,
@@ -689,7 +696,8 @@ def table(rows: list[StageRow], config: PipelineConfig, settings: Settings) -> s
         success = f"{r.success_rate:.1%}" if r.success_rate is not None else "-"
         ci = f"{r.success_ci95[0]:.1%}-{r.success_ci95[1]:.1%}" if r.success_ci95 else "-"
         lat = f"{r.latency_ms:.2f}" if r.latency_ms is not None else "-"
-        lines.append(f"| {r.stage} | {success} | {ci} | {r.env_steps:,} | {r.seconds:.0f} | {lat} | {r.output} |")
+        output = f"skipped: {r.extra['skipped']}" if "skipped" in r.extra else r.output
+        lines.append(f"| {r.stage} | {success} | {ci} | {r.env_steps:,} | {r.seconds:.0f} | {lat} | {output} |")
     return "\n".join(lines)
 
 
@@ -700,6 +708,16 @@ def resolved(config: PipelineConfig) -> PipelineConfig:
     if config.resume and config.config is None and own is not None and own.exists():
         config = dataclasses.replace(config, config=own)
     return from_file(config)
+
+
+def hand_on(before: StageRow, stage: str, setting: str, run_dir: Path) -> StageRow:
+    """A stage the settings leave out (`setting` is 0): the stage before's policy, copied to where the stages after
+    read this one's, with the stage before's figures (the same weights on the same seeds)."""
+    shutil.copytree(Path(before.output), run_dir / stage / "policy")
+    extra = {"skipped": f"{setting} is 0: the {before.stage} stage's policy handed on"}
+    return dataclasses.replace(
+        before, stage=stage, output=str(run_dir / stage / "policy"), env_steps=0, seconds=0.0, extra=extra
+    )
 
 
 def run(config: PipelineConfig) -> list[StageRow]:
@@ -732,6 +750,12 @@ def run(config: PipelineConfig) -> list[StageRow]:
         # a stage killed part-way starts over from nothing: its train state, best record or partial store would
         # otherwise refuse the fresh start (online) or be appended to (demos)
         shutil.rmtree(run_dir / ("demos.zarr" if stage == "demos" else stage), ignore_errors=True)
+        if stage in SKIPPED_BY and getattr(settings, SKIPPED_BY[stage]) == 0:
+            row = hand_on(rows[-1], stage, SKIPPED_BY[stage], run_dir)
+            with rows_path.open("a") as f:
+                f.write(json.dumps(jsonable(row)) + "\n")
+            rows.append(row)
+            continue
         began = time.perf_counter()
         output, env_steps, extra = RUNNERS[stage](config, settings, run_dir)
         seconds = time.perf_counter() - began

@@ -56,6 +56,7 @@ class Settings:
     # --- offline (robotrl train offline)
     offline_extraction: Literal["ppo", "awr"]
     offline_iterations: int
+    """0: the stage is skipped, BC's policy handed on"""
     offline_critic_steps: int
     offline_policy_updates: int
     """ppo extraction: OPE-gated updates per iteration"""
@@ -68,6 +69,7 @@ class Settings:
     interventions: bool
     """the online stage with the simulated operator (train hil); False: plain online RL over the same chain"""
     online_total_steps: int
+    """0: the stage is skipped, the offline stage's policy handed on"""
     online_num_envs: int
     online_rollout_steps: int
     online_minibatch_size: int | None
@@ -103,11 +105,14 @@ class Settings:
     episode_steps: int | None = None
     """at most this many steps an episode (None: the task's own length): the demos are recorded with it and every
     later stage runs the length its policy's spec carries"""
+    success_tail: int | None = None
+    """BC and distillation train on each episode up to this many steps after its first success (None: on every
+    step; `train bc --success-tail`)"""
 
     def __post_init__(self) -> None:
         check_types(self, "Settings")
         positive = [
-            "demo_episodes", "bc_steps", "bc_batch_size", "bc_lr", "online_total_steps", "online_num_envs",
+            "demo_episodes", "bc_steps", "bc_batch_size", "bc_lr", "online_num_envs",
             "online_rollout_steps", "online_lr", "online_gate_episodes", "distill_steps", "distill_batch_size",
             "eval_episodes", "eval_envs", "execute", "offline_rollout_episodes", "offline_gate_episodes",
             "distill_gate_episodes", "online_minibatch_size", "online_sampler_steps", "episode_steps",
