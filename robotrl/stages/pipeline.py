@@ -115,6 +115,7 @@ class PipelineConfig:
     """the offline stage's policy update: awr, advantage-weighted flow matching on the store, or ppo, RL-100's
     clipped PPO over the chain"""
     offline_iterations: int | None = None
+    """0 leaves the offline stage out (BC's policy handed on)"""
     offline_critic_steps: int | None = None
     offline_policy_updates: int | None = None
     offline_awr_steps: int | None = None
@@ -126,6 +127,7 @@ class PipelineConfig:
     """the online stage with the simulated operator (robotrl train hil); False: plain online RL over the same
     Flow-SDE chain"""
     online_total_steps: int | None = None
+    """0 leaves the online stage out (the policy before it handed on)"""
     online_num_envs: int | None = None
     online_rollout_steps: int | None = None
     online_minibatch_size: int | None = None
