@@ -179,8 +179,8 @@ class SequenceSampler:
         text = {k: [meta.get("instruction") or "" for meta in store.episodes] for k in string_keys(store.spec)}
         anchor_ends = None
         if config.success_tail is not None:
-            anchor_ends = success_ends(np.asarray(store.load(["success"])["success"]), store.episode_ends)
-            anchor_ends = np.minimum(anchor_ends + config.success_tail, store.episode_ends)
+            success = np.asarray(store.load(["success"])["success"])
+            anchor_ends = success_ends(success, store.episode_ends, config.success_tail)
         return cls(data, store.episode_ends, obs_keys, config, episodes, text, anchor_ends)
 
     def __len__(self) -> int:
@@ -214,15 +214,16 @@ class SequenceSampler:
         return self.get(rng.integers(0, len(self), size=batch_size))
 
 
-def success_ends(success: np.ndarray, episode_ends: np.ndarray) -> np.ndarray:
-    """Per episode, the row after its first success (its end where it never succeeds)."""
+def success_ends(success: np.ndarray, episode_ends: np.ndarray, tail: int) -> np.ndarray:
+    """Per episode, the row before which its anchors end: `tail` steps past its first success, within the episode
+    (its end where it never succeeds)."""
     ends = np.asarray(episode_ends, dtype=np.int64)
     starts = np.concatenate([[0], ends[:-1]])
     out = ends.copy()
     for i, (a, b) in enumerate(zip(starts, ends)):
         hits = np.flatnonzero(success[a:b])
         if len(hits):
-            out[i] = a + hits[0] + 1
+            out[i] = min(a + hits[0] + 1 + tail, b)
     return out
 
 
