@@ -300,21 +300,25 @@ class Policy(nn.Module):
 
     def save(self, path: str | Path) -> Path:
         """Write the checkpoint directory (weights first, the manifest with their hash last)."""
-        return save_weights(path, self.state_dict(), self.manifest(), {"format": FORMAT, "policy": self.name})
+        return save_weights(path, self.state_dict(), self.manifest(), FORMAT)
 
 
 def save_weights(
-    path: str | Path, state: Mapping[str, torch.Tensor], manifest: Mapping[str, Any], metadata: Mapping[str, str]
+    path: str | Path, state: Mapping[str, torch.Tensor], manifest: Mapping[str, Any], file_format: str
 ) -> Path:
     """A checkpoint directory: `state` as model.safetensors first, then `manifest` with the weights' hash, each
-    replaced atomically, so a directory whose manifest names a hash always holds those whole weights."""
+    replaced atomically, so a directory whose manifest names a hash always holds those whole weights.
+
+    The safetensors header carries one metadata key, `format`: safetensors writes its metadata in hash-map order,
+    which differs from save to save when there are several keys, and identical weights must give identical files
+    and hashes. Everything else about the checkpoint is in the manifest."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
     tmp = path / (WEIGHTS + ".partial")
-    save_file(tensors, str(tmp), metadata=dict(metadata))
+    save_file(tensors, str(tmp), metadata={"format": file_format})
     tmp.replace(path / WEIGHTS)
     manifest = {**manifest, "weights_sha256": sha256(path / WEIGHTS)}
     tmp = path / (MANIFEST + ".partial")

@@ -319,7 +319,7 @@ class SuccessClassifier(nn.Module):
         }
 
     def save(self, path: str | Path) -> Path:
-        return save_weights(path, self.state_dict(), self.manifest(), {"format": FORMAT})
+        return save_weights(path, self.state_dict(), self.manifest(), FORMAT)
 
 
 def load(path: str | Path, device: str = "cpu") -> SuccessClassifier:

@@ -285,6 +285,11 @@ def test_checkpoint_round_trip(
         for p in policy.parameters():
             p.add_(0.01 * torch.randn_like(p))
     policy.eval().save(tmp_path / kind)
+    # identical weights, identical files: every save (safetensors' metadata order varied from save to save)
+    for again in range(6):
+        policy.save(tmp_path / f"again{again}")
+        for name in ("model.safetensors", "manifest.json"):
+            assert (tmp_path / f"again{again}" / name).read_bytes() == (tmp_path / kind / name).read_bytes()
     loaded = load(tmp_path / kind, spec=store.spec)
     assert type(loaded) is type(policy) and loaded.config == policy.config
     manifest = json.loads((tmp_path / kind / "manifest.json").read_text())
