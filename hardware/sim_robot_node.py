@@ -14,7 +14,8 @@ that seed).
 Real time (default): a timer steps the physics every control period with the newest command that is due.
 Lockstep (`lockstep:=true`): one step per command, taken as soon as the command arrives (or after
 `lockstep_timeout` with the last target; while it waits it repeats its status every period, and the observation
-on any topic that DDS matched to a subscriber since it went out, which that subscriber missed): the sim then runs
+on any topic that DDS matched to a subscriber since it went out, which that subscriber missed, once the match has
+settled): the sim then runs
 exactly as the in-process evaluation does, as fast as the policy answers -- for comparing success over ROS 2 with
 `robotrl policy eval`.
 
@@ -53,6 +54,10 @@ from robotrl.hardware.sim_robot import SimRobot, SimRobotConfig
 STATUS_TOPIC = "/robotrl/sim/status"
 RESET_TOPIC = "/robotrl/sim/reset"
 PERTURBATIONS = ("none", "task")
+#: seconds a subscriber must have been matched before the waiting observation set is repeated to it: DDS matches the
+#: two ends one after the other, and a message sent when only the publisher's end had matched was lost (a lockstep
+#: sim then waited its whole `lockstep_timeout` for a command)
+REPEAT_SETTLE_S = 0.5
 
 
 @dataclass
@@ -110,7 +115,9 @@ class SimRobotNode(Node):
         self.episode, self.malformed = 0, 0
         self.done = False
         self.awaiting_since = time.monotonic()
-        self.sent: list[tuple[Publisher, Any, bool]] = []  # the last observation set: (topic, message, matched then)
+        # the last observation set: (topic, message, matched then); topics unmatched then: when a subscriber appeared
+        self.sent: list[tuple[Publisher, Any, bool]] = []
+        self.appeared: dict[int, float] = {}
         t = self.robot.topics
         self.js_pub = self.create_publisher(JointState, t.joint_states, 10)
         self.state_pub = self.create_publisher(Float64MultiArray, t.task_state, 10)
@@ -179,9 +186,13 @@ class SimRobotNode(Node):
     def _repeat_to_new_subscribers(self) -> None:
         """A deploy node that started just before the reset may match a topic after its message went out: without
         the repeat it never completes the observation set and a lockstep sim waits for a command that never comes.
-        Only topics unmatched at publication are repeated, so no subscriber hears an observation twice."""
+        Only topics unmatched at publication are repeated, once, so no subscriber hears an observation twice; and
+        only `REPEAT_SETTLE_S` after their subscriber appeared, so that DDS has matched both ends."""
+        now = time.monotonic()
         for i, (pub, msg, matched) in enumerate(self.sent):
-            if not matched and pub.get_subscription_count() > 0:
+            if matched or pub.get_subscription_count() == 0:
+                continue
+            if now - self.appeared.setdefault(i, now) >= REPEAT_SETTLE_S:
                 pub.publish(msg)
                 self.sent[i] = (pub, msg, True)
 
@@ -206,6 +217,7 @@ class SimRobotNode(Node):
         if "state" in obs:
             messages.append((self.state_pub, float_array_to_msg(obs["state"])))
         self.sent = [(pub, msg, pub.get_subscription_count() > 0) for pub, msg in messages]
+        self.appeared = {}
         for pub, msg in messages:
             pub.publish(msg)
         self._publish_status()
