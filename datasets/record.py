@@ -141,6 +141,13 @@ class DataRecord:
     """module:callable[?key=value&...] returning an object with act(obs) -> actions over the batch (and optional
     reset(num_envs), reset_env(i)): a scripted controller or a trained policy; default: the task's scripted expert"""
 
+    def __post_init__(self) -> None:
+        for field in ("episodes", "num_envs", "episode_steps", "image_size"):
+            if (value := getattr(self, field)) is not None and value < 1:
+                raise ValueError(f"DataRecord.{field}: expected >= 1, got {value}")
+        if self.noise is not None and not self.noise >= 0:  # NaN too
+            raise ValueError(f"DataRecord.noise: expected >= 0, got {self.noise}")
+
 
 def run_record(config: DataRecord) -> EpisodeStore:
     options = {

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from robotrl.datasets import EpisodeStore
+from robotrl.datasets.record import DataRecord
 from test_cli import robotrl
 
 
@@ -175,3 +178,25 @@ def test_record_in_domain_randomization_keeps_the_spec(tmp_path: Path) -> None:
     a, b = EpisodeStore.open(nominal), EpisodeStore.open(randomized)
     a.check_spec(b.spec)
     assert not np.array_equal(a.load(["state"])["state"], b.load(["state"])["state"])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("episodes", 0, "DataRecord.episodes: expected >= 1, got 0"),
+        ("episodes", -5, "DataRecord.episodes: expected >= 1, got -5"),
+        ("num_envs", 0, "DataRecord.num_envs: expected >= 1, got 0"),
+        ("episode_steps", 0, "DataRecord.episode_steps: expected >= 1, got 0"),
+        ("noise", -1.0, "DataRecord.noise: expected >= 0, got -1.0"),
+        ("noise", float("nan"), "DataRecord.noise: expected >= 0, got nan"),
+    ],
+)
+def test_record_refuses_bad_numbers_before_it_creates_a_store(
+    option: str, value: float, message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DataRecord(task="Reach", out=tmp_path / "r.zarr", **{option: value})  # type: ignore[arg-type]
+    if option == "episodes" and value == 0:  # and through the CLI: one line, nothing written
+        out = robotrl("data", "record", "--task", "Reach", "--out", str(tmp_path / "r.zarr"), "--episodes", "0")
+        assert out.returncode != 0 and out.stderr.strip().splitlines()[-1].endswith(message)
+        assert "Traceback" not in out.stderr and not (tmp_path / "r.zarr").exists()
