@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import time
 import warnings
 from collections.abc import Sequence
@@ -388,6 +389,17 @@ class ExportConfig:
     """export directory (default: next to the checkpoint, '<checkpoint>-<format>')"""
     sampler_steps: int | None = None
     """override the policy's sampler steps (flow, DDIM) before exporting; the graph unrolls them"""
+    overwrite: bool = False
+    """replace an earlier export in `out` (without it a non-empty `out` is refused; a directory that is not an
+    export is never replaced)"""
+
+
+def is_export(path: Path) -> bool:
+    """Whether `path` holds an export: a manifest with an "export" entry."""
+    try:
+        return "export" in json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def run_export(config: ExportConfig) -> Path:
@@ -396,6 +408,17 @@ def run_export(config: ExportConfig) -> Path:
     if out is None:
         policy = config.policy.resolve()
         out = policy.with_name(f"{policy.name}-{config.format}")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"ExportConfig.out: expected a directory, got the file {out}")
+    if out.is_dir() and any(out.iterdir()):
+        if not config.overwrite:
+            raise ValueError(
+                f"ExportConfig.out: expected a new or empty directory, got {out} with files in it "
+                "(--overwrite replaces an earlier export)"
+            )
+        if not is_export(out):
+            raise ValueError(f"ExportConfig.out: --overwrite replaces an earlier export; {out} is not one, kept")
+        shutil.rmtree(out)
     out = export(config.policy, out, config.format, steps=config.sampler_steps)
     manifest = json.loads((out / MANIFEST).read_text())
     info = manifest["export"]

@@ -380,6 +380,24 @@ def test_run_export_config(policies: dict, obs: dict[str, np.ndarray], capsys: p
     with pytest.raises(ExportError, match="format"):
         export(ckpt, out, "tflite")  # type: ignore[arg-type]
 
+    # an earlier export is replaced only when asked; a directory that is not an export, or a file, never
+    before = (out / "manifest.json").read_bytes()
+    with pytest.raises(ValueError, match=r"ExportConfig.out: expected a new or empty directory, got .*\(--overwrite"):
+        run_export(ExportConfig(policy=ckpt, format="onnx", sampler_steps=3))
+    assert (out / "manifest.json").read_bytes() == before
+    run_export(ExportConfig(policy=ckpt, format="onnx", sampler_steps=3, overwrite=True))
+    assert runtime.load(out).manifest["config"]["steps"] == 3
+    mine = out.with_name("mine")
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(
+        ValueError, match=r"ExportConfig.out: --overwrite replaces an earlier export; .*mine is not one"
+    ):
+        run_export(ExportConfig(policy=ckpt, out=mine, overwrite=True))
+    assert (mine / "notes.txt").read_text() == "keep"
+    with pytest.raises(ValueError, match=r"ExportConfig.out: expected a directory, got the file .*notes.txt"):
+        run_export(ExportConfig(policy=ckpt, out=mine / "notes.txt"))
+
 
 def test_the_mlp_backbone_is_a_residual_mlp_and_its_misuses_are_refused(pusht: EpisodeStore) -> None:
     """backbone 'mlp': the chunk network is the residual MLP, unpadded (the chunk is the action horizon); unknown
