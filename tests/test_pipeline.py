@@ -229,6 +229,17 @@ def test_a_second_fresh_run_into_the_same_dir_is_refused(smoke):
     assert out.returncode == 2 and "already holds a pipeline" in out.stderr
 
 
+def test_resuming_a_run_dir_without_a_pipeline_is_refused(tmp_path):
+    """--resume on a new directory (a typo in the path) says so instead of starting a new pipeline there."""
+    from robotrl.stages.pipeline import PipelineConfig, run
+
+    with pytest.raises(
+        ValueError, match=r"PipelineConfig.resume: expected a run_dir holding a pipeline \(config.yaml\)"
+    ):
+        run(PipelineConfig(budget="smoke", run_dir=tmp_path / "new", resume=True, progress=False))
+    assert not (tmp_path / "new").exists()
+
+
 def test_distill_store_is_the_online_one_once_it_outweighs_the_demos(tmp_path):
     from robotrl.datasets import EpisodeStore
     from robotrl.datasets.record import record_expert

@@ -737,6 +737,11 @@ def run(config: PipelineConfig) -> list[StageRow]:
             f"PipelineConfig.run_dir: {run_dir} already holds a pipeline ({rows_path}); resume it "
             "(--resume) or pick another run_dir"
         )
+    if config.resume and not (run_dir / CONFIG_FILE).exists():
+        raise ValueError(
+            f"PipelineConfig.resume: expected a run_dir holding a pipeline ({CONFIG_FILE}), got {run_dir} without "
+            "one; leave out --resume to start a new pipeline there"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     ran = RunFile.of(config)
     if not (run_dir / CONFIG_FILE).exists():
