@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +20,42 @@ def default_run_dir(*parts: str) -> Path:
     env's name, `gym:robotrl/Reach-v0?x=1`, holds ':', '/' and '?')."""
     safe = (re.sub(r"[^A-Za-z0-9._-]+", "_", p).strip("_") for p in parts)
     return Path("runs") / "-".join([*safe, time.strftime("%Y%m%d-%H%M%S")])
+
+
+#: the lock file a running job holds in its run directory
+RUN_LOCK = ".run.lock"
+_held: dict[Path, int] = {}  # run directories this process holds: their lock files' descriptors
+
+
+class RunDirBusy(FileExistsError):
+    """Another process is running in the run directory."""
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold `run_dir`'s lock for this process (again for the same process: a no-op), so that a second process
+    cannot train into the same directory and leave it mixed; released by `release_run_dir` or the process's end.
+    Another process holding it is `RunDirBusy`, naming the directory."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir in _held:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / RUN_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunDirBusy(
+            f"run_dir: expected a directory no other process is running in, got {run_dir} (its {RUN_LOCK} is held)"
+        ) from None
+    _held[run_dir] = fd
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Let go of `run_dir`'s lock if this process holds it."""
+    fd = _held.pop(Path(run_dir).resolve(), None)
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def sha256(path: Path) -> str:

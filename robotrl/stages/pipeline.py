@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from robotrl.core.files import default_run_dir
+from robotrl.core.files import default_run_dir, lock_run_dir, release_run_dir
 from robotrl.core.spec import STRING
 from robotrl.stages.recipes import (
     BUDGETS,
@@ -742,7 +742,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
             f"PipelineConfig.resume: expected a run_dir holding a pipeline ({CONFIG_FILE}), got {run_dir} without "
             "one; leave out --resume to start a new pipeline there"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)  # a second `robotrl run` on this directory is refused until this one ends
     ran = RunFile.of(config)
     if not (run_dir / CONFIG_FILE).exists():
         (run_dir / CONFIG_FILE).write_text(ran.text())
@@ -789,6 +789,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
         if config.progress:
             print(table([row], config, settings).splitlines()[-1], flush=True)
     (run_dir / "summary.md").write_text(table(rows, config, settings) + "\n")
+    release_run_dir(run_dir)
     return rows
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from robotrl.core.files import default_run_dir
+from robotrl.core.files import default_run_dir, lock_run_dir, release_run_dir
 from robotrl.envs.tasks import DEFAULT_TASK
 
 
@@ -152,6 +152,7 @@ class RunLog:
     def close(self) -> None:
         self.file.close()
         self.tb.close()
+        release_run_dir(self.run_dir)
 
 
 @dataclass
@@ -237,7 +238,7 @@ def start_run(
         )
     torch.set_num_threads(config.threads)
     run_dir = Path(config.run_dir or default_run_dir(algorithm, task))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir)  # held until the run's log closes: a second process is refused before it writes
     state_path = run_dir / "train_state.pt"
     if config.resume and not state_path.exists():
         raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -183,6 +184,28 @@ def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_afte
     a, b = load(straight.checkpoint), load(resumed.checkpoint)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+
+
+def test_a_run_dir_another_process_runs_in_is_refused(reach_demos: Path, tmp_path: Path) -> None:
+    """Two processes training into one directory would leave it mixed: while one holds it (here this test
+    process, for the `robotrl train bc` it starts), the other is refused in one line before it writes anything."""
+    from robotrl.core.files import lock_run_dir, release_run_dir
+
+    run_dir = tmp_path / "shared"
+    lock_run_dir(run_dir)
+    try:
+        out = subprocess.run(
+            [str(ROBOTRL), "train", "bc", "--store", str(reach_demos), "--run-dir", str(run_dir), "--steps", "5"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        release_run_dir(run_dir)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "run_dir: expected a directory no other process is running in" in out.stderr.splitlines()[-1]
+    assert [p.name for p in run_dir.iterdir()] == [".run.lock"]  # no config.json, log or state written
+    assert train(small(reach_demos, run_dir, steps=5)).checkpoint.exists()  # free again once it is let go
 
 
 def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
