@@ -30,19 +30,19 @@ def record_policy(
     progress: bool = True,
     **meta: Any,
 ) -> list[int]:
-    """Step `env` with `act` until at least `episodes` more episodes are committed to `store` (envs that end
-    on the same step all count); returns their indices. Episodes still running then are discarded, so every
-    stored episode is whole."""
-    recorder = VectorRecorder(store, env.num_envs, source=source, **meta)
+    """Step `env` with `act` until `episodes` more episodes are committed to `store` (of envs that end on the
+    same step, the first ones in env order); returns their indices. Episodes still running then, or ending past
+    the count, are discarded, so every stored episode is whole."""
+    recorder = VectorRecorder(store, env.num_envs, source=source, limit=episodes, **meta)
     obs, _ = env.reset(seed=seed)
     bar = tqdm(total=episodes, desc=f"record {store.spec.task}", unit="ep", disable=not progress, leave=False)
     while len(recorder.finalized) < episodes:
         action = np.asarray(act(obs), dtype=np.float32)
         next_obs, reward, terminated, truncated, info = env.step(action)
         for i in recorder.add(obs, action, reward, terminated, truncated, info):
-            bar.update(1)
             if on_episode_end is not None:
                 on_episode_end(i)
+        bar.update(len(recorder.finalized) - bar.n)
         obs = next_obs
     bar.close()
     recorder.discard()

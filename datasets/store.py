@@ -545,10 +545,19 @@ class VectorRecorder:
     """Records every env of a vector env (same-step auto-reset) into a store, one episode per env episode."""
 
     def __init__(
-        self, store: EpisodeStore, num_envs: int, source: str = "scripted", robot: str = "sim", **meta: Any
+        self,
+        store: EpisodeStore,
+        num_envs: int,
+        source: str = "scripted",
+        robot: str = "sim",
+        limit: int | None = None,
+        **meta: Any,
     ) -> None:
+        """`limit`: commit at most that many episodes; envs whose episodes end after it is reached (several
+        can end on one step) have theirs discarded, so a store gets exactly the episodes asked for."""
         self.writers = [store.writer(source=source, robot=robot, **meta) for _ in range(num_envs)]
         self.finalized: list[int] = []
+        self.limit = limit
 
     def add(
         self,
@@ -576,7 +585,10 @@ class VectorRecorder:
                 now,
             )
             if terminated[i] or truncated[i]:
-                self.finalized.append(w.finalize())
+                if self.limit is not None and len(self.finalized) >= self.limit:
+                    w.discard()
+                else:
+                    self.finalized.append(w.finalize())
                 ended.append(i)
         return ended
 

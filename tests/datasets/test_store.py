@@ -282,6 +282,21 @@ def test_scripted_demos_record_real_episodes(tmp_path: Path) -> None:
     assert np.all(joint >= limits[:, 0] - 1e-3) and np.all(joint <= limits[:, 1] + 1e-3)
 
 
+def test_recording_commits_exactly_the_episodes_asked_for(tmp_path: Path) -> None:
+    """Eight envs whose episodes all end on one step, four episodes asked for: four, the first envs' (eight were
+    committed before); appending five more with three envs runs two rounds and keeps five."""
+    store = record_expert(tmp_path / "r.zarr", "Reach", episodes=4, num_envs=8, episode_steps=10, progress=False)
+    assert store.num_episodes == 4 and store.num_steps == 40
+    first = [store.episode(i).data["state"][0] for i in range(4)]
+    store.close()
+    again = record_expert(tmp_path / "r8.zarr", "Reach", episodes=8, num_envs=8, episode_steps=10, progress=False)
+    for i in range(4):  # the same envs' episodes as the first four of an eight-episode recording
+        np.testing.assert_array_equal(again.episode(i).data["state"][0], first[i])
+    again.close()
+    store = record_expert(tmp_path / "r.zarr", "Reach", episodes=5, num_envs=3, episode_steps=10, progress=False)
+    assert store.num_episodes == 9 and validate(store) == []
+
+
 def test_store_owned_metadata_and_a_refused_spec_release_the_writer(tmp_path: Path) -> None:
     store = EpisodeStore.create(tmp_path / "d.zarr", SPEC)
     with pytest.raises(StoreError, match=r"metadata key\(s\) \['end'\] are set by the store"):
