@@ -5,7 +5,8 @@ Layout (``<name>.zarr/``)::
     zarr.json           root attributes: {"robotrl": {"format", "version"}, "spec": <the task Spec>}
     data/<key>          one array per key, all episodes back to back along axis 0, chunked in time,
                         zstd-compressed and CRC32C-checksummed (a flipped or truncated chunk fails to decode)
-    meta/zarr.json      the commit record: {"episode_ends", "episodes" (per-episode metadata), "stats"}
+    meta/zarr.json      the commit record: {"episode_ends", "episodes" (per-episode metadata), "stats",
+                        "checksum" (SHA-256 of the other three, so an edited or damaged record is refused)}
 
 Per-step keys are the spec's numeric observations plus ``action``, ``reward``, ``terminated``,
 ``truncated``, ``success``, ``intervention`` (a human acted at this step) and ``timestamp`` (wall clock).
@@ -24,6 +25,8 @@ appends and see new episodes after `refresh()`.
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import math
 import os
 import time
@@ -96,6 +99,32 @@ def user_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def string_keys(spec: Spec) -> list[str]:
     return [k for k, v in spec.observations.items() if v.dtype == STRING]
+
+
+def meta_checksum(commit: Mapping[str, Any]) -> str:
+    """SHA-256 of a commit record's episode ends, episode records and statistics, in canonical JSON."""
+    body = {k: commit[k] for k in ("episode_ends", "episodes", "stats")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sealed(commit: dict[str, Any]) -> dict[str, Any]:
+    """The commit record with its checksum, as it is written."""
+    return {**commit, "checksum": meta_checksum(commit)}
+
+
+def stats_problems(stats: Mapping[str, Any], steps: int) -> list[str]:
+    """What is wrong with a commit record's statistics: non-finite sums or bounds, a minimum above its maximum,
+    or a count that is not the committed steps."""
+    problems = []
+    for key, st in stats.items():
+        if st.get("count") != steps:
+            problems.append(f"stats.{key}.count: expected {steps} (the committed steps), got {st.get('count')}")
+        for field in ("sum", "sumsq", "min", "max"):
+            if not np.all(np.isfinite(np.asarray(st.get(field, [np.nan]), np.float64))):
+                problems.append(f"stats.{key}.{field}: expected finite values, got {st.get(field)}")
+        if np.any(np.asarray(st.get("min", 0), np.float64) > np.asarray(st.get("max", 0), np.float64)):
+            problems.append(f"stats.{key}: expected min <= max, got min {st.get('min')} and max {st.get('max')}")
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -227,7 +256,7 @@ class EpisodeStore:
                 fill_value=0,
                 config=ARRAY_CONFIG,
             )
-        root.create_group("meta").attrs.put({"episode_ends": [], "episodes": [], "stats": {}})
+        root.create_group("meta").attrs.put(sealed({"episode_ends": [], "episodes": [], "stats": {}}))
         # the root attributes go last: a directory without them is not yet a store
         root.attrs.put({"robotrl": {"format": FORMAT, "version": VERSION}, "spec": spec.to_dict()})
         return cls(path, mode="a")
@@ -240,6 +269,11 @@ class EpisodeStore:
     def refresh(self) -> None:
         """Re-read the commit record (and array shapes): episodes finalized since opening become visible."""
         meta = zarr.open_group(self._root.store, path="meta", mode="r").attrs.asdict()
+        if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
+            raise StoreError(
+                f"{self.path}/meta/zarr.json: checksum: expected {meta['checksum'][:12]}... (as committed), got "
+                f"{meta_checksum(meta)[:12]}... (the commit record was edited or damaged)"
+            )
         self.episode_ends = np.asarray(meta["episode_ends"], dtype=np.int64)
         self.episodes: list[dict[str, Any]] = list(cast(list[dict[str, Any]], meta["episodes"]))
         self._stats: dict[str, Any] = dict(cast(dict[str, Any], meta.get("stats", {})))
@@ -305,7 +339,10 @@ class EpisodeStore:
             raise CorruptChunkError("; ".join(p.message for p in bad) or f"{self.path}/data/{key}: {e}") from e
 
     def stats(self) -> dict[str, dict[str, np.ndarray]]:
-        """Per-key normalization statistics over every committed step (mean, std, min, max)."""
+        """Per-key normalization statistics over every committed step (mean, std, min, max); statistics that
+        cannot be (not finite, min above max, another count) are refused rather than trained on."""
+        if problems := stats_problems(self._stats, self.num_steps):
+            raise StoreError(f"{self.path}/meta/zarr.json: " + "; ".join(problems))
         return summarize_stats(self._stats, {k: a.shape for k, a in self.arrays_spec.items()})
 
     def summary(self) -> dict[str, Any]:
@@ -403,7 +440,7 @@ class EpisodeStore:
             "episodes": [*self.episodes, record],
             "stats": stats,
         }
-        zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(commit)  # the commit: one atomic file
+        zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(sealed(commit))  # one atomic file
         self.episode_ends = np.asarray(commit["episode_ends"], dtype=np.int64)
         self.episodes, self._stats = commit["episodes"], stats
         return record["index"]
@@ -427,7 +464,7 @@ class EpisodeStore:
             "episodes": self.episodes[:num_episodes],
             "stats": stats,
         }
-        zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(commit)
+        zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(sealed(commit))
         self.refresh()
         self._trim_uncommitted()
 
@@ -683,6 +720,7 @@ def validate(store: EpisodeStore, spec: Spec | None = None) -> list[str]:
                 f"{store.path}/data/{key}: expected shape (>= {store.num_steps}, {', '.join(map(str, a.shape))}) "
                 f"{a.dtype}, got {arr.shape} {arr.dtype}"
             )
+    errors += [f"{store.path}/meta/zarr.json: {p}" for p in stats_problems(store._stats, store.num_steps)]
     if not errors:
         errors += [p.message for p in corrupt_chunks(store)]
     return errors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -295,6 +296,36 @@ def test_recording_commits_exactly_the_episodes_asked_for(tmp_path: Path) -> Non
     again.close()
     store = record_expert(tmp_path / "r.zarr", "Reach", episodes=5, num_envs=3, episode_steps=10, progress=False)
     assert store.num_episodes == 9 and validate(store) == []
+
+
+def test_the_commit_record_is_checksummed_and_its_statistics_checked(tmp_path: Path) -> None:
+    """An edited commit record (a collapsed action range) is refused on open, naming the file; statistics that
+    were sealed as they are but cannot be right (a NaN sum) open, but `validate` names them and training cannot
+    read them."""
+    from robotrl.datasets.store import meta_checksum
+
+    record_expert(tmp_path / "r.zarr", "Reach", episodes=2, num_envs=2, episode_steps=10, progress=False).close()
+    file = tmp_path / "r.zarr" / "meta" / "zarr.json"
+    good = json.loads(file.read_text())
+    meta = good["attributes"]
+    assert meta["checksum"] == meta_checksum(meta)
+    collapsed = json.loads(json.dumps(good))
+    collapsed["attributes"]["stats"]["action"]["max"] = collapsed["attributes"]["stats"]["action"]["min"]
+    file.write_text(json.dumps(collapsed))
+    with pytest.raises(
+        StoreError, match=r"r.zarr/meta/zarr.json: checksum: expected .* \(the commit record was edited"
+    ):
+        EpisodeStore.open(tmp_path / "r.zarr")
+    resealed = json.loads(json.dumps(good))
+    resealed["attributes"]["stats"]["action"]["sum"][0] = float("nan")
+    resealed["attributes"]["checksum"] = meta_checksum(resealed["attributes"])
+    file.write_text(json.dumps(resealed))
+    store = EpisodeStore.open(tmp_path / "r.zarr")
+    assert any("stats.action.sum: expected finite values" in e for e in validate(store)), validate(store)
+    with pytest.raises(StoreError, match=r"stats.action.sum: expected finite values"):
+        store.stats()
+    file.write_text(json.dumps(good))
+    assert validate(EpisodeStore.open(tmp_path / "r.zarr")) == []
 
 
 def test_store_owned_metadata_and_a_refused_spec_release_the_writer(tmp_path: Path) -> None:
