@@ -30,6 +30,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "tail20": {"success_tail": 20},
     "tail20_b256": {"success_tail": 20, "batch_size": 256},
     "tail20_b256_h8": {"success_tail": 20, "batch_size": 256, "policy": {"action_horizon": 8}},
+    "mlp512_tail20": {
+        "success_tail": 20,
+        "batch_size": 256,
+        "policy": {"backbone": "mlp", "mlp_width": 512, "mlp_depth": 4},
+    },
+    "mlp1024_tail20": {
+        "success_tail": 20,
+        "batch_size": 256,
+        "policy": {"backbone": "mlp", "mlp_width": 1024, "mlp_depth": 4},
+    },
 }
 
 

@@ -269,10 +269,11 @@ class EpisodeStore:
     def refresh(self) -> None:
         """Re-read the commit record (and array shapes): episodes finalized since opening become visible."""
         meta = zarr.open_group(self._root.store, path="meta", mode="r").attrs.asdict()
-        if "checksum" in meta and meta["checksum"] != meta_checksum(meta):
+        sealed_as, now = str(meta.get("checksum")), meta_checksum(meta)
+        if "checksum" in meta and sealed_as != now:
             raise StoreError(
-                f"{self.path}/meta/zarr.json: checksum: expected {meta['checksum'][:12]}... (as committed), got "
-                f"{meta_checksum(meta)[:12]}... (the commit record was edited or damaged)"
+                f"{self.path}/meta/zarr.json: checksum: expected {sealed_as[:12]}... (as committed), got "
+                f"{now[:12]}... (the commit record was edited or damaged)"
             )
         self.episode_ends = np.asarray(meta["episode_ends"], dtype=np.int64)
         self.episodes: list[dict[str, Any]] = list(cast(list[dict[str, Any]], meta["episodes"]))
