@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -99,6 +100,17 @@ def user_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def string_keys(spec: Spec) -> list[str]:
     return [k for k, v in spec.observations.items() if v.dtype == STRING]
+
+
+def pid_alive(pid: str) -> bool:
+    """Whether the process `pid` (a string from a file name) is running."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def meta_checksum(commit: Mapping[str, Any]) -> str:
@@ -243,6 +255,20 @@ class EpisodeStore:
             return store
         if path.exists() and any(path.iterdir()):
             raise StoreError(f"{path}: exists and is not an empty directory; refusing to write a store over it")
+        # built beside its place and renamed into it: a kill leaves no half-made store at `path` (only a hidden
+        # `.<name>.creating-<pid>`, which the next create removes once that process is gone)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f".{path.name}.creating-*"):
+            if not pid_alive(stale.name.rsplit("-", 1)[-1]):
+                shutil.rmtree(stale, ignore_errors=True)
+        building = path.with_name(f".{path.name}.creating-{os.getpid()}")
+        shutil.rmtree(building, ignore_errors=True)
+        cls._build(building, spec)
+        os.rename(building, path)  # onto a missing or empty directory: atomic
+        return cls(path, mode="a")
+
+    @staticmethod
+    def _build(path: Path, spec: Spec) -> None:
         arrays = step_arrays(spec)
         root = zarr.open_group(zarr.storage.LocalStore(path), mode="w")
         data = root.create_group("data")
@@ -257,9 +283,7 @@ class EpisodeStore:
                 config=ARRAY_CONFIG,
             )
         root.create_group("meta").attrs.put(sealed({"episode_ends": [], "episodes": [], "stats": {}}))
-        # the root attributes go last: a directory without them is not yet a store
         root.attrs.put({"robotrl": {"format": FORMAT, "version": VERSION}, "spec": spec.to_dict()})
-        return cls(path, mode="a")
 
     @classmethod
     def open(cls, path: str | Path, mode: str = "r") -> EpisodeStore:

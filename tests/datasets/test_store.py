@@ -298,6 +298,33 @@ def test_recording_commits_exactly_the_episodes_asked_for(tmp_path: Path) -> Non
     assert store.num_episodes == 9 and validate(store) == []
 
 
+def test_a_store_killed_while_it_is_created_leaves_nothing_and_a_rerun_works(tmp_path: Path) -> None:
+    """`data record` SIGKILLed half-way through making its new store (after two of its arrays): nothing at the
+    store's path, and the rerun creates and records as if the first had never run."""
+    path = tmp_path / "new.zarr"
+    code = textwrap.dedent(
+        f"""
+        import os, signal, zarr
+        made = []
+        create_array = zarr.Group.create_array
+        def dying(self, *args, **kwargs):
+            made.append(args)
+            if len(made) == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return create_array(self, *args, **kwargs)
+        zarr.Group.create_array = dying
+        from robotrl.datasets.record import record_expert
+        record_expert({str(path)!r}, "Reach", episodes=2, num_envs=2, episode_steps=10, progress=False)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert not path.exists() and len(list(tmp_path.glob(".new.zarr.creating-*"))) == 1  # the half-made one, aside
+    store = record_expert(path, "Reach", episodes=2, num_envs=2, episode_steps=10, progress=False)
+    assert store.num_episodes == 2 and validate(store) == []
+    assert not list(tmp_path.glob(".new.zarr.creating-*"))  # the dead process's leftovers removed
+
+
 def test_the_commit_record_is_checksummed_and_its_statistics_checked(tmp_path: Path) -> None:
     """An edited commit record (a collapsed action range) is refused on open, naming the file; statistics that
     were sealed as they are but cannot be right (a NaN sum) open, but `validate` names them and training cannot
