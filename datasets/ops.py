@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from robotrl.datasets.store import EpisodeStore, StoreError, user_meta, validate
+from robotrl.datasets.store import EpisodeStore, StoreError, made_aside, user_meta, validate
 
 
 @dataclass
@@ -157,9 +157,11 @@ def merge(config: DataMerge) -> EpisodeStore:
     sources = [EpisodeStore.open(p) for p in config.inputs]
     for s in sources[1:]:
         s.spec.check(sources[0].spec, this=f"store {s.path}", that=f"store {sources[0].path}")
-    out = EpisodeStore.create(config.out, sources[0].spec)
-    for s in sources:
-        copy_episodes(s, out)
+    # built aside: a killed merge leaves no store that looks whole
+    with made_aside(config.out) as aside, EpisodeStore.create(aside, sources[0].spec) as building:
+        for s in sources:
+            copy_episodes(s, building)
+    out = EpisodeStore.open(config.out)
     print(f"{config.out}: {out.num_episodes} episodes, {out.num_steps} steps from {len(sources)} store(s)")
     return out
 
@@ -178,11 +180,13 @@ def split(config: DataSplit) -> tuple[EpisodeStore, EpisodeStore]:
     n_first = min(src.num_episodes - 1, max(1, round(config.fraction * src.num_episodes)))
     parts = (sorted(order[:n_first].tolist()), sorted(order[n_first:].tolist()))
     stores = []
-    for path, eps in zip(outs, parts):
-        dst = EpisodeStore.create(path, src.spec)
-        copy_episodes(src, dst, eps)
-        stores.append(dst)
-        print(f"{path}: {dst.num_episodes} episodes, {dst.num_steps} steps")
+    with made_aside(outs[0]) as first, made_aside(outs[1]) as second:  # both whole, or neither
+        for path, eps in zip((first, second), parts):
+            with EpisodeStore.create(path, src.spec) as dst:
+                copy_episodes(src, dst, eps)
+    for path in outs:
+        stores.append(EpisodeStore.open(path))
+        print(f"{path}: {stores[-1].num_episodes} episodes, {stores[-1].num_steps} steps")
     return stores[0], stores[1]
 
 
@@ -208,7 +212,8 @@ def import_(config: DataImport) -> EpisodeStore:
     if config.format == "lerobot":
         from robotrl.datasets.lerobot import import_lerobot
 
-        store = import_lerobot(config.input, config.out, spec=spec)
+        with made_aside(config.out) as aside:
+            import_lerobot(config.input, aside, spec=spec).close()
     else:
         from robotrl.datasets.mcap import embedded_spec, import_mcap
 
@@ -220,6 +225,8 @@ def import_(config: DataImport) -> EpisodeStore:
             raise ValueError(
                 f"task: {config.input} carries no robotrl spec; expected --task naming the task it records"
             )
-        store = import_mcap(config.input, config.out, spec, control_hz=config.control_hz)
+        with made_aside(config.out) as aside:  # a killed import leaves no store that looks whole
+            import_mcap(config.input, aside, spec, control_hz=config.control_hz).close()
+    store = EpisodeStore.open(config.out)
     print(f"{config.out}: {store.num_episodes} episodes, {store.num_steps} steps imported from {config.input}")
     return store

@@ -32,6 +32,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -100,6 +101,28 @@ def user_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def string_keys(spec: Spec) -> list[str]:
     return [k for k, v in spec.observations.items() if v.dtype == STRING]
+
+
+@contextmanager
+def made_aside(path: Path) -> Iterator[Path]:
+    """A new output directory made whole or not at all: the block builds it at the hidden sibling it is given
+    (`.<name>.partial-<pid>`), which is renamed to `path` when the block ends (removed if it raises). A kill
+    leaves nothing at `path`; the next `made_aside` of it removes what a dead process left aside."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise StoreError(f"{path}: exists and is not an empty directory; refusing to write a store over it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.partial-*"):
+        if not pid_alive(stale.name.rsplit("-", 1)[-1]):
+            shutil.rmtree(stale, ignore_errors=True)
+    aside = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    try:
+        yield aside
+    except BaseException:
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+    os.rename(aside, path)  # onto a missing or empty directory: atomic
 
 
 def pid_alive(pid: str) -> bool:
@@ -255,16 +278,8 @@ class EpisodeStore:
             return store
         if path.exists() and any(path.iterdir()):
             raise StoreError(f"{path}: exists and is not an empty directory; refusing to write a store over it")
-        # built beside its place and renamed into it: a kill leaves no half-made store at `path` (only a hidden
-        # `.<name>.creating-<pid>`, which the next create removes once that process is gone)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.creating-*"):
-            if not pid_alive(stale.name.rsplit("-", 1)[-1]):
-                shutil.rmtree(stale, ignore_errors=True)
-        building = path.with_name(f".{path.name}.creating-{os.getpid()}")
-        shutil.rmtree(building, ignore_errors=True)
-        cls._build(building, spec)
-        os.rename(building, path)  # onto a missing or empty directory: atomic
+        with made_aside(path) as aside:  # a kill leaves no half-made store at `path`
+            cls._build(aside, spec)
         return cls(path, mode="a")
 
     @staticmethod

@@ -17,6 +17,7 @@ import pytest
 
 from robotrl import ArraySpec, Spec, SpecMismatchError
 from robotrl.datasets import CorruptChunkError, EpisodeStore, StoreError, validate
+from robotrl.datasets.ops import DataMerge, merge
 from robotrl.datasets.record import record_expert
 
 SPEC = Spec(
@@ -319,10 +320,40 @@ def test_a_store_killed_while_it_is_created_leaves_nothing_and_a_rerun_works(tmp
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    assert not path.exists() and len(list(tmp_path.glob(".new.zarr.creating-*"))) == 1  # the half-made one, aside
+    assert not path.exists() and len(list(tmp_path.glob(".new.zarr.partial-*"))) == 1  # the half-made one, aside
     store = record_expert(path, "Reach", episodes=2, num_envs=2, episode_steps=10, progress=False)
     assert store.num_episodes == 2 and validate(store) == []
-    assert not list(tmp_path.glob(".new.zarr.creating-*"))  # the dead process's leftovers removed
+    assert not list(tmp_path.glob(".new.zarr.partial-*"))  # the dead process's leftovers removed
+
+
+def test_a_merge_killed_half_way_leaves_nothing_and_a_rerun_works(tmp_path: Path) -> None:
+    """`data merge` SIGKILLed after three of its four episodes were committed to the new store: no store at
+    `--out` (it left one that validated as whole with three), and the rerun merges all four."""
+    for name in ("a", "b"):
+        record_expert(tmp_path / f"{name}.zarr", "Reach", episodes=2, num_envs=2, episode_steps=10, progress=False)
+    out = tmp_path / "m.zarr"
+    code = textwrap.dedent(
+        f"""
+        import os, signal
+        from pathlib import Path
+        from robotrl.datasets import EpisodeStore
+        from robotrl.datasets.ops import DataMerge, merge
+        append = EpisodeStore.append_episode
+        def dying(self, *args, **kwargs):
+            index = append(self, *args, **kwargs)
+            if index == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return index
+        EpisodeStore.append_episode = dying
+        merge(DataMerge(inputs=[Path({str(tmp_path / "a.zarr")!r}), Path({str(tmp_path / "b.zarr")!r})],
+                        out=Path({str(out)!r})))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert not out.exists()
+    merged = merge(DataMerge(inputs=[tmp_path / "a.zarr", tmp_path / "b.zarr"], out=out))
+    assert merged.num_episodes == 4 and validate(merged) == [] and not list(tmp_path.glob(".m.zarr.partial-*"))
 
 
 def test_the_commit_record_is_checksummed_and_its_statistics_checked(tmp_path: Path) -> None:
