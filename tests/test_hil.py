@@ -251,8 +251,12 @@ def test_bad_configs_are_refused(bc_flow: Path, tmp_path: Path) -> None:
     train(once)
     with pytest.raises(FileExistsError, match=r"HilConfig.run_dir: .*once already holds a run"):
         train(once)
-    with pytest.raises(ValueError, match=r"HilConfig.ema: the run in .*once was started without an average"):
+    with pytest.raises(
+        ValueError, match=r"HilConfig.resume: .*once/config.json records other settings \(ema: run has 0.0, given 0.5\)"
+    ):
         train(replace(once, resume=True, ema=0.5))
+    with pytest.raises(ValueError, match=r"HilConfig.ema: the run in .*once was started without an average"):
+        train(replace(once, resume=True, ema=0.5, resume_changes=("ema",)))  # allowed to differ, yet impossible
 
 
 def test_killed_run_resumes_exactly(

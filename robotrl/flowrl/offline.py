@@ -53,7 +53,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -92,6 +92,9 @@ class OfflineFlowConfig(PolicyRunOptions):
     """Improve a flow policy checkpoint offline (RL-100): an IQL critic from a store, clipped PPO over the denoising
     chain, an OPE gate on every update, and rounds of rollouts added to the data. Evaluates every iteration;
     a train state is written after every iteration (`checkpoint_every`, `log_every`, `eval_every` are unused)."""
+
+    # each iteration's schedules are its own: more iterations continue the run as it was
+    RESUME_MAY_CHANGE: ClassVar[tuple[str, ...]] = (*PolicyRunOptions.RESUME_MAY_CHANGE, "iterations")
 
     policy: Path = Path("runs/bc-flow/policy")
     """the flow policy checkpoint to start from (`robotrl train bc policy:flow` or `train online` output)"""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from robotrl.training.loop import PolicyRunOptions, RLResult, RunLog, TrainClock
 @dataclass
 class OfflineOptions(PolicyRunOptions):
     """What an offline actor-critic run (IQL, Cal-QL) reads and how it updates: its config's shared fields."""
+
+    # a constant learning rate: more steps continue the run as it was
+    RESUME_MAY_CHANGE: ClassVar[tuple[str, ...]] = (*PolicyRunOptions.RESUME_MAY_CHANGE, "steps")
 
     store: Path = Path("data/pusht.zarr")
     """episodes to learn from (demonstrations, earlier runs)"""

@@ -315,7 +315,7 @@ def train(config: PpoConfig) -> RLResult:
                     if not math.isfinite(loss.item()):
                         raise TrainingDiverged(
                             f"ppo iteration {it}: loss is {loss.item()}; the last good train "
-                            f"state is kept ({state_path}); resume with a lower lr"
+                            f"state is kept ({state_path}); resume with --resume-changes lr and a lower --lr"
                         )
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()

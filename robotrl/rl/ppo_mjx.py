@@ -575,7 +575,7 @@ def train(config: PpoConfig) -> RLResult:
                 raise TrainingDiverged(
                     f"ppo (mjx) iteration {it}: loss or weights are not finite (loss "
                     f"{float(m['loss'])}); the last good train state is kept ({state_path}); "
-                    f"resume with a lower lr"
+                    f"resume with --resume-changes lr and a lower --lr"
                 )
             state = new_state
 

@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -59,6 +59,9 @@ from robotrl.training.loop import (
 @dataclass
 class SacConfig(PolicyRunOptions, TaskOptions):
     """Train a tanh-Gaussian actor and a critic ensemble online on a task's vector env (SAC / RLPD)."""
+
+    # a constant learning rate: more env steps continue the run as it was
+    RESUME_MAY_CHANGE: ClassVar[tuple[str, ...]] = (*PolicyRunOptions.RESUME_MAY_CHANGE, "total_steps")
 
     num_envs: int = 1
     total_steps: int = 20_000

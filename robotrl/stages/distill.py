@@ -35,7 +35,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -62,26 +62,13 @@ from robotrl.training.loop import (
     start_run,
 )
 
-#: config fields that do not change what a run computes: they may differ between a run and its resumption
-NOT_RESULT = (
-    "run_dir",
-    "resume",
-    "stop_after",
-    "progress",
-    "log_every",
-    "checkpoint_every",
-    "eval_every",
-    "eval_episodes",
-    "eval_envs",
-    "execute",
-    "threads",
-)
-
 
 @dataclass
 class DistillConfig(PolicyRunOptions):
     """Distill a flow, diffusion or VLA policy into a one-step consistency policy on the teacher's training data
     (the teacher is evaluated on the student's held-out episodes too)."""
+
+    RESUME_MAY_CHANGE: ClassVar[tuple[str, ...]] = (*PolicyRunOptions.RESUME_MAY_CHANGE, "stop_after")
 
     teacher: Path = Path("runs/bc-flow/policy")
     """the teacher's checkpoint directory (`robotrl train bc` output)"""
@@ -182,21 +169,6 @@ def load_teacher(path: Path, device: str = "cpu") -> Policy:
             f"expected a checkpoint of one of {teachers()}"
         )
     return teacher.requires_grad_(False).eval()
-
-
-def check_resumable(saved: dict[str, Any], config: DistillConfig, run_dir: Path) -> None:
-    """Refuse to continue a run with settings that would change what it computes."""
-    now = jsonable(config)
-    for k in ("teacher", "store"):  # the same files, however the path is spelled
-        if k in saved and Path(saved[k]).resolve() == Path(now[k]).resolve():
-            saved = {**saved, k: now[k]}
-    changed = [k for k in now if k not in NOT_RESULT and k in saved and saved[k] != now[k]]
-    if changed:
-        detail = ", ".join(f"{k}: run has {saved[k]!r}, given {now[k]!r}" for k in changed)
-        raise ValueError(
-            f"resume: {run_dir / 'config.json'} differs from the given config ({detail}); resume with "
-            "the run's settings or start a new run_dir"
-        )
 
 
 class TeacherGap:
@@ -353,9 +325,6 @@ def train(config: DistillConfig) -> DistillResult:
     sampler = SequenceSampler.from_store(store, windows)
 
     run_dir, state_path, rng = start_run(config, f"distill-{teacher.name}", store.spec.task, holds="train_state.pt")
-    if config.resume:
-        check_resumable(json.loads((run_dir / "config.json").read_text()), config, run_dir)
-
     # student (the teacher's architecture and weights), optimizer, schedule, target network, EMA
     student = student_for(teacher, config.teacher_steps, channels=config.channels).to(config.device)
     start_policy = copy.deepcopy(student).eval() if config.gate_episodes else None

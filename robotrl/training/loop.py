@@ -8,9 +8,9 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, Self, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Self, TypeVar
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from torch import nn
 
 from robotrl.core.files import default_run_dir, lock_run_dir, release_run_dir
 from robotrl.envs.tasks import DEFAULT_TASK
+
+#: what a diverged run's message advises
+LOWER_LR = "resume with --resume-changes lr and a lower --lr"
 
 
 class TrainingDiverged(RuntimeError):
@@ -36,7 +39,7 @@ def optimizer_step(
     changes. Returns (loss, gradient norm)."""
     value = float(loss.detach())
     if not math.isfinite(value):
-        raise TrainingDiverged(f"{where}: loss is {value}; the last good checkpoint is kept (resume with a lower lr)")
+        raise TrainingDiverged(f"{where}: loss is {value}; the last good checkpoint is kept ({LOWER_LR})")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
@@ -50,7 +53,7 @@ def gradient_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, where: s
     before any weight changes, so the last train state on disk stays good."""
     value = loss.item()
     if not math.isfinite(value):
-        raise TrainingDiverged(f"{where} loss is {value}; the last good train state is kept (resume with a lower lr)")
+        raise TrainingDiverged(f"{where} loss is {value}; the last good train state is kept ({LOWER_LR})")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -61,8 +64,7 @@ def check_finite_weights(module: nn.Module, where: str) -> None:
     so that the last good train state on disk is what is kept."""
     if not all(torch.isfinite(p).all() for p in module.parameters()):
         raise TrainingDiverged(
-            f"{where}: weights are not finite after the update; the last good train state is "
-            "kept (resume with a lower lr)"
+            f"{where}: weights are not finite after the update; the last good train state is kept ({LOWER_LR})"
         )
 
 
@@ -173,10 +175,27 @@ class RunOptions:
     """The run directory, its train states, logging, seed and threads: what every training run's config shares
     (BC, distillation, the classifier and every RL run); `start_run` sets a run up from them."""
 
+    #: settings a resumption may change: they do not alter what the run computes
+    RESUME_MAY_CHANGE: ClassVar[tuple[str, ...]] = (
+        "run_dir",
+        "resume",
+        "resume_changes",
+        "progress",
+        "threads",
+        "device",
+        "log_every",
+        "checkpoint_every",
+        "eval_every",
+    )
+
     run_dir: Path | None = None
     """default: runs/<algorithm>-<task>-<time>"""
     resume: bool = False
-    """continue the run in run_dir exactly from its last train state"""
+    """continue the run in run_dir exactly from its last train state; settings that would alter the run (its
+    data, sizes, learning rate, schedule) must be as recorded in run_dir/config.json"""
+    resume_changes: tuple[str, ...] = ()
+    """settings a resumption may change although they alter the run (e.g. `lr` after a divergence); each such
+    resumption is kept in run_dir/resumed.jsonl"""
     seed: int = 0
     threads: int = 1
     """torch CPU threads"""
@@ -198,6 +217,10 @@ class RunOptions:
             raise ValueError(f"{name}.eval_every: expected >= 0, got {self.eval_every}")
         if self.resume and self.run_dir is None:
             raise ValueError(f"{name}.resume: needs run_dir (the run to continue)")
+        self.resume_changes = tuple(self.resume_changes)
+        names = {f.name for f in fields(self)}
+        if unknown := [f for f in self.resume_changes if f not in names]:
+            raise ValueError(f"{name}.resume_changes: expected names of {name}'s settings, got {unknown}")
         if self.run_dir is not None:
             self.run_dir = Path(self.run_dir)
 
@@ -205,6 +228,13 @@ class RunOptions:
 @dataclass
 class PolicyRunOptions(RunOptions):
     """`RunOptions` of a run that ends with a policy evaluated on held-out episodes in the vector env."""
+
+    RESUME_MAY_CHANGE: ClassVar[tuple[str, ...]] = (
+        *RunOptions.RESUME_MAY_CHANGE,
+        "eval_episodes",
+        "eval_envs",
+        "execute",
+    )  # evaluations draw from their own generators: they never move the run's random streams
 
     eval_episodes: int = 50
     """held-out episodes of the final evaluation (0: none)"""
@@ -218,6 +248,37 @@ class PolicyRunOptions(RunOptions):
             raise ValueError(f"{name}.eval_envs: expected >= 1, got {self.eval_envs}")
         if self.eval_episodes < 0:
             raise ValueError(f"{name}.eval_episodes: expected >= 0, got {self.eval_episodes}")
+
+
+def check_resumable(config: RunOptions, run_dir: Path) -> None:
+    """Refuse a resumption whose settings differ from the run's recorded ones where that would alter the run
+    (outside `RESUME_MAY_CHANGE` and the config's `resume_changes`), naming each field and both values; a path
+    counts as the same however it is spelled. An allowed change of an altering setting is logged."""
+    file = run_dir / "config.json"
+    if not file.exists():
+        return
+    recorded = json.loads(file.read_text())
+    now = json.loads(json.dumps(jsonable(config)))
+    free = set(type(config).RESUME_MAY_CHANGE)
+    changed = {}
+    for key, value in now.items():
+        old = recorded.get(key, value)
+        if key in free or old == value:
+            continue
+        if isinstance(old, str) and isinstance(value, str) and Path(old).resolve() == Path(value).resolve():
+            continue
+        changed[key] = (old, value)
+    refused = {k: v for k, v in changed.items() if k not in config.resume_changes}
+    if refused:
+        detail = "; ".join(f"{k}: run has {old!r}, given {new!r}" for k, (old, new) in refused.items())
+        raise ValueError(
+            f"{type(config).__name__}.resume: {file} records other settings ({detail}); a resumption may change "
+            f"{', '.join(sorted(free - {'resume', 'resume_changes'}))}, and what --resume-changes names"
+        )
+    if changed:
+        with (run_dir / "resumed.jsonl").open("a") as f:
+            row = {"changed": {k: {"run": old, "given": new} for k, (old, new) in changed.items()}}
+            f.write(json.dumps(row) + "\n")
 
 
 def start_run(
@@ -242,6 +303,8 @@ def start_run(
     state_path = run_dir / "train_state.pt"
     if config.resume and not state_path.exists():
         raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
+    if config.resume:
+        check_resumable(config, run_dir)
     if not config.resume:
         (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
     torch.manual_seed(config.seed)

@@ -163,6 +163,11 @@ def test_cli_trains_sac_ppo_and_sb3_on_a_gymnasium_id_and_refuses_to_resume_it(t
     assert "eval/mean_return" in rows[-1] and not any("success_rate" in k for row in rows for k in row)
 
     resumed = robotrl("train", "sac", *common, "--total-steps", "600", "--run-dir", "sac", "--resume", cwd=tmp_path)
+    assert resumed.returncode == 2 and "SacConfig.resume: " in resumed.stderr  # without the run's --num-envs 2
+    assert "(num_envs: run has 2, given 1)" in resumed.stderr
+    resumed = robotrl(
+        "train", "sac", *common, "--total-steps", "600", "--num-envs", "2", "--run-dir", "sac", "--resume", cwd=tmp_path
+    )
     assert resumed.returncode == 2 and resumed.stderr.count("\n") == 1
     assert "resume: gym:Pendulum-v1 cannot restore its simulator state" in resumed.stderr
 

@@ -179,6 +179,17 @@ def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_afte
     ]
     step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
     assert 10 <= step < 60, step
+    # a resumption that would alter the run is refused, naming each field and both values
+    with pytest.raises(
+        ValueError,
+        match=r"BCConfig.resume: .*config.json records other settings \(batch_size: run "
+        r"has 32, given 64; lr: run has 0.0003, given 0.001\); a resumption may change checkpoint_every",
+    ):
+        train(replace(cfg, resume=True, batch_size=64, lr=1e-3))
+    other = tmp_path / "pusht.zarr"  # another task's store: it ended in a PyTorch traceback
+    record_expert(other, "PushT", episodes=1, num_envs=1, episode_steps=20, progress=False).close()
+    with pytest.raises(ValueError, match=r"store: run has '.*reach.*', given '.*pusht.zarr'"):
+        train(replace(cfg, resume=True, store=other))
     resumed = train(replace(cfg, resume=True))
     straight = train(replace(cfg, run_dir=tmp_path / "straight"))
     a, b = load(straight.checkpoint), load(resumed.checkpoint)
