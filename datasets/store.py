@@ -238,9 +238,12 @@ class EpisodeStore:
             raise StoreError(
                 f"{self.path}: not a robotrl episode store (no zarr.json); create one with EpisodeStore.create"
             )
-        self._root = zarr.open_group(
-            zarr.storage.LocalStore(self.path, read_only=mode == "r"), mode="r" if mode == "r" else "r+"
-        )
+        try:
+            self._root = zarr.open_group(
+                zarr.storage.LocalStore(self.path, read_only=mode == "r"), mode="r" if mode == "r" else "r+"
+            )
+        except ValueError as e:  # a damaged zarr.json: JSON that does not parse, or not a group's
+            raise StoreError(f"{self.path}/zarr.json: expected a zarr group's JSON, got an error: {e}") from e
         head = self._root.attrs.get("robotrl")
         if not isinstance(head, dict) or head.get("format") != FORMAT:
             raise StoreError(f"{self.path}: root attribute 'robotrl.format': expected {FORMAT!r}, got {head!r}")
@@ -307,7 +310,10 @@ class EpisodeStore:
     # --- reading -----------------------------------------------------------------------------------
     def refresh(self) -> None:
         """Re-read the commit record (and array shapes): episodes finalized since opening become visible."""
-        meta = zarr.open_group(self._root.store, path="meta", mode="r").attrs.asdict()
+        try:
+            meta = zarr.open_group(self._root.store, path="meta", mode="r").attrs.asdict()
+        except ValueError as e:
+            raise StoreError(f"{self.path}/meta/zarr.json: expected the commit record's JSON, got an error: {e}") from e
         sealed_as, now = str(meta.get("checksum")), meta_checksum(meta)
         if "checksum" in meta and sealed_as != now:
             raise StoreError(
@@ -328,6 +334,8 @@ class EpisodeStore:
             arr = zarr.open_array(self._root.store, path=f"data/{key}", mode="r" if self.mode == "r" else "r+")
         except FileNotFoundError as e:
             raise StoreError(f"{self.path}/data/{key}: array missing (the spec has key {key!r})") from e
+        except ValueError as e:
+            raise StoreError(f"{self.path}/data/{key}/zarr.json: expected an array's JSON, got an error: {e}") from e
         return arr.with_config(ARRAY_CONFIG)
 
     @property

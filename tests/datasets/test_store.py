@@ -356,6 +356,21 @@ def test_a_merge_killed_half_way_leaves_nothing_and_a_rerun_works(tmp_path: Path
     assert merged.num_episodes == 4 and validate(merged) == [] and not list(tmp_path.glob(".m.zarr.partial-*"))
 
 
+@pytest.mark.parametrize(
+    ("file", "what"),
+    [
+        ("zarr.json", "a zarr group's"),
+        ("meta/zarr.json", "the commit record's"),
+        ("data/action/zarr.json", "an array's"),
+    ],
+)
+def test_a_damaged_metadata_file_is_named(file: str, what: str, tmp_path: Path) -> None:
+    record_expert(tmp_path / "r.zarr", "Reach", episodes=1, num_envs=1, episode_steps=5, progress=False).close()
+    (tmp_path / "r.zarr" / file).write_text('{"bad')
+    with pytest.raises(StoreError, match=re.escape(f"r.zarr/{file}: expected {what} JSON, got an error: ")):
+        EpisodeStore.open(tmp_path / "r.zarr")
+
+
 def test_the_commit_record_is_checksummed_and_its_statistics_checked(tmp_path: Path) -> None:
     """An edited commit record (a collapsed action range) is refused on open, naming the file; statistics that
     were sealed as they are but cannot be right (a NaN sum) open, but `validate` names them and training cannot
