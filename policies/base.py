@@ -352,7 +352,10 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
         raise CheckpointError(
             f"{path / MANIFEST}: policy: expected one of {sorted(POLICIES)}, got {manifest['policy']!r}"
         )
-    saved_spec = Spec.from_dict(manifest["spec"])
+    try:
+        saved_spec = Spec.from_dict(manifest["spec"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path / MANIFEST}: spec: not a valid spec ({e})") from None
     if spec is not None:
         saved_spec.check(spec, this=f"checkpoint {path.name}", that="expected spec")
     config = config_from_dict(cls.config_cls, manifest["config"], str(path / MANIFEST))

@@ -296,6 +296,13 @@ def test_bad_checkpoints_and_specs_are_refused(reach_demos: Path, tmp_path: Path
     (bad / "manifest.json").write_text(json.dumps({**manifest, "config": {**manifest["config"], "depth": 3}}))
     with pytest.raises(CheckpointError, match=r"unknown field\(s\) \['depth'\]"):
         load(bad)
+    edited = {
+        **manifest["spec"],
+        "observations": {"state": {**manifest["spec"]["observations"]["state"], "shape": [5]}},
+    }
+    (bad / "manifest.json").write_text(json.dumps({**manifest, "spec": edited}))
+    with pytest.raises(CheckpointError, match=r"bad/manifest.json: spec: not a valid spec \(ArraySpec.fields"):
+        load(bad)
     with pytest.raises(CheckpointError, match="not a robotrl checkpoint"):
         load(tmp_path)
 
