@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,6 +49,17 @@ def lock_run_dir(run_dir: Path) -> None:
             f"run_dir: expected a directory no other process is running in, got {run_dir} (its {RUN_LOCK} is held)"
         ) from None
     _held[run_dir] = fd
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Delete everything in `run_dir` but its lock (`--overwrite`: the caller holds the lock)."""
+    for item in Path(run_dir).iterdir():
+        if item.name == RUN_LOCK:
+            continue
+        if item.is_dir() and not item.is_symlink():
+            shutil.rmtree(item)
+        else:
+            item.unlink()
 
 
 def release_run_dir(run_dir: Path) -> None:

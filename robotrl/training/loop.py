@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from robotrl.core.files import default_run_dir, lock_run_dir, release_run_dir
+from robotrl.core.files import clear_run_dir, default_run_dir, lock_run_dir, release_run_dir
 from robotrl.envs.tasks import DEFAULT_TASK
 
 #: what a diverged run's message advises
@@ -180,6 +180,7 @@ class RunOptions:
         "run_dir",
         "resume",
         "resume_changes",
+        "overwrite",
         "progress",
         "threads",
         "device",
@@ -193,6 +194,8 @@ class RunOptions:
     resume: bool = False
     """continue the run in run_dir exactly from its last train state; settings that would alter the run (its
     data, sizes, learning rate, schedule) must be as recorded in run_dir/config.json"""
+    overwrite: bool = False
+    """start afresh in a run_dir that holds a run, deleting what it holds (without it such a run_dir is refused)"""
     resume_changes: tuple[str, ...] = ()
     """settings a resumption may change although they alter the run (e.g. `lr` after a divergence); each such
     resumption is kept in run_dir/resumed.jsonl"""
@@ -217,6 +220,8 @@ class RunOptions:
             raise ValueError(f"{name}.eval_every: expected >= 0, got {self.eval_every}")
         if self.resume and self.run_dir is None:
             raise ValueError(f"{name}.resume: needs run_dir (the run to continue)")
+        if self.resume and self.overwrite:
+            raise ValueError(f"{name}.overwrite: expected either --resume or --overwrite, got both")
         self.resume_changes = tuple(self.resume_changes)
         names = {f.name for f in fields(self)}
         if unknown := [f for f in self.resume_changes if f not in names]:
@@ -285,21 +290,19 @@ def start_run(
     config: RunOptions, algorithm: str, task: str, holds: str | None = None
 ) -> tuple[Path, Path, np.random.Generator]:
     """Threads, seeds, the run directory (its config.json on a fresh start; its train state must exist to resume):
-    (run_dir, train state path, the run's numpy generator). With `holds`, a fresh start is refused where run_dir
-    already has that file (a run whose train state or replay a fresh start would overwrite)."""
-    if (
-        holds is not None
-        and not config.resume
-        and config.run_dir is not None
-        and (Path(config.run_dir) / holds).exists()
-    ):
+    (run_dir, train state path, the run's numpy generator). A fresh start is refused where run_dir already holds a
+    run (its config.json, or the `holds` file: a train state or replay) unless `overwrite` clears it first."""
+    run_dir = Path(config.run_dir or default_run_dir(algorithm, task))
+    held = [m for m in ("config.json", holds) if m is not None and (run_dir / m).exists()]
+    if held and not config.resume and not config.overwrite:
         raise FileExistsError(
-            f"{type(config).__name__}.run_dir: {config.run_dir} already holds a run ({holds}); "
-            "resume it (--resume) or pick another run_dir"
+            f"{type(config).__name__}.run_dir: {run_dir} already holds a run ({held[-1]}); resume it (--resume), "
+            "replace it (--overwrite) or pick another run_dir"
         )
     torch.set_num_threads(config.threads)
-    run_dir = Path(config.run_dir or default_run_dir(algorithm, task))
     lock_run_dir(run_dir)  # held until the run's log closes: a second process is refused before it writes
+    if held and config.overwrite:
+        clear_run_dir(run_dir)
     state_path = run_dir / "train_state.pt"
     if config.resume and not state_path.exists():
         raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")

@@ -216,7 +216,17 @@ def test_a_run_dir_another_process_runs_in_is_refused(reach_demos: Path, tmp_pat
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert "run_dir: expected a directory no other process is running in" in out.stderr.splitlines()[-1]
     assert [p.name for p in run_dir.iterdir()] == [".run.lock"]  # no config.json, log or state written
-    assert train(small(reach_demos, run_dir, steps=5)).checkpoint.exists()  # free again once it is let go
+    first = train(small(reach_demos, run_dir, steps=5))  # free again once it is let go
+    # a finished run is kept unless --overwrite says otherwise, and then nothing of it stays
+    with pytest.raises(FileExistsError, match=r"BCConfig.run_dir: .*shared already holds a run .*--overwrite"):
+        train(small(reach_demos, run_dir, steps=6))
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 1
+    (run_dir / "notes.txt").write_text("of the first run")
+    second = train(small(reach_demos, run_dir, steps=6, overwrite=True, log_every=3))
+    assert first.checkpoint == second.checkpoint and not (run_dir / "notes.txt").exists()
+    assert [json.loads(r)["step"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()] == [3, 6]
+    with pytest.raises(ValueError, match=r"BCConfig.overwrite: expected either --resume or --overwrite, got both"):
+        small(reach_demos, run_dir, resume=True, overwrite=True)
 
 
 def test_success_only_clones_the_successful_episodes(tmp_path: Path) -> None:
