@@ -238,6 +238,13 @@ def test_resuming_a_run_dir_without_a_pipeline_is_refused(tmp_path):
     ):
         run(PipelineConfig(budget="smoke", run_dir=tmp_path / "new", resume=True, progress=False))
     assert not (tmp_path / "new").exists()
+    # a pipeline killed in its first stage (config.yaml, no stages yet) is a pipeline too
+    (tmp_path / "killed").mkdir()
+    (tmp_path / "killed" / "config.yaml").write_text("task: PushT\n")
+    with pytest.raises(FileExistsError, match=r"already holds a pipeline \(.*config.yaml\); .* \(--overwrite\)"):
+        run(PipelineConfig(budget="smoke", run_dir=tmp_path / "killed", progress=False))
+    with pytest.raises(ValueError, match=r"PipelineConfig.overwrite: expected either --resume or --overwrite"):
+        PipelineConfig(run_dir=tmp_path / "killed", resume=True, overwrite=True)
 
 
 def test_distill_store_is_the_online_one_once_it_outweighs_the_demos(tmp_path):

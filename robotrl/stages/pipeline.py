@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from robotrl.core.files import default_run_dir, lock_run_dir, release_run_dir
+from robotrl.core.files import clear_run_dir, default_run_dir, lock_run_dir, release_run_dir
 from robotrl.core.spec import STRING
 from robotrl.stages.recipes import (
     BUDGETS,
@@ -169,6 +169,8 @@ class PipelineConfig:
     """default: runs/pipeline-<task>-<time>"""
     resume: bool = False
     """skip the stages finished in run_dir (the rest run by its config.yaml and the options given here)"""
+    overwrite: bool = False
+    """start afresh in a run_dir that holds a pipeline, deleting what it holds"""
     seed: int = 0
     threads: int = 2
     device: str = "cpu"
@@ -203,6 +205,8 @@ class PipelineConfig:
             raise ValueError(f"PipelineConfig.threads: expected >= 1, got {self.threads}")
         if self.resume and self.run_dir is None:
             raise ValueError("PipelineConfig.resume: needs run_dir (the pipeline to continue)")
+        if self.resume and self.overwrite:
+            raise ValueError("PipelineConfig.overwrite: expected either --resume or --overwrite, got both")
         if self.run_dir is not None:
             self.run_dir = Path(self.run_dir)
         if self.config is not None:
@@ -732,10 +736,11 @@ def run(config: PipelineConfig) -> list[StageRow]:
     settings = config.settings()
     run_dir = Path(config.run_dir or default_run_dir("pipeline", config.task))
     rows_path = run_dir / "stages.jsonl"
-    if not config.resume and rows_path.exists():
+    held = [p for p in (run_dir / CONFIG_FILE, rows_path) if p.exists()]
+    if held and not config.resume and not config.overwrite:
         raise FileExistsError(
-            f"PipelineConfig.run_dir: {run_dir} already holds a pipeline ({rows_path}); resume it "
-            "(--resume) or pick another run_dir"
+            f"PipelineConfig.run_dir: {run_dir} already holds a pipeline ({held[-1]}); resume it (--resume), "
+            "replace it (--overwrite) or pick another run_dir"
         )
     if config.resume and not (run_dir / CONFIG_FILE).exists():
         raise ValueError(
@@ -743,6 +748,8 @@ def run(config: PipelineConfig) -> list[StageRow]:
             "one; leave out --resume to start a new pipeline there"
         )
     lock_run_dir(run_dir)  # a second `robotrl run` on this directory is refused until this one ends
+    if held and config.overwrite:
+        clear_run_dir(run_dir)
     ran = RunFile.of(config)
     if not (run_dir / CONFIG_FILE).exists():
         (run_dir / CONFIG_FILE).write_text(ran.text())
