@@ -30,6 +30,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "tail20": {"success_tail": 20},
     "tail20_b256": {"success_tail": 20, "batch_size": 256},
     "tail20_b256_h8": {"success_tail": 20, "batch_size": 256, "policy": {"action_horizon": 8}},
+    "unet_tail20_b256": {  # the quick budget's BC before the chunk MLP
+        "success_tail": 20,
+        "batch_size": 256,
+        "policy": {"backbone": "unet", "channels": (32, 64, 128)},
+    },
     "mlp512_tail20": {
         "success_tail": 20,
         "batch_size": 256,
