@@ -133,7 +133,10 @@ def test_killed_run_resumes_exactly(tmp_path: Path, straight: Path, kill_after_f
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path, straight: Path) -> None:
     run_dir = shutil.copytree(straight, tmp_path / "nan")  # the straight run goes on serving the resume test
     before = torch.load(run_dir / "train_state.pt", weights_only=True)
-    proc = run_cli(*budget(4, run_dir, "--resume", "--resume-changes", "lr", "--lr", "1e30"), check=False)  # blows up
+    # one iteration more at a learning rate that blows the weights up: both changes named
+    proc = run_cli(
+        *budget(4, run_dir, "--resume", "--resume-changes", "lr", "total_steps", "--lr", "1e30"), check=False
+    )
     assert proc.returncode != 0
     assert "TrainingDiverged: ppo (mjx) iteration 3: loss or weights are not finite" in proc.stderr, proc.stderr[-2000:]
     after = torch.load(run_dir / "train_state.pt", weights_only=True)
