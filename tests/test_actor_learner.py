@@ -284,5 +284,20 @@ def test_bad_configs_name_the_field(tmp_path: Path) -> None:
     train(small(tmp_path / "once", total_steps=16, learning_starts=8, checkpoint_every=8))
     with pytest.raises(FileExistsError, match="already holds a run"):
         train(small(tmp_path / "once", total_steps=16))
-    with pytest.raises(ValueError, match=r"ActorLearnerConfig.workers: the run in .* has 2 workers, got 3"):
+    with pytest.raises(
+        ValueError,
+        match=r"ActorLearnerConfig.resume: .*config.json records other settings \(.*"
+        r"workers: run has 2, given 3\)",
+    ):
         train(small(tmp_path / "once", total_steps=16, workers=3, resume=True))
+    with pytest.raises(ValueError, match=r"ActorLearnerConfig.workers: the run in .* has 2 workers, got 3"):
+        train(
+            small(
+                tmp_path / "once",
+                total_steps=16,
+                learning_starts=8,
+                workers=3,
+                resume=True,
+                resume_changes=("workers",),
+            )
+        )  # allowed to differ, yet a replay per worker cannot be remade
