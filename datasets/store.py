@@ -41,6 +41,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from robotrl.core.files import try_flock
 from robotrl.core.spec import STRING, ArraySpec, Spec, SpecMismatchError
 
 if TYPE_CHECKING:
@@ -421,14 +422,9 @@ class EpisodeStore:
 
     # --- writing -----------------------------------------------------------------------------------
     def _lock(self) -> None:
-        fd = os.open(self.path / ".writer.lock", os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreError(
-                f"{self.path}: another process is writing to this store (lock .writer.lock is held)"
-            ) from None
+        fd = try_flock(self.path / ".writer.lock")
+        if fd is None:
+            raise StoreError(f"{self.path}: another process is writing to this store (lock .writer.lock is held)")
         self._lock_fd = fd
 
     def close(self) -> None:

@@ -40,15 +40,24 @@ def lock_run_dir(run_dir: Path) -> None:
     if run_dir in _held:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / RUN_LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = try_flock(run_dir / RUN_LOCK)
+    if fd is None:
+        raise RunDirBusy(
+            f"run_dir: expected a directory no other process is running in, got {run_dir} (its {RUN_LOCK} is held)"
+        )
+    _held[run_dir] = fd
+
+
+def try_flock(file: Path) -> int | None:
+    """An exclusive `flock` on `file` (created if missing), without waiting: its descriptor, which holds the lock
+    until closed or the process ends, or None where another holds it."""
+    fd = os.open(file, os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunDirBusy(
-            f"run_dir: expected a directory no other process is running in, got {run_dir} (its {RUN_LOCK} is held)"
-        ) from None
-    _held[run_dir] = fd
+        return None
+    return fd
 
 
 def clear_run_dir(run_dir: Path) -> None:
