@@ -57,7 +57,7 @@ PERTURBATIONS = ("none", "task")
 #: seconds a subscriber must have been matched before the waiting observation set is repeated to it: DDS matches the
 #: two ends one after the other, and a message sent when only the publisher's end had matched was lost (a lockstep
 #: sim then waited its whole `lockstep_timeout` for a command)
-REPEAT_SETTLE_S = 0.5
+REPEAT_SETTLE_S = 2.0
 
 
 @dataclass
