@@ -280,9 +280,7 @@ class EpisodeStore:
                 store.close()
                 raise
             return store
-        if path.exists() and any(path.iterdir()):
-            raise StoreError(f"{path}: exists and is not an empty directory; refusing to write a store over it")
-        with made_aside(path) as aside:  # a kill leaves no half-made store at `path`
+        with made_aside(path) as aside:  # refuses a non-empty `path`; a kill leaves no half-made store there
             cls._build(aside, spec)
         return cls(path, mode="a")
 

@@ -71,6 +71,14 @@ def clear_run_dir(run_dir: Path) -> None:
             item.unlink()
 
 
+def claim_run_dir(run_dir: Path, clear: bool) -> None:
+    """Lock `run_dir` for this process, then (`clear`: an --overwrite of a run it holds) empty it: cleared only
+    under the lock, so no other process is running there meanwhile."""
+    lock_run_dir(run_dir)
+    if clear:
+        clear_run_dir(run_dir)
+
+
 def release_run_dir(run_dir: Path) -> None:
     """Let go of `run_dir`'s lock if this process holds it."""
     fd = _held.pop(Path(run_dir).resolve(), None)

@@ -30,6 +30,7 @@ from robotrl.envs import make
 from robotrl.policies.nets import last_linear, mlp
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
+    LOWER_LR,
     PolicyRunOptions,
     RLResult,
     RunLog,
@@ -315,7 +316,7 @@ def train(config: PpoConfig) -> RLResult:
                     if not math.isfinite(loss.item()):
                         raise TrainingDiverged(
                             f"ppo iteration {it}: loss is {loss.item()}; the last good train "
-                            f"state is kept ({state_path}); resume with --resume-changes lr and a lower --lr"
+                            f"state is kept ({state_path}); {LOWER_LR}"
                         )
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()

@@ -42,6 +42,7 @@ from tqdm import tqdm
 from robotrl.rl.ppo import PpoAgent, PpoConfig
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
+    LOWER_LR,
     RLResult,
     RunLog,
     TrainClock,
@@ -575,7 +576,7 @@ def train(config: PpoConfig) -> RLResult:
                 raise TrainingDiverged(
                     f"ppo (mjx) iteration {it}: loss or weights are not finite (loss "
                     f"{float(m['loss'])}); the last good train state is kept ({state_path}); "
-                    f"resume with --resume-changes lr and a lower --lr"
+                    f"{LOWER_LR}"
                 )
             state = new_state
 

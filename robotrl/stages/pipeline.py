@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from robotrl.core.files import clear_run_dir, default_run_dir, lock_run_dir, release_run_dir
+from robotrl.core.files import claim_run_dir, default_run_dir, release_run_dir
 from robotrl.core.spec import STRING
 from robotrl.stages.recipes import (
     BUDGETS,
@@ -747,9 +747,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
             f"PipelineConfig.resume: expected a run_dir holding a pipeline ({CONFIG_FILE}), got {run_dir} without "
             "one; leave out --resume to start a new pipeline there"
         )
-    lock_run_dir(run_dir)  # a second `robotrl run` on this directory is refused until this one ends
-    if held and config.overwrite:
-        clear_run_dir(run_dir)
+    claim_run_dir(run_dir, clear=bool(held) and config.overwrite)  # a second `robotrl run` here is refused
     ran = RunFile.of(config)
     if not (run_dir / CONFIG_FILE).exists():
         (run_dir / CONFIG_FILE).write_text(ran.text())

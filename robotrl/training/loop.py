@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from robotrl.core.files import clear_run_dir, default_run_dir, lock_run_dir, release_run_dir
+from robotrl.core.files import claim_run_dir, default_run_dir, release_run_dir
 from robotrl.envs.tasks import DEFAULT_TASK
 
 #: what a diverged run's message advises
@@ -300,9 +300,7 @@ def start_run(
             "replace it (--overwrite) or pick another run_dir"
         )
     torch.set_num_threads(config.threads)
-    lock_run_dir(run_dir)  # held until the run's log closes: a second process is refused before it writes
-    if held and config.overwrite:
-        clear_run_dir(run_dir)
+    claim_run_dir(run_dir, clear=bool(held) and config.overwrite)  # locked until the run's log closes
     state_path = run_dir / "train_state.pt"
     if config.resume and not state_path.exists():
         raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
