@@ -59,7 +59,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from robotrl.core.files import read_json_object
+from robotrl.core.files import made_aside, read_json_object
 from robotrl.core.spec import STRING, ArraySpec, Spec, SpecMismatchError
 from robotrl.datasets.store import EpisodeStore, user_meta
 
@@ -421,10 +421,6 @@ def export_lerobot(
     """
     store = store_or_path if isinstance(store_or_path, EpisodeStore) else EpisodeStore.open(store_or_path)
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(
-            f"{out}: exists and is not an empty directory; refusing to write a LeRobot dataset over it"
-        )
     rate = store.spec.control_hz if fps is None else fps
     if float(rate) <= 0 or not float(rate).is_integer():
         raise ValueError(
@@ -441,10 +437,8 @@ def export_lerobot(
             f"{odd[0]!r} is {store.spec.observations[odd[0]].shape}; use vcodec='libx264rgb' or video=False"
         )
 
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with made_aside(out, "a LeRobot dataset") as tmp:
+        tmp.mkdir(parents=True)
         info = _write_dataset(
             store, tmp, int(rate), video, vcodec, crf, data_files_size_in_mb, video_files_size_in_mb, progress
         )
@@ -452,12 +446,6 @@ def export_lerobot(
         info["robotrl_spec"] = store.spec.to_dict()
         (tmp / INFO_PATH).write_text(json.dumps(info, indent=4, ensure_ascii=False))
         _write_card(tmp, info)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        out.rmdir()
-    tmp.rename(out)
     return out
 
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from robotrl.datasets.store import EpisodeStore, StoreError, made_aside, user_meta, validate
+from robotrl.core.files import made_aside
+from robotrl.datasets.store import EpisodeStore, StoreError, user_meta, validate
 
 
 @dataclass
@@ -158,7 +159,7 @@ def merge(config: DataMerge) -> EpisodeStore:
     for s in sources[1:]:
         s.spec.check(sources[0].spec, this=f"store {s.path}", that=f"store {sources[0].path}")
     # built aside: a killed merge leaves no store that looks whole
-    with made_aside(config.out) as aside, EpisodeStore.create(aside, sources[0].spec) as building:
+    with made_aside(config.out, "a store") as aside, EpisodeStore.create(aside, sources[0].spec) as building:
         for s in sources:
             copy_episodes(s, building)
     out = EpisodeStore.open(config.out)
@@ -180,7 +181,7 @@ def split(config: DataSplit) -> tuple[EpisodeStore, EpisodeStore]:
     n_first = min(src.num_episodes - 1, max(1, round(config.fraction * src.num_episodes)))
     parts = (sorted(order[:n_first].tolist()), sorted(order[n_first:].tolist()))
     stores = []
-    with made_aside(outs[0]) as first, made_aside(outs[1]) as second:  # both whole, or neither
+    with made_aside(outs[0], "a store") as first, made_aside(outs[1], "a store") as second:  # both whole, or neither
         for path, eps in zip((first, second), parts):
             with EpisodeStore.create(path, src.spec) as dst:
                 copy_episodes(src, dst, eps)
@@ -212,7 +213,7 @@ def import_(config: DataImport) -> EpisodeStore:
     if config.format == "lerobot":
         from robotrl.datasets.lerobot import import_lerobot
 
-        with made_aside(config.out) as aside:
+        with made_aside(config.out, "a store") as aside:
             import_lerobot(config.input, aside, spec=spec).close()
     else:
         from robotrl.datasets.mcap import embedded_spec, import_mcap
@@ -225,7 +226,7 @@ def import_(config: DataImport) -> EpisodeStore:
             raise ValueError(
                 f"task: {config.input} carries no robotrl spec; expected --task naming the task it records"
             )
-        with made_aside(config.out) as aside:  # a killed import leaves no store that looks whole
+        with made_aside(config.out, "a store") as aside:  # a killed import leaves no store that looks whole
             import_mcap(config.input, aside, spec, control_hz=config.control_hz).close()
     store = EpisodeStore.open(config.out)
     print(f"{config.out}: {store.num_episodes} episodes, {store.num_steps} steps imported from {config.input}")

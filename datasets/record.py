@@ -35,16 +35,16 @@ def record_policy(
     the count, are discarded, so every stored episode is whole."""
     recorder = VectorRecorder(store, env.num_envs, source=source, limit=episodes, **meta)
     obs, _ = env.reset(seed=seed)
-    bar = tqdm(total=episodes, desc=f"record {store.spec.task}", unit="ep", disable=not progress, leave=False)
-    while len(recorder.finalized) < episodes:
-        action = np.asarray(act(obs), dtype=np.float32)
-        next_obs, reward, terminated, truncated, info = env.step(action)
-        for i in recorder.add(obs, action, reward, terminated, truncated, info):
-            if on_episode_end is not None:
-                on_episode_end(i)
-        bar.update(len(recorder.finalized) - bar.n)
-        obs = next_obs
-    bar.close()
+    # closed (and cleared) on an error too, so the error's line is not appended to the bar's
+    with tqdm(total=episodes, desc=f"record {store.spec.task}", unit="ep", disable=not progress, leave=False) as bar:
+        while len(recorder.finalized) < episodes:
+            action = np.asarray(act(obs), dtype=np.float32)
+            next_obs, reward, terminated, truncated, info = env.step(action)
+            for i in recorder.add(obs, action, reward, terminated, truncated, info):
+                if on_episode_end is not None:
+                    on_episode_end(i)
+            bar.update(len(recorder.finalized) - bar.n)
+            obs = next_obs
     recorder.discard()
     return recorder.finalized
 

@@ -29,10 +29,8 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -41,7 +39,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
-from robotrl.core.files import try_flock
+from robotrl.core.files import made_aside, try_flock
 from robotrl.core.spec import STRING, ArraySpec, Spec, SpecMismatchError
 
 if TYPE_CHECKING:
@@ -102,39 +100,6 @@ def user_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def string_keys(spec: Spec) -> list[str]:
     return [k for k, v in spec.observations.items() if v.dtype == STRING]
-
-
-@contextmanager
-def made_aside(path: Path) -> Iterator[Path]:
-    """A new output directory made whole or not at all: the block builds it at the hidden sibling it is given
-    (`.<name>.partial-<pid>`), which is renamed to `path` when the block ends (removed if it raises). A kill
-    leaves nothing at `path`; the next `made_aside` of it removes what a dead process left aside."""
-    path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise StoreError(f"{path}: exists and is not an empty directory; refusing to write a store over it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.partial-*"):
-        if not pid_alive(stale.name.rsplit("-", 1)[-1]):
-            shutil.rmtree(stale, ignore_errors=True)
-    aside = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    shutil.rmtree(aside, ignore_errors=True)
-    try:
-        yield aside
-    except BaseException:
-        shutil.rmtree(aside, ignore_errors=True)
-        raise
-    os.rename(aside, path)  # onto a missing or empty directory: atomic
-
-
-def pid_alive(pid: str) -> bool:
-    """Whether the process `pid` (a string from a file name) is running."""
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def meta_checksum(commit: Mapping[str, Any]) -> str:
@@ -280,7 +245,7 @@ class EpisodeStore:
                 store.close()
                 raise
             return store
-        with made_aside(path) as aside:  # refuses a non-empty `path`; a kill leaves no half-made store there
+        with made_aside(path, "a store") as aside:  # refuses a non-empty `path`; a kill leaves no half-made store there
             cls._build(aside, spec)
         return cls(path, mode="a")
 
@@ -466,15 +431,11 @@ class EpisodeStore:
             if x.shape != (length, *a.shape):
                 raise SpecMismatchError(f"append_episode: '{key}': expected shape {(length, *a.shape)}, got {x.shape}")
             arrays[key] = x.astype(a.dtype, copy=False)
-        start = self.num_steps
-        end = start + length
-        for key, x in arrays.items():  # rows first; invisible until the commit below
-            arr = self._arrays[key]
-            arr.resize((end, *arr.shape[1:]))
-            arr[start:end] = x
         clash = sorted(set(meta) & set(RECORD_KEYS))
         if clash:
             raise StoreError(f"append_episode: metadata key(s) {clash} are set by the store; expected other names")
+        start = self.num_steps
+        end = start + length
         record = {**dict(meta), "index": self.num_episodes, "start": start, "end": end, "length": length}
         stats = update_stats(self._stats, {k: arrays[k] for k in _stat_keys(self.arrays_spec)})
         commit: dict[str, Any] = {
@@ -482,7 +443,17 @@ class EpisodeStore:
             "episodes": [*self.episodes, record],
             "stats": stats,
         }
-        zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(sealed(commit))  # one atomic file
+        try:
+            for key, x in arrays.items():  # rows first; invisible until the commit below
+                arr = self._arrays[key]
+                arr.resize((end, *arr.shape[1:]))
+                arr[start:end] = x
+            zarr.open_group(self._root.store, path="meta", mode="r+").attrs.put(sealed(commit))  # one atomic file
+        except OSError as e:  # a full disk: the rows past the last commit are trimmed by the next writer
+            raise StoreError(
+                f"{self.path}: {e.strerror or e} while appending episode {self.num_episodes}; "
+                f"its {self.num_episodes} committed episodes are kept"
+            ) from e
         self.episode_ends = np.asarray(commit["episode_ends"], dtype=np.int64)
         self.episodes, self._stats = commit["episodes"], stats
         return record["index"]

@@ -312,18 +312,14 @@ def save_weights(
     The safetensors header carries one metadata key, `format`: safetensors writes its metadata in hash-map order,
     which differs from save to save when there are several keys, and identical weights must give identical files
     and hashes. Everything else about the checkpoint is in the manifest."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
-    tmp = path / (WEIGHTS + ".partial")
-    save_file(tensors, str(tmp), metadata={"format": file_format})
-    tmp.replace(path / WEIGHTS)
+    files.write_atomically(path / WEIGHTS, save(tensors, metadata={"format": file_format}))
     manifest = {**manifest, "weights_sha256": sha256(path / WEIGHTS)}
-    tmp = path / (MANIFEST + ".partial")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(path / MANIFEST)
+    files.write_atomically(path / MANIFEST, json.dumps(manifest, indent=2))
     return path
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 import time
 import warnings
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from robotrl.core.files import made_aside
 from robotrl.core.spec import STRING
 from robotrl.policies.base import MANIFEST, Policy, read_manifest, sha256
 from robotrl.policies.timing import torch_threads
@@ -219,6 +219,9 @@ def export(
     another batch size and compared with the eager policy on the same noise; a max abs difference above
     `tolerance` (env units; default: the policy class's `export_tolerance`, else `TOLERANCE`) is an `ExportError`
     (it would mean the trace baked in something input-dependent).
+
+    The export is built beside `out_dir` and moved into place whole: a kill leaves `out_dir` as it was, and an
+    earlier export there is replaced only once the new one is complete.
     """
     if format not in FILES:
         raise ExportError(f"export format: expected one of {sorted(FILES)}, got {format!r}")
@@ -241,18 +244,31 @@ def export(
         tolerance = float(getattr(policy, "export_tolerance", TOLERANCE))
     model = ExportedPolicy(policy).eval()
     specs = input_specs(model.policy)
-    names = [s["name"] for s in specs]
     inputs = tuple(torch.from_numpy(x) for x in example_inputs(model.policy, batch=2))
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with made_aside(Path(out_dir), "an export", replace=True) as aside:
+        aside.mkdir(parents=True)
+        _write_export(model, source, aside, inputs, specs, format, opset, verify, tolerance)
+    return Path(out_dir)
+
+
+def _write_export(
+    model: ExportedPolicy,
+    source: dict[str, Any],
+    out_dir: Path,
+    inputs: tuple[torch.Tensor, ...],
+    specs: list[dict[str, Any]],
+    format: Literal["onnx", "torchscript"],
+    opset: int,
+    verify: bool,
+    tolerance: float,
+) -> None:
     file = out_dir / FILES[format]
-    tmp = file.with_name(file.name + ".partial")
+    names = [s["name"] for s in specs]
     start = time.perf_counter()
     with torch_threads(1):  # tracing is per-op overhead on tiny tensors: 1 thread is faster (and no OMP spin)
-        deterministic, error = _write(model, inputs, names, tmp, format, opset, verify, tolerance)
+        deterministic, error = _write(model, inputs, names, file, format, opset, verify, tolerance)
     seconds = time.perf_counter() - start
-    tmp.replace(file)
 
     cfg = model.policy.config
     manifest = {
@@ -290,10 +306,7 @@ def export(
             "export_seconds": round(seconds, 2),
         },
     }
-    tmp = out_dir / (MANIFEST + ".partial")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(out_dir / MANIFEST)
-    return out_dir
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def _write(
@@ -418,7 +431,6 @@ def run_export(config: ExportConfig) -> Path:
             )
         if not is_export(out):
             raise ValueError(f"ExportConfig.out: --overwrite replaces an earlier export; {out} is not one, kept")
-        shutil.rmtree(out)
     out = export(config.policy, out, config.format, steps=config.sampler_steps)
     manifest = json.loads((out / MANIFEST).read_text())
     info = manifest["export"]

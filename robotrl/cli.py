@@ -649,8 +649,19 @@ def run(prog: str, command: Command, args: Sequence[str]) -> Any:
     except Exception as e:
         if os.environ.get("ROBOTRL_TRACEBACK") or not user_error(e):
             raise
-        message = str(e) if not isinstance(e, OSError) or not e.filename else f"{e.strerror}: {e.filename}"
-        fail(prog, name_the_field(message or type(e).__name__, config, e))
+        fail(prog, name_the_field(os_message(e, config) or type(e).__name__, config, e))
+
+
+def os_message(error: BaseException, config: Any) -> str:
+    """An OS error as "<cause>: <path>". A failed write names no file (a full disk mid-write): then the
+    command's output, the field `out` or `run_dir`, is the path it was writing under."""
+    if not isinstance(error, OSError) or error.errno is None:
+        return str(error)
+    if error.filename:
+        return f"{error.strerror}: {error.filename}"
+    fields = ("out", "run_dir")
+    outputs = [f"{n}: {error.strerror} while writing {v}" for n in fields if (v := getattr(config, n, None))]
+    return outputs[0] if outputs else str(error)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,66 @@ def release_run_dir(run_dir: Path) -> None:
     if fd is not None:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes | str) -> None:
+    """`path` holds `data` whole or keeps what it held: written beside it (`<name>.partial`), then renamed over
+    it. An OS error (a full disk, no permission) removes the partial file and names `path`, where a failed
+    `write` names no file at all."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+
+
+@contextmanager
+def made_aside(path: Path, what: str = "an output", replace: bool = False) -> Iterator[Path]:
+    """A new output directory made whole or not at all: the block builds it at the hidden sibling it is given
+    (`.<name>.partial-<pid>`), which is renamed to `path` when the block ends (removed if it raises). A kill
+    leaves `path` as it was; the next `made_aside` of it removes what a dead process left aside. `path` must be
+    missing or empty, unless `replace` (the caller has decided it may go): then it is swapped out only once the
+    new one is whole. An OS error inside the block names `path`, not the hidden sibling."""
+    path = Path(path)
+    if not replace and path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{path}: exists and is not an empty directory; refusing to write {what} over it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.*-*"):
+        if stale.name.rsplit("-", 1)[0] in (f".{path.name}.partial", f".{path.name}.old") and not pid_alive(
+            stale.name.rsplit("-", 1)[-1]
+        ):
+            shutil.rmtree(stale, ignore_errors=True)
+    aside = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    try:
+        yield aside
+    except BaseException as e:
+        shutil.rmtree(aside, ignore_errors=True)
+        if isinstance(e, OSError) and e.filename and str(e.filename).startswith(str(aside)):
+            raise OSError(e.errno, e.strerror, str(e.filename).replace(str(aside), str(path), 1)) from e
+        raise
+    if replace and path.exists():
+        old = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.rename(path, old)
+        os.rename(aside, path)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        os.rename(aside, path)  # onto a missing or empty directory: atomic
+
+
+def pid_alive(pid: str) -> bool:
+    """Whether the process `pid` (a string from a file name) is running."""
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def sha256(path: Path) -> str:

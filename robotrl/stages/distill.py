@@ -31,6 +31,7 @@ matches the ten-step samples, would give it away.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import time
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from robotrl.core.files import write_atomically
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
 from robotrl.envs.rollouts import EpisodeStats
@@ -251,15 +253,15 @@ class TeacherLabels:
         self.action = np.concatenate([self.action, action]) if len(self) else action
         self.round = np.concatenate([self.round, np.full(len(action), step, np.int64)])
         self.env_steps = np.concatenate([self.env_steps, [[step, steps]]])
-        tmp = self.path.with_suffix(".partial.npz")
         arrays: dict[str, Any] = {
             "action": self.action,
             "round": self.round,
             "env_steps": self.env_steps,
             **{f"obs.{k}": v for k, v in self.obs.items()},
         }
-        np.savez(tmp, **arrays)
-        tmp.replace(self.path)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        write_atomically(self.path, buffer.getvalue())
         return stats.success_rate
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, Any]:

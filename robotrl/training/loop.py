@@ -4,6 +4,7 @@ with TensorBoard events and metrics.jsonl, and exact resume (model, EMA, optimiz
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
 import time
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from robotrl.core.files import claim_run_dir, default_run_dir, release_run_dir
+from robotrl.core.files import claim_run_dir, default_run_dir, release_run_dir, write_atomically
 from robotrl.envs.tasks import DEFAULT_TASK
 
 #: what a diverged run's message advises
@@ -307,7 +308,7 @@ def start_run(
     if config.resume:
         check_resumable(config, run_dir)
     if not config.resume:
-        (run_dir / "config.json").write_text(json.dumps(jsonable(config), indent=2))
+        write_atomically(run_dir / "config.json", json.dumps(jsonable(config), indent=2))
     torch.manual_seed(config.seed)
     return run_dir, state_path, np.random.default_rng(config.seed)
 
@@ -399,9 +400,7 @@ class BestCheckpoint:
         if kept is not None and by in kept and score <= kept[by]:
             return False
         self.save(self.path)
-        tmp = self.record.with_suffix(".partial")
-        tmp.write_text(json.dumps({"step": step, by: score}))
-        tmp.replace(self.record)  # the record names weights that are already whole
+        write_atomically(self.record, json.dumps({"step": step, by: score}))  # names weights already whole
         return True
 
 
@@ -538,9 +537,9 @@ def check_device(device: str, field: str) -> None:
 def save_train_state(path: Path, **state: Any) -> None:
     """Everything needed to continue a run exactly (model, EMA and optimizer tensors, step, RNG states);
     atomic, so a kill mid-save keeps the previous state."""
-    tmp = path.with_suffix(".partial")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomically(path, buffer.getvalue())  # a full disk is one OSError naming `path`, the old state kept
 
 
 def load_train_state(path: Path) -> dict[str, Any]:
