@@ -311,6 +311,8 @@ def export_mcap(
     layouts[topics.command] = _layout(_fields(spec.action, "action"))
     layouts[topics.step] = _layout((f, 1) for f in STEP_FIELDS)
     out = Path(out_path)
+    if out.exists():
+        raise FileExistsError(f"{out}: exists; refusing to write an MCAP recording over it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".partial")
 

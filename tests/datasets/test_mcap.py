@@ -73,6 +73,11 @@ def test_subset_of_episodes_and_rosbag2_folder(pusht: EpisodeStore, tmp_path: Pa
     for j, i in enumerate([2, 0]):
         np.testing.assert_array_equal(back.episode(j).data["state"], pusht.episode(i).data["state"])
         np.testing.assert_array_equal(back.episode(j).data["action"], pusht.episode(i).data["action"])
+    # a recording already there is never overwritten
+    before = (bag / "bag_0.mcap").read_bytes()
+    with pytest.raises(FileExistsError, match="bag_0.mcap: exists; refusing to write an MCAP recording over it"):
+        export_mcap(pusht.path, bag / "bag_0.mcap", episodes=[1])
+    assert (bag / "bag_0.mcap").read_bytes() == before
 
 
 def test_recorded_clock_keeps_jittered_stamps_and_round_trips_exactly(pusht: EpisodeStore, tmp_path: Path) -> None:

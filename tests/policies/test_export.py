@@ -25,7 +25,7 @@ from robotrl import Spec, SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.datasets.sampler import SequenceConfig, SequenceSampler
-from robotrl.policies import runtime
+from robotrl.policies import export as export_module, runtime
 from robotrl.policies.base import Policy, sha256
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.export import ExportConfig, ExportError, export, noise_shape, run_export
@@ -266,7 +266,8 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
     script = textwrap.dedent(f"""
         import sys
         import numpy as np
-        from robotrl.policies import runtime
+        from robotrl.policies import export as export_module
+from robotrl.policies import runtime
         training = ["robotrl.policies.base", "robotrl.policies.flow", "robotrl.policies.diffusion",
                     "robotrl.policies.generative", "robotrl.policies.nets", "robotrl.policies.export",
                     "robotrl.training", "robotrl.stages.bc", "robotrl.datasets", "robotrl.envs"]
@@ -363,7 +364,9 @@ def test_policy_that_cannot_take_noise_is_refused(pusht: EpisodeStore, tmp_path:
         export(policy, tmp_path / "out")
 
 
-def test_run_export_config(policies: dict, obs: dict[str, np.ndarray], capsys: pytest.CaptureFixture) -> None:
+def test_run_export_config(
+    policies: dict, obs: dict[str, np.ndarray], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     policy, ckpt = policies["flow"]
     out = run_export(ExportConfig(policy=ckpt, format="onnx", sampler_steps=2))
     assert out == ckpt.with_name(f"{ckpt.name}-onnx")
@@ -387,6 +390,21 @@ def test_run_export_config(policies: dict, obs: dict[str, np.ndarray], capsys: p
     assert (out / "manifest.json").read_bytes() == before
     run_export(ExportConfig(policy=ckpt, format="onnx", sampler_steps=3, overwrite=True))
     assert runtime.load(out).manifest["config"]["steps"] == 3
+    # an overwrite that fails half-way (a full disk after part of the graph's file) keeps the earlier export whole,
+    # leaves nothing aside, and names the file under `out`, not the hidden directory it was built in
+    kept = {f.name: f.read_bytes() for f in out.iterdir()}
+
+    def full_disk(model, inputs, names, file, *args):
+        file.write_bytes(b"half a graph")
+        raise OSError(28, "No space left on device", str(file))
+
+    monkeypatch.setattr(export_module, "_write", full_disk)
+    with pytest.raises(OSError, match="No space left on device") as failed:
+        run_export(ExportConfig(policy=ckpt, format="onnx", sampler_steps=4, overwrite=True))
+    assert failed.value.filename == str(out / "policy.onnx")
+    monkeypatch.undo()
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == kept
+    assert [p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")] == []
     mine = out.with_name("mine")
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
