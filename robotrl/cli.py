@@ -41,6 +41,7 @@ from typing import Annotated, Any, Union
 
 import tyro
 
+from robotrl.core.options import check_numbers
 from robotrl.envs.tasks import DEFAULT_TASK
 
 
@@ -643,6 +644,7 @@ def run(prog: str, command: Command, args: Sequence[str]) -> Any:
     config = None
     try:
         config = parse(prog, command, args)
+        check_numbers(config)
         return command.runner()(config)
     except UsageError as e:
         fail(prog, str(e))

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from robotrl.core.files import claim_run_dir, default_run_dir, release_run_dir, write_atomically
+from robotrl.core.options import check_numbers
 from robotrl.envs.tasks import DEFAULT_TASK
 
 #: what a diverged run's message advises
@@ -293,6 +294,7 @@ def start_run(
     """Threads, seeds, the run directory (its config.json on a fresh start; its train state must exist to resume):
     (run_dir, train state path, the run's numpy generator). A fresh start is refused where run_dir already holds a
     run (its config.json, or the `holds` file: a train state or replay) unless `overwrite` clears it first."""
+    check_numbers(config)
     run_dir = Path(config.run_dir or default_run_dir(algorithm, task))
     held = [m for m in ("config.json", holds) if m is not None and (run_dir / m).exists()]
     if held and not config.resume and not config.overwrite:
