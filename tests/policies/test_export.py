@@ -266,8 +266,7 @@ def test_runtime_imports_no_training_code(exports: dict, obs: dict[str, np.ndarr
     script = textwrap.dedent(f"""
         import sys
         import numpy as np
-        from robotrl.policies import export as export_module
-from robotrl.policies import runtime
+        from robotrl.policies import runtime
         training = ["robotrl.policies.base", "robotrl.policies.flow", "robotrl.policies.diffusion",
                     "robotrl.policies.generative", "robotrl.policies.nets", "robotrl.policies.export",
                     "robotrl.training", "robotrl.stages.bc", "robotrl.datasets", "robotrl.envs"]
