@@ -51,7 +51,13 @@ class Sim2RealBenchConfig:
 def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchConfig, logs: Path) -> Any:
     procs = nodes.start(
         {
-            "sim_robot": {"robot": config.robot, "lockstep": True, "seed": twin, "perturbation": perturbation},
+            "sim_robot": {
+                "robot": config.robot,
+                "task": json.loads((policy / "manifest.json").read_text())["spec"]["task"],  # the policy's task
+                "lockstep": True,
+                "seed": twin,
+                "perturbation": perturbation,
+            },
             "deploy": {
                 "robot": config.robot,
                 "policy": str(policy),

@@ -135,7 +135,7 @@ def keep_masks(spec: Spec, vector_keys: Sequence[str], fields: Sequence[str]) ->
 # ---------------------------------------------------------------------------------------------------
 POLICIES: dict[str, type[Policy]] = {}
 #: modules that define registered policies (imported by `register_all`)
-POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow", "vla")
+POLICY_MODULES = ("flow", "diffusion", "consistency", "meanflow", "vla", "gaussian")
 
 
 def register(cls: type[Policy]) -> type[Policy]:
@@ -342,6 +342,17 @@ def load(path: str | Path, spec: Spec | None = None, device: str = "cpu") -> Pol
     With `spec`, the policy's spec must equal it."""
     register_all()
     path = Path(path)
+    old = (
+        path
+        if path.suffix == ".pt"
+        else next((path / f for f in ("actor.pt", "agent.pt") if (path / f).exists()), None)
+    )
+    if old is not None and not (path / MANIFEST).exists():
+        run = old.parent
+        raise CheckpointError(
+            f"{old}: the pickled actor of an earlier robotrl's actor-critic run; this version saves and loads "
+            f"{run / 'policy'}: convert it with `robotrl policy convert --run-dir {run}`"
+        )
     manifest = read_manifest(path)
     cls = POLICIES.get(manifest["policy"])
     if cls is None:

@@ -222,7 +222,7 @@ GROUPS: dict[str, str] = {
     "data": "Episode stores: record demos, collect by teleop, inspect, validate, merge, split, import and export.",
     "train": "Training: behaviour cloning of any registered policy, offline / online / HIL RL of flow policies, "
     "DSRL, a success classifier, SAC / RLPD / WSRL, IQL, Cal-QL, PPO and Stable-Baselines3.",
-    "policy": "Policies: evaluate, export for the runtime, distill into a one-step student.",
+    "policy": "Policies: evaluate, export for the runtime, distill into a one-step student, convert an earlier run's.",
     "robot": "Robots: write a robot file (joints, limits, interface) from a URDF or MJCF description.",
 }
 
@@ -378,6 +378,11 @@ COMMANDS: dict[str, dict[str, Command]] = {
             "Export a checkpoint to ONNX or TorchScript (+ manifest) for the runtime.",
             "robotrl.policies.export:ExportConfig",
             "robotrl.policies.export:run_export",
+        ),
+        "convert": Command(
+            "Convert an earlier actor-critic run's actor.pt / agent.pt into a registered policy.",
+            "robotrl.rl.convert:ConvertConfig",
+            "robotrl.rl.convert:run_convert",
         ),
         "distill": Command(
             "Distill a teacher into its one-step student.",

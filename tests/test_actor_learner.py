@@ -22,6 +22,7 @@ import torch
 
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
+from robotrl.policies import load
 from robotrl.rl.actor_learner import ActorLearnerConfig, WorkerDied, train
 from robotrl.rl.replay import ReplayBuffer
 from robotrl.rl.sac import Agent, evaluate
@@ -68,7 +69,7 @@ def curve(run_dir: Path) -> list[dict[str, float]]:
 
 def assert_same_run(a: Path, b: Path) -> None:
     """The same final weights and the same transitions on the store, to the bit."""
-    wa, wb = (torch.load(d / "actor.pt", weights_only=True) for d in (a, b))
+    wa, wb = (load(d / "policy").state_dict() for d in (a, b))
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)
     sa, sb = EpisodeStore.open(a / "replay.zarr"), EpisodeStore.open(b / "replay.zarr")

@@ -86,3 +86,35 @@ def test_the_hardware_contract_forbids_every_torch_policy_module() -> None:
     }
     modules = {p.stem for p in folder_of("robotrl.policies").glob("*.py")} - {"__init__"}
     assert forbidden == modules - HARDWARE_MAY_IMPORT
+
+
+def test_nothing_the_package_reads_back_is_pickled() -> None:
+    """One checkpoint format (safetensors + JSON manifest): no module imports pickle, numpy never loads with
+    `allow_pickle=True`, every `torch.load` passes `weights_only=True`, and the one `torch.save` is the train state's
+    (tensors and plain containers, read back by `load_train_state` with `weights_only=True`)."""
+    import ast
+
+    saves, problems = [], []
+    for folder in sorted(set(package_dirs().values())):
+        for file in sorted(folder.rglob("*.py")):
+            tree = ast.parse(file.read_text())
+            for node in ast.walk(tree):
+                where = f"{file.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                    if any(n and n.split(".")[0] in ("pickle", "cloudpickle", "dill") for n in names):
+                        problems.append(f"{where}: imports pickle")
+                if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                    continue
+                owner = node.func.value.id if isinstance(node.func.value, ast.Name) else None
+                keywords = {k.arg: k.value for k in node.keywords}
+                if (owner, node.func.attr) == ("torch", "save"):
+                    saves.append(where)
+                if (owner, node.func.attr) == ("torch", "load") and not (
+                    isinstance(keywords.get("weights_only"), ast.Constant) and keywords["weights_only"].value is True
+                ):
+                    problems.append(f"{where}: torch.load without weights_only=True")
+                if isinstance(keywords.get("allow_pickle"), ast.Constant) and keywords["allow_pickle"].value is True:
+                    problems.append(f"{where}: allow_pickle=True")
+    assert problems == []
+    assert [s.rsplit(":", 1)[0] for s in saves] == ["robotrl/training/loop.py"], saves

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 import torch
 
+from robotrl.policies import load
 from robotrl.rl import ppo_mjx
 from robotrl.rl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
-from robotrl.training.evaluate import evaluate_state_actor
+from robotrl.training.evaluate import evaluate_policy, evaluate_state_actor
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 N, HORIZON = 32, 64  # the learning run: one iteration = 2,048 env steps
@@ -80,7 +81,8 @@ def straight(mjx_subprocesses: None, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.mark.learning
 def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, learning_seed: int) -> None:
     """40,960 env steps (20 iterations): from the untrained agent to a high success on 40 held-out episodes (seeds
-    0-4: bench/RESULTS.md, "Learning tests"), evaluated from agent.pt by the torch PpoAgent on the CPU backend."""
+    0-4: bench/RESULTS.md, "Learning tests"), evaluated on the CPU backend; the saved policy, loaded as any
+    registered policy, succeeds on the very episodes the run's own evaluation did."""
     cfg = PpoConfig(task="Reach", num_envs=N, rollout_steps=HORIZON)
     torch.manual_seed(learning_seed)
     start = evaluate_state_actor(PpoAgent(23, 3, cfg).act, "Reach", ("state",), 40, 25).success_rate
@@ -100,10 +102,8 @@ def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, lea
         sizes=TASK_ARGS,
     )
     result = json.loads((tmp_path / "run" / "result.json").read_text())
-    agent = PpoAgent(23, 3, cfg)
-    agent.load_state_dict(torch.load(result["weights"], weights_only=True))
-    success = evaluate_state_actor(agent.act, "Reach", ("state",), 40, 25).success_rate
-    assert success == result["success_rate"]  # the run's own evaluation read the same agent.pt
+    success = evaluate_policy(load(result["weights"]), 40, 25).success_rate
+    assert success == result["success_rate"]  # the run's own evaluation ran the same actor
     claim("MJX PPO success", success, lower=0.8, start=start)
     claim("MJX PPO gain", success - start, lower=0.6)
 
@@ -119,8 +119,7 @@ def test_killed_run_resumes_exactly(tmp_path: Path, straight: Path, kill_after_f
     run_cli(*budget(3, killed, "--resume"))
     # the restored state has the fresh state's types and placement: resuming loads the compiled program
     assert set(cache.glob("jit_iteration-*")) == programs, "the resumed run compiled its iteration again"
-    a = torch.load(straight / "agent.pt", weights_only=True)
-    b = torch.load(killed / "agent.pt", weights_only=True)
+    a, b = (load(run / "policy").state_dict() for run in (straight, killed))
     assert set(a) == set(b)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
@@ -172,7 +171,7 @@ def test_jax_policy_and_loss_agree_with_the_torch_agent() -> None:
     cfg = PpoConfig(hidden=(64, 32), value_clip=0.2, entropy_coef=0.01)
     agent = random_agent(cfg)
     params, norm = ppo_mjx.agent_to_jax(agent.state_dict())
-    back = ppo_mjx.agent_from_jax(params, norm)  # the agent.pt format, both ways
+    back = ppo_mjx.agent_from_jax(params, norm)  # the PpoAgent's state dict, both ways
     assert set(back) == set(agent.state_dict())
     for name, v in agent.state_dict().items():  # weights exactly; the float64 normalizer through float32
         torch.testing.assert_close(back[name], v, rtol=1e-6 if name.startswith("norm.") else 0, atol=0, msg=name)

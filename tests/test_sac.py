@@ -3,18 +3,25 @@ the store, resumes exactly after a SIGKILL, stops on a NaN loss keeping the last
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from robotrl import SpecMismatchError
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
+from robotrl.envs import make
+from robotrl.policies import CheckpointError, load, runtime
+from robotrl.policies.export import export
 from robotrl.rl.sac import Agent, SacConfig, evaluate, train
-from robotrl.training.loop import TrainingDiverged
+from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import TrainingDiverged, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -64,6 +71,8 @@ def test_rlpd_learns_reach_from_demos(
     assert result.success_rate is not None
     claim(f"RLPD ({critic_loss}) success", result.success_rate, lower=0.4, start=start)
     claim(f"RLPD ({critic_loss}) gain", result.success_rate - start, lower=0.3)
+    # the saved policy (what eval, export and deploy load) is what the run evaluated: the same held-out episodes
+    assert evaluate_policy(load(result.weights), 40, 20).success_rate == result.success_rate
     # every finished episode of the run is on disk, tagged with its env
     store = EpisodeStore.open(tmp_path / "rlpd" / "replay.zarr")
     assert store.num_episodes == 2000 // 60 and store.num_steps == 60 * (2000 // 60)  # the unfinished one is not
@@ -200,3 +209,36 @@ def test_wsrl_fine_tunes_an_offline_iql_agent_online(
         ValueError, match=r"SacConfig.init: .*train_state.pt actor.trunk.0.weight: expected shape \(64, 23\)"
     ):
         train(small(tmp_path / "mismatch", init=tmp_path / "iql"))
+
+
+def test_the_run_saves_its_actor_as_a_registered_policy(tmp_path: Path) -> None:
+    """`policy/` is the registered `gaussian` policy: its action is the agent's deterministic one (the squashed
+    mean) to the bit, and its ONNX export, run by the runtime, acts as it does."""
+    cfg = small(tmp_path / "run", eval_episodes=0)
+    result = train(cfg)
+    policy = load(result.weights)
+    assert result.weights == tmp_path / "run" / "policy" and policy.name == "gaussian"
+    agent = Agent(23, 3, -torch.ones(3), torch.ones(3), cfg)
+    agent.load_state_dict(load_train_state(tmp_path / "run" / "train_state.pt")["agent"])
+    env = make("Reach", num_envs=16, seed=3)
+    obs, _ = env.reset(seed=3)
+    env.close()
+    window = {"state": obs["state"][:, None]}
+    expected = agent.act(obs, ("state",), deterministic=True)
+    np.testing.assert_array_equal(policy.act(window)[:, 0], expected)
+    exported = runtime.load(export(result.weights, tmp_path / "onnx"))
+    assert exported.manifest["export"]["deterministic"]
+    assert np.abs(exported.act(window)[:, 0] - expected).max() <= 1e-5
+
+    # a run of an earlier version (its actor pickled as actor.pt, no policy/) is named with its conversion
+    saved = policy.state_dict()
+    shutil.rmtree(result.weights)
+    torch.save(agent.actor.state_dict(), tmp_path / "run" / "actor.pt")
+    with pytest.raises(CheckpointError, match=r"actor.pt: the pickled actor .* `robotrl policy convert --run-dir"):
+        load(tmp_path / "run")
+    convert = subprocess.run(
+        [str(ROBOTRL), "policy", "convert", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True
+    )
+    assert convert.returncode == 0, convert.stderr[-2000:]
+    converted = load(tmp_path / "run" / "policy").state_dict()
+    assert converted.keys() == saved.keys() and all(torch.equal(converted[k], saved[k]) for k in saved)

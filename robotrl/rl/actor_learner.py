@@ -48,7 +48,17 @@ from robotrl.datasets import EpisodeStore
 from robotrl.envs import make, make_task
 from robotrl.policies.gaussian import TanhGaussianActor
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
-from robotrl.rl.sac import Agent, SacConfig, env_options, evaluate, load_pretrained, sample, task_options, update
+from robotrl.rl.sac import (
+    Agent,
+    SacConfig,
+    actor_policy_of,
+    env_options,
+    evaluate,
+    load_pretrained,
+    sample,
+    task_options,
+    update,
+)
 from robotrl.training.loop import RLResult, RunLog, TrainClock, finish_run, load_run_state, save_run_state, start_run
 
 WORKER_START_TIMEOUT_S = 300.0
@@ -337,6 +347,7 @@ def train(config: ActorLearnerConfig) -> RLResult:
             ret, succ = np.zeros(n), np.zeros(n, bool)
         result = learn(
             config,
+            spec,
             transport,
             agent,
             opt,
@@ -361,6 +372,7 @@ def train(config: ActorLearnerConfig) -> RLResult:
 
 def learn(
     config: ActorLearnerConfig,
+    spec: Spec,
     transport: Any,
     agent: Agent,
     opt: Mapping[str, torch.optim.Optimizer],
@@ -392,7 +404,7 @@ def learn(
             workers=transport.states(),
             running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())},
         )
-        torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
+        actor_policy_of(agent, spec, config).save(run_dir / "policy")
 
     log = RunLog(run_dir)
     bar = tqdm(
@@ -493,7 +505,7 @@ def learn(
         config,
         log,
         lambda: evaluate(agent, config),
-        run_dir / "actor.pt",
+        run_dir / "policy",
         collected,
         seconds,
         run_dir,

@@ -166,6 +166,7 @@ def train(config: CalqlConfig) -> RLResult:
         config,
         "calql",
         agent,
+        spec,
         opt,
         rng,
         run_dir,

@@ -128,6 +128,7 @@ def train(config: IqlConfig) -> RLResult:
         config,
         "iql",
         agent,
+        spec,
         opt,
         rng,
         run_dir,

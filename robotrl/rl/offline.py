@@ -17,6 +17,7 @@ from tqdm import tqdm
 from robotrl.core.spec import Spec
 from robotrl.datasets import EpisodeStore
 from robotrl.envs.rollouts import EpisodeStats
+from robotrl.policies.gaussian import GaussianConfig, actor_policy
 from robotrl.rl.replay import DemoTransitions, split_obs_keys
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import PolicyRunOptions, RLResult, RunLog, TrainClock, finish_run, save_run_state, start_run
@@ -87,6 +88,7 @@ def offline_loop(
     config: OfflineOptions,
     name: str,
     agent: nn.Module,
+    spec: Spec,
     opt: Mapping[str, torch.optim.Optimizer],
     rng: np.random.Generator,
     run_dir: Path,
@@ -114,8 +116,9 @@ def offline_loop(
             clock.evaluate_every(config, log, evaluate, done, step, last=done == config.steps)
             if done % config.checkpoint_every == 0 or done == config.steps:
                 save_run_state(state_path, done, agent, opt, rng)
-                torch.save(agent.get_submodule("actor").state_dict(), run_dir / "actor.pt")
+                actor = GaussianConfig(obs_keys=tuple(config.obs_keys), hidden=tuple(config.hidden))
+                actor_policy(spec, actor, {"actor": agent.get_submodule("actor")}).save(run_dir / "policy")
     finally:
         bar.close()
     seconds = clock.trained()
-    return finish_run(config, log, evaluate, run_dir / "actor.pt", config.steps, seconds, run_dir)
+    return finish_run(config, log, evaluate, run_dir / "policy", config.steps, seconds, run_dir)

@@ -25,8 +25,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from robotrl.core.spec import flatten_obs
+from robotrl.core.spec import Spec, flatten_obs
 from robotrl.envs import make
+from robotrl.policies.gaussian import GaussianConfig, GaussianPolicy, actor_policy
 from robotrl.policies.nets import last_linear, mlp
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
@@ -145,6 +146,24 @@ class PpoAgent(nn.Module):
         """The deterministic action (the mean) for flattened observations: evaluation and deployment."""
         with torch.no_grad():
             return self.actor(self.features(torch.from_numpy(obs))).numpy()
+
+
+def actor_policy_of(agent: PpoAgent, spec: Spec, config: PpoConfig) -> GaussianPolicy:
+    """The agent's actor with its running observation statistics, as the registered `gaussian` policy (its mean:
+    the deterministic action PPO evaluates): the run's `policy/`, which eval, export and deploy load."""
+    gaussian = GaussianConfig(
+        obs_keys=tuple(config.obs_keys),
+        hidden=tuple(config.hidden),
+        squash=False,
+        activation="tanh",
+        layer_norm=False,
+        obs_norm=config.normalize_obs,
+        obs_clip=agent.norm.clip,
+    )
+    parts: dict[str, nn.Module | torch.Tensor] = {"actor": agent.actor}
+    if config.normalize_obs:
+        parts |= {"obs_mean": agent.norm.mean, "obs_var": agent.norm.var}
+    return actor_policy(spec, gaussian, parts)
 
 
 def ppo_loss(
@@ -350,10 +369,8 @@ def train(config: PpoConfig) -> RLResult:
                     episodes=episodes,
                     running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())},
                 )
-                torch.save(agent.state_dict(), run_dir / "agent.pt")
+                actor_policy_of(agent, spec, config).save(run_dir / "policy")
     finally:
         bar.close()
         env.close()
-    return finish_iterations(
-        config, log, evaluate, run_dir / "agent.pt", clock, run_dir, iterations, start, n * horizon
-    )
+    return finish_iterations(config, log, evaluate, run_dir / "policy", clock, run_dir, iterations, start, n * horizon)

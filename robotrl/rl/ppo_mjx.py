@@ -15,10 +15,10 @@ batch), an iteration is a function of the train state. The learner is generic ov
 step(state, action) with same-step auto-reset and the final observation); `MjxTaskEnv` adapts a robotrl task on
 the MJX backend, `BraxEnv` a Brax env (for benchmarking against Brax's own PPO).
 
-The agent is the torch `PpoAgent` (same layers, same initialization, drawn by torch from the run's seed) and is
-written as its state dict (agent.pt), so evaluation on the CPU backend and everything downstream read it as they
-read the torch PPO's. A killed run resumes exactly: the whole train state (parameters, Adam moments, normalizer,
-env state mid-episode, PRNG keys) is saved as tensors (no pickle).
+The agent is the torch `PpoAgent` (same layers, same initialization, drawn by torch from the run's seed); its actor
+is saved as the CPU PPO saves it (the registered `gaussian` policy, `policy/`), so evaluation on the CPU backend
+and everything downstream read it as they read the torch PPO's. A killed run resumes exactly: the whole train state
+(parameters, Adam moments, normalizer, env state mid-episode, PRNG keys) is saved as tensors (no pickle).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import optax
 import torch
 from tqdm import tqdm
 
-from robotrl.rl.ppo import PpoAgent, PpoConfig
+from robotrl.rl.ppo import PpoAgent, PpoConfig, actor_policy_of
 from robotrl.training.evaluate import evaluate_state_actor
 from robotrl.training.loop import (
     LOWER_LR,
@@ -543,6 +543,11 @@ def train(config: PpoConfig) -> RLResult:
         torch_agent.load_state_dict(agent_from_jax(state.params, state.norm))
         return torch_agent
 
+    def save_policy() -> None:
+        """The registered policy the CPU PPO saves (a Brax env, benchmarked only, has no task spec to save with)."""
+        if isinstance(env, MjxTaskEnv):
+            actor_policy_of(agent(), env.env.task_spec, config).save(run_dir / "policy")
+
     def evaluate() -> Any:
         return evaluate_state_actor(
             agent().act,
@@ -605,10 +610,10 @@ def train(config: PpoConfig) -> RLResult:
             clock.evaluate_every(config, log, evaluate, now, before, last=it + 1 == iterations)
             if now // config.checkpoint_every != before // config.checkpoint_every or it + 1 == iterations:
                 save_train_state(state_path, step=it + 1, state=state_tensors(state))
-                torch.save(agent_from_jax(state.params, state.norm), run_dir / "agent.pt")
+                save_policy()
     finally:
         bar.close()
     seconds = clock.trained()
     steps = iterations * n * horizon
     timed = (steps - (start + 1) * n * horizon) / max(seconds - first_call_s, 1e-9) if iterations - start > 1 else None
-    return finish_run(config, log, evaluate, run_dir / "agent.pt", steps, seconds, run_dir, steps_per_second=timed)
+    return finish_run(config, log, evaluate, run_dir / "policy", steps, seconds, run_dir, steps_per_second=timed)

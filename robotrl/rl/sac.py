@@ -34,7 +34,14 @@ from robotrl.core.spec import Spec, flatten_obs
 from robotrl.datasets import EpisodeStore
 from robotrl.envs import make
 from robotrl.envs.rollouts import EpisodeStats
-from robotrl.policies.gaussian import CriticEnsemble, HLGauss, TanhGaussianActor
+from robotrl.policies.gaussian import (
+    CriticEnsemble,
+    GaussianConfig,
+    GaussianPolicy,
+    HLGauss,
+    TanhGaussianActor,
+    actor_policy,
+)
 from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
 from robotrl.training.evaluate import evaluate_actor
@@ -277,6 +284,18 @@ def build_agent(spec: Spec, config: SacConfig, where: str) -> tuple[Agent, tuple
     return Agent(obs_dim, int(np.prod(spec.action.shape)), low, high, config, sizes), vector_keys
 
 
+def actor_policy_of(agent: Agent, spec: Spec, config: SacConfig) -> GaussianPolicy:
+    """The agent's actor (with its cameras' encoders) as the registered `gaussian` policy: the run's `policy/`,
+    which `policy eval`, `policy export`, the runtime and the deploy node load."""
+    gaussian = GaussianConfig(
+        obs_keys=tuple(config.obs_keys),
+        hidden=tuple(config.hidden),
+        encoder_dim=config.encoder_dim,
+        encoder_widths=tuple(config.encoder_widths),
+    )
+    return actor_policy(spec, gaussian, {"actor": agent.actor, "encoder": agent.encoder})
+
+
 def actor_fn(actor: TanhGaussianActor) -> Any:
     """The deterministic action of a tanh-Gaussian actor for a batch of flattened observations (numpy in and out)."""
 
@@ -336,7 +355,7 @@ def train(config: SacConfig) -> RLResult:
             obs={k: torch.from_numpy(np.asarray(v)) for k, v in obs.items()},
             running={"ret": torch.from_numpy(ret.copy()), "succ": torch.from_numpy(succ.copy())},
         )
-        torch.save(agent.actor.state_dict(), run_dir / "actor.pt")
+        actor_policy_of(agent, spec, config).save(run_dir / "policy")
 
     log = RunLog(run_dir)
     vector_steps = math.ceil(config.total_steps / n)
@@ -395,7 +414,7 @@ def train(config: SacConfig) -> RLResult:
         store.close()
     seconds = clock.trained()
     return finish_run(
-        config, log, lambda: evaluate(agent, config), run_dir / "actor.pt", vector_steps * n, seconds, run_dir
+        config, log, lambda: evaluate(agent, config), run_dir / "policy", vector_steps * n, seconds, run_dir
     )
 
 
