@@ -21,7 +21,7 @@ from robotrl.policies import CheckpointError, load, runtime
 from robotrl.policies.export import export
 from robotrl.rl.sac import Agent, SacConfig, evaluate, train
 from robotrl.training.evaluate import evaluate_policy
-from robotrl.training.loop import TrainingDiverged, load_train_state
+from robotrl.training.loop import TrainingDiverged, TrainStateError, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -242,3 +242,15 @@ def test_the_run_saves_its_actor_as_a_registered_policy(tmp_path: Path) -> None:
     assert convert.returncode == 0, convert.stderr[-2000:]
     converted = load(tmp_path / "run" / "policy").state_dict()
     assert converted.keys() == saved.keys() and all(torch.equal(converted[k], saved[k]) for k in saved)
+
+    # a tampered policy and a truncated train state are refused, each naming its file
+    weights = tmp_path / "run" / "policy" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"model.safetensors: sha256 .* does not match the manifest"):
+        load(tmp_path / "run" / "policy")
+    state = tmp_path / "run" / "train_state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    with pytest.raises(TrainStateError, match=r"train_state.pt: not a whole train state \(PytorchStreamReader"):
+        train(replace(cfg, resume=True))

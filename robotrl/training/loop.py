@@ -544,10 +544,27 @@ def save_train_state(path: Path, **state: Any) -> None:
     write_atomically(path, buffer.getvalue())  # a full disk is one OSError naming `path`, the old state kept
 
 
+class TrainStateError(ValueError):
+    """A train state that cannot be read back (truncated, damaged, or not one); the message names the file."""
+
+
 def load_train_state(path: Path) -> dict[str, Any]:
-    # tensors and plain containers only: nothing is unpickled; onto the CPU, whatever device wrote them (a GPU run
-    # resumes on a machine without one; load_state_dict moves each tensor to its module's device)
-    return torch.load(path, weights_only=True, map_location="cpu")
+    """The train state at `path`: tensors and plain containers only (nothing else is unpickled), onto the CPU
+    whatever device wrote them (a GPU run resumes on a machine without one; load_state_dict moves each tensor to
+    its module's device). A file torch cannot read is a `TrainStateError` naming it, not torch's traceback."""
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except OSError:
+        raise  # missing, not readable: one line naming the file already
+    except Exception as e:  # a truncated zip, a damaged pickle stream, a refused type: torch says so in many ways
+        cause = str(e).split(". ")[0].splitlines()[0] if str(e) else type(e).__name__
+        raise TrainStateError(
+            f"{path}: not a whole train state ({cause}); the run cannot be resumed from it: start it again "
+            "(--overwrite) or from another copy"
+        ) from e
+    if not isinstance(state, dict) or "step" not in state:
+        raise TrainStateError(f"{path}: expected a train state (a mapping with its step), got {type(state).__name__}")
+    return state
 
 
 def save_run_state(
