@@ -258,3 +258,25 @@ def test_an_outside_env_over_ros_runs_the_in_process_episodes(
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(over_ros.success, in_process.success)
     assert len(set(np.round(over_ros.returns, 6))) == 3
+
+
+def test_an_actor_critic_policy_over_ros_runs_the_in_process_episodes(tmp_path: Path, ros_domain: None) -> None:
+    """The registered `gaussian` policy every actor-critic learner saves (SAC's tanh-Gaussian actor here, on PushT's
+    state), exported for the runtime, deploys as a BC policy does: one action per observation, and the episodes
+    over ROS 2 are the in-process ones."""
+    import torch
+
+    from robotrl.policies.export import export
+    from robotrl.policies.gaussian import GaussianConfig, GaussianPolicy
+
+    options = {"episode_steps": STEPS}
+    env = make("PushT", num_envs=1, **options)
+    torch.manual_seed(0)
+    policy = GaussianPolicy(env.task_spec, GaussianConfig(hidden=(32, 32)))
+    env.close()
+    exported = export(policy, tmp_path / "sac", "onnx")
+    over_ros = over_ros_in_lockstep(tmp_path, "sim_panda", "PushT", options, exported, 2)
+    in_process = in_process_episodes(exported, options, 2, "PushT")
+    np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
+    np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
+    assert over_ros.returns[0] != over_ros.returns[1]
