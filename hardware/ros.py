@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import rclpy
+from rcl_interfaces.msg import SetParametersResult
 from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.parameter import Parameter
 
 C = TypeVar("C")
 
@@ -22,13 +24,27 @@ C = TypeVar("C")
 def declare_config(node: Node, cls: type[C]) -> C:
     """Declare one ROS parameter per field of the dataclass `cls` (its default as the parameter's default) and
     build the config from the values the node was started with. A value of the wrong type is refused by rclpy
-    naming the parameter; the dataclass's own checks name the field."""
+    naming the parameter; the dataclass's own checks name the field. The config is read once, at start-up: a later
+    `ros2 param set` of one of its parameters is refused, saying so, rather than reported as a success that
+    changes nothing."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[operator]  # no field lacks both
         ros_default = str(default) if isinstance(default, Path) else default
         value = node.declare_parameter(f.name, ros_default).value
         values[f.name] = Path(value) if isinstance(default, Path) else value
+    fixed = set(values)
+
+    def refuse(parameters: list[Parameter]) -> SetParametersResult:
+        read_once = sorted(p.name for p in parameters if p.name in fixed)
+        if not read_once:
+            return SetParametersResult(successful=True)
+        return SetParametersResult(
+            successful=False,
+            reason=f"{', '.join(read_once)}: read at start-up only; restart {node.get_name()} with the new value",
+        )
+
+    node.add_on_set_parameters_callback(refuse)
     return cls(**values)
 
 

@@ -91,3 +91,19 @@ def test_an_outside_env_takes_no_randomization_or_joint_noise(
     finally:
         sim.close()
         sim.destroy_node()
+
+
+def test_a_parameter_read_at_start_up_is_refused_when_set_later(ros: None) -> None:
+    """A node's config is read once: `ros2 param set` of one of its parameters is refused, naming it (it used to
+    report success and change nothing); the value stays what the node runs with."""
+    from rclpy.parameter import Parameter
+
+    node = SimRobotNode()  # its config from its ROS parameters, as the launch file starts it
+    try:
+        assert node.get_parameter("lockstep").value is False
+        results = node.set_parameters([Parameter("lockstep", value=True), Parameter("seed", value=7)])
+        assert [r.successful for r in results] == [False, False]
+        assert "lockstep: read at start-up only; restart robotrl_sim_robot" in results[0].reason
+        assert node.get_parameter("lockstep").value is False and node.config.lockstep is False
+    finally:
+        node.destroy_node()
