@@ -22,6 +22,7 @@ Diagnostics (`diagnostic_msgs`) carry the safety state, its counters, malformed-
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -96,7 +97,16 @@ class DeployNode(RobotNode):
         cfg = self.config = config or declare_config(self, DeployConfig)
         self.policy = runtime.load(cfg.policy, seed=cfg.seed, threads=cfg.threads)
         warmup = self.policy.warmup()  # the language encoder loads now, not at the first control step
-        self.connect_robot(RobotConfig.load(cfg.robot), self.policy.spec, self.policy.obs_keys, cfg.instruction)
+        robot = RobotConfig.load(cfg.robot)
+        trained = float(self.policy.spec.control_hz)
+        if not math.isclose(trained, robot.control_hz, rel_tol=1e-9):
+            raise ValueError(
+                f"DeployConfig.robot: robot {robot.name} runs at {robot.control_hz:g} Hz, the policy was trained at "
+                f"{trained:g} Hz (each of its actions is one period of that rate: at {robot.control_hz:g} Hz its "
+                f"motions would run {robot.control_hz / trained:g}x as fast); deploy it with a robot file at "
+                f"{trained:g} Hz"
+            )
+        self.connect_robot(robot, self.policy.spec, self.policy.obs_keys, cfg.instruction)
         execution = ExecutionConfig(
             cfg.execute, cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None, cfg.asynchronous, cfg.delay_steps
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from hypothesis import HealthCheck, given, settings, strategies as st
 from rclpy.executors import SingleThreadedExecutor
@@ -26,7 +27,7 @@ from robotrl.envs import make
 from robotrl.envs.tasks.push_t import START_QPOS
 from robotrl.hardware.deploy import DeployConfig, DeployNode
 from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
-from robotrl.hardware.robot import RobotConfig
+from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC
 
 ROBOT = RobotConfig.load("sim_panda")
@@ -167,6 +168,15 @@ def test_reset_is_refused_until_the_robot_topics_are_matched(ros: None, pusht_ex
         for node in (deploy, caller, robot):
             if node is not None:
                 node.destroy_node()
+
+
+def test_a_policy_trained_at_another_control_rate_is_refused(ros: None, pusht_export: Path, tmp_path: Path) -> None:
+    """A 20 Hz policy on a 200 Hz robot ran each chunk 10x as fast, without a word: the deploy node now refuses the
+    pair in one line naming both rates."""
+    robot = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+    (tmp_path / "fast.yaml").write_text(yaml.safe_dump({**robot, "name": "fast_panda", "control_hz": 200.0}))
+    with pytest.raises(ValueError, match=r"robot fast_panda runs at 200 Hz, the policy was trained at 20 Hz"):
+        DeployNode(DeployConfig(policy=str(pusht_export), robot=str(tmp_path / "fast.yaml")))
 
 
 def test_lockstep_reset_waits_for_the_robots_waiting_observation(ros: None, pusht_export: Path) -> None:
