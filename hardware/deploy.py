@@ -76,12 +76,20 @@ class DeployConfig:
     realtime_priority: int = 0
     """SCHED_FIFO priority (1-99) of the node's threads, with its memory locked (`hardware/realtime.py`; 50 is
     ros2_control's default); 0: the default scheduler. Needs an rtprio limit or CAP_SYS_NICE, else it warns"""
+    heartbeat: str = ""
+    """a dead-man topic (std_msgs/Bool): the policy drives only while a True has arrived on it within
+    `heartbeat_timeout` (an operator's enabling switch, a supervisor's watchdog); its silence, or a False, holds
+    the robot as stale observations do. '' = none"""
+    heartbeat_timeout: float = 0.2
+    """seconds a True on `heartbeat` keeps the policy driving"""
 
     def __post_init__(self) -> None:
         if not self.policy:
             raise ValueError("DeployConfig.policy: expected an exported policy directory, got ''")
         if self.trigger not in TRIGGERS:
             raise ValueError(f"DeployConfig.trigger: expected one of {TRIGGERS}, got {self.trigger!r}")
+        if not self.heartbeat_timeout > 0:
+            raise ValueError(f"DeployConfig.heartbeat_timeout: expected > 0 s, got {self.heartbeat_timeout}")
         if not 0 <= self.realtime_priority <= 99:
             raise ValueError(
                 f"DeployConfig.realtime_priority: expected 0 (off) or a SCHED_FIFO priority in 1..99, "
@@ -130,6 +138,9 @@ class DeployNode(RobotNode):
             self.create_subscription(
                 Bool, INTERVENTION_TOPIC, lambda m: setattr(self, "operator", (bool(m.data), time.monotonic())), 10
             )
+        self.heartbeat_at = -np.inf  # when the dead-man topic last said True
+        if cfg.heartbeat:
+            self.create_subscription(Bool, cfg.heartbeat, self._on_heartbeat, 10)
         topics = self.robot.topics
         self.create_service(Trigger, "~/estop", self._srv_estop)
         self.create_service(Trigger, "~/reset", self._srv_reset)
@@ -200,7 +211,7 @@ class DeployNode(RobotNode):
         if self._operator_drives(now):
             return
         target = None
-        obs = self.observation(now)
+        obs = self.observation(now) if self._heartbeat_alive(now) else None  # None: the safety filter holds
         if obs is not None and self.safety.state is not SafetyState.ESTOPPED:
             t0 = time.perf_counter()
             action = self.runner.step(obs)
@@ -210,6 +221,13 @@ class DeployNode(RobotNode):
                 if self.config.hil:
                     self.action_pub.publish(float_array_to_msg(action))
         self.publish_command(self.safety.step(target, clock))
+
+    def _on_heartbeat(self, msg: Bool) -> None:
+        self.heartbeat_at = time.monotonic() if msg.data else -np.inf  # a False releases at once
+
+    def _heartbeat_alive(self, now: float) -> bool:
+        """No dead-man topic, or a True on it within `heartbeat_timeout`."""
+        return not self.config.heartbeat or now - self.heartbeat_at <= self.config.heartbeat_timeout
 
     def _operator_drives(self, now: float) -> bool:
         """Human in the loop: while the operator drives (a fresh True on /robotrl/intervention) the policy yields;

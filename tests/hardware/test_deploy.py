@@ -113,6 +113,34 @@ def test_commands_flow_from_fresh_observations_and_hold_when_stale(nodes: Any) -
     assert deploy.safety.counters["held_stale"] > 0
 
 
+def test_a_silent_heartbeat_holds_the_robot(ros: None, pusht_export: Path) -> None:
+    """With a dead-man topic the policy drives only while True arrives on it: before the first one and within
+    heartbeat_timeout + one period of the last, every command is the same hold; a False releases at once."""
+    config = DeployConfig(policy=str(pusht_export), robot="sim_panda", heartbeat="/robotrl/enable")
+    with deployed(config) as (deploy, robot, executor):
+        pedal = robot.create_publisher(Bool, "/robotrl/enable", 10)
+        run(executor, 0.5, robot.publish)  # observations, no heartbeat
+        before = [c for _, c in robot.commands]
+        assert all(np.array_equal(c, before[0]) for c in before)
+
+        def both() -> None:
+            robot.publish()
+            pedal.publish(Bool(data=True))
+
+        run(executor, 1.0, both)
+        driven = [c for _, c in robot.commands[len(before) :]]
+        assert any(not np.array_equal(c, driven[0]) for c in driven)  # the policy moves the arm
+        for release in ("silence", "false"):
+            if release == "false":
+                run(executor, 0.5, both)
+                pedal.publish(Bool(data=False))
+            stopped = time.monotonic()
+            run(executor, 0.6, robot.publish)  # observations keep coming; the heartbeat does not
+            wait = config.heartbeat_timeout if release == "silence" else 0.0  # a False needs no timeout
+            late = [c for t, c in robot.commands if t > stopped + wait + 1.0 / ROBOT.control_hz]
+            assert late and all(np.array_equal(c, late[0]) for c in late), release
+
+
 def test_estop_stops_everything_until_reset(nodes: Any) -> None:
     deploy, robot, executor = nodes
     diagnostics: list[DiagnosticStatus] = []
