@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tyro
 
-from robotrl.envs import make
+from robotrl.envs.tasks.quadruped import tracking, tracking_stats
 from robotrl.training.evaluate import HELD_OUT_SEED, controller_for
 
 
@@ -45,26 +44,6 @@ def load_any(path: Path) -> Any:
     return load(path).eval()
 
 
-def tracking(act: Any, episodes: int, seed: int, reset: Any = None) -> dict[str, float]:
-    env = make("Quadruped", num_envs=episodes, seed=seed, autoreset=False)
-    obs, _ = env.reset(seed=seed)
-    if reset is not None:
-        reset(episodes)
-    steps = env.task.config.episode_steps
-    alive, tracked, ret = np.ones(episodes, bool), np.zeros(episodes), np.zeros(episodes)
-    for _ in range(steps):
-        obs, reward, terminated, _, info = env.step(act(obs))
-        tracked += info["success"] & alive
-        ret += np.where(alive, reward, 0.0)
-        alive &= ~terminated
-    env.close()
-    return {
-        "fall_rate": float(1.0 - alive.mean()),
-        "tracking": float(tracked.mean() / steps),
-        "return": float(ret.mean()),
-    }
-
-
 def main(config: TrackingBenchConfig) -> None:
     rows: list[tuple[str, dict[str, float]]] = []
     for item in config.policies:
@@ -73,13 +52,8 @@ def main(config: TrackingBenchConfig) -> None:
         controller = controller_for(policy, execute=1)
         rows.append((label, tracking(controller, config.episodes, config.seed, controller.reset)))
     if config.baselines:
-        env = make("Quadruped", num_envs=config.episodes, seed=config.seed)
-        expert = env.task.expert(noise=0.0, seed=config.seed)
-        env.close()
-        rows.append(("expert", tracking(expert.act, config.episodes, config.seed, expert.reset)))
-        rows.append(
-            ("zero", tracking(lambda obs: np.zeros((config.episodes, 12), np.float32), config.episodes, config.seed))
-        )
+        rows.append(("expert", tracking_stats("expert", 0.0, config.episodes, config.seed)))
+        rows.append(("zero", tracking_stats("zero", 0.0, config.episodes, config.seed)))
     for label, stats in rows:
         print(json.dumps({"bench": "quadruped_tracking", "policy": label, "episodes": config.episodes, **stats}))
 

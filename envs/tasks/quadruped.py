@@ -17,6 +17,7 @@ leg IK.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -403,7 +404,20 @@ class TrotExpert(Expert):
 
 
 def tracking_stats(policy: str = "expert", noise: float = 0.0, episodes: int = 100, seed: int = 0) -> dict[str, float]:
-    """One seeded episode per env (random commands): fall rate, fraction of steps tracking, mean return.
+    """`tracking` of the scripted expert at `noise`, or of the zero action (`policy="zero"`)."""
+    if policy == "expert":
+        from robotrl.envs import make_task
+
+        expert = make_task("Quadruped").expert(noise=noise, seed=seed)
+        return tracking(expert.act, episodes, seed, expert.reset)
+    return tracking(lambda obs: np.zeros((episodes, NJ), np.float32), episodes, seed)
+
+
+def tracking(
+    act: Callable[[dict[str, Any]], Any], episodes: int = 100, seed: int = 0, reset: Callable[[int], None] | None = None
+) -> dict[str, float]:
+    """One seeded episode per env (random commands) driven by `act` (`reset(num_envs)` first, where given): fall
+    rate, fraction of steps tracking, mean return.
 
     `run_episodes` counts an episode a success if any step succeeds, which says little for locomotion; here
     every step counts (steps after a fall count as not tracking).
@@ -412,13 +426,12 @@ def tracking_stats(policy: str = "expert", noise: float = 0.0, episodes: int = 1
 
     env = make("Quadruped", num_envs=episodes, seed=seed, autoreset=False)
     obs, _ = env.reset(seed=seed)
-    expert = env.task.expert(noise=noise, seed=seed)
-    expert.reset(episodes)
+    if reset is not None:
+        reset(episodes)
     steps = env.task.config.episode_steps
     alive, tracked, ret = np.ones(episodes, bool), np.zeros(episodes), np.zeros(episodes)
     for _ in range(steps):
-        action = expert.act(obs) if policy == "expert" else np.zeros((episodes, NJ), np.float32)
-        obs, reward, terminated, _, info = env.step(action)
+        obs, reward, terminated, _, info = env.step(act(obs))
         tracked += info["success"] & alive
         ret += np.where(alive, reward, 0.0)
         alive &= ~terminated
