@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import tyro
 
 from robotrl.envs.tasks.quadruped import tracking, tracking_stats
-from robotrl.training.evaluate import HELD_OUT_SEED, controller_for
+from robotrl.training.evaluate import HELD_OUT_SEED, controller_for, load_any
 
 
 @dataclass
@@ -32,23 +31,11 @@ class TrackingBenchConfig:
     """also the scripted expert (noise 0) and the zero action on the same episodes"""
 
 
-def load_any(path: Path) -> Any:
-    """An export through the runtime, a checkpoint through the policy registry."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    if "export" in manifest:
-        from robotrl.policies import runtime
-
-        return runtime.load(path, threads=1)
-    from robotrl.policies import load
-
-    return load(path).eval()
-
-
 def main(config: TrackingBenchConfig) -> None:
     rows: list[tuple[str, dict[str, float]]] = []
     for item in config.policies:
         label, path = item.split("=", 1)
-        policy = load_any(Path(path))
+        policy = load_any(Path(path), threads=1)
         controller = controller_for(policy, execute=1)
         rows.append((label, tracking(controller, config.episodes, config.seed, controller.reset)))
     if config.baselines:

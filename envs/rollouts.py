@@ -34,6 +34,11 @@ class EpisodeStats:
     """bool: another object than the instructed one got where the instruction wanted it (`Task.wrong_object`)"""
     reports_success: bool = True
     """False for an outside env that reports no success (`success` is then all False): judge it by `returns`"""
+    success_steps: np.ndarray | None = None
+    """steps that succeeded, per episode: what a task whose success is a per-step state (a legged robot tracking
+    its velocity command) is judged by (`Task.measures`)"""
+    terminated: np.ndarray | None = None
+    """bool: the episode ended by the task's termination (a fall), not its time limit"""
 
     @property
     def success_rate(self) -> float:
@@ -102,12 +107,15 @@ def run_episodes(
     text = np.asarray(obs["instruction"], dtype=object).copy() if "instruction" in obs else None
     judge = getattr(getattr(env, "task", None), "wrong_object", None)  # outside (adapted) envs have no Task
     ever = np.zeros(n, dtype=bool)
+    good = np.zeros(n, dtype=np.int64)
     wrong, has_wrong = np.zeros(n, dtype=bool), False
     ret = np.zeros(n)
     length = np.zeros(n, dtype=np.int64)
     success: list[bool] = []
     returns: list[float] = []
     lengths: list[int] = []
+    good_steps: list[int] = []
+    ended: list[bool] = []
     instructions: list[Any] = []
     wrongs: list[bool] = []
     if on_episode_start is not None:
@@ -116,6 +124,7 @@ def run_episodes(
     while len(success) < episodes and (started <= waves).any():
         obs, reward, terminated, truncated, info = env.step(policy(obs))
         ever |= np.asarray(info["success"], dtype=bool)
+        good += np.asarray(info["success"], dtype=bool)
         done = np.asarray(terminated) | np.asarray(truncated)
         placed = judge(obs) if judge is not None else None
         if judge is not None and placed is not None:
@@ -130,11 +139,13 @@ def run_episodes(
                 success.append(bool(ever[i]))
                 returns.append(float(ret[i]))
                 lengths.append(int(length[i]))
+                good_steps.append(int(good[i]))
+                ended.append(bool(np.asarray(terminated)[i]))
                 wrongs.append(bool(wrong[i]))
                 if text is not None:
                     instructions.append(str(text[i]))
             started[i] += 1
-            ever[i], wrong[i], ret[i], length[i] = False, False, 0.0, 0
+            ever[i], wrong[i], ret[i], length[i], good[i] = False, False, 0.0, 0, 0
             if text is not None:
                 text[i] = obs["instruction"][i]
             if on_episode_start is not None:
@@ -146,6 +157,8 @@ def run_episodes(
         np.array(instructions, dtype=object) if text is not None else None,
         np.array(wrongs, dtype=bool) if has_wrong else None,
         reports_success=bool(getattr(env, "reports_success", True)),
+        success_steps=np.array(good_steps, dtype=np.int64),
+        terminated=np.array(ended, dtype=bool),
     )
 
 

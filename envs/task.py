@@ -15,13 +15,16 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import mujoco
 import numpy as np
 
 from robotrl.core.spec import ArraySpec, Spec
 from robotrl.envs.randomization import Randomization
+
+if TYPE_CHECKING:
+    from robotrl.envs.rollouts import EpisodeStats
 
 
 def state_layout(*fields: tuple[str, int]) -> tuple[dict[str, tuple[int, int]], int]:
@@ -89,6 +92,8 @@ class Task(abc.ABC):
     #: which teleop command axis ("x", "y", "z", "roll", "pitch", "yaw", "gripper") drives each element of the
     #: ee_delta action, in action order (`robotrl.datasets.teleop`); None: a twist cannot drive this task
     teleop_axes: ClassVar[tuple[str, ...] | None] = None
+    #: the goal is a base velocity command (vx, vy, yaw rate): a robot takes it as a geometry_msgs/Twist on /cmd_vel
+    twist_goal: ClassVar[bool] = False
 
     def __init__(self, config: TaskConfig | None = None) -> None:
         self.config = config if config is not None else self.config_cls()
@@ -169,6 +174,11 @@ class Task(abc.ABC):
 
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         raise NotImplementedError(f"{self.name} has no scripted expert")
+
+    def measures(self, stats: EpisodeStats) -> dict[str, float] | None:
+        """The task's own measures of an evaluation's episodes, where an episode's success says little (a legged
+        task: the share of steps tracking the command, the fall rate); None where success says it."""
+        return None
 
     @abc.abstractmethod
     def action_spec(self) -> ArraySpec:

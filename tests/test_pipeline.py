@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from robotrl.stages.pipeline import SKIPPED_BY, STAGES, PipelineConfig, read_rows
+from robotrl.stages.pipeline import PPO_STAGES, SKIPPED_BY, STAGES, PipelineConfig, read_rows
 from robotrl.stages.recipes import recipe_for
 
 ROBOTRL = str(Path(sys.executable).parent / "robotrl")
@@ -376,6 +376,57 @@ def test_bad_config_names_the_field():
     settings = PipelineConfig(budget="full", bc_batch_size=256, bc_lr=1e-3, bc_channels=[32, 64, 128]).settings()  # type: ignore[arg-type]
     assert settings == dataclasses.replace(recipe, bc_batch_size=256, bc_lr=1e-3, bc_policy={"channels": (32, 64, 128)})
     assert PipelineConfig(budget="smoke", bc_steps=7).settings().bc_steps == 7
+
+
+def test_quadrupeds_recipe_trains_ppo_and_deploys_what_it_trained(tmp_path):
+    """`robotrl run --task Quadruped`: the PPO chain (ppo -> export) by the recipe's settings, judged by the task's
+    own measures (the share of steps tracking the command, the fall rate) besides success; the export acts as the
+    policy it exports on the same held-out episodes, and the run's config.yaml reruns it to the same weights."""
+    from safetensors.torch import load_file
+
+    from robotrl.envs import make_task
+    from robotrl.policies.timing import torch_threads
+    from robotrl.training.evaluate import evaluate_policy, load_any
+
+    run_dir = tmp_path / "quad"
+    args = ("--run-dir", str(run_dir), "--no-progress", "--threads", "1")
+    out = robotrl("run", "--task", "Quadruped", "--budget", "smoke", *args)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = read_rows(run_dir / "stages.jsonl")
+    assert [r.stage for r in rows] == list(PPO_STAGES)
+    ppo, export = rows
+    assert ppo.env_steps == 2560 and ppo.output == str(run_dir / "ppo" / "policy")
+    assert export.extra["source"] == ppo.output and export.output == str(run_dir / "export")
+    assert "| stage | success | 95% CI | fall_rate | tracking | env steps |" in out.stdout
+    # the task's measures, recomputed from the saved policy on the held-out seeds; the export's are the same
+    with torch_threads(1):
+        stats = evaluate_policy(load_any(Path(ppo.output), threads=1), 4, 4, execute=1)
+    assert make_task("Quadruped").measures(stats) == ppo.extra["measures"] == export.extra["measures"]
+    assert set(ppo.extra["measures"]) == {"fall_rate", "tracking"}
+    assert export.success_rate == ppo.success_rate == stats.success_rate
+    # the recipe's settings ran, and PPO got them
+    ran = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert ran["policy"] == "gaussian" and ran["settings"] == recipe_for("Quadruped").settings("smoke").to_dict()
+    trained = json.loads((run_dir / "ppo" / "config.json").read_text())
+    assert (trained["num_envs"], trained["rollout_steps"], trained["hidden"]) == (8, 16, [32, 32])
+    # one command runs it again: CPU PPO at a seed and thread count is deterministic, so the weights are the same
+    out = robotrl("run", "--config", str(run_dir / "config.yaml"), "--run-dir", str(tmp_path / "again"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    first, second = (load_file(d / "ppo" / "policy" / "model.safetensors") for d in (run_dir, tmp_path / "again"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_a_recipe_takes_only_the_options_of_its_chain():
+    with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: the settings run here \(ppo -> export\) have no"):
+        PipelineConfig(task="Quadruped", bc_steps=4)
+    with pytest.raises(ValueError, match=r"PipelineConfig.ppo_total_steps: the settings run here \(demos -> bc -> "):
+        PipelineConfig(ppo_total_steps=4)
+    with pytest.raises(ValueError, match=r"PipelineConfig.policy: Quadruped.yaml trains gaussian by PPO, from no demo"):
+        PipelineConfig(task="Quadruped", policy="flow")
+    with pytest.raises(ValueError, match=r"PipelineConfig.policy: expected a registered flow policy .* got 'gaussian'"):
+        PipelineConfig(task="PushT", policy="gaussian")
+    settings = PipelineConfig(task="Quadruped", budget="smoke", ppo_total_steps=256, eval_episodes=2).settings()
+    assert (settings.ppo_total_steps, settings.eval_episodes) == (256, 2)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("policy, images", [("flow", False), ("vla", True)])

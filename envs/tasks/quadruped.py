@@ -26,6 +26,7 @@ import numpy as np
 
 from robotrl.core.spec import ArraySpec
 from robotrl.envs.randomization import Randomization
+from robotrl.envs.rollouts import EpisodeStats
 from robotrl.envs.task import (
     Expert,
     Frame,
@@ -136,6 +137,7 @@ class Quadruped(Task):
     control_hz = 50.0
     reset_dims = 1 + NJ + 6 + 3  # yaw, joint noise, base velocity noise, command
     goal_dim = 3  # the command (vx, vy, yaw rate)
+    twist_goal = True
     config: QuadrupedConfig
 
     def mjcf(self) -> str:
@@ -296,6 +298,14 @@ class Quadruped(Task):
     def state_obs_specs(self) -> dict[str, ArraySpec]:
         return {"state": state_spec(STATE_LAYOUT)}
 
+    def measures(self, stats: EpisodeStats) -> dict[str, float]:
+        """The fall rate and the share of steps that track the command (after a fall: none), over the episodes."""
+        assert stats.success_steps is not None and stats.terminated is not None
+        return {
+            "fall_rate": float(np.mean(stats.terminated)),
+            "tracking": float(np.sum(stats.success_steps) / (len(stats.success_steps) * self.config.episode_steps)),
+        }
+
     def expert(self, noise: float = 0.0, seed: int | None = None) -> Expert:
         return TrotExpert(self, noise, seed)
 
@@ -417,30 +427,22 @@ def tracking(
     act: Callable[[dict[str, Any]], Any], episodes: int = 100, seed: int = 0, reset: Callable[[int], None] | None = None
 ) -> dict[str, float]:
     """One seeded episode per env (random commands) driven by `act` (`reset(num_envs)` first, where given): fall
-    rate, fraction of steps tracking, mean return.
+    rate, fraction of steps tracking, mean return (`Quadruped.measures`).
 
     `run_episodes` counts an episode a success if any step succeeds, which says little for locomotion; here
     every step counts (steps after a fall count as not tracking).
     """
     from robotrl.envs import make
+    from robotrl.envs.rollouts import run_episodes
 
-    env = make("Quadruped", num_envs=episodes, seed=seed, autoreset=False)
-    obs, _ = env.reset(seed=seed)
+    env = make("Quadruped", num_envs=episodes, seed=seed)
     if reset is not None:
         reset(episodes)
-    steps = env.task.config.episode_steps
-    alive, tracked, ret = np.ones(episodes, bool), np.zeros(episodes), np.zeros(episodes)
-    for _ in range(steps):
-        obs, reward, terminated, _, info = env.step(act(obs))
-        tracked += info["success"] & alive
-        ret += np.where(alive, reward, 0.0)
-        alive &= ~terminated
+    stats = run_episodes(env, act, episodes, seed=seed)
     env.close()
-    return {
-        "fall_rate": float(1.0 - alive.mean()),
-        "tracking": float(tracked.mean() / steps),
-        "return": float(ret.mean()),
-    }
+    measures = env.task.measures(stats)
+    assert measures is not None
+    return {**measures, "return": stats.mean_return}
 
 
 if __name__ == "__main__":

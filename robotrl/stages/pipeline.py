@@ -33,8 +33,16 @@ Stages, each a command of its own that reads the previous stage's files and writ
                                        it beats its start, the teacher's one-step sampler  -> distill/policy
     export   robotrl policy export     the student as ONNX + manifest for the runtime      -> export/
 
-Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), and
-its batch-1 CPU inference latency timed. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
+A recipe of the `gaussian` policy (Quadruped's: a legged robot learns to walk from scratch, not from demos) runs the
+PPO chain instead:
+
+    ppo      robotrl train ppo         PPO on the task's parallel vector env (the CPU backend, or MJX)
+                                                                                           -> ppo/policy
+    export   robotrl policy export     its Gaussian policy's mean action as ONNX + manifest -> export/
+
+Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), by the
+task's own measures too where it has them (Quadruped: steps tracking the command, falls; `Task.measures`), and its
+batch-1 CPU inference latency timed. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
 and `run_dir/summary.md` the table; `--resume` skips the stages whose rows are there, so a killed pipeline goes
 on from the stage it was in (that stage starts over).
 """
@@ -56,24 +64,37 @@ from robotrl.core.files import claim_run_dir, default_run_dir, release_run_dir
 from robotrl.core.spec import STRING
 from robotrl.stages.recipes import (
     BUDGETS,
+    AnySettings,
     Budget,
+    PpoSettings,
     Recipe,
     RecipeError,
     Settings,
     read_yaml,
     recipe_for,
+    settings_class,
     settings_from,
 )
 from robotrl.training.loop import RLResult
 
 if TYPE_CHECKING:
+    from robotrl.rl.ppo import PpoConfig
     from robotrl.stages.bc import BCConfig
 
 STAGES = ("demos", "bc", "offline", "online", "distill", "export")
+#: the PPO chain's stages (a recipe of the gaussian policy)
+PPO_STAGES = ("ppo", "export")
 #: the RL stages a budget may leave out, by the setting that is 0 then: the stage before's policy is handed on
 SKIPPED_BY = {"offline": "offline_iterations", "online": "online_total_steps"}
 #: PipelineConfig's fields that override the recipe's setting of the same name (`Settings`)
-OVERRIDES = tuple(f.name for f in dataclasses.fields(Settings) if f.name != "bc_policy")
+OVERRIDES = tuple(
+    dict.fromkeys(
+        f.name
+        for kind in (Settings, PpoSettings)
+        for f in dataclasses.fields(kind)
+        if f.name not in ("bc_policy", "ppo")
+    )
+)
 #: PipelineConfig's fields that default to the recipe's value
 RECIPE_OPTIONS = (*OVERRIDES, "bc_channels")
 #: the file in a run directory that holds what ran: `robotrl run --config <it>` runs it again
@@ -162,6 +183,9 @@ class PipelineConfig:
     """actions executed per predicted chunk (training rollouts and evaluation alike)"""
     episode_steps: int | None = None
     """at most this many steps an episode (the recipe's: the task's own length)"""
+    ppo_total_steps: int | None = None
+    """environment steps of the PPO chain's ppo stage (a recipe of the gaussian policy)"""
+    ppo_num_envs: int | None = None
     success_tail: int | None = None
     """BC and distillation train on each episode up to this many steps after its first success (`train bc
     --success-tail`)"""
@@ -181,7 +205,7 @@ class PipelineConfig:
         from robotrl.training.loop import check_device  # torch: when a pipeline is configured, not with the CLI
 
         check_device(self.device, "PipelineConfig.device")
-        if self.policy is not None:
+        if self.policy is not None and self.policy != self.recipe().policy:
             check_policy(self.policy)
         if self.budget not in BUDGETS:
             raise ValueError(f"PipelineConfig.budget: expected one of {list(BUDGETS)}, got {self.budget!r}")
@@ -211,13 +235,15 @@ class PipelineConfig:
             self.run_dir = Path(self.run_dir)
         if self.config is not None:
             self.config = Path(self.config)
-        self.settings()  # a bad override or recipe ends here, in one line, before anything runs
+        settings = self.settings()  # a bad override or recipe ends here, in one line, before anything runs
+        if isinstance(settings, PpoSettings):
+            ppo_config(self, settings, Path("runs"))
 
     def overrides(self) -> dict[str, Any]:
         """The settings given on top of the recipe (or the config file)."""
         return {k: v for k in RECIPE_OPTIONS if (v := getattr(self, k)) is not None}
 
-    def settings(self) -> Settings:
+    def settings(self) -> AnySettings:
         """The stages' settings: the config file's or the task's recipe for the budget, with the overrides."""
         if self.config is not None:
             base = RunFile.read(self.config).settings
@@ -225,9 +251,20 @@ class PipelineConfig:
             recipe = self.recipe()
             base = recipe.settings(self.budget)
             if self.policy is not None and self.policy != recipe.policy:  # the recipe's policy fields are not its
+                if not isinstance(base, Settings):
+                    raise RecipeError(
+                        f"PipelineConfig.policy: {recipe.path.name} trains {recipe.policy} by PPO, from no demos; "
+                        f"expected {recipe.policy}, got {self.policy}"
+                    )
                 base = dataclasses.replace(base, bc_policy={})
         over = self.overrides()
-        if "bc_channels" in over:
+        chain = {f.name for f in dataclasses.fields(base)} | ({"bc_channels"} if isinstance(base, Settings) else set())
+        for name in over.keys() - chain:
+            raise RecipeError(
+                f"PipelineConfig.{name}: the settings run here ({' -> '.join(stages_of(base))}) have no {name}; "
+                f"expected none, got {over[name]}"
+            )
+        if "bc_channels" in over and isinstance(base, Settings):
             over["bc_policy"] = {**base.bc_policy, "channels": over.pop("bc_channels")}
         try:
             return dataclasses.replace(base, **over)
@@ -243,7 +280,7 @@ class RunFile:
     """A run's config.yaml: what ran (RUN_FIELDS) and every setting it ran with."""
 
     run: dict[str, Any]
-    settings: Settings
+    settings: AnySettings
 
     @classmethod
     def of(cls, config: PipelineConfig) -> RunFile:
@@ -263,7 +300,9 @@ class RunFile:
             raise RecipeError(
                 f"{path}: expected a run's config.yaml ({', '.join(RUN_FIELDS)}, settings), got the keys {sorted(data)}"
             )
-        return cls({k: data[k] for k in RUN_FIELDS if k in data}, settings_from(data["settings"], f"{path}: settings"))
+        run = {k: data[k] for k in RUN_FIELDS if k in data}
+        kind = settings_class(str(run.get("policy")))
+        return cls(run, settings_from(data["settings"], f"{path}: settings", kind))
 
 
 def from_file(config: PipelineConfig) -> PipelineConfig:
@@ -598,21 +637,64 @@ def stage_distill(config: PipelineConfig, settings: Settings, run_dir: Path) -> 
     )
 
 
-def stage_export(config: PipelineConfig, settings: Settings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+def ppo_config(config: PipelineConfig, settings: PpoSettings, run_dir: Path) -> PpoConfig:
+    """The ppo stage's `robotrl train ppo` config: the settings' PPO options, into run_dir/ppo."""
+    import typing
+
+    from robotrl.rl.ppo import PpoConfig
+    from robotrl.stages.recipes import conforms, type_name
+
+    options: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.ppo.items()}
+    unknown = sorted(options.keys() - PpoConfig.__dataclass_fields__.keys())
+    if unknown:
+        raise RecipeError(f"Settings.ppo: unknown option(s) {unknown}; expected PpoConfig's fields")
+    hints = typing.get_type_hints(PpoConfig)
+    for name, value in options.items():
+        ok, options[name] = conforms(value, hints[name])
+        if not ok:
+            raise RecipeError(f"Settings.ppo.{name}: expected {type_name(hints[name])}, got {value!r}")
+    return PpoConfig(
+        task=config.task,
+        num_envs=settings.ppo_num_envs,
+        total_steps=settings.ppo_total_steps,
+        **options,
+        eval_episodes=0,
+        run_dir=run_dir / "ppo",
+        seed=config.seed,
+        threads=config.threads,
+        progress=config.progress,
+    )
+
+
+def stage_ppo(config: PipelineConfig, settings: PpoSettings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    from robotrl.rl.ppo import train
+
+    result = train(ppo_config(config, settings, run_dir))
+    return result.weights, result.steps, {}
+
+
+def stage_export(config: PipelineConfig, settings: AnySettings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
+    """The chain's last policy (the student, or PPO's) as ONNX: the deterministic mean action of a Gaussian one."""
     from robotrl.policies.export import export
 
-    source = run_dir / "distill" / "policy"
+    source = run_dir / stages_of(settings)[-2] / "policy"
     return export(source, run_dir / "export", "onnx"), 0, {"format": "onnx", "source": str(source)}
 
 
-RUNNERS: dict[str, Callable[[PipelineConfig, Settings, Path], tuple[Path, int, dict[str, Any]]]] = {
+RUNNERS: dict[str, Callable[[PipelineConfig, Any, Path], tuple[Path, int, dict[str, Any]]]] = {
     "demos": stage_demos,
     "bc": stage_bc,
     "offline": stage_offline,
     "online": stage_online,
     "distill": stage_distill,
+    "ppo": stage_ppo,
     "export": stage_export,
 }
+
+
+def stages_of(settings: AnySettings) -> tuple[str, ...]:
+    """The stages the settings run: the imitation chain, or the PPO chain."""
+    return PPO_STAGES if isinstance(settings, PpoSettings) else STAGES
 
 
 def demo_noise(config: PipelineConfig, settings: Settings) -> float:
@@ -657,17 +739,23 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
     return window
 
 
-def evaluate_stage(path: Path, config: PipelineConfig, settings: Settings) -> tuple[float, tuple[float, float], float]:
-    """(success rate, its 95% interval, latency p50 in ms) of the policy at `path`, on the pipeline's seeds."""
+def evaluate_stage(
+    path: Path, config: PipelineConfig, settings: AnySettings
+) -> tuple[float, tuple[float, float], float, dict[str, float]]:
+    """(success rate, its 95% interval, latency p50 in ms, the task's own measures) of the policy at `path`, on the
+    pipeline's seeds."""
+    from robotrl.envs import is_outside, make_task
     from robotrl.policies.timing import latency, torch_threads
     from robotrl.training.evaluate import evaluate_policy, load_any
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
+    execute = settings.execute if isinstance(settings, Settings) else 1
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
-        stats = evaluate_policy(policy, settings.eval_episodes, settings.eval_envs, execute=settings.execute)
+        stats = evaluate_policy(policy, settings.eval_episodes, settings.eval_envs, execute=execute)
+        measures = None if is_outside(config.task) else make_task(config.task).measures(stats)
         window = one_window(policy, config.seed)
         ms, _ = latency(lambda: policy.act(window), calls=200, warmup=5, max_seconds=5.0)
-    return stats.success_rate, stats.success_ci95(), float(np.percentile(ms, 50))
+    return stats.success_rate, stats.success_ci95(), float(np.percentile(ms, 50)), measures or {}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -685,26 +773,34 @@ def read_rows(path: Path) -> list[StageRow]:
     return rows
 
 
-def table(rows: list[StageRow], config: PipelineConfig, settings: Settings) -> str:
+def table(rows: list[StageRow], config: PipelineConfig, settings: AnySettings) -> str:
     # a run with settings given on top of its recipe (or config file) is not the recipe's: the header names them
     changed = ", ".join(
         f"{k}={' '.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in config.overrides().items()
     )
     source = f"config {config.config}" if config.config is not None else f"budget {config.budget}"
+    measured = list(dict.fromkeys(m for r in rows for m in r.extra.get("measures", {})))  # Task.measures
     lines = [
         f"robotrl run: {config.task} ({policy_kind(config)}), {source}{f' ({changed})' if changed else ''}, "
         f"success over {settings.eval_episodes} held-out episodes",
         "",
-        "| stage | success | 95% CI | env steps | wall-clock (s) | latency p50 (ms) | output |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| stage | success | 95% CI | {''.join(f'{m} | ' for m in measured)}env steps | wall-clock (s) "
+        "| latency p50 (ms) | output |",
+        "| --- " * (7 + len(measured)) + "|",
     ]
     for r in rows:
         success = f"{r.success_rate:.1%}" if r.success_rate is not None else "-"
         ci = f"{r.success_ci95[0]:.1%}-{r.success_ci95[1]:.1%}" if r.success_ci95 else "-"
+        shown = "".join(f"{show(r.extra.get('measures', {}).get(m))} | " for m in measured)
         lat = f"{r.latency_ms:.2f}" if r.latency_ms is not None else "-"
         output = f"skipped: {r.extra['skipped']}" if "skipped" in r.extra else r.output
-        lines.append(f"| {r.stage} | {success} | {ci} | {r.env_steps:,} | {r.seconds:.0f} | {lat} | {output} |")
+        lines.append(f"| {r.stage} | {success} | {ci} | {shown}{r.env_steps:,} | {r.seconds:.0f} | {lat} | {output} |")
     return "\n".join(lines)
+
+
+def show(value: float | None) -> str:
+    """A task's measure in a table cell, to three figures."""
+    return "-" if value is None else f"{value:.3g}"
 
 
 def resolved(config: PipelineConfig) -> PipelineConfig:
@@ -756,7 +852,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
             f.write(json.dumps(jsonable({**ran.run, "settings": ran.settings.to_dict()})) + "\n")
     rows = read_rows(rows_path)
     done = {r.stage for r in rows}
-    for stage in STAGES:
+    for stage in stages_of(settings):
         if stage in done:
             continue
         # a stage killed part-way starts over from nothing: its train state, best record or partial store would
@@ -776,8 +872,10 @@ def run(config: PipelineConfig) -> list[StageRow]:
             success = extra.get("demo_success_rate")
         else:
             t0 = time.perf_counter()
-            success, ci, latency_ms = evaluate_stage(Path(output), config, settings)
+            success, ci, latency_ms, measures = evaluate_stage(Path(output), config, settings)
             extra["eval_seconds"] = round(time.perf_counter() - t0, 1)
+            if measures:
+                extra["measures"] = measures
         row = StageRow(
             stage,
             str(output),

@@ -1,9 +1,11 @@
 """Recipes: every stage setting of `robotrl run` that the measurements chose, per task (and policy) and budget.
 
-A recipe is a YAML file beside this module (`PushT.yaml`, `PickPlace.yaml`, `PickPlace-vla.yaml`, `Reach.yaml`, and
-`outside.yaml` for an outside env): the task and the policy it trains, the settings its budgets share and each
-budget's own. Its comments say which measurement chose a value (bench/RESULTS.md sections). A budget is named by
-what it fits:
+A recipe is a YAML file beside this module (`PushT.yaml`, `PickPlace.yaml`, `PickPlace-vla.yaml`, `Reach.yaml`,
+`Quadruped.yaml`, and `outside.yaml` for an outside env): the task and the policy it trains, the settings its budgets
+share and each budget's own. Its comments say which measurement chose a value (bench/RESULTS.md sections). A recipe
+of a flow policy runs the imitation chain (`Settings`: demos -> bc -> offline -> online -> distill -> export); one of
+the `gaussian` policy trains it from scratch by PPO (`PpoSettings`: ppo -> export), the way a legged robot learns to
+walk. A budget is named by what it fits:
 
     smoke      every stage on a tiny budget (CI; the numbers mean nothing)
     quick      <= 20 minutes on a 2-core machine
@@ -11,8 +13,8 @@ what it fits:
     gpu        one GPU, <= 15 minutes
     full       the long version
 
-`Settings` is one budget of one recipe resolved: the stages read nothing else. `robotrl run` writes the settings it
-ran to `run_dir/config.yaml`, and `robotrl run --config <that file>` runs them again exactly.
+`Settings` (or `PpoSettings`) is one budget of one recipe resolved: the stages read nothing else. `robotrl run`
+writes the settings it ran to `run_dir/config.yaml`, and `robotrl run --config <that file>` runs them again exactly.
 """
 
 from __future__ import annotations
@@ -139,7 +141,49 @@ class Settings:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return to_dict(self)
+
+
+@dataclass(frozen=True)
+class PpoSettings:
+    """Every setting of the PPO chain (`robotrl run` on a recipe of the `gaussian` policy): ppo -> export, one
+    budget of one recipe resolved."""
+
+    ppo_total_steps: int
+    """environment steps of `robotrl train ppo`, all envs together"""
+    ppo_num_envs: int
+    ppo: dict[str, Any]
+    """`robotrl train ppo`'s other options (PpoConfig's fields: rollout_steps, minibatches, epochs, hidden, lr,
+    backend, ...; its defaults where left out)"""
+    eval_episodes: int
+    """held-out episodes each stage is evaluated on"""
+    eval_envs: int
+
+    def __post_init__(self) -> None:
+        check_types(self, "Settings")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, dict) and not 0 < value < math.inf:
+                raise RecipeError(f"Settings.{f.name}: expected > 0, got {value}")
+        taken = sorted({"task", "num_envs", "total_steps", "run_dir", "seed", "eval_episodes"} & set(self.ppo))
+        if taken:
+            raise RecipeError(f"Settings.ppo: {taken} are the pipeline's own; expected none of them, got {self.ppo}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+#: a recipe's settings class, by the policy it trains (the imitation chain's for every other)
+SETTINGS_OF: dict[str, type[Settings] | type[PpoSettings]] = {"gaussian": PpoSettings}
+AnySettings = Settings | PpoSettings
+
+
+def settings_class(policy: str) -> type[Settings] | type[PpoSettings]:
+    return SETTINGS_OF.get(policy, Settings)
+
+
+def to_dict(settings: AnySettings) -> dict[str, Any]:
+    return {f.name: plain(getattr(settings, f.name)) for f in dataclasses.fields(settings)}
 
 
 @dataclass(frozen=True)
@@ -148,10 +192,10 @@ class Recipe:
 
     task: str
     policy: str
-    budgets: dict[str, Settings]
+    budgets: dict[str, AnySettings]
     path: Path
 
-    def settings(self, budget: str) -> Settings:
+    def settings(self, budget: str) -> AnySettings:
         if budget not in self.budgets:
             raise RecipeError(f"{self.path.name}: budget: expected one of {list(self.budgets)}, got {budget!r}")
         return self.budgets[budget]
@@ -197,22 +241,26 @@ def load_recipe(path: Path) -> Recipe:
         own = budgets[budget] or {}
         if not isinstance(own, dict):
             raise RecipeError(f"{path.name}: budgets.{budget}: expected a mapping, got {own!r}")
-        resolved[budget] = settings_from({**shared, **own}, f"{path.name}: budgets.{budget}")
+        resolved[budget] = settings_from(
+            {**shared, **own}, f"{path.name}: budgets.{budget}", settings_class(data["policy"])
+        )
     return Recipe(data["task"], data["policy"], resolved, path)
 
 
-def settings_from(values: dict[str, Any], where: str) -> Settings:
+def settings_from(
+    values: dict[str, Any], where: str, kind: type[Settings] | type[PpoSettings] = Settings
+) -> AnySettings:
     """Settings from a mapping (a recipe's budget, a config file's `settings`): every field given, none unknown."""
-    names = [f.name for f in dataclasses.fields(Settings)]
+    names = [f.name for f in dataclasses.fields(kind)]
     unknown = sorted(set(values) - set(names))
     if unknown:
         raise RecipeError(f"{where}: unknown setting(s) {unknown}; expected some of {names}")
-    required = [f.name for f in dataclasses.fields(Settings) if f.default is dataclasses.MISSING]
+    required = [f.name for f in dataclasses.fields(kind) if f.default is dataclasses.MISSING]
     missing = [n for n in required if n not in values]
     if missing:
         raise RecipeError(f"{where}: missing setting(s) {missing}")
     try:
-        return Settings(**values)
+        return kind(**values)
     except RecipeError as e:
         raise RecipeError(f"{where}: {str(e).removeprefix('Settings.')}") from None
 
