@@ -18,6 +18,10 @@ code). Malformed messages are counted and logged, never a crash. The e-stop (a `
 saying which, while a robot topic is not matched yet (and, with `trigger:=observation`, until a whole observation
 set has arrived).
 Diagnostics (`diagnostic_msgs`) carry the safety state, its counters, malformed-message counts and inference times.
+
+A legged robot (a robot file with a `base`: `robot:=sim_quadruped`) has no task-state topic: the policy's observation
+is made from its joint states, IMU, odometry and the velocity command on /cmd_vel (`hardware/robot_node.py`), a fall
+or an overspeed e-stops it, and its e-stop is the driver's damping mode, published on the damping topic.
 """
 
 from __future__ import annotations
@@ -159,12 +163,12 @@ class DeployNode(RobotNode):
     # --- inputs -------------------------------------------------------------------------------------
     def on_joint_state(self, q: np.ndarray, stamp: float) -> None:
         if self.config.trigger == "timer":  # lockstep: the safety filter gets it on the step's own clock (tick)
-            self.safety.observe(q, stamp)
+            self.safety.observe(q, stamp, self.dq)
 
     def on_input(self, key: str) -> None:
         if self.config.trigger == "observation":
             self.fresh.add(key)
-            if {"joint_states", *self.policy.obs_keys, *self.text_keys} <= self.fresh:
+            if self.input_keys <= self.fresh:
                 self.fresh.clear()
                 self.heard_set = True
                 self.tick()
@@ -172,6 +176,7 @@ class DeployNode(RobotNode):
     def _srv_estop(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
         self.safety.estop("~/estop service")
         self.get_logger().error("E-STOP from the ~/estop service: no commands until ~/reset")
+        self.publish_damping()
         response.success, response.message = True, "e-stopped"
         return response
 
@@ -193,7 +198,8 @@ class DeployNode(RobotNode):
         self.runner.reset()
         self.fresh.clear()
         if self.safety.state is SafetyState.ESTOPPED:
-            response.success, response.message = self.safety.reset(now)
+            response.success, response.message = self.safety.reset(self.clock(now))
+            self.publish_damping()  # re-armed: position control again
         else:
             response.success, response.message = True, "new episode"
         return response
@@ -204,10 +210,12 @@ class DeployNode(RobotNode):
             return
         now = time.monotonic()
         self.ticks += 1
-        # lockstep: the simulator's clock is one control period per observation set, however fast they come
-        clock = now if self.config.trigger == "timer" else self.ticks / self.robot.control_hz
+        clock = self.clock(now)
         if self.config.trigger == "observation" and self.q is not None:
-            self.safety.observe(self.q, clock)
+            self.safety.observe(self.q, clock, self.dq)
+        if self.robot.base is not None and (reading := self.base_reading(now)) is not None:
+            self.safety.observe_base(reading)  # a fall e-stops: damping
+        self.publish_damping()
         if self._operator_drives(now):
             return
         target = None
@@ -221,6 +229,11 @@ class DeployNode(RobotNode):
                 if self.config.hil:
                     self.action_pub.publish(float_array_to_msg(action))
         self.publish_command(self.safety.step(target, clock))
+
+    def clock(self, now: float) -> float:
+        """The safety filter's clock: the wall clock, or in lockstep the simulator's, one control period per
+        observation set however fast they come."""
+        return now if self.config.trigger == "timer" else self.ticks / self.robot.control_hz
 
     def _on_heartbeat(self, msg: Bool) -> None:
         self.heartbeat_at = time.monotonic() if msg.data else -np.inf  # a False releases at once

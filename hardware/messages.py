@@ -20,9 +20,13 @@ from typing import TypeAlias
 
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
-from sensor_msgs.msg import Image, JointState
+from geometry_msgs.msg import Point, Quaternion, Twist, Vector3
+from nav_msgs.msg import Odometry
+from sensor_msgs.msg import Image, Imu, JointState
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
+
+from robotrl.hardware.floating_base import BaseReading
 
 __all__ = [
     "IMAGE_ENCODINGS",
@@ -31,12 +35,18 @@ __all__ = [
     "arrays_to_joint_state",
     "float_array_to_msg",
     "image_to_array",
+    "imu_msg",
+    "imu_to_arrays",
     "joint_state_to_arrays",
     "joint_trajectory",
     "msg_to_float_array",
+    "odometry_msg",
+    "odometry_to_arrays",
     "seconds_to_stamp",
     "stamp_to_seconds",
     "trajectory_to_positions",
+    "twist_msg",
+    "twist_to_command",
 ]
 
 _NS_PER_S = 1_000_000_000
@@ -401,3 +411,92 @@ def trajectory_to_positions(msg: JointTrajectory, joint_names: Sequence[str]) ->
     positions = positions[index]
     _check_finite(positions, "JointTrajectory", field, names)
     return positions
+
+
+# ----------------------------------------------------------------------------------------------- floating base
+
+
+def _xyz(v: Vector3 | Point, msg_type: str, field: str) -> np.ndarray:
+    out = np.array([v.x, v.y, v.z], dtype=np.float64)
+    _check_finite(out, msg_type, field)
+    return out
+
+
+def _quat_wxyz(q: Quaternion, msg_type: str, field: str) -> np.ndarray:
+    """A ROS quaternion (x, y, z, w) as a unit (w, x, y, z); one that is not of unit norm is malformed (an IMU
+    that does not estimate its orientation sends all zeros, or -1 in its covariance)."""
+    out = np.array([q.w, q.x, q.y, q.z], dtype=np.float64)
+    _check_finite(out, msg_type, field)
+    norm = float(np.linalg.norm(out))
+    if abs(norm - 1.0) > 1e-3:
+        raise MalformedMessage(msg_type, field, "a unit quaternion", f"norm {norm:.6g} ({out.tolist()}, w first)")
+    return out
+
+
+def _vector3(values: np.ndarray) -> Vector3:
+    x, y, z = (float(v) for v in np.asarray(values, dtype=np.float64).reshape(3))
+    return Vector3(x=x, y=y, z=z)
+
+
+def _quaternion(wxyz: np.ndarray) -> Quaternion:
+    w, x, y, z = (float(v) for v in np.asarray(wxyz, dtype=np.float64).reshape(4))
+    return Quaternion(x=x, y=y, z=z, w=w)
+
+
+def imu_msg(reading: BaseReading, stamp: Stamp = None, frame_id: str = "imu") -> Imu:
+    """The Imu a floating base's driver publishes: orientation, angular velocity, linear acceleration."""
+    msg = Imu(
+        orientation=_quaternion(reading.orientation),
+        angular_velocity=_vector3(reading.angular_velocity),
+        linear_acceleration=_vector3(reading.linear_acceleration),
+    )
+    msg.header.stamp, msg.header.frame_id = _to_stamp(stamp), frame_id
+    return msg
+
+
+def imu_to_arrays(msg: Imu) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(orientation (w, x, y, z), angular velocity, linear acceleration) of an Imu, checked."""
+    if not isinstance(msg, Imu):
+        raise MalformedMessage("Imu", "<type>", "a sensor_msgs/msg/Imu", type(msg).__name__)
+    return (
+        _quat_wxyz(msg.orientation, "Imu", "orientation"),
+        _xyz(msg.angular_velocity, "Imu", "angular_velocity"),
+        _xyz(msg.linear_acceleration, "Imu", "linear_acceleration"),
+    )
+
+
+def odometry_msg(reading: BaseReading, stamp: Stamp = None, frame_id: str = "odom", child: str = "base") -> Odometry:
+    """The Odometry a floating base's state estimator publishes: pose in `frame_id`, twist in the base frame."""
+    msg = Odometry(child_frame_id=child)
+    msg.header.stamp, msg.header.frame_id = _to_stamp(stamp), frame_id
+    x, y, z = (float(v) for v in reading.position)
+    msg.pose.pose.position = Point(x=x, y=y, z=z)
+    msg.pose.pose.orientation = _quaternion(reading.orientation)
+    msg.twist.twist.linear = _vector3(reading.linear_velocity)
+    msg.twist.twist.angular = _vector3(reading.angular_velocity)
+    return msg
+
+
+def odometry_to_arrays(msg: Odometry) -> tuple[np.ndarray, np.ndarray]:
+    """(base position, base linear velocity in the base frame) of an Odometry, checked."""
+    if not isinstance(msg, Odometry):
+        raise MalformedMessage("Odometry", "<type>", "a nav_msgs/msg/Odometry", type(msg).__name__)
+    return (
+        _xyz(msg.pose.pose.position, "Odometry", "pose.pose.position"),
+        _xyz(msg.twist.twist.linear, "Odometry", "twist.twist.linear"),
+    )
+
+
+def twist_msg(command: np.ndarray) -> Twist:
+    """A base velocity command (vx, vy, yaw rate) as the Twist of /cmd_vel."""
+    vx, vy, wz = (float(v) for v in np.asarray(command, dtype=np.float64).reshape(3))
+    return Twist(linear=Vector3(x=vx, y=vy, z=0.0), angular=Vector3(x=0.0, y=0.0, z=wz))
+
+
+def twist_to_command(msg: Twist) -> np.ndarray:
+    """(vx, vy, yaw rate) of a /cmd_vel Twist, checked (a planar base ignores linear.z, angular.x and .y)."""
+    if not isinstance(msg, Twist):
+        raise MalformedMessage("Twist", "<type>", "a geometry_msgs/msg/Twist", type(msg).__name__)
+    out = np.array([msg.linear.x, msg.linear.y, msg.angular.z], dtype=np.float64)
+    _check_finite(out, "Twist", "linear.x, linear.y, angular.z")
+    return out

@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 import yaml
 
-from robotrl.envs.robots import RobotDescription, RobotDescriptionError, load_robot
+from robotrl.envs.robots import (
+    JointsDescription,
+    RobotDescription,
+    RobotDescriptionError,
+    load_joints,
+    load_robot,
+)
 
 #: the bundled robot files
 ROBOTS_DIR = Path(__file__).with_name("robots")
@@ -44,7 +50,8 @@ class JointLimits:
     velocity: tuple[float, ...]
     """max |q'| rad/s"""
     acceleration: tuple[float, ...]
-    """max |q''| rad/s^2"""
+    """max |q''| rad/s^2 (a floating base's: inf unless given; its joint targets are PD set-points, bounded by
+    position and by the measured joint speed)"""
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,30 @@ class Topics:
     instruction: str = "/robotrl/instruction"
     estop: str = "/robotrl/estop"
     diagnostics: str = "/diagnostics"
+    imu: str = "/imu/data"
+    """a floating-base robot's sensor_msgs/Imu (orientation, angular velocity in the base frame)"""
+    odometry: str = "/odom"
+    """a floating-base robot's nav_msgs/Odometry: base position, and velocity in the base frame (child_frame_id),
+    from its state estimator"""
+    cmd_vel: str = "/cmd_vel"
+    """geometry_msgs/Twist: the base velocity command (linear x, y; angular z) an operator or a planner sends"""
+    damping: str = "/robotrl/damping"
+    """std_msgs/Bool to a floating-base robot's driver: True switches its motors to damping (no position gain,
+    `base.damping` of velocity gain), the legged robot's safe stop; False back to position control"""
+
+
+@dataclass(frozen=True)
+class FloatingBase:
+    """A robot on a floating base (a legged robot): what its safety needs besides the joint limits."""
+
+    max_tilt: float
+    """rad between the base's up axis and the world's up: beyond it the robot has fallen (damping)"""
+    min_height: float
+    """m: the base below this (its odometry's z) has fallen (damping)"""
+    damping: float
+    """N m s / rad: the motors' velocity gain in damping mode (the fall's and the e-stop's safe stop)"""
+    cmd_vel_timeout: float = 0.5
+    """s: a velocity command older than this is taken as zero (stand), as a twist watchdog does"""
 
 
 @dataclass(frozen=True)
@@ -95,6 +126,9 @@ class RobotConfig:
     """observations older than this (seconds) are stale: the node holds position"""
     topics: Topics = field(default_factory=Topics)
     description: str = ""
+    base: FloatingBase | None = None
+    """a floating base (legged robots): its IMU, odometry and velocity command are inputs, a fall or an e-stop
+    switches it to damping; None: a fixed base (an arm)"""
 
     @property
     def dof(self) -> int:
@@ -151,7 +185,8 @@ class RobotConfig:
             if key not in d:
                 raise RobotConfigError(f"{where}: missing field {key!r}")
         model, ee = _model_source(d.get("model", ""), where), str(d.get("ee", ""))
-        description = _description(model, ee, d, where) if model else None
+        legged = d.get("base") is not None  # a floating base: every joint of the model, no end effector
+        description = (_joints(model, where) if legged else _description(model, ee, d, where)) if model else None
         if "joint_names" not in d and description is None:
             raise RobotConfigError(f"{where}: missing field 'joint_names' (or a model to read them from)")
         names = d["joint_names"] if "joint_names" in d else list(description.joint_names)  # type: ignore[union-attr]
@@ -170,8 +205,11 @@ class RobotConfig:
             for k, side in (("lower", 0), ("upper", 1)):
                 if k not in lim:
                     lim = {**lim, k: [_model_range(description, j, where)[side] for j in in_model]}
+        if d.get("base") is not None and "acceleration" not in lim:  # a floating base's targets are PD set-points
+            lim = {**lim, "acceleration": [math.inf] * n}
         vec = {
-            k: _floats(lim.get(k), n, f"{where}: limits.{k}") for k in ("lower", "upper", "velocity", "acceleration")
+            k: _floats(lim.get(k), n, f"{where}: limits.{k}", finite=k != "acceleration" or d.get("base") is None)
+            for k in ("lower", "upper", "velocity", "acceleration")
         }
         bad = [i for i in range(n) if not vec["lower"][i] < vec["upper"][i]]
         if bad:
@@ -195,11 +233,14 @@ class RobotConfig:
             workspace = Workspace(lo, hi, _number(w.get("tool_offset", 0.0), f"{where}: workspace.tool_offset"))  # type: ignore[arg-type]
         if workspace is not None and description is None:
             raise RobotConfigError(f"{where}: workspace: needs a model (the robot's description) to be checked")
+        if workspace is not None and legged:
+            raise RobotConfigError(f"{where}: workspace: a floating base has no end-effector box; expected none")
         if description is not None:
             missing = [j for j in description.joint_names if j not in in_model]
             if missing:
                 raise RobotConfigError(
-                    f"{where}: joint_names: expected every joint of the model's arm {list(description.joint_names)} "
+                    f"{where}: joint_names: expected every joint of the model's {'robot' if legged else 'arm'} "
+                    f"{list(description.joint_names)} "
                     f"(named by model_joints where the driver names them otherwise), missing {missing}"
                 )
         command_type = d.get("command_type", "joint_trajectory")
@@ -212,6 +253,21 @@ class RobotConfig:
         for k, v in positive.items():
             if v <= 0:
                 raise RobotConfigError(f"{where}: {k}: expected a positive number, got {v}")
+        base = None
+        if d.get("base") is not None:
+            b = _mapping(d["base"], f"{where}: base")
+            _known(b, {f.name for f in dataclasses.fields(FloatingBase)}, f"{where}: base")
+            missing_base = [k for k in ("max_tilt", "min_height", "damping") if k not in b]
+            if missing_base:
+                raise RobotConfigError(f"{where}: base: missing field(s) {missing_base}")
+            values = {k: _number(v, f"{where}: base.{k}") for k, v in b.items()}
+            if not (
+                0 < values["max_tilt"] < math.pi and values["damping"] > 0 and values.get("cmd_vel_timeout", 1) > 0
+            ):
+                raise RobotConfigError(
+                    f"{where}: base: expected 0 < max_tilt < pi, damping > 0, cmd_vel_timeout > 0, got {values}"
+                )
+            base = FloatingBase(**values)
         t = _mapping(d.get("topics", {}), f"{where}: topics")
         _known(t, {f.name for f in dataclasses.fields(Topics)}, f"{where}: topics")
         images = _mapping(t.get("images", {}), f"{where}: topics.images")
@@ -230,6 +286,7 @@ class RobotConfig:
             command_type=command_type,
             topics=topics,
             description=str(d.get("description", "")),
+            base=base,
             **positive,
         )
 
@@ -260,7 +317,17 @@ def _description(model: str, ee: str, d: dict[str, Any], where: str) -> RobotDes
         raise RobotConfigError(f"{where}: model: {e}") from None
 
 
-def _model_range(description: RobotDescription, joint: str, where: str) -> tuple[float, float]:
+def _joints(model: str, where: str) -> JointsDescription:
+    try:
+        return _load_joints(model)
+    except RobotDescriptionError as e:
+        raise RobotConfigError(f"{where}: model: {e}") from None
+
+
+_load_joints = functools.lru_cache(maxsize=16)(load_joints)
+
+
+def _model_range(description: RobotDescription | JointsDescription, joint: str, where: str) -> tuple[float, float]:
     try:
         return description.joint_range(joint)
     except RobotDescriptionError as e:
@@ -285,10 +352,10 @@ def _number(x: Any, where: str) -> float:
     return float(x)
 
 
-def _floats(x: Any, n: int, where: str) -> tuple[float, ...]:
+def _floats(x: Any, n: int, where: str, finite: bool = True) -> tuple[float, ...]:
     if not isinstance(x, list) or len(x) != n:
         raise RobotConfigError(f"{where}: expected a list of {n} numbers (one per joint/axis), got {x!r}")
-    return tuple(_number(v, f"{where}[{i}]") for i, v in enumerate(x))
+    return tuple(_number(v, f"{where}[{i}]") if finite or v != math.inf else v for i, v in enumerate(x))
 
 
 def _topic(x: Any, where: str) -> str:

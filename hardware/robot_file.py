@@ -2,6 +2,7 @@
 goes from its URDF to the deploy node and the sim robot without a hand-copied joint list.
 
     robotrl robot init --model example-robot-data:ur5 --out ur5.yaml
+    robotrl robot init --model example-robot-data:go2 --legged --out go2.yaml   # a floating base: every joint
     robotrl robot init --task gym:Pendulum-v1 --out pendulum.yaml      # an outside env: its actions are the commands
 
 The file names the description (`model:`), from which the joints and their position limits are read whenever the
@@ -20,7 +21,7 @@ import numpy as np
 import yaml
 
 from robotrl.core.spec import Spec
-from robotrl.envs.robots import RobotDescription, RobotDescriptionError, load_robot
+from robotrl.envs.robots import JointsDescription, RobotDescription, RobotDescriptionError, load_joints, load_robot
 from robotrl.envs.robots.description import resolve
 
 #: rad/s^2 per joint where nothing says better: gentle for an arm, to be replaced by the datasheet's
@@ -34,13 +35,17 @@ class RobotInit:
     """Write a robot file for a robot's description (its joints and limits read from it)."""
 
     model: str = ""
-    """a URDF or MJCF path, example-robot-data:<name> (ur3, ur5, ur10, so100, so101, panda) or task:<arm task>"""
+    """a URDF or MJCF path, example-robot-data:<name> (ur3, ur5, ur10, so100, so101, panda; legged: go1, go2) or
+    task:<arm task>"""
     task: str | None = None
     """instead of a model: an outside env (gym:<id> or module:callable), whose robot commands its actions"""
     out: Path = Path("robot.yaml")
     """the robot file to write"""
     ee: str | None = None
     """the end-effector body or site (default: the description's own)"""
+    legged: bool = False
+    """a robot on a floating base (a legged one): every joint of the description, no end effector, and a `base`
+    section (fall limits, damping) to check against the robot"""
     name: str | None = None
     """the robot's name (default: the file's stem)"""
     overwrite: bool = False
@@ -57,11 +62,41 @@ def urdf_velocities(path: Path) -> dict[str, float]:
     return found
 
 
+def velocities(source: str, joint_names: tuple[str, ...]) -> tuple[list[float], str]:
+    """Per joint, the URDF's `<limit velocity>` (else the placeholder), and where they came from."""
+    path, _, _ = resolve(source)
+    urdf = urdf_velocities(path) if path is not None and path.suffix.lower() == ".urdf" else {}
+    origin = "the URDF's <limit velocity>" if urdf else f"a placeholder of {DEFAULT_VELOCITY} rad/s"
+    return [urdf.get(j, DEFAULT_VELOCITY) for j in joint_names], origin
+
+
+def legged_robot_file(robot: JointsDescription, name: str) -> str:
+    """The robot file's text for a legged robot: every joint of its description, a base section to check."""
+    velocity, source = velocities(robot.source, robot.joint_names)
+    data = {
+        "name": name,
+        "description": f"{robot.source}, on a floating base",
+        "model": robot.source,
+        "limits": {"velocity": velocity},
+        "base": {"max_tilt": 1.0, "min_height": 0.15, "damping": 1.0, "cmd_vel_timeout": 0.5},
+        "command_type": "float64_multi_array",
+        "control_hz": 50.0,
+        "max_obs_age": 0.04,
+    }
+    header = (
+        f"# Robot file for {robot.source} on a floating base (robotrl robot init --legged). Joints, in this\n"
+        f"# order, and their position limits are read from the description: {', '.join(robot.joint_names)}.\n"
+        f"# Check against the robot's datasheet and driver: velocity limits ({source}; a measured joint\n"
+        "# speed past one switches the motors to damping), the base section (the tilt in rad and the base height in m\n"
+        "# at which it has fallen, the motors' damping gain in N m s/rad), command_type, control_hz and the topics of\n"
+        "# the bridge that offers its joint states, IMU and odometry and takes joint position targets.\n"
+    )
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
 def robot_file(robot: RobotDescription, name: str) -> str:
     """The robot file's text for `robot`: its description and what the description does not hold."""
-    path, _, _ = resolve(robot.source)
-    urdf = urdf_velocities(path) if path is not None and path.suffix.lower() == ".urdf" else {}
-    velocity = [urdf.get(j, DEFAULT_VELOCITY) for j in robot.joint_names]
+    velocity, source = velocities(robot.source, robot.joint_names)
     data = {
         "name": name,
         "description": f"{robot.source}, end effector {robot.ee}",
@@ -72,7 +107,6 @@ def robot_file(robot: RobotDescription, name: str) -> str:
         "control_hz": 20.0,
         "max_obs_age": 0.1,
     }
-    source = "the URDF's <limit velocity>" if urdf else f"a placeholder of {DEFAULT_VELOCITY} rad/s"
     header = (
         f"# Robot file for {robot.source} (robotrl robot init). Joints, in this order, and their position limits are\n"
         f"# read from the description: {', '.join(robot.joint_names)}.\n"
@@ -141,6 +175,13 @@ def run_init(config: RobotInit) -> None:
             )
         spec = spec_of(config.task)
         text, what = env_robot_file(spec, config.name or out.stem), f"{spec.action.size} actions of {spec.task}"
+    elif config.legged:
+        try:
+            legs = load_joints(config.model)
+        except RobotDescriptionError as e:
+            raise RobotDescriptionError(f"RobotInit.model: {e}") from None
+        text = legged_robot_file(legs, config.name or out.stem)
+        what = f"{len(legs.joint_names)} joints of {legs.source} on a floating base"
     else:
         try:
             robot = load_robot(config.model, config.ee)

@@ -8,32 +8,43 @@ them. `observation(now)` is the newest frame of every key, or None when one is m
 `max_obs_age`; `publish_command(q)` sends joint positions as the robot's file says (nothing for None).
 `unconnected()` names the robot topics DDS has not matched yet: a node that starts an episode before its inputs
 are matched misses the first observation, which a lockstep robot sends only once.
+
+A floating-base robot (a legged one) has no task-state topic: its IMU (`sensor_msgs/Imu`), odometry
+(`nav_msgs/Odometry`) and velocity command (`geometry_msgs/Twist` on /cmd_vel, zero once older than the robot
+file's `base.cmd_vel_timeout`) make its state observation with the joint states, through the task's own
+`observe` (`TaskIO.base_observation`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from geometry_msgs.msg import Twist
+from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
-from sensor_msgs.msg import Image, JointState
+from sensor_msgs.msg import Image, Imu, JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
 from robotrl.core.spec import STRING, Spec, SpecMismatchError
+from robotrl.hardware.floating_base import BaseReading
 from robotrl.hardware.messages import (
     MalformedMessage,
     float_array_to_msg,
     image_to_array,
+    imu_to_arrays,
     joint_state_to_arrays,
     joint_trajectory,
     msg_to_float_array,
+    odometry_to_arrays,
+    twist_to_command,
 )
 from robotrl.hardware.robot import RobotConfig
-from robotrl.hardware.safety import SafetyFilter
+from robotrl.hardware.safety import SafetyFilter, SafetyState
 from robotrl.hardware.task_io import TaskIO
 
 #: human-in-the-loop: the policy's task action each step it acts (std_msgs/Float64MultiArray, deploy -> teleop),
@@ -50,6 +61,7 @@ class RobotNode(Node):
         self.obs_keys = tuple(obs_keys)
         self.text_keys = tuple(k for k, v in spec.observations.items() if v.dtype == STRING)
         self.q: np.ndarray | None = None
+        self.dq: np.ndarray | None = None
         self.q_stamp = -np.inf
         self.latest: dict[str, tuple[Any, float]] = {}
         self.malformed: dict[str, int] = {}
@@ -58,6 +70,23 @@ class RobotNode(Node):
         sensor = qos_profile_sensor_data
         self.inputs = [self.create_subscription(JointState, topics.joint_states, self._on_joint_state, sensor)]
         vector = [k for k in self.obs_keys if not spec.observations[k].is_image]
+        #: what makes a whole observation set (trigger=observation): the inputs the policy's observation is made of
+        self.input_keys = {"joint_states", *self.obs_keys, *self.text_keys}
+        self.base_vector: list[str] = []
+        if robot.base is not None:  # the state is made from the base's sensors, not read from a task-state topic
+            readings: list[tuple[str, Any, str, Callable[[Any], Any], Any]] = [
+                ("imu", Imu, topics.imu, imu_to_arrays, sensor),
+                ("odometry", Odometry, topics.odometry, odometry_to_arrays, sensor),
+                ("cmd_vel", Twist, topics.cmd_vel, twist_to_command, 10),
+            ]
+            self.inputs += [
+                self.create_subscription(
+                    kind, topic, lambda m, k=key, t=topic, c=convert: self._on_reading(k, t, c, m), qos
+                )
+                for key, kind, topic, convert, qos in readings
+            ]
+            self.input_keys = {*(self.input_keys - set(vector)), "imu", "odometry", "cmd_vel"}
+            self.base_vector, vector = vector, []
         if len(vector) > 1:
             raise SpecMismatchError(
                 f"{name}: {spec.task} observes {len(vector)} vectors {vector}; the robot offers "
@@ -83,6 +112,8 @@ class RobotNode(Node):
         self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         msg_type = JointTrajectory if robot.command_type == "joint_trajectory" else Float64MultiArray
         self.command_pub = self.create_publisher(msg_type, topics.command, 10)
+        self.damping_pub = self.create_publisher(Bool, topics.damping, 10) if robot.base is not None else None
+        self.damped = False  # what the damping topic last said
 
     def unconnected(self) -> list[str]:
         """What DDS has not matched yet: input topics without a publisher, the command topic without a subscriber."""
@@ -112,12 +143,37 @@ class RobotNode(Node):
 
     def _on_joint_state(self, msg: JointState) -> None:
         try:
-            q, _ = joint_state_to_arrays(msg, self.robot.joint_names)
+            q, dq = joint_state_to_arrays(msg, self.robot.joint_names)
         except MalformedMessage as e:
             return self.bad_message(self.robot.topics.joint_states, e)
-        self.q, self.q_stamp = q, time.monotonic()
+        self.q, self.dq, self.q_stamp = q, dq, time.monotonic()
         self.on_joint_state(q, self.q_stamp)
         self.on_input("joint_states")
+
+    def _on_reading(self, key: str, topic: str, convert: Callable[[Any], Any], msg: Any) -> None:
+        """A floating base's IMU, odometry or velocity command: kept converted, or counted as malformed."""
+        try:
+            value = convert(msg)
+        except MalformedMessage as e:
+            return self.bad_message(topic, e)
+        self.latest[key] = (value, time.monotonic())
+        self.on_input(key)
+
+    def base_reading(self, now: float) -> BaseReading | None:
+        """A floating base's newest IMU and odometry readings, or None when one is missing or stale."""
+        got = [self.latest.get(k) for k in ("imu", "odometry")]
+        if any(g is None or now - g[1] > self.robot.max_obs_age for g in got):
+            return None
+        (orientation, gyro, accel), (position, velocity) = (g[0] for g in got)  # type: ignore[index]
+        return BaseReading(position, orientation, velocity, gyro, accel)
+
+    def velocity_command(self, now: float) -> np.ndarray:
+        """The newest /cmd_vel, zero once it is older than `base.cmd_vel_timeout` (or before the first)."""
+        assert self.robot.base is not None
+        got = self.latest.get("cmd_vel")
+        if got is None or now - got[1] > self.robot.base.cmd_vel_timeout:
+            return np.zeros(3)
+        return got[0]
 
     def _on_vector(self, key: str, msg: Float64MultiArray) -> None:
         a = self.spec.observations[key]
@@ -148,6 +204,19 @@ class RobotNode(Node):
         if msg.data:
             self.safety.estop(self.robot.topics.estop)
             self.get_logger().error(f"E-STOP from {self.robot.topics.estop}: nothing is published until ~/reset")
+            self.publish_damping()
+
+    def publish_damping(self) -> None:
+        """A floating base's damping mode, as the safety filter's state says: on while e-stopped (a fall, an
+        overspeed or an e-stop; said again every step, for a driver that starts listening late), off once re-armed."""
+        if self.damping_pub is None:
+            return
+        on = self.safety.state is SafetyState.ESTOPPED
+        if on or self.damped:
+            self.damping_pub.publish(Bool(data=on))
+            if on and not self.damped:
+                self.get_logger().error(f"damping: {self.safety.estop_reason}")
+            self.damped = on
 
     # --- the step -----------------------------------------------------------------------------------
     def observation(self, now: float, since: float = -np.inf) -> dict[str, Any] | None:
@@ -157,7 +226,15 @@ class RobotNode(Node):
         if self.q is None or now - self.q_stamp > age or self.q_stamp < since:
             return None
         obs: dict[str, Any] = {}
+        if self.robot.base is not None:
+            reading = self.base_reading(now)
+            if reading is None or self.dq is None:
+                return None
+            state = self.io.base_observation(self.q, self.dq, reading, self.velocity_command(now))
+            obs = {k: state[k].astype(self.spec.observations[k].dtype) for k in self.base_vector}
         for key in self.obs_keys:
+            if key in obs:
+                continue
             if key not in self.latest or now - self.latest[key][1] > age or self.latest[key][1] < since:
                 return None
             obs[key] = self.latest[key][0]

@@ -7,7 +7,9 @@ Each episode: the deploy node's `~/reset` (history and chunks cleared; retried w
 are not matched yet), then the sim robot reset -- to `seed`
 for the first episode, to the next episode of its seeded stream after that, which is the stream a one-env
 `CpuVectorEnv(seed=seed)` draws from -- and the episode runs until the sim robot reports it terminated or
-truncated. Success is "succeeded at any step", as `run_episodes` counts it.
+truncated. Success is "succeeded at any step", as `run_episodes` counts it; the steps that succeeded and whether the
+task terminated the episode (a fall) are kept too, for a task judged per step (`Task.measures`: Quadruped's tracking
+and fall rate).
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ class EpisodeRunner(Node):
             raise TimeoutError(f"ros eval: no status on {STATUS_TOPIC} within {timeout} s (is the sim robot running?)")
         return self.status
 
-    def episode(self, first_seed: int | None, timeout: float) -> tuple[bool, float, int]:
-        """One episode: (succeeded at any step, return, steps)."""
+    def episode(self, first_seed: int | None, timeout: float) -> tuple[bool, float, int, int, bool]:
+        """One episode: (succeeded at any step, return, steps, steps that succeeded, terminated)."""
         previous = self.wait_for_status()["episode"]
         self.spin_for(0.2)  # let the messages of the last episode land before the deploy node forgets them
         self.call(self.deploy_reset)
@@ -85,7 +87,7 @@ class EpisodeRunner(Node):
             self.reset_seed.publish(Int64(data=first_seed))
         else:
             self.call(self.sim_reset)
-        success, ret, steps, seen = False, 0.0, 0, -1
+        success, ret, steps, good, seen = False, 0.0, 0, 0, -1
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             self.executor_.spin_once(timeout_sec=0.05)
@@ -95,10 +97,11 @@ class EpisodeRunner(Node):
             seen = s["step"]
             if s["step"] > 0:
                 success |= bool(s["success"])
+                good += int(bool(s["success"]))
                 ret += float(s["reward"])
                 steps = int(s["step"])
             if s["terminated"] or s["truncated"]:
-                return success, ret, steps
+                return success, ret, steps, good, bool(s["terminated"])
         raise TimeoutError(f"ros eval: episode not finished within {timeout} s (last status {self.status})")
 
 
@@ -110,8 +113,14 @@ def evaluate_over_ros(episodes: int, seed: int, episode_timeout: float = 120.0) 
     finally:
         runner.executor_.shutdown()
         runner.destroy_node()
-    success, returns, lengths = (np.array(x) for x in zip(*results))
-    return EpisodeStats(success.astype(bool), returns.astype(np.float64), lengths.astype(np.int64))
+    success, returns, lengths, good, terminated = (np.array(x) for x in zip(*results))
+    return EpisodeStats(
+        success.astype(bool),
+        returns.astype(np.float64),
+        lengths.astype(np.int64),
+        success_steps=good.astype(np.int64),
+        terminated=terminated.astype(bool),
+    )
 
 
 def main() -> None:

@@ -16,6 +16,11 @@ clip, velocity and acceleration limits shorten the step towards the target. Hold
 for a stale or broken input, stopping beats respecting the deceleration limit. `estop` latches until `reset`,
 which re-arms only with a fresh observation and restarts from the measured position. Every intervention is
 counted (`counters`), for the node's diagnostics.
+
+A floating-base robot (a legged one, its robot file's `base`) is judged by its body too: a fall (the base tilted past
+`base.max_tilt` or below `base.min_height`, `observe_base`) or a measured joint speed past its velocity limit
+e-stops it, and its e-stop is the driver's damping mode (the node publishes it), not a frozen posture. Its joint
+targets are PD set-points, as in training: clipped to the position limits, not shaped into a trajectory.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from robotrl.hardware.floating_base import BaseReading
 from robotrl.hardware.robot import RobotConfig
 
 
@@ -54,6 +60,8 @@ COUNTERS = (
     "blocked_waiting",
     "estops",
     "resets",
+    "falls",
+    "overspeed",
 )
 
 
@@ -75,14 +83,34 @@ class SafetyFilter:
         self.velocity = np.zeros(robot.dof)  # of the published commands
 
     # --- inputs ------------------------------------------------------------------------------------
-    def observe(self, q: np.ndarray, stamp: float) -> None:
-        """The measured joint positions (robot's joint order) and when they were measured or received."""
+    def observe(self, q: np.ndarray, stamp: float, dq: np.ndarray | None = None) -> None:
+        """The measured joint positions (robot's joint order) and when they were measured or received; a floating
+        base's joint velocities `dq` too (one past its limit e-stops it: damping)."""
         q = np.asarray(q, dtype=np.float64)
         if q.shape != (self.robot.dof,) or not np.all(np.isfinite(q)):
             raise ValueError(f"SafetyFilter.observe: expected {self.robot.dof} finite joint positions, got {q!r}")
         self.measured, self.obs_stamp = q, float(stamp)
         if self.state is SafetyState.WAITING:
             self.state = SafetyState.ARMED
+        if self.robot.base is not None and dq is not None and self.state is not SafetyState.ESTOPPED:
+            over = np.flatnonzero(np.abs(dq) > self.v_max)
+            if over.size:
+                i = int(over[0])
+                self.counters["overspeed"] += 1
+                self.estop(f"joint speed: {self.robot.joint_names[i]} at {dq[i]:.1f} rad/s, limit {self.v_max[i]:g}")
+
+    def observe_base(self, reading: BaseReading) -> None:
+        """A floating base's IMU and odometry: a fall (tilt or height past the robot file's `base`) e-stops it."""
+        base = self.robot.base
+        assert base is not None, "observe_base: the robot has no floating base"
+        if self.state is SafetyState.ESTOPPED:
+            return
+        tilt = float(np.arccos(np.clip(reading.up_z(), -1.0, 1.0)))
+        height = float(reading.position[2])
+        if tilt > base.max_tilt or height < base.min_height:
+            self.counters["falls"] += 1
+            why = f"tilt {tilt:.2f} rad > {base.max_tilt:g}" if tilt > base.max_tilt else f"height {height:.3f} m"
+            self.estop(f"fall: {why}" + ("" if tilt > base.max_tilt else f" < {base.min_height:g}"))
 
     def stale(self, now: float) -> bool:
         return now - self.obs_stamp > self.robot.max_obs_age
@@ -137,7 +165,7 @@ class SafetyFilter:
         clipped = np.clip(q, self.lower, self.upper)
         if not np.array_equal(clipped, q):
             self.counters["clipped_position"] += 1
-        q = self._limit_motion(clipped, now)
+        q = clipped if self.robot.base is not None else self._limit_motion(clipped, now)
         if self.fk is not None and not self._in_workspace(q):
             return self._hold(now, "rejected_workspace")
         return self._publish(q, now)

@@ -9,11 +9,14 @@ so the deploy node, the safety filter and a policy can be run end to end against
     sim.step(now)                      # every control period (1 / sim.control_hz)
     q, dq = sim.joint_state()          # -> /joint_states
     obs = sim.observation()            # -> the task-state and image topics
+    sim.base_reading()                 # a floating base (Quadruped): -> its IMU and odometry topics
 
 The physics is the vector env's, step for step: a reset draws from the same random stream as
 `CpuVectorEnv(task, 1, seed=seed)`, and one `step` is `task.n_substeps` `mj_step`s with the commanded targets
 as the position actuators' controls, so the same joint targets give the same trajectory (tests check it to
-1e-9). What a real cell adds -- command latency, joint-encoder noise, and dynamics that are not the nominal
+1e-9). A floating-base robot (its robot file's `base`: Quadruped) also offers its IMU and odometry
+readings, takes its velocity command (the task's goal) and has a damping mode, its safe stop. What a real cell
+adds -- command latency, joint-encoder noise, and dynamics that are not the nominal
 model (`perturbation`: one fixed draw of a domain randomization, the "real twin") -- is opt-in.
 
 Torch-free and rclpy-free: the ROS 2 node wraps this class.
@@ -39,6 +42,7 @@ from robotrl.envs.randomization import (
     sample_model_fields,
 )
 from robotrl.envs.task import Frame
+from robotrl.hardware.floating_base import BaseReading, BaseSensors, base_joint
 from robotrl.hardware.robot import RobotConfig
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
@@ -120,6 +124,14 @@ class SimRobot:
             self._light_scale = 1.0 + p.light * (2.0 * rng.random(1) - 1.0)
             self._obs_noise = float(p.obs_noise)
 
+        self.base = BaseSensors(m, f"robot {robot.name}: base") if robot.base is not None else None
+        if self.base is None and base_joint(m) is not None:
+            raise ValueError(
+                f"robot.base: task {task.name!r} has a floating base; expected a robot file with a base section "
+                f"(fall limits, damping), got robot {robot.name!r} without one"
+            )
+        self._position_gains = (m.actuator_gainprm.copy(), m.actuator_biasprm.copy())
+        self.damping = False
         self._renderer: Any = None
         self._rng = np.random.default_rng(config.seed)
         self._pending: list[tuple[float, int, np.ndarray]] = []  # heap of (due time, arrival number, target)
@@ -178,6 +190,7 @@ class SimRobot:
         self._target = d.qpos[self._qadr].copy()
         self._pending.clear()
         self._steps = 0
+        self.damp(False)
         self._evaluate()
 
     # --- the driver's interface -----------------------------------------------------------------------
@@ -200,6 +213,41 @@ class SimRobot:
             mujoco.mj_step(m, d)
         self._steps += 1
         self._evaluate()
+
+    def damp(self, on: bool) -> None:
+        """A floating base's safe stop: every motor without position gain, with the robot file's `base.damping`
+        of velocity gain (a legged driver's damping mode; the robot folds down gently); off: position control."""
+        if on == self.damping:
+            return
+        gain, bias = (x.copy() for x in self._position_gains)
+        if on:
+            if self.robot.base is None:
+                raise ValueError(f"SimRobot.damp: robot {self.robot.name!r} has no floating base to damp")
+            gain[:, 0], bias[:, 1], bias[:, 2] = 0.0, 0.0, -self.robot.base.damping
+        self.model.actuator_gainprm[:], self.model.actuator_biasprm[:] = gain, bias
+        self.damping = on
+
+    def base_reading(self) -> BaseReading:
+        """A floating base's IMU and odometry readings (its sensors' values; exact: no noise)."""
+        if self.base is None:
+            raise ValueError(f"SimRobot.base_reading: robot {self.robot.name!r} has no floating base")
+        return self.base.read(self.data.qpos, self.data.sensordata)
+
+    @property
+    def goal(self) -> np.ndarray:
+        """The episode's goal (Quadruped: its velocity command), drawn at reset."""
+        return self._goal.copy()
+
+    def set_goal(self, goal: Any) -> None:
+        """A goal from outside (Quadruped: the velocity command on /cmd_vel), from the next step on."""
+        n = self._goal.shape[0]
+        try:
+            value = np.array(goal, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            value = np.zeros(0)
+        if value.shape != (n,) or not np.isfinite(value).all():
+            raise ValueError(f"SimRobot.set_goal: expected {n} finite numbers, got {goal!r}")
+        self._goal = value
 
     @property
     def cameras(self) -> tuple[str, ...]:

@@ -19,6 +19,12 @@ settled): the sim then runs
 exactly as the in-process evaluation does, as fast as the policy answers -- for comparing success over ROS 2 with
 `robotrl policy eval`.
 
+A floating-base robot (`robot:=sim_quadruped -p task:=Quadruped`) also publishes its IMU (`sensor_msgs/Imu`) and
+odometry (`nav_msgs/Odometry`, the twist in the base frame) and takes the damping mode (`std_msgs/Bool`, its safe
+stop); its velocity command is the episode's, drawn at reset as in training and published on /cmd_vel with every
+step (`cmd_vel:=publish`: the sim stands in for the operator), or taken from /cmd_vel (`cmd_vel:=subscribe`: a
+joystick or a planner drives it).
+
 An outside env (`task:=gym:<id>` or `module:callable`) is hosted as it is (`SimEnv`): its robot file
 (`robotrl robot init --task <env>`) names one command per action dimension, the commands are its actions, the
 joint states echo the action being applied and the task state is its observation.
@@ -31,10 +37,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from geometry_msgs.msg import Twist
+from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.publisher import Publisher
-from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import Float64MultiArray, Int64, String
+from sensor_msgs.msg import Image, Imu, JointState
+from std_msgs.msg import Bool, Float64MultiArray, Int64, String
 from std_srvs.srv import Trigger
 from trajectory_msgs.msg import JointTrajectory
 
@@ -43,8 +51,12 @@ from robotrl.hardware.messages import (
     array_to_image,
     arrays_to_joint_state,
     float_array_to_msg,
+    imu_msg,
     msg_to_float_array,
+    odometry_msg,
     trajectory_to_positions,
+    twist_msg,
+    twist_to_command,
 )
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.ros import declare_config, json_object, spin_node
@@ -54,6 +66,7 @@ from robotrl.hardware.sim_robot import SimRobot, SimRobotConfig
 STATUS_TOPIC = "/robotrl/sim/status"
 RESET_TOPIC = "/robotrl/sim/reset"
 PERTURBATIONS = ("none", "task")
+CMD_VEL = ("publish", "subscribe")
 #: seconds a subscriber must have been matched before the waiting observation set is repeated to it: DDS matches the
 #: two ends one after the other, and a message sent when only the publisher's end had matched was lost (a lockstep
 #: sim then waited its whole `lockstep_timeout` for a command)
@@ -78,8 +91,13 @@ class SimRobotNodeConfig:
     lockstep: bool = False
     """one physics step per command instead of real time"""
     lockstep_timeout: float = 1.0
+    cmd_vel: str = "publish"
+    """a floating base's velocity command: 'publish' (the episode's, drawn at reset, sent on /cmd_vel with every
+    step) or 'subscribe' (taken from /cmd_vel)"""
 
     def __post_init__(self) -> None:
+        if self.cmd_vel not in CMD_VEL:
+            raise ValueError(f"SimRobotNodeConfig.cmd_vel: expected one of {CMD_VEL}, got {self.cmd_vel!r}")
         if self.perturbation not in PERTURBATIONS:
             raise ValueError(
                 f"SimRobotNodeConfig.perturbation: expected one of {PERTURBATIONS}, got {self.perturbation!r}"
@@ -127,6 +145,17 @@ class SimRobotNode(Node):
         }
         self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
         self.instruction_pub = self.create_publisher(String, t.instruction, 10)
+        self.base_pubs: tuple[Publisher, Publisher, Publisher | None] | None = None
+        if self.robot.base is not None and isinstance(self.sim, SimRobot):
+            publish = cfg.cmd_vel == "publish"
+            self.base_pubs = (
+                self.create_publisher(Imu, t.imu, 10),
+                self.create_publisher(Odometry, t.odometry, 10),
+                self.create_publisher(Twist, t.cmd_vel, 10) if publish else None,
+            )
+            if not publish:
+                self.create_subscription(Twist, t.cmd_vel, self._on_cmd_vel, 10)
+            self.create_subscription(Bool, t.damping, self._on_damping, 10)
         if self.robot.command_type == "joint_trajectory":
             self.create_subscription(JointTrajectory, t.command, self._on_trajectory, 10)
         else:
@@ -155,6 +184,18 @@ class SimRobotNode(Node):
         except MalformedMessage as e:
             return self._bad(e)
         self._command(q)
+
+    def _on_cmd_vel(self, msg: Twist) -> None:
+        try:
+            self.sim.set_goal(twist_to_command(msg))  # type: ignore[union-attr]
+        except MalformedMessage as e:
+            self._bad(e)
+
+    def _on_damping(self, msg: Bool) -> None:
+        assert isinstance(self.sim, SimRobot)
+        if bool(msg.data) != self.sim.damping:
+            self.sim.damp(bool(msg.data))
+            self.get_logger().warning(f"damping {'on' if msg.data else 'off'}")
 
     def _bad(self, error: Exception) -> None:
         self.malformed += 1
@@ -216,6 +257,13 @@ class SimRobotNode(Node):
         messages += [(pub, array_to_image(obs[key], stamp=stamp, frame_id=key)) for key, pub in self.image_pubs.items()]
         if "state" in obs:
             messages.append((self.state_pub, float_array_to_msg(obs["state"])))
+        if self.base_pubs is not None:
+            assert isinstance(self.sim, SimRobot)
+            reading = self.sim.base_reading()
+            imu_pub, odom_pub, cmd_pub = self.base_pubs
+            messages += [(imu_pub, imu_msg(reading, stamp=stamp)), (odom_pub, odometry_msg(reading, stamp=stamp))]
+            if cmd_pub is not None:
+                messages.append((cmd_pub, twist_msg(self.sim.goal)))
         self.sent = [(pub, msg, pub.get_subscription_count() > 0) for pub, msg in messages]
         self.appeared = {}
         for pub, msg in messages:

@@ -5,6 +5,10 @@ acted in training), and the future-state roll that asynchronous inference aligns
 The task is rebuilt from the exported policy's spec (name, action mode, task options); the robot must have the
 task's arm (same number of joints, in the task's order -- names may differ, e.g. fr3_joint1 for joint1). A policy
 of an outside env acts natively: its action is the command, its robot file one command per action dimension.
+
+A floating-base robot (a legged one, its robot file's `base`) has no task-state topic: its observation is the
+task's own `observe` of a state rebuilt from its joint states, IMU, odometry and velocity command
+(`hardware/floating_base.py`), as in training.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from robotrl.core.spec import Spec, SpecMismatchError
+from robotrl.hardware.floating_base import BaseReading, BaseSensors, base_joint
 from robotrl.hardware.robot import RobotConfig
 
 
@@ -44,6 +49,22 @@ class TaskIO:
             )
         self.nq, self.nv, self.nsens = model.nq, model.nv, model.nsensordata
         self.goal_dim = getattr(self.task, "goal_dim", 0)
+        joints = [model.joint(name).id for name in self.task.joint_names()]
+        self.qadr = np.array([model.jnt_qposadr[j] for j in joints], dtype=np.int64)
+        self.dadr = np.array([model.jnt_dofadr[j] for j in joints], dtype=np.int64)
+        floating = base_joint(model) is not None
+        if floating != (robot.base is not None):
+            raise SpecMismatchError(
+                f"robot {robot.name}: the {spec.task} policy's robot {'has' if floating else 'has no'} floating base; "
+                f"expected a robot file {'with' if floating else 'without'} a base section, got one "
+                f"{'without' if floating else 'with'}"
+            )
+        self.base = BaseSensors(model, f"robot {robot.name}: {spec.task}") if floating else None
+        if floating and not self.task.twist_goal and self.goal_dim:
+            raise SpecMismatchError(
+                f"robot {robot.name}: {spec.task}'s goal is not a velocity command; a floating-base robot takes its "
+                "goal on cmd_vel only"
+            )
         state = spec.observations.get("state")
         self.fields = state.field_slices() if state is not None else {}
 
@@ -53,9 +74,22 @@ class TaskIO:
         if self.native:
             return np.asarray(action, dtype=np.float64).reshape(-1)
         qpos = np.zeros((1, self.nq))
-        qpos[0, : self.robot.dof] = q
+        qpos[0, self.qadr] = q
         frame = self._frame(qpos, np.zeros((1, self.nv)), np.zeros((1, self.nsens)), np.zeros((1, self.goal_dim)))
         return np.asarray(self.task.control(np, frame, np.asarray(action, dtype=np.float64)[None]))[0]
+
+    def base_observation(
+        self, q: np.ndarray, dq: np.ndarray, reading: BaseReading, command: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """A floating-base robot's observation (no env axis): the task's `observe` of the state its joint states,
+        IMU and odometry (`reading`) and velocity command (the goal) stand for."""
+        assert self.base is not None
+        qpos, qvel = np.zeros(self.nq), np.zeros(self.nv)
+        qpos[self.qadr], qvel[self.dadr] = q, dq
+        sensordata = self.base.write(reading, qpos, qvel)
+        goal = np.asarray(command, dtype=np.float64).reshape(1, -1)[:, : self.goal_dim]
+        frame = self._frame(qpos[None], qvel[None], sensordata[None], goal)
+        return {k: np.asarray(v)[0] for k, v in self.task.observe(np, frame).items()}
 
     def roll_forward(self, history: dict[str, np.ndarray], planned: np.ndarray) -> dict[str, np.ndarray]:
         """The observation history as it will be after the `planned` actions (d, A): the newest frame's tool or

@@ -3,8 +3,10 @@ MuJoCo models."""
 
 from robotrl.envs.robots.description import (
     EXAMPLE_ROBOTS,
+    JointsDescription,
     RobotDescription,
     RobotDescriptionError,
+    load_joints,
     load_robot,
     load_spec,
     robot_spec,
@@ -15,8 +17,10 @@ __all__ = [
     "EXAMPLE_ROBOTS",
     "Chain",
     "IKConfig",
+    "JointsDescription",
     "RobotDescription",
     "RobotDescriptionError",
+    "load_joints",
     "load_robot",
     "load_spec",
     "robot_spec",

@@ -6,6 +6,7 @@ from the compiled model, and the end effector becomes a site named `ee` that kin
     robot = load_robot("example-robot-data:ur5")      # ee: the UR's tool0 frame
     robot.joint_names, robot.limits                   # the chain from the base to `ee`
     robot.ee_position(q)                              # MuJoCo's own mj_kinematics
+    legs = load_joints("example-robot-data:go2")      # a legged robot: every joint, no end effector
 
 URDF files are read as ROS tools read them: `package://<name>/...` mesh paths resolve against
 `example-robot-data`'s robots folder and the folders above the file; visual-only meshes (COLLADA, which MuJoCo cannot
@@ -26,13 +27,15 @@ from robotrl.envs.robots.kinematics import Chain, joint_range
 
 PACKAGE = "example-robot-data"
 #: short names of robots in example-robot-data: (file inside its robots folder, end-effector body)
-EXAMPLE_ROBOTS: dict[str, tuple[str, str]] = {
+EXAMPLE_ROBOTS: dict[str, tuple[str, str | None]] = {
     "panda": ("panda_description/urdf/panda.urdf", "panda_hand"),
     "ur3": ("ur_description/urdf/ur3_robot.urdf", "tool0"),
     "ur5": ("ur_description/urdf/ur5_robot.urdf", "tool0"),
     "ur10": ("ur_description/urdf/ur10_robot.urdf", "tool0"),
     "so100": ("so_arm_description/urdf/so100.urdf", "Fixed_Jaw"),
     "so101": ("so_arm_description/urdf/so101.urdf", "gripper_frame_link"),
+    "go1": ("go1_description/urdf/go1.urdf", None),  # legged: `load_joints`
+    "go2": ("go2_description/urdf/go2.urdf", None),
 }
 EE_SITE = "ee"
 
@@ -200,6 +203,33 @@ def compile_robot(spec: mujoco.MjSpec, frame: str, name: str) -> RobotDescriptio
     if not robot.chain.dof:
         raise RobotDescriptionError(f"robot {name!r}: ee: no joint moves {frame!r}")
     return robot
+
+
+@dataclass(frozen=True)
+class JointsDescription:
+    """A compiled robot without an end effector (a legged robot): its hinge and slide joints, in model order."""
+
+    source: str
+    model: mujoco.MjModel
+
+    @property
+    def joint_names(self) -> tuple[str, ...]:
+        kinds = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+        return tuple(self.model.joint(j).name for j in range(self.model.njnt) if int(self.model.jnt_type[j]) in kinds)
+
+    def joint_range(self, name: str) -> tuple[float, float]:
+        if name not in self.joint_names:
+            raise RobotDescriptionError(f"{self.source}: no hinge or slide joint named {name!r}")
+        return joint_range(self.model, self.model.joint(name).id)
+
+
+def load_joints(source: str | Path) -> JointsDescription:
+    """Compile a robot description as it is, for its joints and their limits (no end effector: a legged robot)."""
+    spec, _, name = load_spec(source)
+    description = JointsDescription(name, _compile(spec, name))
+    if not description.joint_names:
+        raise RobotDescriptionError(f"robot {name!r}: no hinge or slide joint")
+    return description
 
 
 def load_robot(source: str | Path, ee: str | None = None, tool_offset: float = 0.0) -> RobotDescription:

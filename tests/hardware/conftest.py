@@ -59,6 +59,30 @@ def pusht_image_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return export(policy, root / "flow", "onnx")
 
 
+#: Quadruped with episodes short enough for the ROS 2 tests
+QUADRUPED_OPTIONS = {"episode_steps": 60}
+
+
+@pytest.fixture(scope="session")
+def quadruped_export(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """An untrained Gaussian actor of the Quadruped (PPO's kind: a linear mean over normalized observations), its
+    output halved, exported; and the task options. On the ROS tests' seeds it falls in some episodes and tracks its
+    command on a few steps of others, so that an episode over ROS 2 that differs from the in-process one shows."""
+    from robotrl.envs import make
+    from robotrl.policies.gaussian import GaussianConfig, GaussianPolicy
+
+    env = make("Quadruped", num_envs=1, **QUADRUPED_OPTIONS)
+    torch.manual_seed(0)
+    config = GaussianConfig(hidden=(32, 32), squash=False, activation="tanh", layer_norm=False, obs_norm=True)
+    policy = GaussianPolicy(env.task_spec, config)
+    env.close()
+    last = [m for m in policy.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.weight.mul_(0.5), last.bias.mul_(0.5)
+    with torch_threads(1):
+        return export(policy, tmp_path_factory.mktemp("quadruped") / "ppo", "onnx"), QUADRUPED_OPTIONS
+
+
 #: Reach on example-robot-data's UR5 (its scene composed from the URDF), episodes short for the ROS 2 tests
 UR5_OPTIONS = {"robot": "example-robot-data:ur5", "robot_base": [0.2, 0.0, 0.0], "episode_steps": 30}
 

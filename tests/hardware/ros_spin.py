@@ -4,10 +4,12 @@ puts this folder on sys.path)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rclpy.executors import SingleThreadedExecutor
+from rclpy.node import Node
 
 
 def spin_until(
@@ -20,3 +22,25 @@ def spin_until(
             each()
         executor.spin_once(timeout_sec=0.005)
     return bool(done())
+
+
+@contextmanager
+def in_one_executor(*nodes: Node) -> Iterator[SingleThreadedExecutor]:
+    """The nodes in one executor (rclpy initialised by the `ros` fixture); closed (where they can be) and
+    destroyed after."""
+    executor = SingleThreadedExecutor()
+    for node in nodes:
+        executor.add_node(node)
+    try:
+        yield executor
+    finally:
+        executor.shutdown()
+        for node in nodes:
+            if hasattr(node, "close"):
+                node.close()
+            node.destroy_node()
+
+
+def spin_for(executor: SingleThreadedExecutor, seconds: float, each: Callable[[], Any] | None = None) -> None:
+    """Spin for `seconds` (calling `each` before every spin)."""
+    spin_until(executor, lambda: False, seconds, each)

@@ -29,6 +29,7 @@ from robotrl.hardware.deploy import DeployConfig, DeployNode
 from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC
+from ros_spin import in_one_executor
 
 ROBOT = RobotConfig.load("sim_panda")
 HOME = np.asarray(START_QPOS, dtype=np.float64)
@@ -77,18 +78,9 @@ def call_reset(executor: SingleThreadedExecutor, client: Any) -> Trigger.Respons
 @contextmanager
 def deployed(config: DeployConfig) -> Iterator[tuple[DeployNode, Robot, SingleThreadedExecutor]]:
     """The deploy node and the harness robot in one executor (rclpy initialised by the `ros` fixture)."""
-    deploy = DeployNode(config)
-    robot = Robot()
-    executor = SingleThreadedExecutor()
-    executor.add_node(deploy)
-    executor.add_node(robot)
-    try:
+    deploy, robot = DeployNode(config), Robot()
+    with in_one_executor(deploy, robot) as executor:
         yield deploy, robot, executor
-    finally:
-        executor.shutdown()
-        deploy.close()
-        deploy.destroy_node()
-        robot.destroy_node()
 
 
 @pytest.fixture

@@ -280,3 +280,29 @@ def test_an_actor_critic_policy_over_ros_runs_the_in_process_episodes(tmp_path: 
     np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
     assert over_ros.returns[0] != over_ros.returns[1]
+
+
+def test_a_legged_policy_over_ros_runs_the_in_process_episodes(
+    tmp_path: Path, ros_domain: None, quadruped_export: tuple[Path, dict]
+) -> None:
+    """Quadruped over ROS 2: the sim robot publishes joint states, IMU, odometry and the episode's velocity command
+    on /cmd_vel, and the deploy node makes the policy's observation from them through the task's own `observe` (no
+    task-state topic). In lockstep its episodes are the in-process ones: the same steps tracking the command, the
+    same falls (each one switched the sim robot to damping), the same lengths."""
+    policy, options = quadruped_export
+    episodes = 4
+    procs = start_lockstep(tmp_path, "sim_quadruped", "Quadruped", options, policy)
+    try:
+        over_ros = evaluate_over_ros(episodes, SEED, episode_timeout=60.0)
+        assert all(p.poll() is None for p in procs.values()), "a node died"
+    finally:
+        stop_nodes(procs, tmp_path)
+    in_process = in_process_episodes(policy, options, episodes, "Quadruped")
+    np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
+    np.testing.assert_array_equal(over_ros.success_steps, in_process.success_steps)
+    np.testing.assert_array_equal(over_ros.terminated, in_process.terminated)
+    assert over_ros.terminated.any() and over_ros.success_steps.any()  # it fell, and it tracked on some steps
+    sim_log = (tmp_path / "sim_robot.log").read_text()
+    assert sim_log.count("damping on") == int(over_ros.terminated.sum())
+    task = make("Quadruped", num_envs=1, **options).task
+    assert task.measures(over_ros) == task.measures(in_process)
