@@ -271,3 +271,30 @@ def test_go2_loads_from_its_urdf_and_robot_init_writes_a_legged_file(tmp_path: P
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(RobotConfigError, match=r"workspace: a floating base has no end-effector box; expected none"):
         RobotConfig.load(tmp_path / "bad.yaml")
+
+
+def test_the_sim_robot_node_in_real_time_offers_imu_odometry_and_the_command_and_takes_damping(ros: None) -> None:
+    """The Quadruped's sim robot in real time: joint states, IMU and odometry of its base every period, the
+    episode's velocity command on /cmd_vel; a True on the damping topic unpowers its motors, a False powers them."""
+    from robotrl.hardware.sim_robot_node import SimRobotNode, SimRobotNodeConfig
+    from ros_spin import spin_until
+
+    sim = SimRobotNode(SimRobotNodeConfig(robot="sim_quadruped", task="Quadruped"))
+    heard: dict[str, list[Any]] = {"imu": [], "odom": [], "cmd": [], "js": []}
+    listener = Node("legged_listener")
+    t = ROBOT.topics
+    for key, kind, topic in (
+        ("imu", Imu, t.imu), ("odom", Odometry, t.odometry), ("cmd", Twist, t.cmd_vel), ("js", JointState, t.joint_states)
+    ):  # fmt: skip
+        listener.create_subscription(kind, topic, heard[key].append, 10)
+    damping = listener.create_publisher(Bool, t.damping, 10)
+    with in_one_executor(sim, listener) as executor:
+        assert spin_until(executor, lambda: all(len(v) >= 5 for v in heard.values()), 10.0), {
+            k: len(v) for k, v in heard.items()
+        }
+        assert isinstance(sim.sim, SimRobot)
+        np.testing.assert_array_equal(twist_to_command(heard["cmd"][-1]), sim.sim.goal)
+        imu_to_arrays(heard["imu"][-1])  # well formed: a unit orientation, finite rates
+        assert odometry_to_arrays(heard["odom"][-1])[0][2] > ROBOT.base.min_height  # standing  # type: ignore[union-attr]
+        assert spin_until(executor, lambda: sim.sim.damping, 5.0, lambda: damping.publish(Bool(data=True)))
+        assert spin_until(executor, lambda: not sim.sim.damping, 5.0, lambda: damping.publish(Bool(data=False)))
