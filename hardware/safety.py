@@ -7,15 +7,18 @@ or a simulation loop.
     safety.observe(q_measured, stamp=now)         # every joint-state message
     command = safety.step(policy_target, now)     # every control period: publish `command` unless it is None
 
-`step` returns the joint positions to publish, or None when nothing may be published: e-stopped, no joint
-state seen yet, or a command that is NaN/inf or of the wrong size (none of it reaches the wire; a position
-controller keeps its last target). A command whose end effector would leave the workspace is replaced by holding
-the last published position; so is every command once the last observation is older than `robot.max_obs_age`
-(the node holds within one control period of the data going stale). Position limits
-clip, velocity and acceleration limits shorten the step towards the target. Holding stops the arm at once:
-for a stale or broken input, stopping beats respecting the deceleration limit. `estop` latches until `reset`,
-which re-arms only with a fresh observation and restarts from the measured position. Every intervention is
-counted (`counters`), for the node's diagnostics.
+`step` returns the joint positions to publish, or None when nothing may be published (e-stopped, no joint state
+seen yet, or called again within half a period). A command that is NaN/inf or of the wrong size never reaches the
+wire: a hold does. A command whose end effector would leave the workspace -- at it, or on the way
+to rest from it at the acceleration limit -- is replaced by a hold; so is every command once the last observation
+is older than `robot.max_obs_age` (the node holds within one control period of the data going stale). Position
+limits clip, velocity and acceleration limits shorten the step towards the target. The limits are held at the
+robot's nominal period whatever the timer's jitter: every command is one nominal period of motion from the last
+(a controller interpolating at that rate moves no faster), so a late tick moves the arm less, never more. A hold
+decelerates the commanded motion to rest within the acceleration limit and stays there; only the e-stop stops
+harder (nothing more is published: the driver's own stop). `estop` latches until `reset`, which re-arms only with
+a fresh observation and restarts from the measured position. Every intervention is counted (`counters`), for the
+node's diagnostics.
 
 A floating-base robot (a legged one, its robot file's `base`) is judged by its body too: a fall (the base tilted past
 `base.max_tilt` or below `base.min_height`, `observe_base`) or a measured joint speed past its velocity limit
@@ -157,32 +160,42 @@ class SafetyFilter:
             q = np.asarray(target, dtype=np.float64)
         except (TypeError, ValueError):
             q = np.zeros(0)
-        if q.shape != (self.robot.dof,) or not np.all(np.isfinite(q)):
-            # nothing of it reaches the wire: the driver keeps its last target, which holds the arm
-            self.counters["rejected_shape" if q.shape != (self.robot.dof,) else "rejected_nonfinite"] += 1
-            self.state = SafetyState.HOLDING
-            return None
+        if q.shape != (self.robot.dof,) or not np.all(np.isfinite(q)):  # nothing of it reaches the wire: a hold
+            return self._hold(now, "rejected_shape" if q.shape != (self.robot.dof,) else "rejected_nonfinite")
         clipped = np.clip(q, self.lower, self.upper)
         if not np.array_equal(clipped, q):
             self.counters["clipped_position"] += 1
-        q = clipped if self.robot.base is not None else self._limit_motion(clipped, now)
-        if self.fk is not None and not self._in_workspace(q):
+        q = clipped if self.robot.base is not None else self._limit_motion(clipped)
+        ref = self.last if self.last is not None else self.measured
+        velocity = (q - ref) / self.period
+        if self.fk is not None and not all(self._in_workspace(p) for p in (q, *self._braking(q, velocity))):
             return self._hold(now, "rejected_workspace")
-        return self._publish(q, now)
+        return self._publish(q, now, velocity)
 
-    def _limit_motion(self, q: np.ndarray, now: float) -> np.ndarray:
-        """Shorten the step from the last command so that its velocity and change of velocity are within limits.
+    def _limit_motion(self, q: np.ndarray) -> np.ndarray:
+        """Shorten the step from the last command so that its velocity and change of velocity are within limits,
+        at the nominal period (whenever the tick comes: a jittering timer never raises the rate of motion).
 
-        The speed towards the target is also capped at what can still brake to rest on it at the acceleration
-        limit (the discrete-time stopping speed), so that a target -- a joint limit included -- is reached
-        without overshoot instead of being hit at full speed."""
+        The speed towards the target, and towards the joint limit it moves to, is also capped at what can still
+        brake to rest there at the acceleration limit (the discrete-time stopping speed): a target is reached
+        without overshoot, and a joint limit is never hit at speed, whatever target comes next or when a hold
+        brakes."""
         ref = self.last if self.last is not None else self.measured
         assert ref is not None
-        dt = min(now - self.last_time, self.period)  # >= period / 2 (rate limit); the period after a reset
+        dt = self.period
         err = q - ref
         a_dt = self.a_max * dt
-        brake = a_dt * (np.sqrt(0.25 + 2.0 * np.abs(err) / (a_dt * dt)) - 0.5)  # stops on the target in whole steps
-        v = np.sign(err) * np.minimum(np.abs(err) / dt, brake)
+
+        def brake(distance: np.ndarray) -> np.ndarray:
+            """The fastest speed that braking by a_dt a period brings to rest within `distance`: with n periods
+            of motion it covers dt (n v - a_dt n (n - 1) / 2), so n is the fewest periods whose full-speed sum
+            reaches the distance; braking from it, the next period's speed is this function of what is left."""
+            steps = np.maximum(distance, 0.0) / dt  # the distance in speed-periods
+            n = np.maximum(np.ceil((np.sqrt(1.0 + 8.0 * steps / a_dt) - 1.0) / 2.0), 1.0)
+            return (steps + a_dt * n * (n - 1.0) / 2.0) / n
+
+        room = np.where(err >= 0, self.upper - ref, ref - self.lower)
+        v = np.sign(err) * np.minimum(np.abs(err) / dt, np.minimum(brake(np.abs(err)), brake(room)))
         if np.any(np.abs(v) > self.v_max):
             self.counters["limited_velocity"] += 1
             v = np.clip(v, -self.v_max, self.v_max)
@@ -197,19 +210,43 @@ class SafetyFilter:
         p = self.fk(q)
         return bool(np.all(p >= ws.lower) and np.all(p <= ws.upper))
 
+    def _decelerated(self, velocity: np.ndarray) -> np.ndarray:
+        """One period's velocity on the way to rest at the acceleration limit."""
+        return np.sign(velocity) * np.maximum(np.abs(velocity) - self.a_max * self.period, 0.0)
+
+    def _braking(self, q: np.ndarray, velocity: np.ndarray) -> list[np.ndarray]:
+        """Where a hold from command `q` moving at `velocity` passes on its way to rest: half-way and at rest (the
+        workspace is checked there too, so that no hold has to stop harder than the acceleration limit). In closed
+        form: after k periods of braking a joint has moved T (k |v| - a T k (k + 1) / 2) while it still moves."""
+        speed, drop = np.abs(velocity), self.a_max * self.period
+        moving = np.floor(np.divide(speed, drop, out=np.zeros_like(speed), where=np.isfinite(drop)))
+        periods = int(moving.max(initial=0.0))
+        if periods == 0:
+            return []
+
+        def after(k: int) -> np.ndarray:
+            steps = np.minimum(k, moving)
+            distance = self.period * (steps * speed - np.where(steps > 0, drop, 0.0) * steps * (steps + 1) / 2)
+            return np.clip(q + np.sign(velocity) * distance, self.lower, self.upper)
+
+        return [after((periods + 1) // 2), after(periods)]
+
     def _hold(self, now: float, why: str) -> np.ndarray:
+        """Bring the commanded motion to rest within the acceleration limit (at once when nothing was published
+        since the last restart: the arm is at rest where it was measured)."""
         self.counters[why] += 1
-        hold = self.last if self.last is not None else self.measured
-        assert hold is not None
-        out = self._publish(hold.copy(), now, moving=False)
+        if self.last is None:
+            assert self.measured is not None
+            out = self._publish(self.measured.copy(), now, np.zeros(self.robot.dof))
+        else:
+            velocity = self._decelerated(self.velocity)
+            q = np.clip(self.last + velocity * self.period, self.lower, self.upper)
+            out = self._publish(q, now, velocity)
         self.state = SafetyState.HOLDING
         return out
 
-    def _publish(self, q: np.ndarray, now: float, moving: bool = True) -> np.ndarray:
-        if moving and self.last is not None and np.isfinite(self.last_time):
-            self.velocity = (q - self.last) / max(min(now - self.last_time, self.period), 1e-9)
-        else:
-            self.velocity = np.zeros(self.robot.dof)
+    def _publish(self, q: np.ndarray, now: float, velocity: np.ndarray) -> np.ndarray:
+        self.velocity = velocity
         self.last, self.last_time = q, now
         self.state = SafetyState.ARMED
         self.counters["published"] += 1

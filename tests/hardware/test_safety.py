@@ -57,15 +57,11 @@ def test_home_is_inside_the_workspace_and_passes() -> None:
     ],
 )
 def test_bad_commands_never_reach_the_wire(bad: object, counter: str) -> None:
-    """NaN/inf and wrong sizes publish nothing (the driver keeps its last target); no target at all holds."""
+    """NaN/inf, wrong sizes and no target at all hold (the arm at rest after one step from rest stays put)."""
     f = armed()
     first = f.step(HOME + 0.01, DT)
     f.observe(first, 2 * DT)
-    out = f.step(bad, 2 * DT)
-    if bad is None:
-        np.testing.assert_array_equal(out, first)
-    else:
-        assert out is None
+    np.testing.assert_array_equal(f.step(bad, 2 * DT), first)
     assert f.counters[counter] == 1 and f.state is SafetyState.HOLDING
     np.testing.assert_array_equal(f.step(HOME + 0.01, 3 * DT), first)  # a good command moves on from there
 
@@ -119,6 +115,46 @@ def test_stale_joint_states_hold_within_one_period() -> None:
     assert np.all(np.abs(held - moving) <= V * (t - t_last_obs) + 1e-9)  # moved at most until it went stale
 
 
+def accelerations_ok(path: np.ndarray) -> bool:
+    """Every pair of commands within the velocity limits, every three within the acceleration limits, at the nominal
+    period; from rest."""
+    v = np.diff(path, axis=0) / DT
+    return bool(
+        np.all(np.abs(v) <= V + 1e-9) and np.all(np.abs(np.diff(np.vstack([np.zeros(7), v]), axis=0)) <= A * DT + 1e-9)
+    )
+
+
+def test_limits_hold_at_the_nominal_rate_whatever_the_jitter_and_a_hold_decelerates() -> None:
+    """+-30% timer jitter, far targets jumping every 40 periods, joint states gone for 50 periods while the arm moves
+    (a hold), NaN targets for 10 (a hold) and targets outside the workspace: every command pair is within the
+    velocity and acceleration limits at the nominal period, holds included: each comes to rest, never stops at once."""
+    rng = np.random.default_rng(0)
+    f = armed()
+    out, t, target, first_hold = [HOME], 0.0, HOME, -1
+    outside = HOME.copy()
+    outside[1] += 0.8  # the tool point below the table
+    for k in range(400):
+        t += DT * rng.uniform(0.7, 1.3)
+        if not 163 <= k < 213:
+            f.observe(f.last if f.last is not None else HOME, t)
+        if k % 40 == 0:
+            target = HOME + rng.uniform(-0.3, 0.3, 7)
+        asked = np.full(7, np.nan) if 250 <= k < 260 else outside if 300 <= k < 320 else target
+        held = f.counters["held_stale"]
+        q = f.step(asked, t)
+        assert q is not None
+        out.append(q)
+        if f.counters["held_stale"] == held + 1 == 1:
+            first_hold = k
+    path = np.array(out)
+    assert accelerations_ok(path)
+    assert f.counters["held_stale"] > 0 and f.counters["rejected_nonfinite"] == 10
+    assert f.counters["rejected_workspace"] > 0 and f.counters["limited_acceleration"] > 0
+    moving = np.abs(np.diff(path, axis=0)).max(axis=1)
+    # it was moving when the data went stale, braked over more than one period, and came to rest
+    assert moving[first_hold - 1] > 1e-3 and moving[first_hold] > 0 and moving[211] == 0
+
+
 def test_estop_latches_until_a_reset_with_fresh_data() -> None:
     f = armed()
     run(f, [HOME + 0.05] * 3)
@@ -154,9 +190,9 @@ targets = st.one_of(
 @given(st.lists(st.tuples(targets, st.floats(0.2, 3.0), st.booleans()), min_size=1, max_size=30))
 def test_whatever_comes_in_what_goes_out_is_safe(steps: list) -> None:
     """Random targets, timer jitter (0.2..3 periods) and dropped joint states: every published command is finite,
-    inside the limits and the workspace, and no faster than the velocity limit from the previous one."""
+    inside the limits and the workspace, within the velocity and acceleration limits from the previous ones."""
     f = armed()
-    t, prev = 0.0, HOME
+    t, prev, v_prev = 0.0, HOME, np.zeros(7)
     for target, gap, fresh in steps:
         t += gap * DT
         if fresh:
@@ -167,5 +203,6 @@ def test_whatever_comes_in_what_goes_out_is_safe(steps: list) -> None:
         assert out.shape == (7,) and np.all(np.isfinite(out))
         assert np.all(out >= ROBOT.lower()) and np.all(out <= ROBOT.upper())
         assert np.all(np.abs(out - prev) <= V * DT + 1e-9)
+        assert np.all(np.abs((out - prev) / DT - v_prev) <= A * DT + 1e-9)  # at the nominal period, holds too
         assert f._in_workspace(out)
-        prev = out
+        prev, v_prev = out, (out - prev) / DT
