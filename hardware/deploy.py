@@ -19,6 +19,11 @@ saying which, while a robot topic is not matched yet (and, with `trigger:=observ
 set has arrived).
 Diagnostics (`diagnostic_msgs`) carry the safety state, its counters, malformed-message counts and inference times.
 
+It is a managed (lifecycle) node: configure loads and warms up the policy and connects to the robot, activate
+commands, deactivate brakes the commanded motion to rest and commands nothing more, cleanup lets the robot go. By
+default it configures and activates itself at start-up; with `autostart:=false` a lifecycle manager drives it
+(`ros2 lifecycle set /robotrl_deploy configure`, then `activate`).
+
 A legged robot (a robot file with a `base`: `robot:=sim_quadruped`) has no task-state topic: the policy's observation
 is made from its joint states, IMU, odometry and the velocity command on /cmd_vel (`hardware/robot_node.py`), a fall
 or an overspeed e-stops it, and its e-stop is the driver's damping mode, published on the damping topic.
@@ -29,9 +34,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallbackReturn
 from std_msgs.msg import Bool, Float64MultiArray
 from std_srvs.srv import Trigger
 
@@ -86,6 +93,9 @@ class DeployConfig:
     the robot as stale observations do. '' = none"""
     heartbeat_timeout: float = 0.2
     """seconds a True on `heartbeat` keeps the policy driving"""
+    autostart: bool = True
+    """configure and activate at start-up; False: wait for a lifecycle manager's transitions
+    (`ros2 lifecycle set /robotrl_deploy configure`, then `activate`)"""
 
     def __post_init__(self) -> None:
         if not self.policy:
@@ -101,12 +111,78 @@ class DeployConfig:
             )
 
 
-class DeployNode(RobotNode):
+class DeployNode(LifecycleNodeMixin, RobotNode):
+    """A managed (lifecycle) node: configure loads the policy, warms it up and connects to the robot; activate
+    commands the robot; deactivate brings the commanded motion to rest and then leaves the robot to its driver;
+    cleanup lets go of the robot and the policy. `autostart` runs configure and activate at start-up."""
+
     def __init__(self, config: DeployConfig | None = None) -> None:
-        super().__init__("robotrl_deploy")
+        RobotNode.__init__(self, "robotrl_deploy")
+        LifecycleNodeMixin.__init__(self)
+        self.config = config or declare_config(self, DeployConfig)
+        self.active, self.configured = False, False
+        self.configure_error: Exception | None = None
+        self.made: dict[str, set[Any]] = {}
+        if self.config.autostart:
+            self.trigger_configure()
+            if self.configure_error is not None:
+                raise self.configure_error  # one line at start-up, as the node always refused a bad setting
+            self.trigger_activate()
+
+    # --- the lifecycle ------------------------------------------------------------------------------
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        before = self.entities()
+        try:
+            self.configure()
+        except (ValueError, OSError) as e:  # refused: back to unconfigured, saying why in one line
+            self.configure_error = e
+            self.get_logger().error(f"configure: {e}")
+            self.destroy_made(before)
+            return TransitionCallbackReturn.FAILURE
+        self.configure_error, self.configured = None, True
+        self.made = {k: v - before[k] for k, v in self.entities().items()}
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.runner.reset()
+        self.safety.restart()  # from the measured pose, at rest
+        self.active = True
+        self.get_logger().info("active: commanding the robot")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.active = False
+        self.get_logger().info("inactive: the commanded motion brakes to rest, then nothing more is commanded")
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.close()
+        self.destroy_made({k: set() for k in self.made}, self.made)
+        self.made, self.configured = {}, False
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.active = False
+        return TransitionCallbackReturn.SUCCESS
+
+    def entities(self) -> dict[str, set[Any]]:
+        return {
+            "subscription": set(self.subscriptions),
+            "publisher": set(self.publishers),
+            "timer": set(self.timers),
+            "service": set(self.services),
+        }
+
+    def destroy_made(self, before: dict[str, set[Any]], made: dict[str, set[Any]] | None = None) -> None:
+        """Destroy what configure made (the entities not in `before`)."""
+        for kind, now in (made or self.entities()).items():
+            for entity in now - before[kind]:
+                getattr(self, f"destroy_{kind}")(entity)
+
+    def configure(self) -> None:
         from robotrl.policies import runtime
 
-        cfg = self.config = config or declare_config(self, DeployConfig)
+        cfg = self.config
         self.policy = runtime.load(cfg.policy, seed=cfg.seed, threads=cfg.threads)
         warmup = self.policy.warmup()  # the language encoder loads now, not at the first control step
         robot = RobotConfig.load(cfg.robot)
@@ -211,6 +287,10 @@ class DeployNode(RobotNode):
         now = time.monotonic()
         self.ticks += 1
         clock = self.clock(now)
+        if not self.active:  # deactivated: the commanded motion brakes to rest within the limits, then nothing
+            if self.safety.last is not None and np.any(self.safety.velocity != 0.0):
+                self.publish_command(self.safety.step(None, clock))
+            return
         if self.config.trigger == "observation" and self.q is not None:
             self.safety.observe(self.q, clock, self.dq)
         if self.robot.base is not None and (reading := self.base_reading(now)) is not None:
@@ -286,7 +366,8 @@ class DeployNode(RobotNode):
         self.diag_pub.publish(msg)
 
     def close(self) -> None:
-        self.runner.close()
+        if self.configured:
+            self.runner.close()
 
 
 def main(args: list[str] | None = None) -> int:

@@ -324,3 +324,52 @@ def test_the_robot_side_imports_no_torch_nor_training_code() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["['robotrl.policies',", "'robotrl.policies.runtime']", "False"], out.stdout
+
+
+def test_the_deploy_node_is_a_managed_lifecycle_node(ros: None, pusht_export: Path) -> None:
+    """Without autostart the node waits for a lifecycle manager: unconfigured it has no policy and commands nothing;
+    configured (the policy loaded and warmed up) it still commands nothing; active it drives; deactivated its
+    commanded motion brakes to rest within the limits, then nothing more is commanded; cleanup lets the robot go."""
+    from lifecycle_msgs.msg import Transition
+    from lifecycle_msgs.srv import ChangeState, GetState
+
+    config = DeployConfig(policy=str(pusht_export), robot="sim_panda", autostart=False)
+    with deployed(config) as (deploy, robot, executor):
+        change = robot.create_client(ChangeState, "/robotrl_deploy/change_state")
+        get = robot.create_client(GetState, "/robotrl_deploy/get_state")
+        assert change.wait_for_service(timeout_sec=5.0) and get.wait_for_service(timeout_sec=5.0)
+
+        def call(client: Any, request: Any) -> Any:
+            future = client.call_async(request)
+            executor.spin_until_future_complete(future, timeout_sec=10.0)
+            assert future.done()
+            return future.result()
+
+        def transition(tid: int) -> None:
+            assert call(change, ChangeState.Request(transition=Transition(id=tid))).success, tid
+
+        def state() -> str:
+            return call(get, GetState.Request()).current_state.label
+
+        assert state() == "unconfigured" and not hasattr(deploy, "policy")
+        run(executor, 0.5, robot.publish)
+        assert robot.commands == []
+        transition(Transition.TRANSITION_CONFIGURE)
+        run(executor, 0.5, robot.publish)
+        assert state() == "inactive" and deploy.policy is not None and robot.commands == []
+        transition(Transition.TRANSITION_ACTIVATE)
+        run(executor, 1.0, robot.publish)
+        assert state() == "active" and len(robot.commands) >= 10
+        moving = bool(np.any(deploy.safety.velocity != 0.0))
+        transition(Transition.TRANSITION_DEACTIVATE)
+        n = len(robot.commands)
+        run(executor, 1.0, robot.publish)
+        braking = np.array([HOME if n == 0 else robot.commands[n - 1][1]] + [c for _, c in robot.commands[n:]])
+        run(executor, 0.5, robot.publish)
+        assert state() == "inactive" and len(robot.commands) == n + len(braking) - 1  # at rest: no more commands
+        assert len(braking) > 1 or not moving  # it was moving: it braked over periods
+        v = np.diff(braking, axis=0) * ROBOT.control_hz
+        assert np.all(np.abs(np.diff(v, axis=0)) <= np.asarray(ROBOT.limits.acceleration) / ROBOT.control_hz + 1e-9)
+        transition(Transition.TRANSITION_CLEANUP)
+        assert state() == "unconfigured" and deploy.made == {}
+        assert not any(p.topic_name == ROBOT.topics.command for p in deploy.publishers)  # the robot let go
