@@ -347,6 +347,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
         values = {
             **status,
             **{f"malformed {k}": v for k, v in self.malformed.items()},
+            **{f"bad stamps {k}": v for k, v in self.bad_stamps.items()},
             "ticks": self.ticks,
             "inferences": self.runner.inferences,
             "step ms p50": f"{np.percentile(times, 50):.3f}",

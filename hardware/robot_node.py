@@ -6,6 +6,10 @@ poses from a simulator, perception or motion capture), the cameras, the instruct
 the newest value of each with its arrival time, and counts and logs malformed messages instead of failing on
 them. `observation(now)` is the newest frame of every key, or None when one is missing or older than the robot's
 `max_obs_age`; `publish_command(q)` sends joint positions as the robot's file says (nothing for None).
+A message with a header stamp is used only if the stamp is no older than the robot's `max_obs_age`, no further
+ahead of this node's clock than that, and not before the topic's previous stamp; any other is dropped and counted
+(`bad_stamps`), so the inputs go stale and the robot holds. A zero stamp (a driver that stamps nothing) counts
+from its arrival. The node's clock is ROS time: the system clock, or the simulator's /clock with `use_sim_time`.
 `unconnected()` names the robot topics DDS has not matched yet: a node that starts an episode before its inputs
 are matched misses the first observation, which a lockstep robot sends only once.
 
@@ -41,6 +45,7 @@ from robotrl.hardware.messages import (
     joint_trajectory,
     msg_to_float_array,
     odometry_to_arrays,
+    stamp_to_seconds,
     twist_to_command,
 )
 from robotrl.hardware.robot import RobotConfig
@@ -65,6 +70,8 @@ class RobotNode(Node):
         self.q_stamp = -np.inf
         self.latest: dict[str, tuple[Any, float]] = {}
         self.malformed: dict[str, int] = {}
+        self.stamps: dict[str, float] = {}  # the newest header stamp used, per input
+        self.bad_stamps: dict[str, int] = {}
         self.instruction = instruction
         topics, name = robot.topics, self.get_name()
         sensor = qos_profile_sensor_data
@@ -141,11 +148,43 @@ class RobotNode(Node):
             f"malformed message on {topic} (#{self.malformed[topic]}): {error}", throttle_duration_sec=1.0
         )
 
+    def stamp_ok(self, key: str, topic: str, msg: Any) -> bool:
+        """Whether a message's header stamp lets it be used (see the module's docstring); counted and warned if not."""
+        try:
+            stamp = stamp_to_seconds(msg.header.stamp)
+        except MalformedMessage as e:
+            self.bad_message(topic, e)
+            return False
+        if stamp == 0.0:
+            return True
+        now = self.get_clock().now().nanoseconds * 1e-9
+        age, limit = now - stamp, self.robot.max_obs_age
+        problem = (
+            f"{age:.3f} s old (max_obs_age {limit:g} s)"
+            if age > limit
+            else f"{-age:.3f} s ahead of this node's clock"
+            if -age > limit
+            else f"before the previous one ({self.stamps[key]:.3f} s)"
+            if stamp < self.stamps.get(key, -np.inf)
+            else ""
+        )
+        if problem:
+            self.bad_stamps[topic] = self.bad_stamps.get(topic, 0) + 1
+            self.get_logger().warning(
+                f"{topic}: stamp {stamp:.3f} s is {problem}; not used (#{self.bad_stamps[topic]})",
+                throttle_duration_sec=1.0,
+            )
+            return False
+        self.stamps[key] = stamp
+        return True
+
     def _on_joint_state(self, msg: JointState) -> None:
         try:
             q, dq = joint_state_to_arrays(msg, self.robot.joint_names)
         except MalformedMessage as e:
             return self.bad_message(self.robot.topics.joint_states, e)
+        if not self.stamp_ok("joint_states", self.robot.topics.joint_states, msg):
+            return
         self.q, self.dq, self.q_stamp = q, dq, time.monotonic()
         self.on_joint_state(q, self.q_stamp)
         self.on_input("joint_states")
@@ -156,6 +195,8 @@ class RobotNode(Node):
             value = convert(msg)
         except MalformedMessage as e:
             return self.bad_message(topic, e)
+        if hasattr(msg, "header") and not self.stamp_ok(key, topic, msg):
+            return
         self.latest[key] = (value, time.monotonic())
         self.on_input(key)
 
@@ -189,6 +230,8 @@ class RobotNode(Node):
             image = image_to_array(msg, expected_shape=tuple(self.spec.observations[key].shape))  # type: ignore[arg-type]
         except MalformedMessage as e:
             return self.bad_message(self.robot.topics.images[key], e)
+        if not self.stamp_ok(key, self.robot.topics.images[key], msg):
+            return
         self.latest[key] = (image, time.monotonic())
         self.on_input(key)
 

@@ -41,6 +41,7 @@ from geometry_msgs.msg import Twist
 from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.publisher import Publisher
+from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, Imu, JointState
 from std_msgs.msg import Bool, Float64MultiArray, Int64, String
 from std_srvs.srv import Trigger
@@ -54,6 +55,7 @@ from robotrl.hardware.messages import (
     imu_msg,
     msg_to_float_array,
     odometry_msg,
+    seconds_to_stamp,
     trajectory_to_positions,
     twist_msg,
     twist_to_command,
@@ -71,6 +73,8 @@ CMD_VEL = ("publish", "subscribe")
 #: two ends one after the other, and a message sent when only the publisher's end had matched was lost (a lockstep
 #: sim then waited its whole `lockstep_timeout` for a command)
 REPEAT_SETTLE_S = 2.0
+#: the simulated time at start-up (`clock:=true`), seconds
+SIM_EPOCH = 1.0
 
 
 @dataclass
@@ -91,6 +95,9 @@ class SimRobotNodeConfig:
     lockstep: bool = False
     """one physics step per command instead of real time"""
     lockstep_timeout: float = 1.0
+    clock: bool = False
+    """publish the simulated time on /clock (rosgraph_msgs/Clock) and stamp every message with it, so that nodes
+    run with `use_sim_time:=true` judge stamps by the simulation (in lockstep it waits, and so does its time)"""
     cmd_vel: str = "publish"
     """a floating base's velocity command: 'publish' (the episode's, drawn at reset, sent on /cmd_vel with every
     step) or 'subscribe' (taken from /cmd_vel)"""
@@ -144,6 +151,8 @@ class SimRobotNode(Node):
             for c in self.sim.cameras
         }
         self.status_pub = self.create_publisher(String, STATUS_TOPIC, 10)
+        self.clock_pub = self.create_publisher(Clock, "/clock", 10) if cfg.clock else None
+        self.sim_time = SIM_EPOCH  # seconds of simulated time (a zero stamp means "unstamped")
         self.instruction_pub = self.create_publisher(String, t.instruction, 10)
         self.base_pubs: tuple[Publisher, Publisher, Publisher | None] | None = None
         if self.robot.base is not None and isinstance(self.sim, SimRobot):
@@ -239,6 +248,7 @@ class SimRobotNode(Node):
 
     def _step(self, now: float) -> None:
         self.sim.step(now)
+        self.sim_time += 1.0 / self.sim.control_hz
         status = self.sim.status()
         self.done = bool(status["terminated"] or status["truncated"])
         self.publish()
@@ -247,7 +257,11 @@ class SimRobotNode(Node):
         # render first, then publish the whole set back to back: a frame rendered between the joint state and the
         # images made the joint state look up to a render older on arrival (a deploy node drops stale sets)
         obs = self.sim.observation()
-        stamp = self.get_clock().now().to_msg()
+        if self.clock_pub is not None:
+            stamp = seconds_to_stamp(self.sim_time)
+            self.clock_pub.publish(Clock(clock=stamp))
+        else:
+            stamp = self.get_clock().now().to_msg()
         q, dq = self.sim.joint_state()
         messages: list[tuple[Publisher, Any]] = [
             (self.js_pub, arrays_to_joint_state(self.robot.joint_names, q, dq, stamp=stamp))

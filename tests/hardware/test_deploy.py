@@ -373,3 +373,33 @@ def test_the_deploy_node_is_a_managed_lifecycle_node(ros: None, pusht_export: Pa
         transition(Transition.TRANSITION_CLEANUP)
         assert state() == "unconfigured" and deploy.made == {}
         assert not any(p.topic_name == ROBOT.topics.command for p in deploy.publishers)  # the robot let go
+
+
+@pytest.mark.parametrize("bad", ["100 s old", "1 h ahead", "backwards"])
+def test_header_stamps_that_are_stale_future_or_backwards_hold_the_robot(
+    ros: None, pusht_export: Path, bad: str
+) -> None:
+    """After a second of well-stamped joint states that drive the arm, joint states stamped 100 s in the past, an
+    hour ahead of the node's clock, or running backwards are not used: the robot is held (braking to rest)."""
+    with deployed(DeployConfig(policy=str(pusht_export), robot="sim_panda")) as (deploy, robot, executor):
+
+        def now() -> float:
+            return deploy.get_clock().now().nanoseconds * 1e-9
+
+        def stamped(at: float) -> None:
+            robot.publish(arrays_to_joint_state(ROBOT.joint_names, HOME, stamp=at))
+
+        run(executor, 1.0, lambda: stamped(now()))
+        assert any(not np.array_equal(c, HOME) for _, c in robot.commands), deploy.safety.status()
+        frozen = now()
+        stamp = {
+            "100 s old": lambda: now() - 100.0,
+            "1 h ahead": lambda: now() + 3600.0,
+            "backwards": lambda: frozen - 0.05,
+        }
+        before = len(robot.commands)
+        run(executor, 1.0, lambda: stamped(stamp[bad]()))
+        late = [c for _, c in robot.commands[before:]]
+        assert len(late) > 10 and all(np.array_equal(c, late[-1]) for c in late[-5:])  # held, at rest
+        assert deploy.bad_stamps.get(ROBOT.topics.joint_states, 0) > 10
+        assert deploy.safety.counters["held_stale"] > 0

@@ -49,9 +49,10 @@ def stop_nodes(procs: dict[str, subprocess.Popen], tmp_path: Path) -> None:
 def start_lockstep(
     tmp_path: Path, robot_name: str | Path, task: str, options: dict, policy: Path
 ) -> dict[str, subprocess.Popen]:
-    """The sim robot in lockstep and the deploy node stepping on its observations, seeded alike, on a robot file
-    with its motion limits out of the policy's way (the in-process env has none) and the wall clock out of the
-    lockstep: no observation set counts as stale and the sim robot waits for every command (with the sim robot's
+    """The sim robot in lockstep and the deploy node stepping on its observations, seeded alike, both on the
+    simulated time (the sim robot's /clock and stamps, the deploy node's use_sim_time: the stamps it checks are the
+    simulation's), on a robot file with its motion limits out of the policy's way (the in-process env has none)
+    and the wall clock out of the lockstep: no observation set counts as stale and the sim robot waits for every command (with the sim robot's
     1 s and the robot's 0.1 s, a loaded 2-core CI machine could time a step out, and the episode left the
     in-process one). Staleness on the robot's real limits is the kill test's below."""
     robot_file = robot_name if isinstance(robot_name, Path) else ROBOTS_DIR / f"{robot_name}.yaml"
@@ -71,6 +72,7 @@ def start_lockstep(
                 "lockstep": True,
                 "lockstep_timeout": 60.0,
                 "seed": SEED,
+                "clock": True,
             },
             "deploy": {
                 "robot": str(path),
@@ -78,6 +80,7 @@ def start_lockstep(
                 "trigger": "observation",
                 "seed": SEED,
                 "wait_for_reset": True,
+                "use_sim_time": True,
             },
         },
     )
