@@ -298,7 +298,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
         self.publish_damping()
         if self._operator_drives(now):
             return
-        target = None
+        target, ahead = None, np.zeros((0, 0))
         obs = self.observation(now) if self._heartbeat_alive(now) else None  # None: the safety filter holds
         if obs is not None and self.safety.state is not SafetyState.ESTOPPED:
             t0 = time.perf_counter()
@@ -306,9 +306,11 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
             self.inference_ms.append(1e3 * (time.perf_counter() - t0))
             if action is not None:
                 target = self.io.joint_targets(self.q, action)  # type: ignore[arg-type]
+                ahead = self.runner.ahead()
                 if self.config.hil:
                     self.action_pub.publish(float_array_to_msg(action))
-        self.publish_command(self.safety.step(target, clock))
+        command = self.safety.step(target, clock)
+        self.publish_command(command, self.plan_ahead(command, ahead) if target is not None else None)
 
     def clock(self, now: float) -> float:
         """The safety filter's clock: the wall clock, or in lockstep the simulator's, one control period per

@@ -105,6 +105,18 @@ class ChunkExecutor:
         self.t += 1
         return action
 
+    def ahead(self) -> np.ndarray:
+        """The actions (k, A) planned for the steps after the one `step` just returned, as far as the newest chunk
+        is executed (receding horizon: until `execute` of its actions have run; ensembling plans no further than
+        this step): what a trajectory controller is sent ahead of time."""
+        if self.config.ensemble_decay is not None or not self.chunks:
+            return np.zeros((0, 0), dtype=np.float32)
+        start, chunk = self.chunks[-1]
+        end = start + min(self.config.execute, len(chunk))
+        return np.asarray(
+            chunk[max(self.t - start, 0) : max(end - start, 0)] if self.t >= start else chunk[:0], np.float32
+        )
+
     # --- internals ----------------------------------------------------------------------------------
     def _push(self, obs: Mapping[str, Any]) -> None:
         for k in self.obs_keys:

@@ -44,6 +44,7 @@ __all__ = [
     "odometry_to_arrays",
     "seconds_to_stamp",
     "stamp_to_seconds",
+    "trajectory_points",
     "trajectory_to_positions",
     "twist_msg",
     "twist_to_command",
@@ -374,25 +375,43 @@ def msg_to_float_array(msg: Float64MultiArray, expected_size: int | None = None)
 
 
 def joint_trajectory(
-    joint_names: Sequence[str], positions: np.ndarray, time_from_start: float, stamp: Stamp = None
+    joint_names: Sequence[str],
+    positions: np.ndarray,
+    time_from_start: float,
+    stamp: Stamp = None,
+    velocities: np.ndarray | None = None,
+    period: float = 0.0,
 ) -> JointTrajectory:
-    """A one-point trajectory, the command of a ros2_controllers JointTrajectoryController: reach `positions`
-    `time_from_start` seconds after `stamp` (a zero stamp means "now" to the controller)."""
+    """The command of a ros2_controllers JointTrajectoryController: reach `positions` (n,) -- or each row of
+    (k, n), one point every `period` seconds -- the first `time_from_start` seconds after `stamp` (a zero stamp
+    means "now" to the controller), with `velocities` of the same shape where given."""
     names = _check_joint_names(joint_names)
     if not math.isfinite(time_from_start) or time_from_start < 0:
         raise ValueError(f"time_from_start: expected a finite number of seconds >= 0, got {time_from_start!r}")
-    sec, nanosec = _split_seconds(float(time_from_start), "time_from_start")
-    point = JointTrajectoryPoint(
-        positions=_double_array(_vector(positions, len(names), "positions")),
-        time_from_start=Duration(sec=sec, nanosec=nanosec),
-    )
-    msg = JointTrajectory(joint_names=names, points=[point])
+    rows = np.atleast_2d(np.asarray(positions, dtype=np.float64))
+    if rows.shape[0] > 1 and not (math.isfinite(period) and period > 0):
+        raise ValueError(f"period: expected seconds > 0 between {rows.shape[0]} points, got {period!r}")
+    speeds = None if velocities is None else np.atleast_2d(np.asarray(velocities, dtype=np.float64))
+    if speeds is not None and speeds.shape != rows.shape:
+        raise ValueError(f"velocities: expected the positions' shape {rows.shape}, got {speeds.shape}")
+    points = []
+    for k, row in enumerate(rows):
+        sec, nanosec = _split_seconds(float(time_from_start + k * period), "time_from_start")
+        point = JointTrajectoryPoint(
+            positions=_double_array(_vector(row, len(names), "positions")),
+            time_from_start=Duration(sec=sec, nanosec=nanosec),
+        )
+        if speeds is not None:
+            point.velocities = _double_array(_vector(speeds[k], len(names), "velocities"))
+        points.append(point)
+    msg = JointTrajectory(joint_names=names, points=points)
     msg.header.stamp = _to_stamp(stamp)
     return msg
 
 
-def trajectory_to_positions(msg: JointTrajectory, joint_names: Sequence[str]) -> np.ndarray:
-    """The last point's positions (where the command ends) in the order of `joint_names`.
+def trajectory_points(msg: JointTrajectory, joint_names: Sequence[str]) -> list[tuple[float, np.ndarray]]:
+    """Every point as (time_from_start in seconds, positions in the order of `joint_names`); the times strictly
+    increasing, as a JointTrajectoryController requires.
 
     Unlike a JointState, a command must name exactly the robot's joints: a command for a joint the robot
     lacks is a configuration error, not something to drop silently.
@@ -403,14 +422,27 @@ def trajectory_to_positions(msg: JointTrajectory, joint_names: Sequence[str]) ->
     index = _joint_index(msg.joint_names, names, "JointTrajectory", "joint_names", allow_extra=False)
     if not msg.points:
         raise MalformedMessage("JointTrajectory", "points", "at least one point", "none")
-    field = f"points[{len(msg.points) - 1}].positions"
-    positions = _float_field(msg.points[-1].positions, "JointTrajectory", field)
-    if positions.shape[0] != len(names):
-        expected = f"{len(names)} values (one per joint)"
-        raise MalformedMessage("JointTrajectory", field, expected, str(positions.shape[0]))
-    positions = positions[index]
-    _check_finite(positions, "JointTrajectory", field, names)
-    return positions
+    out: list[tuple[float, np.ndarray]] = []
+    for k, point in enumerate(msg.points):
+        field = f"points[{k}].positions"
+        positions = _float_field(point.positions, "JointTrajectory", field)
+        if positions.shape[0] != len(names):
+            expected = f"{len(names)} values (one per joint)"
+            raise MalformedMessage("JointTrajectory", field, expected, str(positions.shape[0]))
+        positions = positions[index]
+        _check_finite(positions, "JointTrajectory", field, names)
+        at = stamp_to_seconds(point.time_from_start)
+        if out and at <= out[-1][0]:
+            raise MalformedMessage(
+                "JointTrajectory", f"points[{k}].time_from_start", f"> {out[-1][0]} s (increasing)", f"{at} s"
+            )
+        out.append((at, positions))
+    return out
+
+
+def trajectory_to_positions(msg: JointTrajectory, joint_names: Sequence[str]) -> np.ndarray:
+    """The last point's positions (where the command ends) in the order of `joint_names`."""
+    return trajectory_points(msg, joint_names)[-1][1]
 
 
 # ----------------------------------------------------------------------------------------------- floating base

@@ -119,7 +119,8 @@ class RobotConfig:
     for panda_joint1); () = the same names"""
     command_type: str = "joint_trajectory"
     time_from_start: float = 0.1
-    """joint_trajectory: when the single commanded point should be reached (seconds)"""
+    """joint_trajectory: when the command's first point is due (seconds; one control period puts the points on the
+    control grid); the rest of the chunk being executed follows, a point every control period"""
     control_hz: float = 20.0
     """rate of the command timer"""
     max_obs_age: float = 0.1

@@ -104,6 +104,7 @@ def robot_file(robot: RobotDescription, name: str) -> str:
         "ee": robot.ee,
         "limits": {"velocity": velocity, "acceleration": [DEFAULT_ACCELERATION] * len(velocity)},
         "command_type": "joint_trajectory",
+        "time_from_start": 0.05,  # one control period: the chunk's points on the control grid
         "control_hz": 20.0,
         "max_obs_age": 0.1,
     }

@@ -288,13 +288,43 @@ class RobotNode(Node):
             obs[key] = text
         return obs
 
-    def publish_command(self, q: np.ndarray | None) -> None:
+    def publish_command(self, q: np.ndarray | None, plan: list[Any] | None = None) -> None:
+        """Send `q` (nothing for None). A trajectory robot gets a JointTrajectory: `q` due `time_from_start`
+        after now, then the safety-filtered points `plan` [(positions, velocity), ...] ahead on the control grid,
+        each with its velocity (the command's own: the safety filter's)."""
         if q is None:
             return
         if self.robot.command_type == "joint_trajectory":
+            points = [(q, self.safety.velocity), *(plan or [])]
             msg = joint_trajectory(
-                self.robot.joint_names, q, self.robot.time_from_start, stamp=self.get_clock().now().to_msg()
+                self.robot.joint_names,
+                np.stack([p for p, _ in points]),
+                self.robot.time_from_start,
+                stamp=self.get_clock().now().to_msg(),
+                velocities=np.stack([v for _, v in points]),
+                period=1.0 / self.robot.control_hz,
             )
         else:
             msg = float_array_to_msg(q)
         self.command_pub.publish(msg)
+
+    def plan_ahead(self, command: np.ndarray | None, actions: np.ndarray) -> list[Any]:
+        """A trajectory robot's points after `command`: the policy's next actions turned into joint targets (each
+        from the point before, where the arm is headed) and passed through the safety filter as it would pass
+        them (stopping at the first it would not); none for a position-stream robot, a hold or no plan."""
+        if (
+            command is None
+            or self.robot.command_type != "joint_trajectory"
+            or self.safety.state is not SafetyState.ARMED
+        ):
+            return []
+        plan: list[Any] = []
+        with self.safety.previewing() as preview:
+            before = command
+            for action in actions:
+                point = preview(self.io.joint_targets(before, action))
+                if point is None:
+                    break
+                plan.append(point)
+                before = point[0]
+        return plan

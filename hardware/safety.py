@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -171,6 +173,35 @@ class SafetyFilter:
         if self.fk is not None and not all(self._in_workspace(p) for p in (q, *self._braking(q, velocity))):
             return self._hold(now, "rejected_workspace")
         return self._publish(q, now, velocity)
+
+    @contextmanager
+    def previewing(self) -> Iterator[Callable[[Any], tuple[np.ndarray, np.ndarray] | None]]:
+        """A function that takes the next period's target and returns the (command, velocity) the filter would
+        publish for it after the last one, as if nothing else happened -- the points a trajectory controller is
+        sent ahead -- or None once a target would not pass (non-finite, misshaped, out of the workspace). The
+        filter's state and counters are as before when the block ends."""
+        saved = (self.last, self.last_time, self.velocity, self.counters.copy(), self.state)
+        stopped = False
+
+        def step(target: Any) -> tuple[np.ndarray, np.ndarray] | None:
+            nonlocal stopped
+            q = np.asarray(target, dtype=np.float64)
+            if stopped or self.last is None or q.shape != (self.robot.dof,) or not np.all(np.isfinite(q)):
+                stopped = True
+                return None
+            clipped = np.clip(q, self.lower, self.upper)
+            nxt = clipped if self.robot.base is not None else self._limit_motion(clipped)
+            velocity = (nxt - self.last) / self.period
+            if self.fk is not None and not all(self._in_workspace(p) for p in (nxt, *self._braking(nxt, velocity))):
+                stopped = True
+                return None
+            self.last, self.velocity = nxt, velocity
+            return nxt.copy(), velocity.copy()
+
+        try:
+            yield step
+        finally:
+            self.last, self.last_time, self.velocity, self.counters, self.state = saved
 
     def _limit_motion(self, q: np.ndarray) -> np.ndarray:
         """Shorten the step from the last command so that its velocity and change of velocity are within limits,

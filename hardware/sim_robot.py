@@ -201,6 +201,21 @@ class SimRobot:
         heapq.heappush(self._pending, (now + self.latency, self._arrivals, q))
         self._arrivals += 1
 
+    def follow(self, points: list[tuple[float, np.ndarray]], now: float) -> None:
+        """A joint trajectory [(time_from_start, q), ...] taken as a JointTrajectoryController takes it: what is
+        left of the previous one is replaced, and each point is the target of the control period that ends at
+        its time (from `now + latency`), so a point on the control grid is reached as the period it names ends and
+        the sim goes on along the points if no new trajectory comes."""
+        now = check_time(now, "now")
+        period = 1.0 / self.control_hz
+        self._pending = [entry for entry in self._pending if entry[0] <= now + TIME_EPS]
+        heapq.heapify(self._pending)
+        for at, q in points:
+            target = command_vector(q, self.robot, "trajectory point", "joint positions")
+            due = now + self.latency + max(float(at) - period, 0.0)
+            heapq.heappush(self._pending, (due, self._arrivals, target))
+            self._arrivals += 1
+
     def step(self, now: float) -> None:
         """One control period of physics, servoing to the latest command due at `now`."""
         now = check_time(now, "now")

@@ -7,7 +7,8 @@ Publishes the robot's joint states, the task state (`Float64MultiArray`, the tas
 cameras (`sensor_msgs/Image`, rgb8) and, for a task with instructions (PickPlace), the episode's instruction
 (`std_msgs/String`, what an operator would say) once per control step, and the episode's status on `/robotrl/sim/status`
 (`std_msgs/String`, JSON: episode, step, success, reward, terminated, truncated); takes commands as the robot's
-file says (`Float64MultiArray` or `JointTrajectory`). A finished episode ignores commands until the next reset:
+file says (`Float64MultiArray`, or `JointTrajectory` followed point by point on its times, as a
+JointTrajectoryController does). A finished episode ignores commands until the next reset:
 `~/reset` (std_srvs/Trigger, the next episode of the seeded stream) or `/robotrl/sim/reset` (std_msgs/Int64:
 that seed).
 
@@ -56,7 +57,7 @@ from robotrl.hardware.messages import (
     msg_to_float_array,
     odometry_msg,
     seconds_to_stamp,
-    trajectory_to_positions,
+    trajectory_points,
     twist_msg,
     twist_to_command,
 )
@@ -188,11 +189,20 @@ class SimRobotNode(Node):
         self._command(q)
 
     def _on_trajectory(self, msg: JointTrajectory) -> None:
+        """A JointTrajectoryController's way: the sim follows the points on their times (`SimRobot.follow`)."""
         try:
-            q = trajectory_to_positions(msg, self.robot.joint_names)
+            points = trajectory_points(msg, self.robot.joint_names)
         except MalformedMessage as e:
             return self._bad(e)
-        self._command(q)
+        if self.done:
+            return
+        now = time.monotonic()
+        if isinstance(self.sim, SimRobot):
+            self.sim.follow(points, now)
+        else:  # an outside env steps on one action
+            self.sim.command(points[-1][1], now)
+        if self.config.lockstep:
+            self._step(now + self.sim.latency)
 
     def _on_cmd_vel(self, msg: Twist) -> None:
         try:

@@ -32,6 +32,8 @@ from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC
 from ros_spin import in_one_executor
 
 ROBOT = RobotConfig.load("sim_panda")
+DT = 1.0 / ROBOT.control_hz
+V, A = np.asarray(ROBOT.limits.velocity), np.asarray(ROBOT.limits.acceleration)
 HOME = np.asarray(START_QPOS, dtype=np.float64)
 
 
@@ -403,3 +405,40 @@ def test_header_stamps_that_are_stale_future_or_backwards_hold_the_robot(
         assert len(late) > 10 and all(np.array_equal(c, late[-1]) for c in late[-5:])  # held, at rest
         assert deploy.bad_stamps.get(ROBOT.topics.joint_states, 0) > 10
         assert deploy.safety.counters["held_stale"] > 0
+
+
+def test_a_trajectory_robot_gets_the_chunk_ahead_on_the_control_grid(
+    ros: None, pusht_export: Path, tmp_path: Path
+) -> None:
+    """With `command_type: joint_trajectory` each command carries the rest of the chunk being executed: positions
+    and velocities on the control grid (the first one period ahead), every point passed by the safety filter --
+    within the velocity and acceleration limits from the point before -- and the first point what a position
+    stream would have been sent."""
+    from trajectory_msgs.msg import JointTrajectory
+
+    from robotrl.hardware.messages import trajectory_points
+
+    data = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+    data.update(command_type="joint_trajectory", time_from_start=1.0 / data["control_hz"])
+    data["topics"]["command"] = "/arm_controller/joint_trajectory"  # the harness's command topic has another type
+    (tmp_path / "panda_jtc.yaml").write_text(yaml.safe_dump(data))
+    config = DeployConfig(policy=str(pusht_export), robot=str(tmp_path / "panda_jtc.yaml"), execute=8)
+    with deployed(config) as (deploy, robot, executor):
+        trajectories: list[JointTrajectory] = []
+        robot.create_subscription(JointTrajectory, "/arm_controller/joint_trajectory", trajectories.append, 10)
+        run(executor, 1.5, robot.publish)
+        assert len(trajectories) >= 10
+        lengths = [len(m.points) for m in trajectories]
+        assert max(lengths) == 8 and min(lengths) == 1 and len(set(lengths)) == 8  # the chunk's rest, 8 down to 1
+        for msg in trajectories:
+            points = trajectory_points(msg, ROBOT.joint_names)
+            times = np.array([at for at, _ in points])
+            np.testing.assert_allclose(times, DT * np.arange(1, len(points) + 1), atol=1e-9)  # the control grid
+            q = np.stack([deploy_q for _, deploy_q in points])
+            v = np.stack([np.asarray(p.velocities) for p in msg.points])
+            np.testing.assert_allclose(np.diff(q, axis=0) / DT, v[1:], atol=1e-9)  # each point's velocity
+            assert np.all(np.abs(v) <= V + 1e-9) and np.all(np.abs(np.diff(v, axis=0)) <= A * DT + 1e-9)
+            assert np.all(q >= ROBOT.lower()) and np.all(q <= ROBOT.upper())
+        firsts = np.stack([trajectory_points(m, ROBOT.joint_names)[0][1] for m in trajectories])
+        step = np.diff(firsts, axis=0) / DT
+        assert np.all(np.abs(step) <= V + 1e-9)  # what the robot is sent now moves within the limits

@@ -23,6 +23,7 @@ from robotrl.hardware.messages import (
     msg_to_float_array,
     seconds_to_stamp,
     stamp_to_seconds,
+    trajectory_points,
     trajectory_to_positions,
 )
 
@@ -316,9 +317,26 @@ def test_trajectory_duration_split():
 def test_trajectory_reorders_and_takes_the_last_point():
     msg = JointTrajectory(
         joint_names=["b", "a"],
-        points=[JointTrajectoryPoint(positions=[0.0, 0.0]), JointTrajectoryPoint(positions=[2.0, 1.0])],
+        points=[
+            JointTrajectoryPoint(positions=[0.0, 0.0], time_from_start=Duration(nanosec=50_000_000)),
+            JointTrajectoryPoint(positions=[2.0, 1.0], time_from_start=Duration(nanosec=100_000_000)),
+        ],
     )
     np.testing.assert_array_equal(trajectory_to_positions(msg, ["a", "b"]), [1.0, 2.0])
+
+
+def test_a_multi_point_trajectory_round_trips_on_its_grid_and_its_times_must_increase():
+    q = np.array([[0.0, 1.0], [0.1, 1.1], [0.2, 1.2]])
+    msg = joint_trajectory(["a", "b"], q, 0.05, velocities=np.ones((3, 2)), period=0.05)
+    points = trajectory_points(msg, ["b", "a"])
+    assert [round(at, 9) for at, _ in points] == [0.05, 0.1, 0.15]
+    np.testing.assert_array_equal(np.stack([x for _, x in points]), q[:, ::-1])
+    assert list(msg.points[2].velocities) == [1.0, 1.0]
+    msg.points[2].time_from_start = msg.points[1].time_from_start
+    with pytest.raises(MalformedMessage, match=r"JointTrajectory\.points\[2\]\.time_from_start: expected > 0\.1 s"):
+        trajectory_points(msg, ["a", "b"])
+    with pytest.raises(ValueError, match=r"period: expected seconds > 0 between 3 points"):
+        joint_trajectory(["a", "b"], q, 0.05)
 
 
 def _trajectory(names, *points):

@@ -309,3 +309,20 @@ def test_a_legged_policy_over_ros_runs_the_in_process_episodes(
     assert sim_log.count("damping on") == int(over_ros.terminated.sum())
     task = make("Quadruped", num_envs=1, **options).task
     assert task.measures(over_ros) == task.measures(in_process)
+
+
+def test_a_trajectory_robot_over_ros_runs_the_in_process_episodes(
+    tmp_path: Path, ros_domain: None, pusht_export: Path
+) -> None:
+    """A robot taking JointTrajectory (a JointTrajectoryController's interface): the deploy node sends the rest of
+    each chunk on the control grid, the sim robot follows the points on their times, and in lockstep the episodes
+    are the in-process ones -- the first point of each trajectory is due as the period it names ends."""
+    data = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+    data.update(command_type="joint_trajectory", time_from_start=1.0 / data["control_hz"])
+    robot = tmp_path / "panda_jtc.yaml"
+    robot.write_text(yaml.safe_dump(data))
+    options = {"episode_steps": STEPS}
+    over_ros = over_ros_in_lockstep(tmp_path, robot, "PushT", options, pusht_export, 2)
+    in_process = in_process_episodes(pusht_export, options, 2)
+    np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
+    np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)

@@ -254,3 +254,19 @@ def test_config_is_a_plain_dataclass() -> None:
     config = SimRobotConfig()
     assert dataclasses.asdict(config)["task"] == "PushT" and config.perturbation is None
     assert SimRobotConfig().task_options is not config.task_options
+
+
+def test_a_trajectory_is_followed_point_by_point_and_a_new_one_replaces_what_is_left(robot: RobotConfig) -> None:
+    """As a JointTrajectoryController: each point on the control grid is the target of the period that ends at
+    its time; without a new trajectory the sim goes on along the points; a new one drops the rest of the old."""
+    s = sim(robot, seed=0)
+    start = s.joint_state()[0]
+    points = [(DT * (k + 1), start + 0.01 * (k + 1)) for k in range(4)]
+    s.follow(points, 0.0)
+    for k in range(3):
+        s.step(k * DT)
+        np.testing.assert_array_equal(s.data.ctrl, points[k][1])
+    s.follow([(DT, start - 0.02), (2 * DT, start - 0.03)], 3 * DT)  # replaces the old trajectory's last point
+    for k, expected in enumerate((start - 0.02, start - 0.03, start - 0.03)):
+        s.step((3 + k) * DT)
+        np.testing.assert_array_equal(s.data.ctrl, expected)
