@@ -3,16 +3,20 @@
 
 The deploy node runs as a robot runs it: its own process, started from the launch table
 (`robotrl.hardware.nodes`), an ONNX export through the runtime, the safety filter before the wire. This process
-plays the robot: at the rate it publishes a joint state and the PushT task state, and times the command that the
-deploy node (`trigger:=observation`: one command per observation set, as soon as it has them) sends back.
+plays the robot: at the rate it publishes a joint state (stamped, each stamp its own) and the PushT task state, and
+times the command that the deploy node (`trigger:=observation`: one command per observation set, as soon as it has
+them) sends back, paired with its observation exactly by the stamp the command carries (`command_stamped`: the
+stamp of the joint state it was computed from). `--load N` keeps N busy processes running beside both (N = 2:
+both cores busy, as a robot PC running its other nodes).
 Chunks are executed as deployed (receding horizon, `execute` actions per inference), so one step in `execute`
 runs the policy and the others only the executor, task controller and safety filter: p99 is the inference
 step's latency whenever 1 / execute > 1% -- unless `--asynchronous`, where the policy runs in the node's worker
 thread and no command waits for it (how a robot should run it).
 
 Prints one JSON line per (policy, rate):
-  p50_ms, p99_ms, max_ms   publish of the task state -> receipt of the command, wall clock, this process
-  miss_rate                commands later than one period (or never received) / observations sent
+  p50_ms, p99_ms, max_ms   publish of the observation set -> receipt of the command computed from it, wall clock,
+                           this process
+  miss_rate                observations whose command came later than one period, or never / observations sent
   vs_<baseline>_p99        the baseline's p99 / this p99 at the same rate (> 1: faster)
   inference_p50_ms         the same export's `runtime.act` alone in this process (batch 1), for reference
   tick_p50_ms, tick_p99_ms the deploy node's own control step (`DeployNode.tick`) in this process, no DDS
@@ -24,6 +28,7 @@ Untrained weights (latency does not depend on them) of the state-only PushT poli
     .venv/bin/python bench/ros2.py --policies flow10 consistency --rates 200 --seconds 20
     .venv/bin/python bench/ros2.py --asynchronous
     .venv/bin/python bench/ros2.py --policies consistency_narrow --rates 200 --realtime-priorities 0 50
+    .venv/bin/python bench/ros2.py --policies consistency_narrow --rates 200 --load 2 --realtime-priorities 0 50
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -81,6 +87,8 @@ class Ros2BenchConfig:
     realtime_priorities: tuple[int, ...] = (0,)
     """run every (policy, rate) under each: 0 is the default scheduler; > 0 is SCHED_FIFO at that priority for the
     deploy node (`realtime_priority:=`) and for this process's robot side, as a robot's driver runs"""
+    load: int = 0
+    """busy processes running beside the nodes while they are timed (2: both cores of this machine busy)"""
 
 
 def observation_messages(robot: RobotConfig) -> tuple[JointState, Float64MultiArray]:
@@ -99,9 +107,12 @@ class Robot:
         t = robot.topics
         self.js_pub = self.node.create_publisher(JointState, t.joint_states, 100)
         self.state_pub = self.node.create_publisher(Float64MultiArray, t.task_state, 100)
-        self.received: list[float] = []
+        self.received: list[tuple[int, float]] = []  # (the stamp the command carries, ns; receipt time)
         self.node.create_subscription(
-            Float64MultiArray, t.command, lambda m: self.received.append(time.perf_counter()), 1000
+            JointState,
+            t.command_stamped,
+            lambda m: self.received.append((m.header.stamp.sec * 10**9 + m.header.stamp.nanosec, time.perf_counter())),
+            1000,
         )
         self.joints, self.state = observation_messages(robot)
         self.executor = SingleThreadedExecutor()
@@ -124,11 +135,12 @@ class Robot:
             raise TimeoutError("bench: no command from the deploy node")
 
     def run(self, rate: float, seconds: float) -> tuple[np.ndarray, np.ndarray]:
-        """Send times of `rate * seconds` observation sets and the receipt times of the commands since."""
+        """Send times of `rate * seconds` observation sets, and the receipt time of the command computed from each
+        (nan: none came)."""
         time.sleep(0.2)
         self.received.clear()
         period, n = 1.0 / rate, int(rate * seconds)
-        sent = np.zeros(n)
+        sent, stamps = np.zeros(n), np.zeros(n, dtype=np.int64)
         start = time.perf_counter()
         for k in range(n):
             due = start + k * period
@@ -137,11 +149,15 @@ class Robot:
                 time.sleep(wait - 3e-4)
             while time.perf_counter() < due:  # the last 0.3 ms busy: sleep() overshoots by ~0.1 ms
                 pass
+            now = self.node.get_clock().now()
+            self.joints.header.stamp = now.to_msg()
+            stamps[k] = now.nanoseconds
             self.js_pub.publish(self.joints)
             self.state_pub.publish(self.state)
             sent[k] = time.perf_counter()
         time.sleep(0.5)
-        return sent, np.asarray(self.received)
+        got = dict(self.received)  # the first command per stamp (a hold repeats an old one)
+        return sent, np.array([got.get(int(s), np.nan) for s in stamps])
 
     def close(self) -> None:
         self.spinning = False
@@ -154,13 +170,12 @@ def measure(robot: Robot, rate: float, seconds: float, warmup: float) -> dict[st
     robot.run(rate, warmup)
     sent, received = robot.run(rate, seconds)
     n = len(sent)
-    # one command per observation set, in order (DDS keeps a writer's order); a lost one shifts nothing before it
-    k = min(n, len(received))
-    lat = (received[:k] - sent[:k]) * 1e3
-    late = int((lat > 1e3 / rate).sum()) + (n - k)
+    answered = ~np.isnan(received)
+    lat = (received[answered] - sent[answered]) * 1e3  # each command against the observation it was computed from
+    late = int((lat > 1e3 / rate).sum()) + int((~answered).sum())
     return {
         "observations": n,
-        "commands": len(received),
+        "commands": int(answered.sum()),
         "p50_ms": round(float(np.percentile(lat, 50)), 3),
         "p99_ms": round(float(np.percentile(lat, 99)), 3),
         "max_ms": round(float(lat.max()), 3),
@@ -279,8 +294,12 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                         out, robot_file, config, execution, rate
                     )  # before any other thread runs here
                     robot = Robot(robot_cfg)
+                    hogs: list[subprocess.Popen] = []
                     try:
                         robot.wait_for_deploy()
+                        hogs += [  # started first: a child inherits SCHED_FIFO, and FIFO busy loops starve the machine
+                            subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(config.load)
+                        ]
                         refused = set_fifo(priority)  # the robot side too, as its driver would run
                         if refused:
                             raise RuntimeError(f"bench: {refused[0]}")
@@ -292,6 +311,7 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                             "execute": config.execute,
                             "asynchronous": config.asynchronous,
                             "delay_steps": execution["delay_steps"] if config.asynchronous else None,
+                            "load": config.load,
                             **measure(robot, rate, config.seconds, config.warmup),
                             "inference_p50_ms": infer,
                             "tick_p50_ms": tick_p50,
@@ -299,6 +319,8 @@ def main(config: Ros2BenchConfig) -> list[dict[str, Any]]:
                             "load_avg_1m": round(os.getloadavg()[0], 2),
                         }
                     finally:
+                        for hog in hogs:
+                            hog.kill()
                         set_fifo(0)
                         robot.close()
                         nodes.stop(procs)

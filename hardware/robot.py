@@ -68,6 +68,9 @@ class Workspace:
 class Topics:
     joint_states: str = "/joint_states"
     command: str = "/robotrl/joint_command"
+    command_stamped: str = "/robotrl/joint_command_stamped"
+    """sensor_msgs/JointState beside every command: its positions (and velocities), stamped with the joint state it
+    was computed from -- for a monitor, a recorder or a latency bench to pair each command with its observation"""
     images: dict[str, str] = field(default_factory=dict)
     """observation key -> sensor_msgs/Image topic"""
     task_state: str = "/robotrl/task_state"

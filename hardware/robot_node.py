@@ -5,7 +5,9 @@ Subscribes to the robot's joint states (every one goes to the safety filter), th
 poses from a simulator, perception or motion capture), the cameras, the instruction and the e-stop topic, keeps
 the newest value of each with its arrival time, and counts and logs malformed messages instead of failing on
 them. `observation(now)` is the newest frame of every key, or None when one is missing or older than the robot's
-`max_obs_age`; `publish_command(q)` sends joint positions as the robot's file says (nothing for None).
+`max_obs_age`; `publish_command(q)` sends joint positions as the robot's file says (nothing for None), and the
+same positions as a `sensor_msgs/JointState` on `command_stamped`, stamped with the joint state they were computed
+from, so that each command can be paired with its observation from outside.
 A message with a header stamp is used only if the stamp is no older than the robot's `max_obs_age`, no further
 ahead of this node's clock than that, and not before the topic's previous stamp; any other is dropped and counted
 (`bad_stamps`), so the inputs go stale and the robot holds. A zero stamp (a driver that stamps nothing) counts
@@ -26,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from builtin_interfaces.msg import Time
 from geometry_msgs.msg import Twist
 from nav_msgs.msg import Odometry
 from rclpy.node import Node
@@ -38,6 +41,7 @@ from robotrl.core.spec import STRING, Spec, SpecMismatchError
 from robotrl.hardware.floating_base import BaseReading
 from robotrl.hardware.messages import (
     MalformedMessage,
+    arrays_to_joint_state,
     float_array_to_msg,
     image_to_array,
     imu_to_arrays,
@@ -68,6 +72,7 @@ class RobotNode(Node):
         self.q: np.ndarray | None = None
         self.dq: np.ndarray | None = None
         self.q_stamp = -np.inf
+        self.q_header_stamp = Time()  # the newest joint state's own stamp
         self.latest: dict[str, tuple[Any, float]] = {}
         self.malformed: dict[str, int] = {}
         self.stamps: dict[str, float] = {}  # the newest header stamp used, per input
@@ -75,6 +80,9 @@ class RobotNode(Node):
         self.instruction = instruction
         topics, name = robot.topics, self.get_name()
         sensor = qos_profile_sensor_data
+        # the e-stop first: an executor takes the ready messages of one wake-up in the order their subscriptions were
+        # made, so an e-stop that arrived with an observation set is latched before that set can make a command
+        self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         self.inputs = [self.create_subscription(JointState, topics.joint_states, self._on_joint_state, sensor)]
         vector = [k for k in self.obs_keys if not spec.observations[k].is_image]
         #: what makes a whole observation set (trigger=observation): the inputs the policy's observation is made of
@@ -116,9 +124,9 @@ class RobotNode(Node):
                     self.create_subscription(Image, topics.images[key], lambda m, k=key: self._on_image(k, m), sensor)
                 )
         self.create_subscription(String, topics.instruction, self._on_instruction, 10)
-        self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         msg_type = JointTrajectory if robot.command_type == "joint_trajectory" else Float64MultiArray
         self.command_pub = self.create_publisher(msg_type, topics.command, 10)
+        self.stamped_pub = self.create_publisher(JointState, topics.command_stamped, 10)
         self.damping_pub = self.create_publisher(Bool, topics.damping, 10) if robot.base is not None else None
         self.damped = False  # what the damping topic last said
 
@@ -185,6 +193,7 @@ class RobotNode(Node):
             return self.bad_message(self.robot.topics.joint_states, e)
         if not self.stamp_ok("joint_states", self.robot.topics.joint_states, msg):
             return
+        self.q_header_stamp = msg.header.stamp
         self.q, self.dq, self.q_stamp = q, dq, time.monotonic()
         self.on_joint_state(q, self.q_stamp)
         self.on_input("joint_states")
@@ -307,6 +316,10 @@ class RobotNode(Node):
         else:
             msg = float_array_to_msg(q)
         self.command_pub.publish(msg)
+        # stamped as the joint state it was computed from, to the nanosecond (a float of seconds loses ~100 ns)
+        self.stamped_pub.publish(
+            arrays_to_joint_state(self.robot.joint_names, q, self.safety.velocity, stamp=self.q_header_stamp)
+        )
 
     def plan_ahead(self, command: np.ndarray | None, actions: np.ndarray) -> list[Any]:
         """A trajectory robot's points after `command`: the policy's next actions turned into joint targets (each

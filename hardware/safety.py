@@ -264,7 +264,7 @@ class SafetyFilter:
 
     def _hold(self, now: float, why: str) -> np.ndarray:
         """Bring the commanded motion to rest within the acceleration limit (at once when nothing was published
-        since the last restart: the arm is at rest where it was measured)."""
+        since the last restart: the arm is at rest at its joint state)."""
         self.counters[why] += 1
         if self.last is None:
             assert self.measured is not None

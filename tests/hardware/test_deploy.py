@@ -29,6 +29,7 @@ from robotrl.hardware.deploy import DeployConfig, DeployNode
 from robotrl.hardware.messages import arrays_to_joint_state, float_array_to_msg
 from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig
 from robotrl.hardware.robot_node import INTERVENTION_TOPIC, POLICY_ACTION_TOPIC
+from robotrl.hardware.safety import SafetyState
 from ros_spin import in_one_executor
 
 ROBOT = RobotConfig.load("sim_panda")
@@ -442,3 +443,19 @@ def test_a_trajectory_robot_gets_the_chunk_ahead_on_the_control_grid(
         firsts = np.stack([trajectory_points(m, ROBOT.joint_names)[0][1] for m in trajectories])
         step = np.diff(firsts, axis=0) / DT
         assert np.all(np.abs(step) <= V + 1e-9)  # what the robot is sent now moves within the limits
+
+
+def test_an_estop_that_arrives_with_an_observation_set_is_latched_before_it(ros: None, pusht_export: Path) -> None:
+    """In lockstep (a command per observation set) an e-stop sent right after a set, both waiting when the node
+    wakes, stops the command that set would have made: the e-stop's subscription is taken first."""
+    config = DeployConfig(policy=str(pusht_export), robot="sim_panda", trigger="observation")
+    with deployed(config) as (deploy, robot, executor):
+        run(executor, 0.5, robot.publish)
+        run(executor, 0.3)  # every command of those sets delivered
+        n = len(robot.commands)
+        assert n > 0
+        robot.publish()
+        robot.estop.publish(Bool(data=True))
+        time.sleep(0.1)  # both wait for the node's next wake-up
+        run(executor, 0.5)
+        assert deploy.safety.state is SafetyState.ESTOPPED and len(robot.commands) == n
