@@ -42,7 +42,7 @@ from rclpy.lifecycle import LifecycleNodeMixin, LifecycleState, TransitionCallba
 from std_msgs.msg import Bool, Float64MultiArray
 from std_srvs.srv import Trigger
 
-from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
+from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig, resample_chunk
 from robotrl.hardware.messages import float_array_to_msg
 from robotrl.hardware.realtime import make_realtime
 from robotrl.hardware.robot import RobotConfig
@@ -165,6 +165,30 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
         self.active = False
         return TransitionCallbackReturn.SUCCESS
 
+    def resampled(self, ratio: float, execute: int) -> tuple[Any, int, int]:
+        """The policy's act, the actions executed per chunk and the frame stride at the robot's rate: as they are at
+        the policy's own rate; otherwise (the robot file allows resample_chunks) every chunk resampled in time to the
+        robot's rate, `ratio` times as many actions executed, and the observation frames as far apart as in
+        training (a robot an integer multiple faster, where the policy sees more than one frame)."""
+        if math.isclose(ratio, 1.0, rel_tol=1e-9):
+            return self.policy.act, execute, 1
+        deltas = self.io.delta_dims()
+        stride = round(ratio)
+        if deltas is None or (self.policy.obs_horizon > 1 and not (ratio >= 1 and math.isclose(ratio, stride))):
+            raise ValueError(
+                f"DeployConfig.robot: resample_chunks: a {self.policy.spec.task} policy "
+                f"(obs_horizon {self.policy.obs_horizon}) at {ratio:g}x its rate cannot be resampled; expected a "
+                "robotrl task's policy, and a robot an integer multiple faster for more than one observation frame"
+            )
+        act = self.policy.act
+
+        def resampled_act(window: dict[str, Any]) -> np.ndarray:
+            chunks = np.asarray(act(window))
+            return np.stack([resample_chunk(chunk, ratio, deltas) for chunk in chunks])
+
+        self.get_logger().info(f"resampling chunks: the policy's {1 / ratio:g}x rate to the robot's")
+        return resampled_act, max(1, round(execute * ratio)), max(1, stride) if self.policy.obs_horizon > 1 else 1
+
     def entities(self) -> dict[str, set[Any]]:
         return {
             "subscription": set(self.subscriptions),
@@ -187,19 +211,25 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
         warmup = self.policy.warmup()  # the language encoder loads now, not at the first control step
         robot = RobotConfig.load(cfg.robot)
         trained = float(self.policy.spec.control_hz)
-        if not math.isclose(trained, robot.control_hz, rel_tol=1e-9):
+        ratio = robot.control_hz / trained
+        if not math.isclose(ratio, 1.0, rel_tol=1e-9) and not robot.resample_chunks:
             raise ValueError(
                 f"DeployConfig.robot: robot {robot.name} runs at {robot.control_hz:g} Hz, the policy was trained at "
                 f"{trained:g} Hz (each of its actions is one period of that rate: at {robot.control_hz:g} Hz its "
-                f"motions would run {robot.control_hz / trained:g}x as fast); deploy it with a robot file at "
-                f"{trained:g} Hz"
+                f"motions would run {ratio:g}x as fast); deploy it with a robot file at {trained:g} Hz, or one "
+                "that allows resample_chunks"
             )
         self.connect_robot(robot, self.policy.spec, self.policy.obs_keys, cfg.instruction)
+        act, execute, stride = self.resampled(ratio, cfg.execute)
         execution = ExecutionConfig(
-            cfg.execute, cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None, cfg.asynchronous, cfg.delay_steps
+            execute,
+            cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None,
+            cfg.asynchronous,
+            cfg.delay_steps,
+            stride,
         )
         self.runner = ChunkExecutor(
-            self.policy.act,
+            act,
             self.policy.obs_keys,
             self.policy.obs_horizon,
             execution,

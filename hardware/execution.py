@@ -26,6 +26,34 @@ from typing import Any
 
 import numpy as np
 
+
+def resample_chunk(chunk: np.ndarray, ratio: float, deltas: np.ndarray) -> np.ndarray:
+    """A chunk (H, A) of a policy trained at one control rate, for a robot at `ratio` times that rate: one action
+    per robot period over the chunk's span. Positions are linearly interpolated between the policy's steps; the
+    elements that are per-step displacements (`deltas`, (A,) bool: an ee_delta action's motion) are the motion the
+    policy's steps make within each robot period (a policy step's displacement spread evenly over its time), so the
+    chunk moves as far at any rate."""
+    chunk = np.asarray(chunk, dtype=np.float32)
+    horizon, steps = len(chunk), max(1, round(len(chunk) * ratio))
+    at = np.minimum(np.arange(steps) / ratio, horizon - 1)  # each robot step's time, in policy steps
+    low = np.floor(at).astype(np.int64)
+    high = np.minimum(low + 1, horizon - 1)
+    frac = (at - low)[:, None].astype(np.float32)
+    out = (1.0 - frac) * chunk[low] + frac * chunk[high]
+    if deltas.any():
+        moves = chunk[:, deltas].astype(np.float64)
+        done = np.vstack([np.zeros((1, moves.shape[1])), np.cumsum(moves, axis=0)])  # motion before each step
+
+        def travelled(t: np.ndarray) -> np.ndarray:  # the motion made by time t (policy steps), within the chunk
+            t = np.clip(t, 0.0, horizon)
+            k = np.minimum(np.floor(t).astype(np.int64), horizon - 1)
+            return done[k] + (t - k)[:, None] * moves[k]
+
+        edges = np.arange(steps + 1) / ratio
+        out[:, deltas] = (travelled(edges[1:]) - travelled(edges[:-1])).astype(np.float32)
+    return out
+
+
 #: history (To frames per key) and the actions (d, A) still to run before the predicted chunk starts -> the
 #: history as it will be then
 RollForward = Callable[[dict[str, np.ndarray], np.ndarray], dict[str, np.ndarray]]
@@ -42,6 +70,9 @@ class ExecutionConfig:
     delay_steps: int = 1
     """asynchronous: control steps an inference is expected to take; the chunk is predicted for the state that
     many steps ahead and starts there"""
+    frame_stride: int = 1
+    """control steps between the observation frames the policy sees (a policy trained at a rate this many times
+    slower than the robot's sees its frames as far apart as in training)"""
 
     def __post_init__(self) -> None:
         if self.execute < 1:
@@ -50,6 +81,8 @@ class ExecutionConfig:
             raise ValueError(f"ExecutionConfig.ensemble_decay: expected a finite decay >= 0, got {self.ensemble_decay}")
         if self.delay_steps < 0:
             raise ValueError(f"ExecutionConfig.delay_steps: expected >= 0, got {self.delay_steps}")
+        if self.frame_stride < 1:
+            raise ValueError(f"ExecutionConfig.frame_stride: expected >= 1, got {self.frame_stride}")
 
 
 class ChunkExecutor:
@@ -76,6 +109,7 @@ class ChunkExecutor:
         """A new episode: history, chunks and the step counter start over (an inference in flight is dropped)."""
         self.t = 0
         self.history: dict[str, np.ndarray] = {}
+        self.frames: dict[str, np.ndarray] = {}  # the newest frames, stride apart in what `history` keeps
         self.chunks: list[tuple[int, np.ndarray]] = []  # (step of the chunk's first action, chunk (H, A)), oldest first
         self.pending: tuple[int, Future[np.ndarray]] | None = None
         self.inferences = 0
@@ -119,12 +153,14 @@ class ChunkExecutor:
 
     # --- internals ----------------------------------------------------------------------------------
     def _push(self, obs: Mapping[str, Any]) -> None:
+        span = (self.obs_horizon - 1) * self.config.frame_stride + 1  # the frames kept; the policy sees every stride-th
         for k in self.obs_keys:
             x = np.asarray(obs[k])
-            if k not in self.history:  # the first frame of an episode is repeated, as training pads episodes
-                self.history[k] = np.repeat(x[None], self.obs_horizon, axis=0)
+            if k not in self.frames:  # the first frame of an episode is repeated, as training pads episodes
+                self.frames[k] = np.repeat(x[None], span, axis=0)
             else:
-                self.history[k] = np.concatenate([self.history[k][1:], x[None]])
+                self.frames[k] = np.concatenate([self.frames[k][1:], x[None]])
+            self.history[k] = self.frames[k][:: self.config.frame_stride]
 
     def _needs_chunk(self) -> bool:
         if self.config.ensemble_decay is not None:

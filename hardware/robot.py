@@ -126,6 +126,10 @@ class RobotConfig:
     control grid); the rest of the chunk being executed follows, a point every control period"""
     control_hz: float = 20.0
     """rate of the command timer"""
+    resample_chunks: bool = False
+    """a robotrl task's policy trained at another control rate runs here with its chunks resampled in time to this
+    rate (`hardware/execution.py`: positions interpolated, per-step displacements divided among the steps) instead
+    of being refused"""
     max_obs_age: float = 0.1
     """observations older than this (seconds) are stale: the node holds position"""
     topics: Topics = field(default_factory=Topics)
@@ -288,6 +292,7 @@ class RobotConfig:
             ee=ee,
             model_joints=tuple(model_joints),
             command_type=command_type,
+            resample_chunks=_flag(d.get("resample_chunks", False), f"{where}: resample_chunks"),
             topics=topics,
             description=str(d.get("description", "")),
             base=base,
@@ -348,6 +353,12 @@ def _known(d: dict[str, Any], names: set[str], where: str) -> None:
     unknown = sorted(set(d) - names)
     if unknown:
         raise RobotConfigError(f"{where}: unknown field(s) {unknown}; expected some of {sorted(names)}")
+
+
+def _flag(x: Any, where: str) -> bool:
+    if not isinstance(x, bool):
+        raise RobotConfigError(f"{where}: expected true or false, got {x!r}")
+    return x
 
 
 def _number(x: Any, where: str) -> float:

@@ -91,6 +91,18 @@ class TaskIO:
         frame = self._frame(qpos[None], qvel[None], sensordata[None], goal)
         return {k: np.asarray(v)[0] for k, v in self.task.observe(np, frame).items()}
 
+    def delta_dims(self) -> np.ndarray | None:
+        """(A,) bool: the action's elements that are per-step displacements (an ee_delta action's motion, by the
+        task's `teleop_axes`; not its gripper), which resampling in time divides among robot steps; None for an
+        outside env, whose actions' meaning robotrl does not know."""
+        if self.native:
+            return None
+        size = self.spec.action.size
+        if self.spec.action_mode != "ee_delta":
+            return np.zeros(size, dtype=bool)  # positions
+        axes = getattr(self.task, "teleop_axes", None) or ()
+        return np.array([i < len(axes) and axes[i] != "gripper" for i in range(size)], dtype=bool)
+
     def roll_forward(self, history: dict[str, np.ndarray], planned: np.ndarray) -> dict[str, np.ndarray]:
         """The observation history as it will be after the `planned` actions (d, A): the newest frame's tool or
         joint positions moved as the controller will move them (the arm follows its targets; objects are left

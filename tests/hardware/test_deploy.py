@@ -202,6 +202,27 @@ def test_a_policy_trained_at_another_control_rate_is_refused(ros: None, pusht_ex
         DeployNode(DeployConfig(policy=str(pusht_export), robot=str(tmp_path / "fast.yaml")))
 
 
+def test_a_robot_file_that_allows_it_resamples_the_chunks_in_time(
+    ros: None, pusht_export: Path, tmp_path: Path
+) -> None:
+    """With resample_chunks the 20 Hz policy runs on a 200 Hz robot: each chunk spread over 10x as many robot steps
+    (its ee_delta motion divided among them), 10x as many executed, its two observation frames 10 steps apart as in
+    training; at 2.5x, two frames cannot be spaced as in training: refused in one line."""
+    robot = yaml.safe_load((ROBOTS_DIR / "sim_panda.yaml").read_text())
+    fast = {**robot, "name": "fast_panda", "control_hz": 200.0, "resample_chunks": True}
+    (tmp_path / "fast.yaml").write_text(yaml.safe_dump(fast))
+    with deployed(DeployConfig(policy=str(pusht_export), robot=str(tmp_path / "fast.yaml"))) as (deploy, r, executor):
+        assert (deploy.runner.config.execute, deploy.runner.config.frame_stride) == (80, 10)
+        run(executor, 1.0, r.publish)
+        assert len(r.commands) >= 100  # 200 Hz
+        assert deploy.runner.chunks and len(deploy.runner.chunks[-1][1]) == 80  # H = 8 policy steps
+        q = np.stack([c for _, c in r.commands])
+        assert np.all(np.abs(np.diff(q, axis=0)) * 200.0 <= np.asarray(ROBOT.limits.velocity) + 1e-9)
+    (tmp_path / "odd.yaml").write_text(yaml.safe_dump({**fast, "name": "odd_panda", "control_hz": 50.0}))
+    with pytest.raises(ValueError, match=r"resample_chunks: a PushT policy \(obs_horizon 2\) at 2.5x its rate"):
+        DeployNode(DeployConfig(policy=str(pusht_export), robot=str(tmp_path / "odd.yaml")))
+
+
 def test_lockstep_reset_waits_for_the_robots_waiting_observation(ros: None, pusht_export: Path) -> None:
     """trigger=observation, wait_for_reset (the ROS eval's deploy node): a lockstep sim robot re-sends its waiting
     observation set to a late-matched subscriber. Heard after the first reset, that stale set took a step and put

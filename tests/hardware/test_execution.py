@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig
+from robotrl.hardware.execution import ChunkExecutor, ExecutionConfig, resample_chunk
 from robotrl.policies.controller import ChunkController
 
 H, A = 6, 2
@@ -153,3 +153,32 @@ def test_reset_starts_over() -> None:
     np.testing.assert_array_equal(policy.seen[-1], [[7.0], [7.0]])  # the new episode's first frame, repeated
     with pytest.raises(ValueError, match="execute: expected >= 1"):
         ExecutionConfig(execute=0)
+
+
+def test_a_chunk_resampled_in_time_keeps_positions_on_the_policys_steps_and_spreads_its_motion() -> None:
+    """At 10x the rate: a position at each policy step is the policy's, linear between; a per-step displacement is
+    divided among the 10 robot steps of its policy step, so the chunk moves as far. At 0.5x: every other step."""
+    chunk = np.array([[0.0, 1.0, 0.5], [1.0, 2.0, 0.5], [3.0, 4.0, -0.5]], dtype=np.float32)
+    deltas = np.array([False, True, False])  # a position, a displacement, a gripper
+    fast = resample_chunk(chunk, 10.0, deltas)
+    assert fast.shape == (30, 3)
+    np.testing.assert_allclose(fast[::10, 0], chunk[:, 0])
+    np.testing.assert_allclose(fast[5, 0], 0.5)
+    np.testing.assert_allclose(fast[:10, 1], 0.1)  # the first step's displacement, a tenth per robot step
+    np.testing.assert_allclose(fast[:, 1].sum(), chunk[:, 1].sum(), rtol=1e-6)  # the chunk moves as far
+    np.testing.assert_allclose(fast[::10, 2], chunk[:, 2])  # the gripper is a position
+    slow = resample_chunk(chunk, 0.5, deltas)
+    np.testing.assert_allclose(slow, [[0.0, 3.0, 0.5], [3.0, 4.0, -0.5]])  # two policy steps' motion in one
+
+
+def test_frames_are_kept_as_far_apart_as_the_policy_saw_them() -> None:
+    seen: list[np.ndarray] = []
+
+    def act(window: dict) -> np.ndarray:
+        seen.append(window["x"][0, :, 0].copy())
+        return np.zeros((1, 4, 1), np.float32)
+
+    executor = ChunkExecutor(act, ("x",), 2, ExecutionConfig(execute=4, frame_stride=3))
+    for k in range(9):
+        executor.step({"x": np.array([float(k)])})
+    assert [list(s) for s in seen] == [[0.0, 0.0], [1.0, 4.0], [5.0, 8.0]]  # the first frame repeated, then 3 apart
