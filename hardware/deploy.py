@@ -314,6 +314,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
     def tick(self) -> None:
         if not self.started:
             return
+        self.poll_estop()
         now = time.monotonic()
         self.ticks += 1
         clock = self.clock(now)

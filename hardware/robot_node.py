@@ -82,7 +82,7 @@ class RobotNode(Node):
         sensor = qos_profile_sensor_data
         # the e-stop first: an executor takes the ready messages of one wake-up in the order their subscriptions were
         # made, so an e-stop that arrived with an observation set is latched before that set can make a command
-        self.create_subscription(Bool, topics.estop, self._on_estop, 10)
+        self.estop_sub = self.create_subscription(Bool, topics.estop, self._on_estop, 10)
         self.inputs = [self.create_subscription(JointState, topics.joint_states, self._on_joint_state, sensor)]
         vector = [k for k in self.obs_keys if not spec.observations[k].is_image]
         #: what makes a whole observation set (trigger=observation): the inputs the policy's observation is made of
@@ -257,6 +257,15 @@ class RobotNode(Node):
             self.safety.estop(self.robot.topics.estop)
             self.get_logger().error(f"E-STOP from {self.robot.topics.estop}: nothing is published until ~/reset")
             self.publish_damping()
+
+    def poll_estop(self) -> None:
+        """Take an e-stop that has arrived but not yet been handed to its callback (the executor runs an overdue
+        control timer before the subscriptions of the same wake-up): the control step calls this first, so no
+        command goes out after an e-stop this process has received."""
+        with self.estop_sub.handle:
+            taken = self.estop_sub.handle.take_message(self.estop_sub.msg_type, self.estop_sub.raw)
+        if taken is not None:
+            self._on_estop(taken[0])
 
     def publish_damping(self) -> None:
         """A floating base's damping mode, as the safety filter's state says: on while e-stopped (a fall, an

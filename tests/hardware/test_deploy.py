@@ -480,3 +480,16 @@ def test_an_estop_that_arrives_with_an_observation_set_is_latched_before_it(ros:
         time.sleep(0.1)  # both wait for the node's next wake-up
         run(executor, 0.5)
         assert deploy.safety.state is SafetyState.ESTOPPED and len(robot.commands) == n
+
+
+def test_a_control_step_takes_an_estop_that_arrived_before_it_runs(nodes: Any) -> None:
+    """An executor runs an overdue control timer before the subscriptions of the same wake-up: the step itself takes
+    an e-stop waiting in its subscription first, so it commands nothing."""
+    deploy, robot, executor = nodes
+    run(executor, 0.5, robot.publish)
+    published = deploy.safety.counters["published"]
+    assert published > 0
+    robot.estop.publish(Bool(data=True))
+    time.sleep(0.1)  # delivered to the node, not yet taken by its executor
+    deploy.tick()  # the timer's callback, as an executor runs it ahead of the e-stop's
+    assert deploy.safety.state is SafetyState.ESTOPPED and deploy.safety.counters["published"] == published
