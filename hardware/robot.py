@@ -52,6 +52,9 @@ class JointLimits:
     acceleration: tuple[float, ...]
     """max |q''| rad/s^2 (a floating base's: inf unless given; its joint targets are PD set-points, bounded by
     position and by the measured joint speed)"""
+    estop_deceleration: tuple[float, ...] | None = None
+    """rad/s^2 the e-stop brakes the commanded motion at (>= the acceleration limit): the safety filter publishes
+    that ramp to rest, then nothing; None: the e-stop publishes nothing at once (the driver's own stop)"""
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,14 @@ class RobotConfig:
         for k in ("velocity", "acceleration"):
             if min(vec[k]) <= 0:
                 raise RobotConfigError(f"{where}: limits.{k}: expected positive values, got {list(vec[k])}")
+        if lim.get("estop_deceleration") is not None:
+            stop = _floats(lim["estop_deceleration"], n, f"{where}: limits.estop_deceleration")
+            if any(s < a for s, a in zip(stop, vec["acceleration"])):
+                raise RobotConfigError(
+                    f"{where}: limits.estop_deceleration: expected at least the acceleration limits "
+                    f"{list(vec['acceleration'])} (only the e-stop stops harder), got {list(stop)}"
+                )
+            vec["estop_deceleration"] = stop
         workspace = None
         if d.get("workspace") is not None:
             w = _mapping(d["workspace"], f"{where}: workspace")

@@ -16,7 +16,8 @@ limits clip, velocity and acceleration limits shorten the step towards the targe
 robot's nominal period whatever the timer's jitter: every command is one nominal period of motion from the last
 (a controller interpolating at that rate moves no faster), so a late tick moves the arm less, never more. A hold
 decelerates the commanded motion to rest within the acceleration limit and stays there; only the e-stop stops
-harder (nothing more is published: the driver's own stop). `estop` latches until `reset`, which re-arms only with
+harder: at the robot file's stated `estop_deceleration` to rest and then nothing, or, where it states none,
+nothing more at once (the driver's own stop). `estop` latches until `reset`, which re-arms only with
 a fresh observation and restarts from the measured position. Every intervention is counted (`counters`), for the
 node's diagnostics.
 
@@ -147,7 +148,7 @@ class SafetyFilter:
         """The command to publish at time `now` for the policy's joint `target` (None: the policy has none yet)."""
         if self.state is SafetyState.ESTOPPED:
             self.counters["blocked_estop"] += 1
-            return None
+            return self._estop_ramp(now)
         if self.measured is None:
             self.counters["blocked_waiting"] += 1
             return None
@@ -241,9 +242,22 @@ class SafetyFilter:
         p = self.fk(q)
         return bool(np.all(p >= ws.lower) and np.all(p <= ws.upper))
 
-    def _decelerated(self, velocity: np.ndarray) -> np.ndarray:
-        """One period's velocity on the way to rest at the acceleration limit."""
-        return np.sign(velocity) * np.maximum(np.abs(velocity) - self.a_max * self.period, 0.0)
+    def _decelerated(self, velocity: np.ndarray, rate: np.ndarray | None = None) -> np.ndarray:
+        """One period's velocity on the way to rest at the acceleration limit (or at `rate`)."""
+        rate = self.a_max if rate is None else rate
+        return np.sign(velocity) * np.maximum(np.abs(velocity) - rate * self.period, 0.0)
+
+    def _estop_ramp(self, now: float) -> np.ndarray | None:
+        """While e-stopped: the commanded motion braked to rest at the robot file's e-stop deceleration, then
+        nothing; nothing at all where the file states none (the driver's own stop)."""
+        stop = self.robot.limits.estop_deceleration
+        if stop is None or self.last is None or not np.any(self.velocity != 0.0):
+            return None
+        velocity = self._decelerated(self.velocity, np.asarray(stop, dtype=np.float64))
+        q = np.clip(self.last + velocity * self.period, self.lower, self.upper)
+        self.velocity, self.last, self.last_time = velocity, q, now
+        self.counters["published"] += 1
+        return q.copy()
 
     def _braking(self, q: np.ndarray, velocity: np.ndarray) -> list[np.ndarray]:
         """Where a hold from command `q` moving at `velocity` passes on its way to rest: half-way and at rest (the

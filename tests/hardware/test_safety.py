@@ -206,3 +206,28 @@ def test_whatever_comes_in_what_goes_out_is_safe(steps: list) -> None:
         assert np.all(np.abs((out - prev) / DT - v_prev) <= A * DT + 1e-9)  # at the nominal period, holds too
         assert f._in_workspace(out)
         prev, v_prev = out, (out - prev) / DT
+
+
+def test_an_estop_brakes_at_the_stated_estop_deceleration_then_publishes_nothing() -> None:
+    """Where the robot file states an e-stop deceleration, the e-stop brakes the commanded motion to rest at it --
+    harder than a hold may -- and then publishes nothing; a stated rate below the acceleration limit is refused."""
+    import dataclasses
+
+    stop = 4.0 * A
+    robot = dataclasses.replace(ROBOT, limits=dataclasses.replace(ROBOT.limits, estop_deceleration=tuple(stop)))
+    f = SafetyFilter(robot)
+    f.observe(HOME, 0.0)
+    path = [HOME] + run(f, [HOME + np.array([0.3, 0.0, 0.0, 0.0, 0.5, 0.0, 2.0])] * 12)
+    f.estop("operator")
+    t, ramp = 12 * DT, []
+    while (q := f.step(HOME, t := t + DT)) is not None:
+        ramp.append(q)
+    assert 1 <= len(ramp) < 10 and f.step(HOME, t + DT) is None
+    v = np.diff(np.array([path[-2], path[-1], *ramp]), axis=0) / DT
+    dv = np.abs(np.diff(v, axis=0))
+    assert np.all(dv <= stop * DT + 1e-9) and np.any(dv > A * DT + 1e-9)  # harder than a hold, within the stated
+    np.testing.assert_allclose(v[-1], 0.0, atol=1e-12)  # at rest
+    data = {"name": "r", "joint_names": ["a"], "limits": {"lower": [-1.0], "upper": [1.0], "velocity": [1.0],
+            "acceleration": [5.0], "estop_deceleration": [2.0]}}  # fmt: skip
+    with pytest.raises(ValueError, match=r"limits.estop_deceleration: expected at least the acceleration limits"):
+        RobotConfig.from_dict(data)
