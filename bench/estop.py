@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +32,11 @@ import numpy as np
 import rclpy
 import tyro
 import yaml
-from rclpy.executors import SingleThreadedExecutor
-from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Float64MultiArray
 from std_srvs.srv import Trigger
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ros2 import observation_messages
+import ros2  # bench/ros2.py: its robot side
 
 from policies import build  # bench/policies.py: the same policy variants
 from robotrl.hardware import nodes
@@ -67,28 +64,16 @@ class EstopBenchConfig:
     seed: int = 0
 
 
-class Robot:
-    def __init__(self, robot: RobotConfig) -> None:
-        self.node = rclpy.create_node("bench_estop_robot")
-        t = robot.topics
-        self.js_pub = self.node.create_publisher(JointState, t.joint_states, 100)
-        self.state_pub = self.node.create_publisher(Float64MultiArray, t.task_state, 100)
-        self.estop_pub = self.node.create_publisher(Bool, t.estop, 10)
-        self.reset = self.node.create_client(Trigger, "/robotrl_deploy/reset")
-        self.received: list[float] = []
-        self.node.create_subscription(
-            Float64MultiArray, t.command, lambda m: self.received.append(time.perf_counter()), 1000
-        )
-        self.joints, self.state = observation_messages(robot)
-        self.executor = SingleThreadedExecutor()
-        self.executor.add_node(self.node)
-        self.spinning = True
-        self.thread = threading.Thread(target=self._spin, daemon=True)
-        self.thread.start()
+class Robot(ros2.Robot):
+    """bench/ros2.py's robot side (observation sets out, every command's receipt timed), with an e-stop and the
+    deploy node's ~/reset."""
 
-    def _spin(self) -> None:
-        while self.spinning:
-            self.executor.spin_once(timeout_sec=0.001)
+    def __init__(self, robot: RobotConfig) -> None:
+        super().__init__(robot)
+        self.estop_pub = self.node.create_publisher(Bool, robot.topics.estop, 10)
+        self.reset = self.node.create_client(Trigger, "/robotrl_deploy/reset")
+        # the driver's end of the command topic: the deploy node re-arms only with it matched
+        self.node.create_subscription(Float64MultiArray, robot.topics.command, lambda m: None, 10)
 
     def publish_for(self, seconds: float, rate: float) -> None:
         end, period = time.perf_counter() + seconds, 1.0 / rate
@@ -101,16 +86,8 @@ class Robot:
         future = self.reset.call_async(Trigger.Request())
         end = time.monotonic() + 5.0
         while not future.done() and time.monotonic() < end:
-            self.js_pub.publish(self.joints)
-            self.state_pub.publish(self.state)
-            time.sleep(0.005)
+            self.publish_for(0.005, 200.0)
         return bool(future.done() and future.result().success)
-
-    def close(self) -> None:
-        self.spinning = False
-        self.thread.join()
-        self.executor.shutdown()
-        self.node.destroy_node()
 
 
 def main(config: EstopBenchConfig) -> dict[str, Any]:
@@ -132,11 +109,7 @@ def main(config: EstopBenchConfig) -> dict[str, Any]:
             procs = nodes.start({"deploy": params}, Path(tmp), DOMAIN)
             robot = Robot(RobotConfig.load(robot_file))
             try:
-                end = time.monotonic() + 60.0
-                while not robot.received and time.monotonic() < end:
-                    robot.publish_for(0.05, config.rate)
-                if not robot.received:
-                    raise TimeoutError("bench: no command from the deploy node")
+                robot.wait_for_deploy()
                 hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(config.load)]
                 refused = set_fifo(config.robot_priority)  # after the hogs: a child inherits SCHED_FIFO
                 if refused:
@@ -147,7 +120,7 @@ def main(config: EstopBenchConfig) -> dict[str, Any]:
                     sent = time.perf_counter()
                     robot.estop_pub.publish(Bool(data=True))
                     robot.publish_for(0.2, config.rate)  # observations keep coming: only the e-stop may stop it
-                    late = [r - sent for r in list(robot.received) if r > sent]
+                    late = [r - sent for _, r in list(robot.received) if r > sent]
                     after.append(len(late))
                     last.append(max(late) * 1e3 if late else 0.0)
                     if not robot.rearm():

@@ -137,10 +137,10 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
         except (ValueError, OSError) as e:  # refused: back to unconfigured, saying why in one line
             self.configure_error = e
             self.get_logger().error(f"configure: {e}")
-            self.destroy_made(before)
+            self.destroy(self.made_since(before))
             return TransitionCallbackReturn.FAILURE
         self.configure_error, self.configured = None, True
-        self.made = {k: v - before[k] for k, v in self.entities().items()}
+        self.made = self.made_since(before)
         return TransitionCallbackReturn.SUCCESS
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -157,7 +157,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
         self.close()
-        self.destroy_made({k: set() for k in self.made}, self.made)
+        self.destroy(self.made)
         self.made, self.configured = {}, False
         return TransitionCallbackReturn.SUCCESS
 
@@ -187,7 +187,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
             return np.stack([resample_chunk(chunk, ratio, deltas) for chunk in chunks])
 
         self.get_logger().info(f"resampling chunks: the policy's {1 / ratio:g}x rate to the robot's")
-        return resampled_act, max(1, round(execute * ratio)), max(1, stride) if self.policy.obs_horizon > 1 else 1
+        return resampled_act, max(1, round(execute * ratio)), stride if self.policy.obs_horizon > 1 else 1
 
     def entities(self) -> dict[str, set[Any]]:
         return {
@@ -197,10 +197,13 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
             "service": set(self.services),
         }
 
-    def destroy_made(self, before: dict[str, set[Any]], made: dict[str, set[Any]] | None = None) -> None:
-        """Destroy what configure made (the entities not in `before`)."""
-        for kind, now in (made or self.entities()).items():
-            for entity in now - before[kind]:
+    def made_since(self, before: dict[str, set[Any]]) -> dict[str, set[Any]]:
+        """The entities made since `before` (an `entities()`), by kind."""
+        return {kind: now - before[kind] for kind, now in self.entities().items()}
+
+    def destroy(self, entities: dict[str, set[Any]]) -> None:
+        for kind, made in entities.items():
+            for entity in made:
                 getattr(self, f"destroy_{kind}")(entity)
 
     def configure(self) -> None:

@@ -168,12 +168,19 @@ class SafetyFilter:
         clipped = np.clip(q, self.lower, self.upper)
         if not np.array_equal(clipped, q):
             self.counters["clipped_position"] += 1
+        q, velocity, inside = self._next(clipped)
+        if not inside:
+            return self._hold(now, "rejected_workspace")
+        return self._publish(q, now, velocity)
+
+    def _next(self, clipped: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+        """The command one period after the last for a target within the joint limits, its velocity, and whether
+        the end effector stays in the workspace at it and on its way to rest (always, without a workspace)."""
         q = clipped if self.robot.base is not None else self._limit_motion(clipped)
         ref = self.last if self.last is not None else self.measured
         velocity = (q - ref) / self.period
-        if self.fk is not None and not all(self._in_workspace(p) for p in (q, *self._braking(q, velocity))):
-            return self._hold(now, "rejected_workspace")
-        return self._publish(q, now, velocity)
+        inside = self.fk is None or all(self._in_workspace(p) for p in (q, *self._braking(q, velocity)))
+        return q, velocity, inside
 
     @contextmanager
     def previewing(self) -> Iterator[Callable[[Any], tuple[np.ndarray, np.ndarray] | None]]:
@@ -190,10 +197,8 @@ class SafetyFilter:
             if stopped or self.last is None or q.shape != (self.robot.dof,) or not np.all(np.isfinite(q)):
                 stopped = True
                 return None
-            clipped = np.clip(q, self.lower, self.upper)
-            nxt = clipped if self.robot.base is not None else self._limit_motion(clipped)
-            velocity = (nxt - self.last) / self.period
-            if self.fk is not None and not all(self._in_workspace(p) for p in (nxt, *self._braking(nxt, velocity))):
+            nxt, velocity, inside = self._next(np.clip(q, self.lower, self.upper))
+            if not inside:
                 stopped = True
                 return None
             self.last, self.velocity = nxt, velocity
@@ -247,14 +252,20 @@ class SafetyFilter:
         rate = self.a_max if rate is None else rate
         return np.sign(velocity) * np.maximum(np.abs(velocity) - rate * self.period, 0.0)
 
+    def _braked(self, rate: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The command one period after the last on the way to rest at the acceleration limit (or `rate`), and
+        its velocity."""
+        assert self.last is not None
+        velocity = self._decelerated(self.velocity, rate)
+        return np.clip(self.last + velocity * self.period, self.lower, self.upper), velocity
+
     def _estop_ramp(self, now: float) -> np.ndarray | None:
         """While e-stopped: the commanded motion braked to rest at the robot file's e-stop deceleration, then
         nothing; nothing at all where the file states none (the driver's own stop)."""
         stop = self.robot.limits.estop_deceleration
         if stop is None or self.last is None or not np.any(self.velocity != 0.0):
             return None
-        velocity = self._decelerated(self.velocity, np.asarray(stop, dtype=np.float64))
-        q = np.clip(self.last + velocity * self.period, self.lower, self.upper)
+        q, velocity = self._braked(np.asarray(stop, dtype=np.float64))
         self.velocity, self.last, self.last_time = velocity, q, now
         self.counters["published"] += 1
         return q.copy()
@@ -284,8 +295,7 @@ class SafetyFilter:
             assert self.measured is not None
             out = self._publish(self.measured.copy(), now, np.zeros(self.robot.dof))
         else:
-            velocity = self._decelerated(self.velocity)
-            q = np.clip(self.last + velocity * self.period, self.lower, self.upper)
+            q, velocity = self._braked()
             out = self._publish(q, now, velocity)
         self.state = SafetyState.HOLDING
         return out

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,7 +187,7 @@ class SimRobotNode(Node):
             q = msg_to_float_array(msg, expected_size=self.robot.dof).reshape(-1)
         except MalformedMessage as e:
             return self._bad(e)
-        self._command(q)
+        self._command(lambda now: self.sim.command(q, now))
 
     def _on_trajectory(self, msg: JointTrajectory) -> None:
         """A JointTrajectoryController's way: the sim follows the points on their times (`SimRobot.follow`)."""
@@ -194,15 +195,11 @@ class SimRobotNode(Node):
             points = trajectory_points(msg, self.robot.joint_names)
         except MalformedMessage as e:
             return self._bad(e)
-        if self.done:
-            return
-        now = time.monotonic()
-        if isinstance(self.sim, SimRobot):
-            self.sim.follow(points, now)
+        sim = self.sim
+        if isinstance(sim, SimRobot):
+            self._command(lambda now: sim.follow(points, now))
         else:  # an outside env steps on one action
-            self.sim.command(points[-1][1], now)
-        if self.config.lockstep:
-            self._step(now + self.sim.latency)
+            self._command(lambda now: sim.command(points[-1][1], now))
 
     def _on_cmd_vel(self, msg: Twist) -> None:
         try:
@@ -220,11 +217,12 @@ class SimRobotNode(Node):
         self.malformed += 1
         self.get_logger().warning(f"malformed command (#{self.malformed}): {error}", throttle_duration_sec=1.0)
 
-    def _command(self, q: Any) -> None:
+    def _command(self, take: Callable[[float], None]) -> None:
+        """Hand a command to the sim (`take(now)`) unless its episode is over; in lockstep, step on it."""
         if self.done:
             return
         now = time.monotonic()
-        self.sim.command(q, now)
+        take(now)
         if self.config.lockstep:
             self._step(now + self.sim.latency)
 
