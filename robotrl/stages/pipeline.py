@@ -642,17 +642,13 @@ def ppo_config(config: PipelineConfig, settings: PpoSettings, run_dir: Path) -> 
     import typing
 
     from robotrl.rl.ppo import PpoConfig
-    from robotrl.stages.recipes import conforms, type_name
+    from robotrl.stages.recipes import conformed
 
     options: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.ppo.items()}
     unknown = sorted(options.keys() - PpoConfig.__dataclass_fields__.keys())
     if unknown:
         raise RecipeError(f"Settings.ppo: unknown option(s) {unknown}; expected PpoConfig's fields")
-    hints = typing.get_type_hints(PpoConfig)
-    for name, value in options.items():
-        ok, options[name] = conforms(value, hints[name])
-        if not ok:
-            raise RecipeError(f"Settings.ppo.{name}: expected {type_name(hints[name])}, got {value!r}")
+    options = conformed(options, typing.get_type_hints(PpoConfig), "Settings.ppo")  # before PpoConfig compares them
     return PpoConfig(
         task=config.task,
         num_envs=settings.ppo_num_envs,

@@ -280,13 +280,20 @@ def read_yaml(path: Path) -> dict[str, Any]:
 def check_types(config: Any, where: str) -> None:
     """Each field of a dataclass holds its annotated type (int, float, bool, str, a Literal, a dict, or None where
     it is optional); an int where a float is annotated becomes the float. One line names the field."""
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        ok, value = conforms(value, hints[f.name])
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    for name, value in conformed(values, typing.get_type_hints(type(config)), where).items():
+        object.__setattr__(config, name, value)
+
+
+def conformed(values: dict[str, Any], hints: dict[str, Any], where: str) -> dict[str, Any]:
+    """`values` checked against the type `hints` of their names (`check_types`' rules), an int where a float is
+    annotated made the float; one line names the first field that does not conform."""
+    out = {}
+    for name, value in values.items():
+        ok, out[name] = conforms(value, hints[name])
         if not ok:
-            raise RecipeError(f"{where}.{f.name}: expected {type_name(hints[f.name])}, got {value!r}")
-        object.__setattr__(config, f.name, value)
+            raise RecipeError(f"{where}.{name}: expected {type_name(hints[name])}, got {value!r}")
+    return out
 
 
 def conforms(value: Any, hint: Any) -> tuple[bool, Any]:
