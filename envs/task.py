@@ -162,6 +162,17 @@ class Task(abc.ABC):
         """Language instruction per env, or None for tasks without one."""
         return None
 
+    def goal_from_pose(self, position: np.ndarray, orientation: np.ndarray) -> np.ndarray | None:
+        """The goal (goal_dim,) that a world pose (position (3,), unit quaternion (4,) w first) stands for -- the pose
+        `mocap` shows the goal at, as a planner or RViz's goal tool sends it (geometry_msgs/PoseStamped); None for
+        a task whose goal is not a pose."""
+        return None
+
+    def goal_from_instruction(self, text: str) -> np.ndarray | None:
+        """The goal (goal_dim,) an `instruction` names; None for a task whose goal no instruction names. A text
+        that names no goal is a ValueError saying which texts would."""
+        return None
+
     def wrong_object(self, obs: Mapping[str, np.ndarray]) -> np.ndarray | None:
         """Per env (n,) bool: an object other than the instructed one is where the instruction wants it, read from
         the observation. For tasks that pick one of several objects (the wrong-object rate of a language-

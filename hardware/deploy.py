@@ -277,7 +277,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
     def on_input(self, key: str) -> None:
         if self.config.trigger == "observation":
             self.fresh.add(key)
-            if self.input_keys <= self.fresh:
+            if self.awaited() <= self.fresh:
                 self.fresh.clear()
                 self.heard_set = True
                 self.tick()
@@ -306,6 +306,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
             self.policy.rng, self.started = np.random.default_rng(self.config.seed), True
         self.runner.reset()
         self.fresh.clear()
+        self.forget_episode()
         if self.safety.state is SafetyState.ESTOPPED:
             response.success, response.message = self.safety.reset(self.clock(now))
             self.publish_damping()  # re-armed: position control again

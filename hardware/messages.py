@@ -20,7 +20,7 @@ from typing import TypeAlias
 
 import numpy as np
 from builtin_interfaces.msg import Duration, Time
-from geometry_msgs.msg import Point, Quaternion, Twist, Vector3
+from geometry_msgs.msg import Point, PoseStamped, Quaternion, Twist, Vector3
 from nav_msgs.msg import Odometry
 from sensor_msgs.msg import Image, Imu, JointState
 from std_msgs.msg import Float64MultiArray, MultiArrayDimension
@@ -42,6 +42,8 @@ __all__ = [
     "msg_to_float_array",
     "odometry_msg",
     "odometry_to_arrays",
+    "pose_stamped",
+    "pose_to_arrays",
     "seconds_to_stamp",
     "stamp_to_seconds",
     "trajectory_points",
@@ -532,3 +534,28 @@ def twist_to_command(msg: Twist) -> np.ndarray:
     out = np.array([msg.linear.x, msg.linear.y, msg.angular.z], dtype=np.float64)
     _check_finite(out, "Twist", "linear.x, linear.y, angular.z")
     return out
+
+
+# ----------------------------------------------------------------------------------------------- object poses
+
+
+def pose_stamped(
+    position: np.ndarray, orientation: np.ndarray, stamp: Stamp = None, frame_id: str = "world"
+) -> PoseStamped:
+    """An object's pose (position, unit quaternion w first) as perception or motion capture publishes it."""
+    msg = PoseStamped()
+    msg.header.stamp, msg.header.frame_id = _to_stamp(stamp), frame_id
+    x, y, z = (float(v) for v in np.asarray(position, dtype=np.float64).reshape(3))
+    msg.pose.position = Point(x=x, y=y, z=z)
+    msg.pose.orientation = _quaternion(orientation)
+    return msg
+
+
+def pose_to_arrays(msg: PoseStamped) -> tuple[np.ndarray, np.ndarray]:
+    """(position, unit quaternion w first) of a PoseStamped, checked."""
+    if not isinstance(msg, PoseStamped):
+        raise MalformedMessage("PoseStamped", "<type>", "a geometry_msgs/msg/PoseStamped", type(msg).__name__)
+    return (
+        _xyz(msg.pose.position, "PoseStamped", "pose.position"),
+        _quat_wxyz(msg.pose.orientation, "PoseStamped", "pose.orientation"),
+    )

@@ -77,8 +77,15 @@ class Topics:
     images: dict[str, str] = field(default_factory=dict)
     """observation key -> sensor_msgs/Image topic"""
     task_state: str = "/robotrl/task_state"
-    """std_msgs/Float64MultiArray: the task's state observation (objects' poses: from the sim robot, or from
-    perception / motion capture on a real cell)"""
+    """std_msgs/Float64MultiArray: the task's state observation as one vector (the sim robot's), where `objects`
+    names no object poses"""
+    objects: dict[str, str] | None = None
+    """object (the task model's body name) -> geometry_msgs/PoseStamped topic of its pose in the world (the arm's
+    base) frame, as perception or motion capture publishes it; given (`{}` for a task without objects: Reach), the
+    task state is rebuilt from these poses and the goal instead of read from `task_state` (`hardware/objects.py`)"""
+    goal: str = "/goal_pose"
+    """geometry_msgs/PoseStamped: the goal of a task whose goal is a pose (PushT's target, Reach's point), with
+    `objects`; RViz's goal tool publishes here"""
     instruction: str = "/robotrl/instruction"
     estop: str = "/robotrl/estop"
     diagnostics: str = "/diagnostics"
@@ -289,11 +296,14 @@ class RobotConfig:
             base = FloatingBase(**values)
         t = _mapping(d.get("topics", {}), f"{where}: topics")
         _known(t, {f.name for f in dataclasses.fields(Topics)}, f"{where}: topics")
-        images = _mapping(t.get("images", {}), f"{where}: topics.images")
-        topics = Topics(
-            **{k: _topic(v, f"{where}: topics.{k}") for k, v in t.items() if k != "images"},
-            images={str(k): _topic(v, f"{where}: topics.images.{k}") for k, v in images.items()},
-        )
+        topic_values: dict[str, Any] = {k: v for k, v in t.items() if k not in ("images", "objects")}
+        for k, v in topic_values.items():
+            topic_values[k] = _topic(v, f"{where}: topics.{k}")
+        for m in ("images", "objects"):
+            if m in t:
+                named = _mapping(t[m], f"{where}: topics.{m}")
+                topic_values[m] = {str(k): _topic(v, f"{where}: topics.{m}.{k}") for k, v in named.items()}
+        topics = Topics(**topic_values)
         return cls(
             name=str(d["name"]),
             joint_names=tuple(names),

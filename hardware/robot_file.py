@@ -46,6 +46,10 @@ class RobotInit:
     legged: bool = False
     """a robot on a floating base (a legged one): every joint of the description, no end effector, and a `base`
     section (fall limits, damping) to check against the robot"""
+    objects: str = ""
+    """a robotrl task (an arm's) whose objects this cell's perception or motion capture tracks: the file names a
+    geometry_msgs/PoseStamped topic per object (/mocap/<object>/pose) and the goal's (/goal_pose), from which the
+    task state is rebuilt, instead of a task-state vector topic"""
     name: str | None = None
     """the robot's name (default: the file's stem)"""
     overwrite: bool = False
@@ -94,8 +98,17 @@ def legged_robot_file(robot: JointsDescription, name: str) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
 
 
-def robot_file(robot: RobotDescription, name: str) -> str:
-    """The robot file's text for `robot`: its description and what the description does not hold."""
+def object_topics(task: str) -> dict[str, str]:
+    """A PoseStamped topic per object of a robotrl task, where a motion-capture driver (vrpn_mocap) publishes."""
+    from robotrl.envs import make_task
+    from robotrl.hardware.objects import task_objects
+
+    return {name: f"/mocap/{name}/pose" for name in task_objects(make_task(task)).names}
+
+
+def robot_file(robot: RobotDescription, name: str, objects: str = "") -> str:
+    """The robot file's text for `robot`: its description and what the description does not hold; with a task's
+    `objects`, their pose topics."""
     velocity, source = velocities(robot.source, robot.joint_names)
     data = {
         "name": name,
@@ -108,6 +121,8 @@ def robot_file(robot: RobotDescription, name: str) -> str:
         "control_hz": 20.0,
         "max_obs_age": 0.1,
     }
+    if objects:
+        data["topics"] = {"objects": object_topics(objects), "goal": "/goal_pose"}
     header = (
         f"# Robot file for {robot.source} (robotrl robot init). Joints, in this order, and their position limits are\n"
         f"# read from the description: {', '.join(robot.joint_names)}.\n"
@@ -160,6 +175,11 @@ def run_init(config: RobotInit) -> None:
             f"RobotInit: expected a --model (a robot's description) or a --task (an outside env), got model "
             f"{config.model!r} and task {config.task!r}"
         )
+    if config.objects and (config.task or config.legged):
+        raise ValueError(
+            f"RobotInit.objects: the objects of an arm's task go with an arm's --model, got them with "
+            f"{'--task ' + config.task if config.task else '--legged'}"
+        )
     out = config.out
     if out.exists() and not config.overwrite:
         raise FileExistsError(f"RobotInit.out: {out} exists; pass --overwrite to replace it")
@@ -188,7 +208,7 @@ def run_init(config: RobotInit) -> None:
             robot = load_robot(config.model, config.ee)
         except RobotDescriptionError as e:
             raise RobotDescriptionError(f"RobotInit.model: {e}") from None
-        text = robot_file(robot, config.name or out.stem)
+        text = robot_file(robot, config.name or out.stem, config.objects)
         what = f"{len(robot.joint_names)} joints of {robot.source}, end effector {robot.ee}"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp.yaml")

@@ -15,6 +15,12 @@ from its arrival. The node's clock is ROS time: the system clock, or the simulat
 `unconnected()` names the robot topics DDS has not matched yet: a node that starts an episode before its inputs
 are matched misses the first observation, which a lockstep robot sends only once.
 
+A robot file that names the task's objects (`topics.objects`) has no task-state topic either: each object's
+`geometry_msgs/PoseStamped` (perception, motion capture) gives its joint positions, two successive ones (over their
+stamps) its velocities, and with the joint states and the goal (a `PoseStamped` on `topics.goal`, or the
+instruction naming it) they make the state observation through the task's own `observe` (`TaskIO.object_observation`).
+A new episode (`forget_episode`) waits for its goal to be heard again, and its objects start at rest.
+
 A floating-base robot (a legged one) has no task-state topic: its IMU (`sensor_msgs/Imu`), odometry
 (`nav_msgs/Odometry`) and velocity command (`geometry_msgs/Twist` on /cmd_vel, zero once older than the robot
 file's `base.cmd_vel_timeout`) make its state observation with the joint states, through the task's own
@@ -29,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from builtin_interfaces.msg import Time
-from geometry_msgs.msg import Twist
+from geometry_msgs.msg import PoseStamped, Twist
 from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.qos import qos_profile_sensor_data
@@ -49,6 +55,7 @@ from robotrl.hardware.messages import (
     joint_trajectory,
     msg_to_float_array,
     odometry_to_arrays,
+    pose_to_arrays,
     stamp_to_seconds,
     twist_to_command,
 )
@@ -102,6 +109,24 @@ class RobotNode(Node):
             ]
             self.input_keys = {*(self.input_keys - set(vector)), "imu", "odometry", "cmd_vel"}
             self.base_vector, vector = vector, []
+        #: poses: the state vector rebuilt from the objects' poses and the goal (robot file `topics.objects`)
+        self.pose_vector: list[str] = []
+        self.motion: dict[str, tuple[np.ndarray, float]] = {}  # an object's newest joint positions and their stamp
+        self.goal_pose: tuple[np.ndarray, np.ndarray] | None = None
+        self.goal_heard = True  # a goal pose or instruction since the episode began (poses: `forget_episode`)
+        if topics.objects is not None and vector and not self.io.native and robot.base is None:
+            self.io.check_objects()
+            self.inputs += [
+                self.create_subscription(
+                    PoseStamped, topics.objects[k], lambda m, k=k: self._on_pose(k, topics.objects[k], m), sensor
+                )
+                for k in self.io.objects.names
+            ]
+            if self.io.goal_source == "pose":
+                self.inputs.append(self.create_subscription(PoseStamped, topics.goal, self._on_goal_pose, 10))
+            self.input_keys = {*(self.input_keys - set(vector)), *(f"object:{k}" for k in self.io.objects.names)}
+            self.pose_vector, vector = vector, []
+            self.forget_episode()
         if len(vector) > 1:
             raise SpecMismatchError(
                 f"{name}: {spec.task} observes {len(vector)} vectors {vector}; the robot offers "
@@ -225,6 +250,52 @@ class RobotNode(Node):
             return np.zeros(3)
         return got[0]
 
+    def _on_pose(self, name: str, topic: str, msg: PoseStamped) -> None:
+        """An object's pose: kept as its joint positions, and its velocities from the pose before (at rest when
+        there is none this episode, or it is older than `max_obs_age`)."""
+        try:
+            position, orientation = pose_to_arrays(msg)
+        except MalformedMessage as e:
+            return self.bad_message(topic, e)
+        key = f"object:{name}"
+        if not self.stamp_ok(key, topic, msg):
+            return
+        now = time.monotonic()
+        stamp = stamp_to_seconds(msg.header.stamp) or now  # unstamped: its arrival
+        objects, before = self.io.objects, self.motion.get(name)
+        qpos = objects.qpos_of(name, position, orientation, None if before is None else before[0])
+        dt = np.inf if before is None else stamp - before[1]
+        qvel = (
+            objects.qvel_of(name, before[0], qpos, dt)  # type: ignore[index]
+            if 0.0 < dt <= self.robot.max_obs_age
+            else np.zeros(objects.joints[name].dadr.size)
+        )
+        self.motion[name] = (qpos, stamp)
+        self.latest[key] = ((qpos, qvel), now)
+        self.on_input(key)
+
+    def _on_goal_pose(self, msg: PoseStamped) -> None:
+        """The goal as a pose: kept until another comes or the episode ends (a goal tool sends it once)."""
+        try:
+            self.goal_pose = pose_to_arrays(msg)
+        except MalformedMessage as e:
+            return self.bad_message(self.robot.topics.goal, e)
+        self.heard_goal()
+
+    def heard_goal(self) -> None:
+        first, self.goal_heard = not self.goal_heard, True
+        if first:
+            self.on_input("goal")
+
+    def forget_episode(self) -> None:
+        """A new episode: its objects start at rest (no velocity across the reset) and its goal must be heard."""
+        self.motion.clear()
+        self.goal_pose, self.goal_heard = None, not self.pose_vector or self.io.goal_source == "none"
+
+    def awaited(self) -> set[str]:
+        """The inputs a whole observation set needs: `input_keys`, and the goal until it is heard this episode."""
+        return self.input_keys if self.goal_heard else {*self.input_keys, "goal"}
+
     def _on_vector(self, key: str, msg: Float64MultiArray) -> None:
         a = self.spec.observations[key]
         try:
@@ -245,12 +316,19 @@ class RobotNode(Node):
         self.on_input(key)
 
     def _on_instruction(self, msg: String) -> None:
-        if msg.data.strip():
-            self.instruction = msg.data
-            for key in self.text_keys:
-                self.on_input(key)
-        else:
-            self.bad_message(self.robot.topics.instruction, ValueError("String.data: expected an instruction, got ''"))
+        topic = self.robot.topics.instruction
+        if not msg.data.strip():
+            return self.bad_message(topic, ValueError("String.data: expected an instruction, got ''"))
+        if self.pose_vector and self.io.goal_source == "instruction":
+            try:
+                self.io.goal_of(None, msg.data)
+            except ValueError as e:
+                return self.bad_message(topic, e)
+        self.instruction = msg.data
+        for key in self.text_keys:
+            self.on_input(key)
+        if self.pose_vector and self.io.goal_source == "instruction":
+            self.heard_goal()
 
     def _on_estop(self, msg: Bool) -> None:
         if msg.data:
@@ -293,6 +371,18 @@ class RobotNode(Node):
                 return None
             state = self.io.base_observation(self.q, self.dq, reading, self.velocity_command(now))
             obs = {k: state[k].astype(self.spec.observations[k].dtype) for k in self.base_vector}
+        if self.pose_vector:
+            objects = {}
+            for name in self.io.objects.names:
+                got = self.latest.get(f"object:{name}")
+                if got is None or now - got[1] > age or got[1] < since:
+                    return None
+                objects[name] = got[0]
+            goal = self.io.goal_of(self.goal_pose, self.current_instruction()) if self.goal_heard else None
+            if goal is None or self.dq is None:
+                return None
+            state = self.io.object_observation(self.q, self.dq, objects, goal)
+            obs = {k: state[k].astype(self.spec.observations[k].dtype) for k in self.pose_vector}
         for key in self.obs_keys:
             if key in obs:
                 continue

@@ -43,6 +43,7 @@ from robotrl.envs.randomization import (
 )
 from robotrl.envs.task import Frame
 from robotrl.hardware.floating_base import BaseReading, BaseSensors, base_joint
+from robotrl.hardware.objects import goal_is_pose, task_objects
 from robotrl.hardware.robot import RobotConfig
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
@@ -132,6 +133,7 @@ class SimRobot:
             )
         self._position_gains = (m.actuator_gainprm.copy(), m.actuator_biasprm.copy())
         self.damping = False
+        self.objects = task_objects(task, m)
         self._renderer: Any = None
         self._rng = np.random.default_rng(config.seed)
         self._pending: list[tuple[float, int, np.ndarray]] = []  # heap of (due time, arrival number, target)
@@ -247,6 +249,18 @@ class SimRobot:
         if self.base is None:
             raise ValueError(f"SimRobot.base_reading: robot {self.robot.name!r} has no floating base")
         return self.base.read(self.data.qpos, self.data.sensordata)
+
+    def object_poses(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each object's world pose (position, quaternion w first) as perception or motion capture would see it
+        (exact: no noise), by the task model's body name (`hardware/objects.py`)."""
+        return self.objects.poses(self.data.qpos)
+
+    def goal_pose(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where the episode's goal is shown (its mocap target), for a task whose goal is a pose; else None."""
+        mocap = self.task.mocap(np, self._goal[None])
+        if mocap is None or not goal_is_pose(self.task):
+            return None
+        return np.asarray(mocap[0])[0, 0], np.asarray(mocap[1])[0, 0]
 
     @property
     def goal(self) -> np.ndarray:

@@ -3,7 +3,8 @@ perception offer, so that the deploy node runs against it unchanged.
 
     robotrl-sim-robot --ros-args -p robot:=sim_panda -p task:=PushT -p perturbation:=task
 
-Publishes the robot's joint states, the task state (`Float64MultiArray`, the task's "state" observation), the
+Publishes the robot's joint states, the task state (`Float64MultiArray`, the task's "state" observation; or,
+where the robot file names the task's objects, each object's `geometry_msgs/PoseStamped` and the goal's), the
 cameras (`sensor_msgs/Image`, rgb8) and, for a task with instructions (PickPlace), the episode's instruction
 (`std_msgs/String`, what an operator would say) once per control step, and the episode's status on `/robotrl/sim/status`
 (`std_msgs/String`, JSON: episode, step, success, reward, terminated, truncated); takes commands as the robot's
@@ -39,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from geometry_msgs.msg import Twist
+from geometry_msgs.msg import PoseStamped, Twist
 from nav_msgs.msg import Odometry
 from rclpy.node import Node
 from rclpy.publisher import Publisher
@@ -57,11 +58,13 @@ from robotrl.hardware.messages import (
     imu_msg,
     msg_to_float_array,
     odometry_msg,
+    pose_stamped,
     seconds_to_stamp,
     trajectory_points,
     twist_msg,
     twist_to_command,
 )
+from robotrl.hardware.objects import check_named
 from robotrl.hardware.robot import RobotConfig
 from robotrl.hardware.ros import declare_config, json_object, spin_node
 from robotrl.hardware.sim_env import SimEnv, SimEnvConfig
@@ -148,6 +151,16 @@ class SimRobotNode(Node):
         t = self.robot.topics
         self.js_pub = self.create_publisher(JointState, t.joint_states, 10)
         self.state_pub = self.create_publisher(Float64MultiArray, t.task_state, 10)
+        #: the objects' poses and the goal's instead of the state vector, where the robot file names the objects
+        self.pose_pubs: dict[str, Publisher] = {}
+        self.goal_pub: Publisher | None = None
+        self.poses = t.objects is not None and isinstance(self.sim, SimRobot) and self.robot.base is None
+        if self.poses:
+            assert isinstance(self.sim, SimRobot) and t.objects is not None
+            check_named(self.sim.objects, t.objects, self.robot.name, cfg.task)
+            self.pose_pubs = {k: self.create_publisher(PoseStamped, t.objects[k], 10) for k in self.sim.objects.names}
+            if self.sim.goal_pose() is not None:
+                self.goal_pub = self.create_publisher(PoseStamped, t.goal, 10)
         self.image_pubs = {
             f"image_{c}": self.create_publisher(Image, t.images.get(f"image_{c}", f"/camera/{c}/image_raw"), 10)
             for c in self.sim.cameras
@@ -277,7 +290,14 @@ class SimRobotNode(Node):
         if "instruction" in obs:
             messages.append((self.instruction_pub, String(data=str(obs["instruction"]))))
         messages += [(pub, array_to_image(obs[key], stamp=stamp, frame_id=key)) for key, pub in self.image_pubs.items()]
-        if "state" in obs:
+        if self.poses:
+            assert isinstance(self.sim, SimRobot)
+            goal = self.sim.goal_pose()
+            if self.goal_pub is not None and goal is not None:
+                messages.append((self.goal_pub, pose_stamped(*goal, stamp=stamp)))
+            poses = self.sim.object_poses()
+            messages += [(pub, pose_stamped(*poses[k], stamp=stamp)) for k, pub in self.pose_pubs.items()]
+        elif "state" in obs:
             messages.append((self.state_pub, float_array_to_msg(obs["state"])))
         if self.base_pubs is not None:
             assert isinstance(self.sim, SimRobot)

@@ -6,6 +6,11 @@ The task is rebuilt from the exported policy's spec (name, action mode, task opt
 task's arm (same number of joints, in the task's order -- names may differ, e.g. fr3_joint1 for joint1). A policy
 of an outside env acts natively: its action is the command, its robot file one command per action dimension.
 
+A robot file that names the task's objects (`topics.objects`: a `geometry_msgs/PoseStamped` topic per object, as
+a perception or motion-capture system publishes them) has no task-state topic either: the state observation is the
+task's own `observe` of a state rebuilt from the joint states, the objects' poses (`hardware/objects.py`) and the
+goal (a `PoseStamped` on `topics.goal`, or the instruction that names it), its sensors computed by MuJoCo.
+
 A floating-base robot (a legged one, its robot file's `base`) has no task-state topic: its observation is the
 task's own `observe` of a state rebuilt from its joint states, IMU, odometry and velocity command
 (`hardware/floating_base.py`), as in training.
@@ -15,10 +20,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import mujoco
 import numpy as np
 
 from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.hardware.floating_base import BaseReading, BaseSensors, base_joint
+from robotrl.hardware.objects import check_named, goal_is_pose, task_objects
 from robotrl.hardware.robot import RobotConfig
 
 
@@ -67,6 +74,55 @@ class TaskIO:
             )
         state = spec.observations.get("state")
         self.fields = state.field_slices() if state is not None else {}
+        self.objects = task_objects(self.task)
+        self.goal_source = (
+            "pose"
+            if goal_is_pose(self.task)
+            else "instruction"
+            if self.task.instruction(np.zeros((1, max(self.goal_dim, 1)))) is not None
+            else "none"
+        )
+        self._scratch = mujoco.MjData(model)
+
+    def check_objects(self) -> None:
+        """That the robot file names a PoseStamped topic for each of the task's objects, and that the task's goal
+        can be given without a state vector (a pose, an instruction, or none); a SpecMismatchError saying which."""
+        try:
+            check_named(self.objects, self.robot.topics.objects or {}, self.robot.name, self.spec.task)
+        except ValueError as e:
+            raise SpecMismatchError(str(e)) from None
+        if self.goal_dim and self.goal_source == "none":
+            raise SpecMismatchError(
+                f"robot {self.robot.name}: topics.objects: {self.spec.task}'s goal is neither a pose nor named by an "
+                "instruction, so its state cannot be rebuilt from poses; expected no topics.objects (the task-state "
+                "vector topic)"
+            )
+
+    def goal_of(self, pose: tuple[np.ndarray, np.ndarray] | None, instruction: str) -> np.ndarray | None:
+        """The task's goal from a goal pose or an instruction (as the task's goal source says); None while the one
+        it needs has not come (ValueError: an instruction that names no goal)."""
+        if self.goal_source == "pose":
+            return None if pose is None else self.task.goal_from_pose(*pose)
+        if self.goal_source == "instruction":
+            return self.task.goal_from_instruction(instruction) if instruction else None
+        return np.zeros(self.goal_dim)
+
+    def object_observation(
+        self, q: np.ndarray, dq: np.ndarray, objects: dict[str, tuple[np.ndarray, np.ndarray]], goal: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        """An arm's observation (no env axis): the task's `observe` of the state its joint states, the objects'
+        joint positions and velocities (`objects`: name -> (qpos entries, qvel entries)) and the goal stand for,
+        with the sensors MuJoCo computes of that state."""
+        d = self._scratch
+        d.qpos[:], d.qvel[:] = self.task.model.qpos0, 0.0
+        d.qpos[self.qadr], d.qvel[self.dadr] = q, dq
+        for name, (qpos, qvel) in objects.items():
+            o = self.objects.joints[name]
+            d.qpos[o.qadr], d.qvel[o.dadr] = qpos, qvel
+        mujoco.mj_forward(self.task.model, d)
+        goal = np.asarray(goal, dtype=np.float64).reshape(1, self.goal_dim)
+        frame = self._frame(d.qpos[None].copy(), d.qvel[None].copy(), d.sensordata[None].copy(), goal)
+        return {k: np.asarray(v)[0] for k, v in self.task.observe(np, frame).items()}
 
     def joint_targets(self, q: np.ndarray, action: np.ndarray) -> np.ndarray:
         """The arm's joint targets for task `action` (A,) from measured joint positions `q` (dof,); an outside

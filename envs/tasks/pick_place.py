@@ -262,6 +262,15 @@ class PickPlace(arm.ArmTask):
     def instruction(self, goal: np.ndarray) -> list[str]:
         return [f"put the {COLORS[int(i)]} cube in the bin" for i in np.argmax(np.asarray(goal), axis=-1)]
 
+    def goal_from_instruction(self, text: str) -> np.ndarray:
+        named = [i for i, c in enumerate(COLORS) if f" {c} " in f" {text.lower()} "]
+        if len(named) != 1:
+            raise ValueError(
+                f"instruction: expected one cube colour of {list(COLORS)} (e.g. "
+                f"{self.instruction(np.eye(1, NUM_CUBES))[0]!r}), got {text!r}"
+            )
+        return np.eye(NUM_CUBES)[named[0]]
+
     def wrong_object(self, obs: Mapping[str, np.ndarray]) -> np.ndarray:
         """A cube that is not the named one lies in the bin."""
         get = split_state(np.asarray(obs["state"]), self.layout)

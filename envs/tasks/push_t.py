@@ -274,6 +274,11 @@ class PushT(arm.ArmTask):
         quat = arm.yaw_quat(xp, goal[:, 2])
         return pos[:, None, :], quat[:, None, :]
 
+    def goal_from_pose(self, position: np.ndarray, orientation: np.ndarray) -> np.ndarray:
+        """The target (x, y, yaw) of a pose on the table: its position's x, y and its rotation's heading."""
+        w, x, y, z = orientation
+        return np.array([position[0], position[1], np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))])
+
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         q = frame.qpos[:, self.arm_q]
         if self.config.action_mode == "joint_pos":

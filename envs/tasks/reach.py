@@ -83,6 +83,10 @@ class Reach(arm.ArmTask):
         quat = xp.zeros((goal.shape[0], 1, 4)) + xp.asarray([1.0, 0.0, 0.0, 0.0])
         return goal[:, None, :], quat
 
+    def goal_from_pose(self, position: np.ndarray, orientation: np.ndarray) -> np.ndarray:
+        """The target point: the pose's position (the tool's orientation is the task's own)."""
+        return np.asarray(position, dtype=np.float64).copy()
+
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         q = frame.qpos[:, self.arm_q]
         if self.config.action_mode == "joint_pos":

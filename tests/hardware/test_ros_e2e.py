@@ -326,3 +326,26 @@ def test_a_trajectory_robot_over_ros_runs_the_in_process_episodes(
     in_process = in_process_episodes(pusht_export, options, 2)
     np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
     np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=1e-6)
+
+
+def test_object_poses_and_a_goal_pose_over_ros_run_the_in_process_episodes(
+    tmp_path: Path, ros_domain: None, pusht_export: Path
+) -> None:
+    """A cell whose perception publishes the block's pose (geometry_msgs/PoseStamped, as motion capture does) and
+    the target's (RViz's goal tool), not the task's state vector (its robot file from `robotrl robot init --objects`): the deploy node rebuilds the state from them --
+    the block's velocity from two successive poses, the rest exactly -- through the task's own `observe`. In
+    lockstep the episodes follow the in-process ones: the same lengths, returns within what the velocity estimate
+    moves them."""
+    from robotrl.hardware.robot_file import RobotInit, run_init
+
+    robot = tmp_path / "panda_mocap.yaml"
+    run_init(RobotInit(model="task:PushT", objects="PushT", out=robot))
+    assert RobotConfig.load(robot).topics.objects == {"block": "/mocap/block/pose"}
+    options = {"episode_steps": STEPS}
+    over_ros = over_ros_in_lockstep(tmp_path, robot, "PushT", options, pusht_export, 3)
+    in_process = in_process_episodes(pusht_export, options, 3)
+    np.testing.assert_array_equal(over_ros.lengths, in_process.lengths)
+    np.testing.assert_allclose(over_ros.returns, in_process.returns, rtol=0, atol=0.05)
+    np.testing.assert_array_equal(over_ros.success, in_process.success)
+    log = (tmp_path / "deploy.log").read_text()
+    assert "malformed" not in log and "not used" not in log
