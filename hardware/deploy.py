@@ -85,8 +85,9 @@ class DeployConfig:
     """human in the loop: publish each executed task action on /robotrl/policy_action, and yield (publish no
     command) while /robotrl/intervention says the operator drives (robotrl-teleop with policy_topic)"""
     realtime_priority: int = 0
-    """SCHED_FIFO priority (1-99) of the node's threads, with its memory locked (`hardware/realtime.py`; 50 is
-    ros2_control's default); 0: the default scheduler. Needs an rtprio limit or CAP_SYS_NICE, else it warns"""
+    """SCHED_FIFO priority (1-99) of the node's threads, with its memory locked (`hardware/realtime.py`); 0: the
+    default scheduler. Needs an rtprio limit or CAP_SYS_NICE, else it warns. The launch file's parameters ask for
+    50, ros2_control's default; 0 here, so that a process embedding the node keeps its own scheduling"""
     heartbeat: str = ""
     """a dead-man topic (std_msgs/Bool): the policy drives only while a True has arrived on it within
     `heartbeat_timeout` (an operator's enabling switch, a supervisor's watchdog); its silence, or a False, holds
