@@ -1,8 +1,9 @@
-"""How soon the deploy node stops commanding after an e-stop, in its default configuration (a command timer at the
-robot's rate, the default scheduler) at 200 Hz, with both cores busy.
+"""How soon the deploy node stops commanding after an e-stop, in its deployed configuration (a command timer at the
+robot's rate; the launch file's SCHED_FIFO 50, or the default scheduler with `--deploy-priority 0`) at 200 Hz, with
+both cores busy.
 
-The deploy node runs as a robot runs it (its own process, the launch table's parameter file: the default
-scheduler unless `--deploy-priority`); this process plays the robot, under SCHED_FIFO as a robot's driver runs (so
+The deploy node runs as a robot runs it (its own process, the launch table's parameter file, `realtime_priority`
+from it unless `--deploy-priority`); this process plays the robot, under SCHED_FIFO as a robot's driver runs (so
 the times it notes are not its own wait for a core): it publishes joint state + PushT task state at the rate, and
 every `interval` seconds an e-stop (`std_msgs/Bool` True on the robot's e-stop topic), noting when it sent it, then
 re-arms the node through its `~/reset` service. For each e-stop it records the commands that arrived after it was
@@ -13,6 +14,7 @@ Prints one JSON line: e-stops, commands_after (max per e-stop), last_after_ms p5
 share of e-stops after which nothing came later than a period), load.
 
     .venv/bin/python bench/estop.py --rate 200 --estops 30 --load 2
+    .venv/bin/python bench/estop.py --rate 200 --estops 30 --load 2 --deploy-priority 0   # the default scheduler
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ class EstopBenchConfig:
     """seconds of commanding between e-stops"""
     load: int = 2
     """busy processes beside the nodes (2: both cores busy)"""
-    deploy_priority: int = 0
-    """the deploy node's `realtime_priority` (0: its default configuration)"""
+    deploy_priority: int | None = None
+    """the deploy node's `realtime_priority`; None: the launch file's (its deployed configuration: SCHED_FIFO 50
+    where the OS allows it); 0: the default scheduler"""
     robot_priority: int = 50
     """SCHED_FIFO priority of this process, the robot side (as a robot's driver runs), so that its receipt times
     are the deploy node's and not this process waiting for a core; 0: the default scheduler"""
@@ -105,7 +108,9 @@ def main(config: EstopBenchConfig) -> dict[str, Any]:
             spec["control_hz"] = float(config.rate)
             robot_file = Path(tmp) / "robot.yaml"
             robot_file.write_text(yaml.safe_dump(spec))
-            params = {"policy": str(out), "robot": str(robot_file), "realtime_priority": config.deploy_priority}
+            params: dict[str, Any] = {"policy": str(out), "robot": str(robot_file)}
+            if config.deploy_priority is not None:
+                params["realtime_priority"] = config.deploy_priority
             procs = nodes.start({"deploy": params}, Path(tmp), DOMAIN)
             robot = Robot(RobotConfig.load(robot_file))
             try:

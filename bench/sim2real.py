@@ -80,6 +80,7 @@ def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchCo
                 "lockstep": True,
                 "seed": twin,
                 "perturbation": perturbation,
+                "clock": True,  # stamps on the simulated time, which the deploy node judges them by
             },
             "deploy": {
                 "robot": config.robot,
@@ -88,6 +89,7 @@ def evaluate(policy: Path, perturbation: str, twin: int, config: Sim2RealBenchCo
                 "seed": config.seed,
                 "wait_for_reset": True,
                 "threads": config.threads,
+                "use_sim_time": True,
             },
         },
         logs,
