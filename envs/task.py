@@ -162,6 +162,16 @@ class Task(abc.ABC):
         """Language instruction per env, or None for tasks without one."""
         return None
 
+    @property
+    def has_instructions(self) -> bool:
+        """Whether the task says its goal in words (`instruction`)."""
+        return self.instruction(np.zeros((1, max(self.goal_dim, 1)))) is not None
+
+    @property
+    def goal_is_pose(self) -> bool:
+        """Whether the task's goal is a pose (`goal_from_pose`), which a robot takes as a PoseStamped."""
+        return self.goal_from_pose(np.zeros(3), np.array([1.0, 0.0, 0.0, 0.0])) is not None
+
     def goal_from_pose(self, position: np.ndarray, orientation: np.ndarray) -> np.ndarray | None:
         """The goal (goal_dim,) that a world pose (position (3,), unit quaternion (4,) w first) stands for -- the pose
         `mocap` shows the goal at, as a planner or RViz's goal tool sends it (geometry_msgs/PoseStamped); None for
@@ -214,7 +224,7 @@ class Task(abc.ABC):
         s = self.config.image_size
         for cam in self.cameras:
             obs[f"image_{cam}"] = ArraySpec((s, s, 3), "uint8", 0, 255)
-        if self.instruction(np.zeros((1, max(self.goal_dim, 1)))) is not None:
+        if self.has_instructions:
             obs["instruction"] = ArraySpec((), "str")
         names = self.joint_names()
         limits = []

@@ -112,11 +112,6 @@ def task_objects(task: Any, model: mujoco.MjModel | None = None) -> TaskObjects:
     return TaskObjects(model, robot if base is None else {*robot, base})
 
 
-def goal_is_pose(task: Any) -> bool:
-    """Whether the task's goal is a pose (`Task.goal_from_pose`), which a robot takes as a PoseStamped."""
-    return task.goal_from_pose(np.zeros(3), np.array([1.0, 0.0, 0.0, 0.0])) is not None
-
-
 def check_named(objects: TaskObjects, named: Mapping[str, str], robot: str, task: str) -> None:
     """That a robot file's `topics.objects` names a topic for each of the task's objects; a ValueError naming the
     missing ones."""

@@ -296,10 +296,9 @@ class RobotConfig:
             base = FloatingBase(**values)
         t = _mapping(d.get("topics", {}), f"{where}: topics")
         _known(t, {f.name for f in dataclasses.fields(Topics)}, f"{where}: topics")
-        topic_values: dict[str, Any] = {k: v for k, v in t.items() if k not in ("images", "objects")}
-        for k, v in topic_values.items():
-            topic_values[k] = _topic(v, f"{where}: topics.{k}")
-        for m in ("images", "objects"):
+        maps = ("images", "objects")  # name -> topic
+        topic_values: dict[str, Any] = {k: _topic(v, f"{where}: topics.{k}") for k, v in t.items() if k not in maps}
+        for m in maps:
             if m in t:
                 named = _mapping(t[m], f"{where}: topics.{m}")
                 topic_values[m] = {str(k): _topic(v, f"{where}: topics.{m}.{k}") for k, v in named.items()}

@@ -114,6 +114,7 @@ class RobotNode(Node):
         self.motion: dict[str, tuple[np.ndarray, float]] = {}  # an object's newest joint positions and their stamp
         self.goal_pose: tuple[np.ndarray, np.ndarray] | None = None
         self.goal_heard = True  # a goal pose or instruction since the episode began (poses: `forget_episode`)
+        self.goal_by_words = False  # the goal named by the instruction (poses, PickPlace)
         if topics.objects is not None and vector and not self.io.native and robot.base is None:
             self.io.check_objects()
             self.inputs += [
@@ -126,6 +127,7 @@ class RobotNode(Node):
                 self.inputs.append(self.create_subscription(PoseStamped, topics.goal, self._on_goal_pose, 10))
             self.input_keys = {*(self.input_keys - set(vector)), *(f"object:{k}" for k in self.io.objects.names)}
             self.pose_vector, vector = vector, []
+            self.goal_by_words = self.io.goal_source == "instruction"
             self.forget_episode()
         if len(vector) > 1:
             raise SpecMismatchError(
@@ -264,12 +266,9 @@ class RobotNode(Node):
         stamp = stamp_to_seconds(msg.header.stamp) or now  # unstamped: its arrival
         objects, before = self.io.objects, self.motion.get(name)
         qpos = objects.qpos_of(name, position, orientation, None if before is None else before[0])
-        dt = np.inf if before is None else stamp - before[1]
-        qvel = (
-            objects.qvel_of(name, before[0], qpos, dt)  # type: ignore[index]
-            if 0.0 < dt <= self.robot.max_obs_age
-            else np.zeros(objects.joints[name].dadr.size)
-        )
+        qvel = np.zeros(objects.joints[name].dadr.size)
+        if before is not None and 0.0 < stamp - before[1] <= self.robot.max_obs_age:
+            qvel = objects.qvel_of(name, before[0], qpos, stamp - before[1])
         self.motion[name] = (qpos, stamp)
         self.latest[key] = ((qpos, qvel), now)
         self.on_input(key)
@@ -319,7 +318,7 @@ class RobotNode(Node):
         topic = self.robot.topics.instruction
         if not msg.data.strip():
             return self.bad_message(topic, ValueError("String.data: expected an instruction, got ''"))
-        if self.pose_vector and self.io.goal_source == "instruction":
+        if self.goal_by_words:
             try:
                 self.io.goal_of(None, msg.data)
             except ValueError as e:
@@ -327,7 +326,7 @@ class RobotNode(Node):
         self.instruction = msg.data
         for key in self.text_keys:
             self.on_input(key)
-        if self.pose_vector and self.io.goal_source == "instruction":
+        if self.goal_by_words:
             self.heard_goal()
 
     def _on_estop(self, msg: Bool) -> None:

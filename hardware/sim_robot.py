@@ -43,7 +43,7 @@ from robotrl.envs.randomization import (
 )
 from robotrl.envs.task import Frame
 from robotrl.hardware.floating_base import BaseReading, BaseSensors, base_joint
-from robotrl.hardware.objects import goal_is_pose, task_objects
+from robotrl.hardware.objects import task_objects
 from robotrl.hardware.robot import RobotConfig
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
@@ -258,7 +258,7 @@ class SimRobot:
     def goal_pose(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Where the episode's goal is shown (its mocap target), for a task whose goal is a pose; else None."""
         mocap = self.task.mocap(np, self._goal[None])
-        if mocap is None or not goal_is_pose(self.task):
+        if mocap is None or not self.task.goal_is_pose:
             return None
         return np.asarray(mocap[0])[0, 0], np.asarray(mocap[1])[0, 0]
 

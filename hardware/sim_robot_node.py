@@ -292,8 +292,9 @@ class SimRobotNode(Node):
         messages += [(pub, array_to_image(obs[key], stamp=stamp, frame_id=key)) for key, pub in self.image_pubs.items()]
         if self.poses:
             assert isinstance(self.sim, SimRobot)
-            goal = self.sim.goal_pose()
-            if self.goal_pub is not None and goal is not None:
+            if self.goal_pub is not None:  # a task whose goal is a pose (checked at start-up)
+                goal = self.sim.goal_pose()
+                assert goal is not None
                 messages.append((self.goal_pub, pose_stamped(*goal, stamp=stamp)))
             poses = self.sim.object_poses()
             messages += [(pub, pose_stamped(*poses[k], stamp=stamp)) for k, pub in self.pose_pubs.items()]

@@ -25,7 +25,7 @@ import numpy as np
 
 from robotrl.core.spec import Spec, SpecMismatchError
 from robotrl.hardware.floating_base import BaseReading, BaseSensors, base_joint
-from robotrl.hardware.objects import check_named, goal_is_pose, task_objects
+from robotrl.hardware.objects import check_named, task_objects
 from robotrl.hardware.robot import RobotConfig
 
 
@@ -75,13 +75,7 @@ class TaskIO:
         state = spec.observations.get("state")
         self.fields = state.field_slices() if state is not None else {}
         self.objects = task_objects(self.task)
-        self.goal_source = (
-            "pose"
-            if goal_is_pose(self.task)
-            else "instruction"
-            if self.task.instruction(np.zeros((1, max(self.goal_dim, 1)))) is not None
-            else "none"
-        )
+        self.goal_source = "pose" if self.task.goal_is_pose else "instruction" if self.task.has_instructions else "none"
         self._scratch = mujoco.MjData(model)
 
     def check_objects(self) -> None:
