@@ -8,6 +8,8 @@ Prints one JSON line per (task, num_envs):
                        call: no Python in the loop, so no env can beat it
   vs_async             cpu / async (goal >= 3)
   fraction_of_ceiling  cpu / ceiling (goal >= 0.7)
+  ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`): physics,
+                       task code (control, observation, reward), rendering and bookkeeping, ms per call
 
     robotrl envs bench --tasks Reach --num-envs 2 8 32
     .venv/bin/python bench/envs.py --tasks all            # every task, from a checkout
@@ -63,17 +65,21 @@ def random_actions(space: Any, count: int, seed: int) -> np.ndarray:
     return rng.uniform(space.low, space.high, (count, *space.shape)).astype(space.dtype)
 
 
-def bench_cpu(task: str, n: int, config: BenchConfig) -> tuple[float, int]:
-    """(env steps/s, control steps timed)."""
+def bench_cpu(task: str, n: int, config: BenchConfig) -> tuple[float, int, dict[str, float]]:
+    """(env steps/s, control steps timed, ms per control step by part of the step)."""
     from robotrl.envs import make
 
     env = make(task, num_envs=n, seed=config.seed, render_images=False)
     env.reset(seed=config.seed)
     actions = random_actions(env.action_space, 64, config.seed)
     i = iter(range(1 << 62))
-    calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds)
+    for _ in range(3):
+        env.step(actions[next(i) % 64])
+    parts: dict[str, float] = {}
+    env.step_seconds = parts
+    calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds, warmup=0)
     env.close()
-    return n * calls / elapsed, calls
+    return n * calls / elapsed, calls, {k: round(1e3 * v / calls, 4) for k, v in sorted(parts.items())}
 
 
 def bench_async(task: str, n: int, config: BenchConfig) -> float:
@@ -167,7 +173,7 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
     records = []
     for task in tasks:
         for n in config.num_envs:
-            cpu, steps = bench_cpu(task, n, config)
+            cpu, steps, split = bench_cpu(task, n, config)
             ceiling = bench_ceiling(task, n, config, max(steps, 8))
             rec: dict[str, Any] = {
                 "bench": "envs",
@@ -176,6 +182,7 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
                 "cpu_steps_per_s": round(cpu, 1),
                 "ceiling_steps_per_s": round(ceiling, 1),
                 "fraction_of_ceiling": round(cpu / ceiling, 3),
+                "ms_per_step": split,
             }
             if not config.skip_async:
                 asynchronous = bench_async(task, n, config)

@@ -1,18 +1,22 @@
-"""CPU backend: N MuJoCo instances stepped by `mujoco.rollout` in native threads (the GIL is released).
+"""CPU backend: N simulations of one model in a `mujoco.batch.Batch`, stepped on native threads (the GIL is
+released).
 
-One control step is one `rollout` call over all envs for `n_substeps` physics steps, so Python runs once
-per control step for the whole batch (reset, control, observation and reward are vectorized numpy).
+One control step is one `Batch.step` over all envs for `n_substeps` physics steps, so Python runs once per control
+step for the whole batch (reset, control, observation and reward are vectorized numpy). Each simulation keeps its
+whole integration state between control steps, the solver's warm start included, as one MjData stepped by a robot's
+control loop does (hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound fields.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import time
 from typing import Any
 
 import mujoco
-import mujoco.rollout
 import numpy as np
+from mujoco.batch import Batch
 
 from robotrl.envs.randomization import (
     RANDOMIZATION_DIMS,
@@ -26,7 +30,14 @@ from robotrl.envs.task import Frame, Task
 from robotrl.envs.vector import RobotVectorEnv, check_actions, convert_obs, step_output
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
-CTRL = int(mujoco.mjtState.mjSTATE_CTRL)
+INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
+#: the warnings MuJoCo raises when a simulation blows up (and which reset that simulation's data)
+DIVERGED = [
+    int(w)
+    for w in (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL, mujoco.mjtWarning.mjWARN_BADQACC)
+]
+#: the parts of a step that `CpuVectorEnv.step_seconds` adds up
+STEP_PARTS = ("physics", "task", "render", "bookkeeping")
 
 
 class CpuVectorEnv(RobotVectorEnv):
@@ -47,25 +58,20 @@ class CpuVectorEnv(RobotVectorEnv):
         super().__init__(task, num_envs, randomization, seed, output, autoreset, render_images, reward_type)
         m = task.model
         n = self.num_envs
-        # below a few envs per core the pool's hand-off costs more than it saves: step in the calling thread
-        cores = os.cpu_count() or 1
-        threads = num_threads if num_threads is not None else (min(cores, n) if n >= 4 * cores else 1)
+        threads = num_threads if num_threads is not None else min(os.cpu_count() or 1, n)
         if threads < 0:
             raise ValueError(f"num_threads: expected >= 0, got {threads}")
-        self._pool = mujoco.rollout.Rollout(nthread=threads if threads > 1 else 0)
-        self._datas = [mujoco.MjData(m) for _ in range(max(threads, 1))]
-        self._scratch = mujoco.MjData(m)
+        self._batch: Batch | None = Batch(m, n, nthread=max(threads, 1))  # 1: the calling thread only
         self._models = [copy.copy(m) for _ in range(n)] if self.randomization.changes_model else [m] * n
+        if self.randomization.changes_model:
+            self._batch.set_models(self._models)
         self._nominal = nominal_fields(m)
-        nstate = mujoco.mj_stateSize(m, FULLPHYSICS)
-        nsub = task.n_substeps
-        self._qpos = slice(1, 1 + m.nq)  # FULLPHYSICS starts with time, then qpos, then qvel
-        self._qvel = slice(1 + m.nq, 1 + m.nq + m.nv)
-        self._state = np.zeros((n, nstate))
+        # live views of the simulations' state rows (written before a call, read after) and their sensors
+        self._qpos, self._qvel = self._batch.bind("qpos"), self._batch.bind("qvel")
+        self._ctrl, self._warmstart = self._batch.bind("ctrl"), self._batch.bind("qacc_warmstart")
+        self._sensordata = self._batch.bind("sensordata")  # refreshed by every call on a simulation
+        self._physics_cols = physics_columns(m)
         self._sens = np.zeros((n, m.nsensordata))
-        self._out_state = np.zeros((n, nsub, nstate))
-        self._out_sens = np.zeros((n, nsub, m.nsensordata))
-        self._ctrl = np.zeros((n, nsub, m.nu))
         self._goal = np.zeros((n, task.goal_dim))
         self._mocap: tuple[np.ndarray, np.ndarray] | None = None
         self._steps = np.zeros(n, dtype=np.int64)
@@ -76,6 +82,9 @@ class CpuVectorEnv(RobotVectorEnv):
         self._renderer: Any = None
         self._camera_jitter = np.zeros((n, max(len(task.cameras), 1), 3))
         self._light_scale = np.ones(n)
+        #: set to a dict to add up, per part of `step` (STEP_PARTS), the seconds it took: where a step's time goes
+        #: (bench/envs.py prints it); None (the default) times nothing
+        self.step_seconds: dict[str, float] | None = None
 
     # --- gymnasium API -------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict]:
@@ -85,31 +94,29 @@ class CpuVectorEnv(RobotVectorEnv):
         return convert_obs(self._observe(), self.output), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
+        clock = _Clock(self.step_seconds)
         action = check_actions(actions, self.task_spec.action, self.num_envs)
         if self.randomization.max_latency > 0:
             action, self._history = delay_actions(np, self._history, action, self._latency)
-        self._ctrl[:] = self.task.control(np, self.frame(), action)[:, None, :]
-        self._pool.rollout(
-            self._models,
-            self._datas,
-            self._state,
-            self._ctrl,
-            control_spec=CTRL,
-            skip_checks=True,
-            nstep=self.task.n_substeps,
-            state=self._out_state,
-            sensordata=self._out_sens,
-        )
-        self._state[:] = self._out_state[:, -1]
-        self._sens[:] = self._out_sens[:, -1]
+        clock.lap("bookkeeping")
+        self._ctrl[:] = self.task.control(np, self.frame(), action)
+        clock.lap("task")
+        batch = self._live()
+        blowups = batch.warning[:, DIVERGED, 1].sum(axis=1)
+        batch.step(nstep=self.task.n_substeps)
+        self._sens[:] = self._sensordata  # as after mj_step: computed at the last substep's start
+        clock.lap("physics")
         frame = self.frame()
         dense, success = self.task.reward(np, frame, action)
-        diverged = ~np.isfinite(self._state).all(axis=1)
+        clock.lap("task")
+        # MuJoCo resets a simulation that blows up and warns: the episode ends there, as it would on a NaN
+        diverged = (batch.warning[:, DIVERGED, 1].sum(axis=1) > blowups) | ~np.isfinite(batch.state).all(axis=1)
         terminated = np.asarray(self.task.terminated(np, frame)) | diverged
         self._steps += 1
         truncated = (self._steps >= self.task.config.episode_steps) & ~terminated
         reward = success.astype(np.float64) if self.reward_type == "sparse" else np.where(diverged, 0.0, dense)
-        obs = self._observe()
+        clock.lap("bookkeeping")
+        obs = self._observe(clock=clock)
         info: dict[str, Any] = {"success": success.copy(), "diverged": diverged}
         done = terminated | truncated
         if self.autoreset and done.any():
@@ -117,16 +124,16 @@ class CpuVectorEnv(RobotVectorEnv):
             info["_final_obs"] = done.copy()
             idx = np.nonzero(done)[0]
             self._reset_envs(idx)
-            obs = self._merge(obs, self._observe(idx), idx)
-        return step_output(self.output, obs, reward, terminated, truncated, info)
+            obs = self._merge(obs, self._observe(idx, clock=clock), idx)
+        out = step_output(self.output, obs, reward, terminated, truncated, info)
+        clock.lap("bookkeeping")
+        return out
 
     def close(self, **kwargs: Any) -> None:
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._batch = None  # its threads end with it
 
     def render(self) -> np.ndarray:  # type: ignore[override]  # every env's frame in one array (B, H, W, 3)
         """RGB frame of env 0 from the task's first camera (or a free camera), for videos."""
@@ -135,28 +142,33 @@ class CpuVectorEnv(RobotVectorEnv):
     # --- state access (also used by tests, experts and the recorder) --------------------------------
     def frame(self, idx: np.ndarray | None = None) -> Frame:
         sl = slice(None) if idx is None else idx
-        return Frame(self._state[sl, self._qpos], self._state[sl, self._qvel], self._sens[sl], self._goal[sl])
+        return Frame(self._qpos[sl], self._qvel[sl], self._sens[sl], self._goal[sl])
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """Physics state (FULLPHYSICS layout), sensors, goals and step counters: enough to restore exactly."""
+        """Physics state (FULLPHYSICS layout, as the MJX backend's), the solver's warm start, sensors, goals and step
+        counters: enough to restore exactly."""
         return {
-            "physics": self._state.copy(),
+            "physics": self._physics(),
+            "warmstart": self._warmstart.copy(),
             "sensordata": self._sens.copy(),
             "goal": self._goal.copy(),
             "steps": self._steps.copy(),
         }
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
-        for key, dst in (
-            ("physics", self._state),
-            ("sensordata", self._sens),
-            ("goal", self._goal),
-            ("steps", self._steps),
-        ):
-            src = np.asarray(state[key])
-            if src.shape != dst.shape:
-                raise ValueError(f"set_state[{key!r}]: expected shape {dst.shape}, got {src.shape}")
-            dst[:] = src
+        """Continue from `get_state` of this backend or the MJX one (whose state has no warm start: it starts cold)."""
+        n = self.num_envs
+        physics, warmstart = np.zeros((n, len(self._physics_cols))), np.zeros_like(self._warmstart)
+        checked = [("physics", physics), ("sensordata", self._sens), ("goal", self._goal), ("steps", self._steps)]
+        if "warmstart" in state:
+            checked.append(("warmstart", warmstart))
+        for key, dst in checked:
+            if np.shape(state[key]) != dst.shape:
+                raise ValueError(f"set_state[{key!r}]: expected shape {dst.shape}, got {np.shape(state[key])}")
+        for key, dst in checked:
+            dst[:] = np.asarray(state[key])
+        self._live().state[:, self._physics_cols] = physics
+        self._warmstart[:] = warmstart
         self._mocap = self.task.mocap(np, self._goal)
 
     def get_rng_state(self) -> dict[str, Any]:
@@ -172,30 +184,33 @@ class CpuVectorEnv(RobotVectorEnv):
         task, k = self.task, len(idx)
         start = task.reset(np, self._rng.random((k, task.reset_dims)))
         u = self._rng.random((k, RANDOMIZATION_DIMS))
+        batch = self._live()
         if self.randomization.changes_model:
             fields = sample_model_fields(np, self.randomization, self._nominal, u)
             for j, i in enumerate(idx):
                 for name, values in fields.items():
                     getattr(self._models[i], name)[:] = values[j]
+            batch.set_models(self._models)
         self._latency[idx] = sample_latency(np, self.randomization, u[:, 4])
         self._history[idx] = 0.0
         self._camera_jitter[idx] = self.randomization.camera_pos * (
             2.0 * self._rng.random((k, *self._camera_jitter.shape[1:])) - 1.0
         )
         self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * self._rng.random(k) - 1.0)
-        self._state[idx] = 0.0
-        self._state[np.ix_(idx, np.arange(self._qpos.start, self._qpos.stop))] = start.qpos
-        self._state[np.ix_(idx, np.arange(self._qvel.start, self._qvel.stop))] = start.qvel
+        batch.reset(idx, stage=mujoco.mjtStage.mjSTAGE_NONE)  # the model's defaults: at rest, time 0, cold solver
+        self._qpos[idx] = start.qpos
+        self._qvel[idx] = start.qvel
+        batch.forward(idx)  # the sensors of the initial state
+        self._sens[idx] = self._sensordata[idx]
         self._goal[idx] = start.goal
         self._steps[idx] = 0
         self._mocap = task.mocap(np, self._goal)
-        for i in idx:  # sensors of the initial state (one mj_forward per reset env)
-            mujoco.mj_setState(self._models[i], self._scratch, self._state[i], FULLPHYSICS)
-            mujoco.mj_forward(self._models[i], self._scratch)
-            self._sens[i] = self._scratch.sensordata
 
-    def _observe(self, idx: np.ndarray | None = None) -> dict[str, Any]:
+    def _observe(self, idx: np.ndarray | None = None, clock: _Clock | None = None) -> dict[str, Any]:
+        clock = clock if clock is not None else _Clock(None)
+        clock.lap("bookkeeping")
         obs = dict(self.task.observe(np, self.frame(idx)))
+        clock.lap("task")
         if self.randomization.obs_noise > 0:
             for key, value in obs.items():
                 if value.dtype.kind == "f":
@@ -204,9 +219,11 @@ class CpuVectorEnv(RobotVectorEnv):
                     )
         ids = np.arange(self.num_envs) if idx is None else idx
         if self._render_images:
+            clock.lap("bookkeeping")
             images = self._render(ids)
             for cam in self.task.cameras:
                 obs[f"image_{cam}"] = images[cam]
+            clock.lap("render")
         instructions = self.task.instruction(self._goal[ids])
         if instructions is not None:
             obs["instruction"] = np.array(instructions, dtype=object)
@@ -226,7 +243,7 @@ class CpuVectorEnv(RobotVectorEnv):
 
     def _render(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         return self._renderer_for().render(
-            states=self._state[ids],
+            states=self._physics(ids),
             mocap=None if self._mocap is None else (self._mocap[0][ids], self._mocap[1][ids]),
             cameras=self.task.cameras,
             camera_jitter=self._camera_jitter[ids],
@@ -238,7 +255,41 @@ class CpuVectorEnv(RobotVectorEnv):
 
         mocap = None if self._mocap is None else (self._mocap[0][i], self._mocap[1][i])
         # geometry and looks are the same in every randomized copy: one cached renderer for all envs
-        return render_frame(self.task.model, self._state[i], mocap, camera, size)
+        return render_frame(self.task.model, self._physics(np.array([i]))[0], mocap, camera, size)
+
+    def _physics(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """The simulations' states (n, nstate) in the FULLPHYSICS layout."""
+        rows = self._live().state
+        return rows[:, self._physics_cols] if idx is None else rows[np.ix_(idx, self._physics_cols)]
+
+    def _live(self) -> Batch:
+        if self._batch is None:
+            raise RuntimeError("CpuVectorEnv: the env is closed")
+        return self._batch
+
+
+def physics_columns(model: mujoco.MjModel) -> np.ndarray:
+    """Where each entry of a FULLPHYSICS state sits in a `Batch`'s (mjSTATE_INTEGRATION) state row: the row of
+    entry numbers, set and read back through MuJoCo's own state functions."""
+    data = mujoco.MjData(model)
+    mujoco.mj_setState(model, data, np.arange(mujoco.mj_stateSize(model, INTEGRATION), dtype=np.float64), INTEGRATION)
+    out = np.zeros(mujoco.mj_stateSize(model, FULLPHYSICS))
+    mujoco.mj_getState(model, data, out, FULLPHYSICS)
+    return out.astype(np.int64)
+
+
+class _Clock:
+    """Adds the seconds since its last lap to a part of `seconds` (nothing when `seconds` is None)."""
+
+    def __init__(self, seconds: dict[str, float] | None) -> None:
+        self.seconds = seconds
+        self.last = time.perf_counter() if seconds is not None else 0.0
+
+    def lap(self, part: str) -> None:
+        if self.seconds is not None:
+            now = time.perf_counter()
+            self.seconds[part] = self.seconds.get(part, 0.0) + now - self.last
+            self.last = now
 
 
 def _copy(value: Any) -> Any:

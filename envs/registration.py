@@ -1,7 +1,7 @@
 """gymnasium ids for the task suite: `robotrl/<Task>-v0`, registered on `import robotrl.envs`.
 
 `gym.make(id)` gives the single-env `RobotEnv`; `gym.make_vec(id, num_envs=n, vectorization_mode="vector_entry_point")`
-gives the batched CPU backend directly (one `mujoco.rollout` call per step instead of n Python envs).
+gives the batched CPU backend directly (one `mujoco.batch` call per step instead of n Python envs).
 Registration is by name only, so importing `robotrl.envs` never imports a task module.
 """
 

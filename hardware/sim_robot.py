@@ -182,6 +182,7 @@ class SimRobot:
         self._state[1 : 1 + m.nq] = start.qpos[0]
         self._state[1 + m.nq : 1 + m.nq + m.nv] = start.qvel[0]
         mujoco.mj_setState(m, d, self._state, FULLPHYSICS)
+        d.qacc_warmstart[:] = 0.0  # a new episode starts the solver cold, as the vector env's reset does
         self._goal = np.array(start.goal[0], dtype=np.float64)
         mocap = task.mocap(np, self._goal[None])
         self._mocap = None if mocap is None else (np.asarray(mocap[0]), np.asarray(mocap[1]))
@@ -225,7 +226,6 @@ class SimRobot:
             self._target = heapq.heappop(self._pending)[2]
         m, d = self.model, self.data
         d.ctrl[:] = self._target[self._act_joint]
-        d.qacc_warmstart[:] = 0.0  # as `mujoco.rollout` starts each of the vector env's control steps
         for _ in range(self.task.n_substeps):
             mujoco.mj_step(m, d)
         self._steps += 1

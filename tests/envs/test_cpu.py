@@ -80,6 +80,46 @@ def test_get_and_set_state_replay_exactly():
         np.testing.assert_array_equal(x, y)
 
 
+def test_each_env_is_one_mujoco_simulation_stepped_on_warm():
+    """An env is what one MjData stepped by mj_step gives under the same controls, bit for bit and at any thread
+    count: the solver's warm start carries over from one control step to the next, as on a robot's sim."""
+    import mujoco
+
+    envs = [make("PushT", num_envs=3, seed=0, num_threads=t) for t in (1, 2)]
+    for env in envs:
+        env.reset(seed=0)
+    m, nsub = envs[0].task.model, envs[0].task.n_substeps
+    data = mujoco.MjData(m)
+    mujoco.mj_setState(m, data, envs[0].get_state()["physics"][1], mujoco.mjtState.mjSTATE_FULLPHYSICS)
+    for a in random_actions(3, 15, 2, seed=2):
+        for env in envs:
+            env.step(a)
+        data.ctrl[:] = envs[0]._ctrl[1]  # what env 1 was commanded this step
+        for _ in range(nsub):
+            mujoco.mj_step(m, data)
+        np.testing.assert_array_equal(envs[0].frame().qpos[1], data.qpos)
+        np.testing.assert_array_equal(envs[0].frame().sensordata[1], data.sensordata)
+        np.testing.assert_array_equal(envs[1].frame().qpos, envs[0].frame().qpos)
+    np.testing.assert_array_equal(envs[0].get_state()["warmstart"][1], data.qacc_warmstart)
+    assert np.abs(data.qacc_warmstart).max() > 0.0
+
+
+def test_a_simulation_that_blows_up_ends_its_episode_with_zero_reward():
+    """MuJoCo resets a simulation whose state blows up and warns: the env reports it as diverged, ends that episode
+    (reward 0) and starts a new one, and the other envs step on."""
+    env = make("Reach", num_envs=3, seed=0)
+    env.reset(seed=0)
+    state = env.get_state()
+    nq = env.task.model.nq
+    state["physics"][1, 1 + nq : 1 + 2 * nq] = 1e300  # env 1 flies apart
+    env.set_state(state)
+    obs, reward, term, trunc, info = env.step(np.zeros((3, 3), np.float32))
+    assert term[1] and info["diverged"][1] and reward[1] == 0.0 and info["_final_obs"][1]
+    assert not term[[0, 2]].any() and not info["diverged"][[0, 2]].any() and np.isfinite(obs["state"]).all()
+    _, _, term, _, info = env.step(np.zeros((3, 3), np.float32))
+    assert not term.any() and not info["diverged"].any()  # the new episode steps normally
+
+
 def test_torch_output():
     env = make("Reach", num_envs=2, seed=0, output="torch")
     obs, _ = env.reset(seed=0)
