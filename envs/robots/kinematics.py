@@ -2,7 +2,7 @@
 IK, batched and written once against an array namespace `xp` (numpy or jax.numpy).
 
 Every number comes from the model (`body_pos`, `body_quat`, `jnt_axis`, `jnt_pos`, `jnt_range`, `qpos0`, `site_pos`,
-`site_quat`) and every step is the one `mj_kinematics` takes, so the chain agrees with MuJoCo's own `mj_kinematics`
+`site_quat`) and every transform is one `mj_kinematics` composes, so the chain agrees with MuJoCo's own `mj_kinematics`
 and `mj_jacSite` to float rounding for any arm (tests/envs/test_robots.py checks the task arm, a UR5, an SO-101 and
 a Panda). It exists beside MuJoCo's functions because a task's controller runs inside the step of both backends:
 batched in numpy on the CPU backend and traced by `jax.jit` on MJX, where a C call per env cannot go, and where
@@ -16,26 +16,6 @@ from typing import Any
 
 import mujoco
 import numpy as np
-
-
-@dataclass(frozen=True)
-class _Joint:
-    index: int  # column of q
-    hinge: bool  # else slide
-    axis: np.ndarray  # (3,) in the frame before it (its body's frame, or the previous joint's)
-    pos: np.ndarray  # (3,) anchor, in the same frame
-    anchor: np.ndarray  # (3,) anchor in the frame after it (hinge: where the origin moves back from)
-    qpos0: float
-    rotation: list[list[tuple[float, float, float]]]
-    """the rotation from the frame before it to the frame after it, by entry (i, j) as the coefficients (constant,
-    of sin, of cos) of the joint's angle: its body's fixed rotation folded into the body's first hinge"""
-
-
-@dataclass(frozen=True)
-class _Body:
-    pos: np.ndarray  # (3,) in the parent frame
-    joints: tuple[_Joint, ...]
-    rest: np.ndarray | None  # the body's fixed rotation when no hinge of it took it in
 
 
 @dataclass(frozen=True)
@@ -75,66 +55,37 @@ def joint_range(model: mujoco.MjModel, joint: int) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-Columns = tuple[Any, Any, Any]
-"""a batch of rotations as its three columns, each (n, 3): composing with a constant skips its zero entries, so a
-link costs a few elementwise operations (this runs every control step, where stacked 3x3 matmuls cost 2-3x more)"""
+def _homogeneous(rot: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    out = np.eye(4)
+    out[:3, :3], out[:3, 3] = rot, pos
+    return out
 
 
-def _times(xp: Any, cols: Columns, v: np.ndarray) -> Any:
-    """R @ v for a constant vector v (3,): (n, 3)."""
-    terms = [cols[i] * float(v[i]) for i in range(3) if v[i] != 0.0]
-    return sum(terms[1:], terms[0]) if terms else xp.zeros_like(cols[0])
-
-
-def _scaled(x: Any, k: float) -> Any:
-    return x if k == 1.0 else -x if k == -1.0 else x * k
-
-
-def _compose(xp: Any, cols: Columns, mat: Any) -> Columns:
-    """The columns of R @ M, M given as mat[i][j]: a constant float or an (n, 1) array per entry."""
-    out = []
-    for j in range(3):
-        terms = []
-        for i in range(3):
-            m = mat[i][j]
-            if isinstance(m, float):
-                if m == 0.0:
-                    continue
-                terms.append(_scaled(cols[i], m))
-            else:
-                terms.append(cols[i] * m)
-        out.append(sum(terms[1:], terms[0]) if terms else xp.zeros_like(cols[0]))
-    return out[0], out[1], out[2]
-
-
-def _axis_rotation(axis: np.ndarray, pre: np.ndarray) -> list[list[tuple[float, float, float]]]:
-    """`pre` times the rotation about the unit `axis` by an angle with sine s and cosine c, entry (i, j) as the
-    coefficients (constant, of s, of c): pre (I + s K + (1 - c) K^2) (Rodrigues)."""
+def _joint_motion(hinge: bool, axis: np.ndarray, anchor: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A joint's motion as a 4x4 transform linear in (1, s, c): A0 + s A1 + c A2, with s, c the sine and cosine of a
+    hinge's angle (Rodrigues: R = I + K^2 + s K - c K^2, turning about `axis` through `anchor`), or s the slide's
+    displacement along `axis` (c unused)."""
+    zero = np.zeros((4, 4))
+    if not hinge:
+        a1 = zero.copy()
+        a1[:3, 3] = axis
+        return np.eye(4), a1, zero
     k = np.array([[0.0, -axis[2], axis[1]], [axis[2], 0.0, -axis[0]], [-axis[1], axis[0], 0.0]])
     k2 = k @ k
-    const, sin, cos = (_snap(pre @ m) for m in (np.eye(3) + k2, k, -k2))
-    return [[(float(const[i, j]), float(sin[i, j]), float(cos[i, j])) for j in range(3)] for i in range(3)]
-
-
-def _entries(rows: list[list[tuple[float, float, float]]], s: Any, c: Any) -> list[list[Any]]:
-    """The entries of `_axis_rotation` for the sines and cosines s, c (n, 1): floats where constant."""
-    out: list[list[Any]] = []
-    for row in rows:
-        out.append([])
-        for const, ks, kc in row:
-            terms = [_scaled(x, k) for x, k in ((s, ks), (c, kc)) if k != 0.0]
-            if not terms:
-                out[-1].append(const)
-                continue
-            value = sum(terms[1:], terms[0])
-            out[-1].append(value + const if const else value)
-    return out
+    a0, a1, a2 = _homogeneous(np.eye(3) + k2, -k2 @ anchor), zero.copy(), zero.copy()
+    a1[:3, :3], a1[:3, 3] = k, -k @ anchor
+    a2[:3, :3], a2[:3, 3] = -k2, k2 @ anchor
+    return a0, a1, a2
 
 
 class Chain:
     """The bodies from the world to `site`, the hinge and slide joints on them (in that order: the columns of `q`)
     and the site's offset in its body. Every joint on the path is part of the chain; a free or ball joint on it is
-    refused (an arm's base is welded or a mocap, not floating)."""
+    refused (an arm's base is welded or a mocap, not floating).
+
+    Each joint's transform from the previous joint's frame, its bodies' fixed offsets folded in, is a 4x4 matrix
+    linear in the sine and cosine of its angle (in its displacement for a slide): `forward` makes every joint's
+    transform in one batched expression and multiplies them down the chain, a few array operations per joint."""
 
     def __init__(self, model: mujoco.MjModel, site: str) -> None:
         sid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, site)
@@ -145,11 +96,13 @@ class Chain:
         while body != 0:
             path.append(body)
             body = int(model.body_parentid[body])
-        bodies: list[_Body] = []
         names: list[str] = []
         jids: list[int] = []
+        terms: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        axes, anchors, hinges, qpos0 = [], [], [], []
+        fixed = np.eye(4)  # the fixed transforms since the last joint
         for b in reversed(path):
-            joints, pre = [], _quat_mat(model.body_quat[b])  # the body's fixed rotation, until a hinge takes it in
+            fixed = fixed @ _homogeneous(_quat_mat(model.body_quat[b]), _snap(model.body_pos[b].copy()))
             for j in range(int(model.body_jntadr[b]), int(model.body_jntadr[b] + model.body_jntnum[b])):
                 kind = int(model.jnt_type[j])
                 name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j)
@@ -158,27 +111,23 @@ class Chain:
                         f"chain: joint {name!r} on the path to {site!r} is free or ball; expected hinge or slide"
                     )
                 hinge = kind == mujoco.mjtJoint.mjJNT_HINGE
-                axis, pos = _snap(model.jnt_axis[j].copy()), _snap(model.jnt_pos[j].copy())
-                adr = int(model.jnt_qposadr[j])
-                joints.append(
-                    _Joint(
-                        len(names),
-                        hinge,
-                        _snap(pre @ axis),
-                        _snap(pre @ pos),
-                        pos,
-                        float(model.qpos0[adr]),
-                        _axis_rotation(axis, pre),
-                    )
-                )
-                if hinge:
-                    pre = np.eye(3)
+                axis, anchor = _snap(model.jnt_axis[j].copy()), _snap(model.jnt_pos[j].copy())
+                terms.append(tuple(_snap(fixed @ a) for a in _joint_motion(hinge, axis, anchor)))  # type: ignore[misc]
+                fixed = np.eye(4)
+                axes.append(axis)  # in the joint's own frame, which its motion leaves in place
+                anchors.append(anchor)
+                hinges.append(hinge)
+                qpos0.append(float(model.qpos0[int(model.jnt_qposadr[j])]))
                 names.append(name)
                 jids.append(j)
-            rest = None if np.array_equal(pre, np.eye(3)) else pre
-            bodies.append(_Body(_snap(model.body_pos[b].copy()), tuple(joints), rest))
-        self.bodies: tuple[_Body, ...] = tuple(bodies)
-        self.site, self.site_pos, self.site_rot = site, model.site_pos[sid].copy(), _quat_mat(model.site_quat[sid])
+        if not names:
+            raise ValueError(f"chain: no hinge or slide joint on the path to {site!r}")
+        self.site = site
+        self._terms = tuple(np.stack(t) for t in zip(*terms))  # A0, A1, A2 of every joint: (dof, 4, 4) each
+        self._site = fixed @ _homogeneous(_quat_mat(model.site_quat[sid]), model.site_pos[sid].copy())
+        self._axes, self._anchors = np.stack(axes)[:, :, None], np.stack(anchors)[:, :, None]  # (dof, 3, 1)
+        self._hinge = np.array(hinges)
+        self._qpos0 = np.array(qpos0)
         self.joint_names: tuple[str, ...] = tuple(names)
         self.joint_ids: tuple[int, ...] = tuple(jids)
         self.qpos_adr = np.array([int(model.jnt_qposadr[j]) for j in jids], dtype=np.int64)
@@ -191,39 +140,27 @@ class Chain:
     def forward(self, xp: Any, q: Any) -> tuple[Any, Any, Any]:
         """The site's position (n, 3), rotation (n, 3, 3) and geometric Jacobian (n, 6, dof) (linear rows first) in
         the world frame, for joint positions `q` (n, dof)."""
-        n = q.shape[0]
-        pos = xp.zeros((n, 3))
-        eye = np.eye(3)
-        cols: Columns = (xp.zeros((n, 3)) + eye[0], xp.zeros((n, 3)) + eye[1], xp.zeros((n, 3)) + eye[2])
-        axes, anchors, hinges = [], [], []
-        for body in self.bodies:
-            pos = pos + _times(xp, cols, body.pos)
-            for joint in body.joints:
-                x = q[:, joint.index : joint.index + 1] - joint.qpos0  # (n, 1)
-                axis = _times(xp, cols, joint.axis)
-                if joint.hinge:
-                    off = bool(joint.pos.any())  # an anchor away from the body's origin moves the origin
-                    anchor = pos + _times(xp, cols, joint.pos) if off else pos
-                    cols = _compose(xp, cols, _entries(joint.rotation, xp.sin(x), xp.cos(x)))
-                    pos = anchor - _times(xp, cols, joint.anchor) if off else pos
-                else:
-                    anchor = pos
-                    pos = pos + axis * x
-                axes.append(axis)
-                anchors.append(anchor)
-                hinges.append(joint.hinge)
-            if body.rest is not None:
-                cols = _compose(xp, cols, body.rest.tolist())
-        site = pos + _times(xp, cols, self.site_pos)
-        cols = _compose(xp, cols, self.site_rot.tolist())
-        site_rot = xp.stack(cols, -1)
-        axes_, anchors_ = xp.stack(axes, 1), xp.stack(anchors, 1)  # (n, dof, 3)
-        hinge = np.array(hinges)
-        linear = _cross(xp, axes_, site[:, None, :] - anchors_)
-        if not hinge.all():  # a slide joint moves the site along its axis and turns nothing
-            linear = xp.where(xp.asarray(hinge)[None, :, None], linear, axes_)
-            axes_ = axes_ * xp.asarray(hinge, dtype=axes_.dtype)[None, :, None]
-        return site, site_rot, xp.concatenate([xp.swapaxes(linear, 1, 2), xp.swapaxes(axes_, 1, 2)], 1)
+        x = q - xp.asarray(self._qpos0)
+        s, c = xp.sin(x), xp.cos(x)
+        if not self._hinge.all():  # a slide's transform is linear in its displacement
+            s = xp.where(xp.asarray(self._hinge), s, x)
+        a0, a1, a2 = (xp.asarray(t) for t in self._terms)
+        local = a0 + s[:, :, None, None] * a1 + c[:, :, None, None] * a2  # (n, dof, 4, 4)
+        frames = [local[:, 0]]
+        for j in range(1, self.dof):
+            frames.append(frames[-1] @ local[:, j])
+        world = xp.stack(frames, 1)  # each joint's frame in the world (n, dof, 4, 4)
+        rot = world[:, :, :3, :3]
+        axes = (rot @ xp.asarray(self._axes))[..., 0]  # (n, dof, 3)
+        anchors = (rot @ xp.asarray(self._anchors))[..., 0] + world[:, :, :3, 3]
+        site = frames[-1] @ xp.asarray(self._site)
+        pos = site[:, :3, 3]
+        linear = _cross(xp, axes, pos[:, None, :] - anchors)
+        if not self._hinge.all():  # a slide joint moves the site along its axis and turns nothing
+            hinge = xp.asarray(self._hinge)[None, :, None]
+            linear = xp.where(hinge, linear, axes)
+            axes = axes * hinge.astype(axes.dtype)
+        return pos, site[:, :3, :3], xp.concatenate([xp.swapaxes(linear, 1, 2), xp.swapaxes(axes, 1, 2)], 1)
 
     def ik(
         self,

@@ -117,17 +117,28 @@ def from_frame(xp: Any, pose: Any, points: Any) -> Any:
 
 def inside_t(xp: Any, p: Any) -> Any:
     """Whether block-frame points (..., 2) lie inside the T."""
+    return _inside_t(xp, p[..., 0], p[..., 1])
+
+
+def _inside_t(xp: Any, x: Any, y: Any) -> Any:
     inside = None
     for cx, cy, hx, hy in BOXES:
-        box = (xp.abs(p[..., 0] - cx) <= hx) & (xp.abs(p[..., 1] - cy) <= hy)
+        box = (xp.abs(x - cx) <= hx) & (xp.abs(y - cy) <= hy)
         inside = box if inside is None else inside | box
     return inside
 
 
 def coverage(xp: Any, block: Any, target: Any) -> Any:
-    """Fraction of the block's area (n,) inside the target T, for planar poses (n, 3)."""
-    world = from_frame(xp, block, xp.asarray(COVERAGE_POINTS))
-    return xp.mean(inside_t(xp, to_frame(xp, target, world)).astype(block.dtype), axis=-1)
+    """Fraction of the block's area (n,) inside the target T, for planar poses (n, 3): the block's sample points
+    placed by the block's pose relative to the target's, then tested against the T."""
+    ct, st = xp.cos(target[:, 2:3]), xp.sin(target[:, 2:3])
+    dx, dy = block[:, 0:1] - target[:, 0:1], block[:, 1:2] - target[:, 1:2]
+    turn = block[:, 2:3] - target[:, 2:3]
+    c, s = xp.cos(turn), xp.sin(turn)
+    px, py = xp.asarray(COVERAGE_POINTS[:, 0]), xp.asarray(COVERAGE_POINTS[:, 1])
+    x = (ct * dx + st * dy) + (c * px - s * py)
+    y = (ct * dy - st * dx) + (s * px + c * py)
+    return xp.mean(_inside_t(xp, x, y).astype(block.dtype), axis=-1)
 
 
 def distance_to_t(xp: Any, p: Any) -> Any:
