@@ -112,7 +112,8 @@ class Chain:
                     )
                 hinge = kind == mujoco.mjtJoint.mjJNT_HINGE
                 axis, anchor = _snap(model.jnt_axis[j].copy()), _snap(model.jnt_pos[j].copy())
-                terms.append(tuple(_snap(fixed @ a) for a in _joint_motion(hinge, axis, anchor)))  # type: ignore[misc]
+                a0, a1, a2 = _joint_motion(hinge, axis, anchor)
+                terms.append((_snap(fixed @ a0), _snap(fixed @ a1), _snap(fixed @ a2)))
                 fixed = np.eye(4)
                 axes.append(axis)  # in the joint's own frame, which its motion leaves in place
                 anchors.append(anchor)
