@@ -129,7 +129,7 @@ def make(
         from robotrl.envs.adapter import make_outside
 
         return make_outside(task, num_envs, backend, randomization, seed, **options)
-    backend_keys = {"output", "autoreset", "reward_type", "num_threads", "render_images"}
+    backend_keys = {"output", "autoreset", "reward_type", "num_threads", "render_images", "render_workers"}
     backend_opts = {k: v for k, v in options.items() if k in backend_keys}
     task_opts = {k: v for k, v in options.items() if k not in backend_keys}
     t = task if isinstance(task, Task) else make_task(task, **task_opts)

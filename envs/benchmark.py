@@ -11,6 +11,13 @@ Prints one JSON line per (task, num_envs):
   ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`): physics,
                        task code (control, observation, reward), rendering and bookkeeping, ms per call
 
+With `--images`, one more line per (task with cameras, num_envs):
+  frames_per_s         camera images/s the CPU backend draws while stepping with image observations
+  ceiling_frames_per_s one `mujoco.Renderer` per core, each in its own process, drawing the same scenes (same
+                       states, cameras, size, shadows off) with no stepping: per GL backend (EGL, OSMesa)
+  fraction_of_ceiling  frames / the best backend's ceiling (goal >= 0.8)
+  steps_per_s_images   env steps/s with images, beside `steps_per_s_no_images` (the same env without them)
+
     robotrl envs bench --tasks Reach --num-envs 2 8 32
     .venv/bin/python bench/envs.py --tasks all            # every task, from a checkout
 """
@@ -44,6 +51,8 @@ class BenchConfig:
     """timed seconds per measurement (after a short warm-up)"""
     skip_async: bool = False
     """skip AsyncVectorEnv (it starts one process per env)"""
+    images: bool = False
+    """also measure image observations of the tasks with cameras: frames/s against one renderer per core"""
     profile: bool = False
     """cProfile the CPU backend's step at the largest num_envs and print the top functions"""
     seed: int = 0
@@ -149,6 +158,99 @@ def bench_ceiling(task: str, n: int, config: BenchConfig, steps: int) -> float:
     return n * steps / best
 
 
+def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float) -> dict[str, Any] | None:
+    """Frames/s of the CPU backend's image observations against one `mujoco.Renderer` per core (None: no cameras)."""
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    from robotrl.envs import make
+    from robotrl.envs.render import gl_backend
+
+    env = make(task, num_envs=n, seed=config.seed)
+    cameras = env.task.cameras
+    if not cameras:
+        env.close()
+        return None
+    env.reset(seed=config.seed)
+    actions = random_actions(env.action_space, 64, config.seed)
+    i = iter(range(1 << 62))
+    for _ in range(3):
+        env.step(actions[next(i) % 64])
+    parts: dict[str, float] = {}
+    env.step_seconds = parts
+    calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds, warmup=0)
+    frames_per_s = n * len(cameras) * calls / parts["render"]
+    states, size = env.get_state()["physics"], env.task.config.image_size
+    env.close()
+    cores = os.cpu_count() or 1
+    ceilings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        scene = os.path.join(tmp, "scene.pkl")
+        with open(scene, "wb") as f:
+            pickle.dump((env.task.model, states, cameras, size), f)
+        for backend in ("egl", "osmesa"):
+            start = time.time() + 5.0  # every process draws over the same window
+            code = f"from robotrl.envs.benchmark import draw_loop; draw_loop({scene!r}, {start}, {config.seconds})"
+            gl = dict(os.environ, MUJOCO_GL=backend, PYOPENGL_PLATFORM=backend)
+            command = [sys.executable, "-c", code]
+            procs = [
+                subprocess.Popen(command, env=gl, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                for _ in range(cores)
+            ]
+            rates = [p.communicate()[0] for p in procs]
+            if all(p.returncode == 0 for p in procs):
+                ceilings[backend] = round(sum(float(r) for r in rates), 1)
+    best = max(ceilings.values()) if ceilings else float("nan")
+    return {
+        "bench": "envs_images",
+        "task": task,
+        "num_envs": n,
+        "gl": gl_backend(),
+        "frames_per_s": round(frames_per_s, 1),
+        "ceiling_frames_per_s": ceilings,
+        "fraction_of_ceiling": round(frames_per_s / best, 3),
+        "steps_per_s_images": round(n * calls / elapsed, 1),
+        "steps_per_s_no_images": round(steps_no_images, 1),
+        "ms_per_step": {k: round(1e3 * v / calls, 4) for k, v in sorted(parts.items())},
+    }
+
+
+def draw_loop(scene: str, start: float, seconds: float) -> None:
+    """One `mujoco.Renderer` drawing a pickled scene's states and cameras over [start, start + seconds]; prints
+    its frames/s (a process of `bench_images`' ceiling)."""
+    import pickle
+
+    import mujoco
+
+    with open(scene, "rb") as f:
+        model, states, cameras, size = pickle.load(f)
+    renderer = mujoco.Renderer(model, size, size)
+    renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False  # as the backend draws observations
+    option = mujoco.MjvOption()
+    option.sitegroup[:] = 0
+    data = mujoco.MjData(model)
+
+    def draw(i: int) -> None:
+        mujoco.mj_setState(model, data, states[i % len(states)], int(mujoco.mjtState.mjSTATE_FULLPHYSICS))
+        mujoco.mj_kinematics(model, data)
+        mujoco.mj_comPos(model, data)
+        mujoco.mj_camlight(model, data)
+        for cam in cameras:
+            renderer.update_scene(data, cam, scene_option=option)
+            renderer.render()
+
+    draw(0)
+    time.sleep(max(0.0, start - time.time()))
+    frames, begin = 0, time.perf_counter()
+    while time.perf_counter() - begin < seconds:
+        draw(frames)
+        frames += 1
+    print(len(cameras) * frames / (time.perf_counter() - begin))
+    renderer.close()
+
+
 def profile_cpu(task: str, n: int, config: BenchConfig, top: int = 15) -> str:
     from robotrl.envs import make
 
@@ -189,6 +291,10 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
                 rec.update(async_steps_per_s=round(asynchronous, 1), vs_async=round(cpu / asynchronous, 2))
             print(json.dumps(rec), flush=True)
             records.append(rec)
+            images = bench_images(task, n, config, cpu) if config.images else None
+            if images is not None:
+                print(json.dumps(images), flush=True)
+                records.append(images)
         if config.profile:
             print(profile_cpu(task, max(config.num_envs), config), flush=True)
     return records

@@ -54,6 +54,7 @@ class CpuVectorEnv(RobotVectorEnv):
         reward_type: str = "dense",
         num_threads: int | None = None,
         render_images: bool = True,
+        render_workers: int | None = None,
     ) -> None:
         super().__init__(task, num_envs, randomization, seed, output, autoreset, render_images, reward_type)
         m = task.model
@@ -80,6 +81,9 @@ class CpuVectorEnv(RobotVectorEnv):
         self._rng = np.random.default_rng(seed)
         self._render_images = render_images and bool(task.cameras)
         self._renderer: Any = None
+        #: processes beside this one that draw image observations (robotrl/envs/render_pool.py); None: one per
+        #: spare core, when there are envs enough to share
+        self._render_workers = render_workers
         self._camera_jitter = np.zeros((n, max(len(task.cameras), 1), 3))
         self._light_scale = np.ones(n)
         #: set to a dict to add up, per part of `step` (STEP_PARTS), the seconds it took: where a step's time goes
@@ -236,9 +240,11 @@ class CpuVectorEnv(RobotVectorEnv):
 
     def _renderer_for(self) -> Any:
         if self._renderer is None:
-            from robotrl.envs.render import BatchRenderer
+            from robotrl.envs.render_pool import RenderPool, default_workers
 
-            self._renderer = BatchRenderer(self.task.model, self.task.config.image_size)
+            workers = self._render_workers
+            workers = default_workers(self.num_envs) if workers is None else workers
+            self._renderer = RenderPool(self.task.model, self.task.config.image_size, workers)
         return self._renderer
 
     def _render(self, ids: np.ndarray) -> dict[str, np.ndarray]:

@@ -82,8 +82,9 @@ class MjxVectorEnv(RobotVectorEnv):
     """A batch of one task's envs on MJX (GPU when JAX has one).
 
     `output` picks the array type returned by `reset`/`step`: "numpy" (host copies), "torch" (tensors that
-    share the JAX buffers through DLPack, no host copy; treat them as read-only) or "jax". `num_threads` is
-    accepted for signature compatibility with the CPU backend and ignored; images are never rendered.
+    share the JAX buffers through DLPack, no host copy; treat them as read-only) or "jax". `num_threads` and
+    `render_workers` are accepted for signature compatibility with the CPU backend and ignored; images are never
+    rendered.
     """
 
     outputs = ("numpy", "torch", "jax")
@@ -99,6 +100,7 @@ class MjxVectorEnv(RobotVectorEnv):
         reward_type: str = "dense",
         num_threads: int | None = None,
         render_images: bool = False,
+        render_workers: int | None = None,
     ) -> None:
         if render_images and task.cameras:
             raise ValueError("render_images: the MJX backend renders no images; use the CPU backend for image keys")

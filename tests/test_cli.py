@@ -189,6 +189,22 @@ def test_envs_bench_prints_json_lines():
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     assert rec["task"] == "Reach" and rec["num_envs"] == 2
     assert rec["cpu_steps_per_s"] > 0 and rec["ceiling_steps_per_s"] > 0 and rec["fraction_of_ceiling"] > 0
+    split = rec["ms_per_step"]  # where a step's time goes: the parts add up to the step
+    assert set(split) == {"physics", "task", "bookkeeping"} and min(split.values()) > 0
+    assert sum(split.values()) == pytest.approx(1e3 * 2 / rec["cpu_steps_per_s"], rel=0.1)
+
+
+def test_the_image_bench_sets_frames_against_one_renderer_per_core():
+    from robotrl.envs import benchmark
+
+    rec = benchmark.bench_images("PickPlace", 2, benchmark.BenchConfig(seconds=0.3), steps_no_images=1.0)
+    assert rec is not None and rec["frames_per_s"] > 0 and rec["steps_per_s_images"] > 0
+    assert rec["ceiling_frames_per_s"] and min(rec["ceiling_frames_per_s"].values()) > 0
+    assert rec["fraction_of_ceiling"] == pytest.approx(
+        rec["frames_per_s"] / max(rec["ceiling_frames_per_s"].values()), abs=1e-3
+    )
+    assert rec["ms_per_step"]["render"] > rec["ms_per_step"]["physics"]  # drawing is the step's cost
+    assert benchmark.bench_images("Reach", 2, benchmark.BenchConfig(seconds=0.1), 1.0) is None  # no cameras
 
 
 def test_bench_async_baseline_runs():

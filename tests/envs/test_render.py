@@ -131,3 +131,44 @@ def test_headless_backend_and_osmesa_fallback(case: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
     assert "Traceback" not in out.stderr  # GL contexts are freed cleanly at exit
+
+
+def test_images_drawn_by_worker_processes_are_the_ones_drawn_here() -> None:
+    """The render pool splits the envs between this process and a worker (each with its own GL context): with
+    camera and light randomization on, every image is the one this process alone draws."""
+    dr = Randomization(camera_pos=0.02, light=0.3)
+    alone, shared = _env(4, dr, render_workers=0), _env(4, dr, render_workers=1)
+    a, _ = alone.reset(seed=3)
+    b, _ = shared.reset(seed=3)
+    assert shared._renderer.workers == 1 and alone._renderer.workers == 0
+    for _ in range(2):
+        action = np.tile(np.array([0.5, -0.5, 0.2, 0.0, 1.0], np.float32), (4, 1))
+        a, *_ = alone.step(action)
+        b, *_ = shared.step(action)
+    for cam in ("front", "wrist"):
+        np.testing.assert_array_equal(a[f"image_{cam}"], b[f"image_{cam}"])
+        assert _diff(b[f"image_{cam}"][0], b[f"image_{cam}"][3]) > 1.0  # different envs: different images
+    shared.close()
+
+
+def test_a_render_workers_error_is_raised_here_and_close_ends_it() -> None:
+    from robotrl.envs.render_pool import RenderPool
+
+    env = _env(2, render_images=False)
+    state = env.get_state()["physics"]
+    pool = RenderPool(env.task.model, 32, workers=1)
+    procs = [w._proc for w in pool._workers]
+    ok = pool.render(state, None, ("front",), np.zeros((2, 1, 3)), np.ones(2))
+    assert ok["front"].shape == (2, 32, 32, 3) and ok["front"].std() > 0
+    with pytest.raises(ValueError, match="render: camera 'nowhere' is not in the model"):
+        pool.render(state, None, ("nowhere",), np.zeros((2, 1, 3)), np.ones(2))
+    short = (np.zeros((1, 1, 3)), np.tile([1.0, 0.0, 0.0, 0.0], (1, 1, 1)))  # mocap for env 0 only: env 1 fails
+    with pytest.raises(IndexError):
+        pool.render(state, short, ("front",), np.zeros((2, 1, 3)), np.ones(2))
+    np.testing.assert_array_equal(
+        pool.render(state, None, ("front",), np.zeros((2, 1, 3)), np.ones(2))["front"], ok["front"]
+    )
+    pool.close()
+    assert all(p.poll() is not None for p in procs)
+    with pytest.raises(ValueError, match="render workers: expected >= 0, got -1"):
+        RenderPool(env.task.model, 32, workers=-1)

@@ -1,0 +1,171 @@
+"""Observation images rendered on every core: a `BatchRenderer` in this process and one in each of `workers` child
+processes, each env's images drawn by one of them.
+
+One software-GL context (Mesa's llvmpipe, what a headless machine without a GPU has) draws on one core, and MuJoCo's
+GL calls hold the GIL, so threads in one process would draw one at a time: the parallel renderers are processes. A
+worker is a plain child process (`python -m robotrl.envs.render_pool`, never a re-import of the caller's script, so
+it works from any script, a Ray actor or a daemonic process) that reads requests on its stdin and writes images to
+its stdout; it exits when this process goes away. Every worker draws with the same model, camera jitter and light
+as the calling process would, so its images are the ones `BatchRenderer` gives for those envs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import subprocess
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from robotrl.envs.render import BatchRenderer, gl_backend
+
+
+def default_workers(num_envs: int) -> int:
+    """Worker processes for `num_envs` envs: one per core beyond this process's, when each renderer gets at least
+    two envs (below that a worker's start and hand-off cost more than it saves)."""
+    return max(0, min((os.cpu_count() or 1) - 1, num_envs // 2 - 1))
+
+
+class RenderPool:
+    """`BatchRenderer.render` over `workers` child processes and this one; `workers=0` renders here only."""
+
+    def __init__(self, model: mujoco.MjModel, size: int, workers: int, shadows: bool = False) -> None:
+        if workers < 0:
+            raise ValueError(f"render workers: expected >= 0, got {workers}")
+        gl_backend()  # decided here, once: the workers inherit the choice through the environment
+        self._local = BatchRenderer(model, size, shadows)
+        self._workers: list[_Worker] = []
+        try:
+            for _ in range(workers):
+                self._workers.append(_Worker(model, size, shadows))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def workers(self) -> int:
+        return len(self._workers)
+
+    def render(
+        self,
+        states: np.ndarray,
+        mocap: tuple[np.ndarray, np.ndarray] | None,
+        cameras: tuple[str, ...],
+        camera_jitter: np.ndarray,
+        light_scale: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """Images (n, size, size, 3) uint8 per camera for n env states (FULLPHYSICS rows), as `BatchRenderer`."""
+        n = len(states)
+        bounds = np.linspace(0, n, min(len(self._workers), max(n - 1, 0)) + 2).round().astype(int)
+        chunks = list(itertools.pairwise(bounds))
+
+        def args(lo: int, hi: int) -> tuple:
+            part = None if mocap is None else (mocap[0][lo:hi], mocap[1][lo:hi])
+            return states[lo:hi], part, cameras, camera_jitter[lo:hi], light_scale[lo:hi]
+
+        busy = [(worker, lo, hi) for worker, (lo, hi) in zip(self._workers, chunks[1:]) if hi > lo]
+        for worker, lo, hi in busy:
+            worker.send(args(lo, hi))
+        try:
+            mine: dict[str, np.ndarray] | BaseException = self._local.render(*args(*chunks[0]))
+        except Exception as error:  # noqa: BLE001 -- raised below, once the workers' answers are read
+            mine = error
+        replies = [worker.reply() for worker, _, _ in busy]  # every worker's answer is read, whatever happened here
+        for reply in (mine, *replies):
+            if isinstance(reply, BaseException):
+                raise reply
+        size = self._local.size
+        out = {cam: np.empty((n, size, size, 3), np.uint8) for cam in cameras}
+        for (lo, hi), images in zip(chunks, (mine, *replies)):
+            for cam in cameras:
+                out[cam][lo:hi] = images[cam]
+        return out
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.close()
+        self._workers = []
+        self._local.close()
+
+
+class _Worker:
+    """One child process with its own GL context and `BatchRenderer`, spoken to over its stdin and stdout."""
+
+    def __init__(self, model: mujoco.MjModel, size: int, shadows: bool) -> None:
+        self._proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-m", "robotrl.envs.render_pool"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None  # both are pipes
+        self._out = Connection(self._proc.stdin.fileno(), readable=False)
+        self._in = Connection(self._proc.stdout.fileno(), writable=False)
+        self.send((model, size, shadows))
+        started = self.reply()  # the worker's renderer is up, or the error it met
+        if isinstance(started, BaseException):
+            self.close()
+            raise started
+
+    def send(self, request: tuple) -> None:
+        self._out.send_bytes(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def reply(self) -> Any:
+        """The answer to the last request: images, or the exception the worker met."""
+        try:
+            return pickle.loads(self._in.recv_bytes())
+        except EOFError:
+            raise RuntimeError("render worker: the process exited (see its error above)") from None
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):  # already gone
+            self._out.close()  # the worker's stdin ends: it exits
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._in.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+
+def _serve() -> None:
+    """The worker's loop: a renderer from the first message, then images for each request until stdin ends."""
+    stdout_fd = os.dup(1)
+    os.dup2(2, 1)  # anything a library prints goes to stderr, never into the replies
+    requests, replies = Connection(0, writable=False), Connection(stdout_fd, readable=False)
+    renderer = None
+    try:
+        while True:
+            try:
+                message = pickle.loads(requests.recv_bytes())
+            except EOFError:
+                return
+            try:
+                if renderer is None:
+                    renderer = BatchRenderer(*message)
+                    reply: Any = True
+                else:
+                    reply = renderer.render(*message)
+            except Exception as error:  # noqa: BLE001 -- sent back: the caller raises it
+                reply = error
+            replies.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+    finally:
+        if renderer is not None:
+            renderer.close()
+
+
+if __name__ == "__main__":
+    _serve()
