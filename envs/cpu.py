@@ -111,7 +111,7 @@ class CpuVectorEnv(RobotVectorEnv):
         self._sens[:] = self._sensordata  # as after mj_step: computed at the last substep's start
         clock.lap("physics")
         frame = self.frame()
-        dense, success = self.task.reward(np, frame, action)
+        numeric, dense, success = self.task.observe_and_reward(np, frame, action)
         clock.lap("task")
         # MuJoCo resets a simulation that blows up and warns: the episode ends there, as it would on a NaN
         diverged = (batch.warning[:, DIVERGED, 1].sum(axis=1) > blowups) | ~np.isfinite(batch.state).all(axis=1)
@@ -120,7 +120,7 @@ class CpuVectorEnv(RobotVectorEnv):
         truncated = (self._steps >= self.task.config.episode_steps) & ~terminated
         reward = success.astype(np.float64) if self.reward_type == "sparse" else np.where(diverged, 0.0, dense)
         clock.lap("bookkeeping")
-        obs = self._observe(clock=clock)
+        obs = self._observe(clock=clock, numeric=numeric)
         info: dict[str, Any] = {"success": success.copy(), "diverged": diverged}
         done = terminated | truncated
         if self.autoreset and done.any():
@@ -210,11 +210,17 @@ class CpuVectorEnv(RobotVectorEnv):
         self._steps[idx] = 0
         self._mocap = task.mocap(np, self._goal)
 
-    def _observe(self, idx: np.ndarray | None = None, clock: _Clock | None = None) -> dict[str, Any]:
+    def _observe(
+        self, idx: np.ndarray | None = None, clock: _Clock | None = None, numeric: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The envs' observations (all, or `idx`): the task's `numeric` ones where the step computed them already,
+        noise, images and instructions added."""
         clock = clock if clock is not None else _Clock(None)
-        clock.lap("bookkeeping")
-        obs = dict(self.task.observe(np, self.frame(idx)))
-        clock.lap("task")
+        if numeric is None:
+            clock.lap("bookkeeping")
+            numeric = self.task.observe(np, self.frame(idx))
+            clock.lap("task")
+        obs = dict(numeric)
         if self.randomization.obs_noise > 0:
             for key, value in obs.items():
                 if value.dtype.kind == "f":

@@ -153,6 +153,12 @@ class Task(abc.ABC):
     def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:
         """(dense reward (n,), success (n,) bool); the sparse reward is `success` as a float."""
 
+    def observe_and_reward(self, xp: Any, frame: Frame, action: Any) -> tuple[dict[str, Any], Any, Any]:
+        """`observe` and `reward` of one frame together, as a backend's step needs both; a task whose two share work
+        (PushT's coverage) overrides it to do that work once."""
+        dense, success = self.reward(xp, frame, action)
+        return self.observe(xp, frame), dense, success
+
     def terminated(self, xp: Any, frame: Frame) -> Any:
         """Episode ends before the time limit (a fall, an object off the table). Default: never."""
         return xp.zeros(frame.qpos.shape[0], dtype=bool)

@@ -186,11 +186,13 @@ class Chain:
             jac = jac[:, :3]
         rows = jac.shape[1]
         jac_t = xp.swapaxes(jac, 1, 2)
-        jt_inv = jac_t @ xp.linalg.inv(jac @ jac_t + (cfg.damping**2) * xp.eye(rows))  # J^T (J J^T + λ²I)^-1
-        dq = (jt_inv @ err[:, :, None])[:, :, 0]
-        if self.dof > rows:  # a redundant arm: the spare motion drifts towards `home`
+        damped = jac @ jac_t + (cfg.damping**2) * xp.eye(rows)  # J J^T + λ²I
+        if self.dof > rows:  # a redundant arm: the spare motion drifts towards `home`, both solved in one
             to_home = (xp.asarray(home) - q)[:, :, None]
-            dq = dq + cfg.nullspace_gain * (to_home - jt_inv @ (jac @ to_home))[:, :, 0]
+            y = jac_t @ xp.linalg.solve(damped, xp.concatenate([err[:, :, None], jac @ to_home], -1))
+            dq = y[:, :, 0] + cfg.nullspace_gain * (to_home[:, :, 0] - y[:, :, 1])
+        else:
+            dq = (jac_t @ xp.linalg.solve(damped, err[:, :, None]))[:, :, 0]
         dq = xp.clip(dq, -cfg.max_joint_step, cfg.max_joint_step)
         return xp.clip(q + dq, xp.asarray(self.limits[:, 0]), xp.asarray(self.limits[:, 1]))
 

@@ -305,10 +305,30 @@ class PushT(arm.ArmTask):
         return frame.qpos[:, self.block_q : self.block_q + 3]
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
+        return self._observe(xp, frame, *self._shared(xp, frame))
+
+    def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:
+        """Dense: coverage (up to the threshold), pose error and the tip's distance to the block, each squashed.
+
+        The three terms sum to less than 1 below the success coverage and the reward is exactly 1 at success,
+        so holding the block in place beats every other state.
+        """
+        return self._reward(xp, frame, *self._shared(xp, frame))
+
+    def observe_and_reward(self, xp: Any, frame: Frame, action: Any) -> tuple[dict[str, Any], Any, Any]:
+        shared = self._shared(xp, frame)
+        return (self._observe(xp, frame, *shared), *self._reward(xp, frame, *shared))
+
+    def _shared(self, xp: Any, frame: Frame) -> tuple[Any, Any]:
+        """What the observation and the reward both read: the coverage (n,) and the tip in the block's frame (n, 2)."""
+        block = self.block_pose(xp, frame)
+        tip = to_frame(xp, block, self.sensor(frame, "ee_pos")[:, None, :2])[:, 0]
+        return coverage(xp, block, frame.goal), tip
+
+    def _observe(self, xp: Any, frame: Frame, cov: Any, tool_in_block: Any) -> dict[str, Any]:
         block, target = self.block_pose(xp, frame), frame.goal
         ee = self.sensor(frame, "ee_pos")
         err = xp.concatenate([target[:, :2] - block[:, :2], _wrap(xp, target[:, 2:3] - block[:, 2:3])], -1)
-        tool_in_block = to_frame(xp, block, ee[:, None, :2])[:, 0]
         state = xp.concatenate(
             [
                 frame.qpos[:, self.arm_q],
@@ -323,23 +343,16 @@ class PushT(arm.ArmTask):
                 xp.cos(target[:, 2:3]),
                 err,
                 tool_in_block,
-                coverage(xp, block, target)[:, None],
+                cov[:, None],
             ],
             axis=-1,
         )
         return {"state": state.astype(xp.float32)}
 
-    def reward(self, xp: Any, frame: Frame, action: Any) -> tuple[Any, Any]:
-        """Dense: coverage (up to the threshold), pose error and the tip's distance to the block, each squashed.
-
-        The three terms sum to less than 1 below the success coverage and the reward is exactly 1 at success,
-        so holding the block in place beats every other state.
-        """
+    def _reward(self, xp: Any, frame: Frame, cov: Any, tool_in_block: Any) -> tuple[Any, Any]:
         block, target = self.block_pose(xp, frame), frame.goal
-        cov = coverage(xp, block, target)
         success = cov >= self.config.success_coverage
-        ee = self.sensor(frame, "ee_pos")
-        gap = xp.maximum(distance_to_t(xp, to_frame(xp, block, ee[:, None, :2])[:, 0]) - TIP_RADIUS, 0.0)
+        gap = xp.maximum(distance_to_t(xp, tool_in_block) - TIP_RADIUS, 0.0)
         dense = (
             0.6 * xp.minimum(cov / self.config.success_coverage, 1.0)
             + 0.3 * (1.0 - xp.tanh(pose_distance(xp, block, target) / 0.05))

@@ -55,6 +55,9 @@ STAND_LEG = np.array([0.0, 0.8, -1.5])
 DEFAULT_QPOS = np.tile(STAND_LEG, 4)
 JOINT_RANGE = np.array([[-0.8, 0.8], [-1.0, 2.6], [-2.7, -0.8]])
 TORQUE_LIMIT = np.array([23.7, 23.7, 35.5])  # N m, Go1-class motors (the knee is geared higher)
+#: the same per joint of the four legs, in actuator order
+JOINT_LOW, JOINT_HIGH = np.tile(JOINT_RANGE[:, 0], 4), np.tile(JOINT_RANGE[:, 1], 4)
+TORQUE_LIMITS = np.tile(TORQUE_LIMIT, 4)
 KP = 35.0
 JOINT_DAMPING = 0.8
 ARMATURE = 0.01  # reflected rotor inertia; also keeps the light calf stable at a 4 ms step
@@ -224,7 +227,7 @@ class Quadruped(Task):
 
     def control(self, xp: Any, frame: Frame, action: Any) -> Any:
         target = xp.asarray(DEFAULT_QPOS) + self.config.action_scale * action
-        return xp.clip(target, xp.asarray(np.tile(JOINT_RANGE[:, 0], 4)), xp.asarray(np.tile(JOINT_RANGE[:, 1], 4)))
+        return xp.clip(target, xp.asarray(JOINT_LOW), xp.asarray(JOINT_HIGH))
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         state = xp.concatenate(
@@ -263,7 +266,7 @@ class Quadruped(Task):
         lin_err, yaw_err = self.tracking_errors(xp, frame)
         vel, gyro = self.sensor(frame, "imu_vel"), self.sensor(frame, "imu_gyro")
         # motor torque the PD applies for this action at the reached pose (the frame has no actuator forces)
-        limit = xp.asarray(np.tile(TORQUE_LIMIT, 4))
+        limit = xp.asarray(TORQUE_LIMITS)
         torque = xp.clip(KP * (self.control(xp, frame, action) - frame.qpos[:, BASE_NQ:]), -limit, limit)
         dense = (
             1.0 * xp.exp(-lin_err / cfg.tracking_sigma)
