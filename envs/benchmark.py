@@ -53,6 +53,8 @@ class BenchConfig:
     """skip AsyncVectorEnv (it starts one process per env)"""
     images: bool = False
     """also measure image observations of the tasks with cameras: frames/s against one renderer per core"""
+    render_workers: int | None = None
+    """render worker processes of the image measurement (None: the backend's default; 0: this process only)"""
     profile: bool = False
     """cProfile the CPU backend's step at the largest num_envs and print the top functions"""
     seed: int = 0
@@ -168,7 +170,7 @@ def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float)
     from robotrl.envs import make
     from robotrl.envs.render import gl_backend
 
-    env = make(task, num_envs=n, seed=config.seed)
+    env = make(task, num_envs=n, seed=config.seed, render_workers=config.render_workers)
     cameras = env.task.cameras
     if not cameras:
         env.close()
@@ -182,7 +184,7 @@ def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float)
     env.step_seconds = parts
     calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds, warmup=0)
     frames_per_s = n * len(cameras) * calls / parts["render"]
-    states, size = env.get_state()["physics"], env.task.config.image_size
+    states, size, workers = env.get_state()["physics"], env.task.config.image_size, env.render_workers
     env.close()
     cores = os.cpu_count() or 1
     ceilings: dict[str, float] = {}
@@ -208,6 +210,7 @@ def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float)
         "task": task,
         "num_envs": n,
         "gl": gl_backend(),
+        "render_workers": workers,
         "frames_per_s": round(frames_per_s, 1),
         "ceiling_frames_per_s": ceilings,
         "fraction_of_ceiling": round(frames_per_s / best, 3),

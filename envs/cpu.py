@@ -244,13 +244,18 @@ class CpuVectorEnv(RobotVectorEnv):
             obs[key][idx] = value
         return obs
 
+    @property
+    def render_workers(self) -> int:
+        """The processes beside this one that draw the image observations."""
+        from robotrl.envs.render_pool import default_workers
+
+        return default_workers(self.num_envs) if self._render_workers is None else self._render_workers
+
     def _renderer_for(self) -> Any:
         if self._renderer is None:
-            from robotrl.envs.render_pool import RenderPool, default_workers
+            from robotrl.envs.render_pool import RenderPool
 
-            workers = self._render_workers
-            workers = default_workers(self.num_envs) if workers is None else workers
-            self._renderer = RenderPool(self.task.model, self.task.config.image_size, workers)
+            self._renderer = RenderPool(self.task.model, self.task.config.image_size, self.render_workers)
         return self._renderer
 
     def _render(self, ids: np.ndarray) -> dict[str, np.ndarray]:
