@@ -223,7 +223,7 @@ def down_rotation(xp: Any, yaw: Any) -> Any:
     """Tool pointing straight down (tool z = -world z), turned by `yaw` about the world z axis."""
     c, s = xp.cos(yaw), xp.sin(yaw)
     z, o = xp.zeros_like(yaw), xp.ones_like(yaw)
-    return xp.stack([xp.stack([c, s, z], -1), xp.stack([s, -c, z], -1), xp.stack([z, z, -o], -1)], -2)
+    return xp.stack([c, s, z, s, -c, z, z, z, -o], -1).reshape(*yaw.shape, 3, 3)
 
 
 def tool_yaw(xp: Any, rot: Any) -> Any:
