@@ -76,11 +76,9 @@ def random_actions(space: Any, count: int, seed: int) -> np.ndarray:
     return rng.uniform(space.low, space.high, (count, *space.shape)).astype(space.dtype)
 
 
-def bench_cpu(task: str, n: int, config: BenchConfig) -> tuple[float, int, dict[str, float]]:
-    """(env steps/s, control steps timed, ms per control step by part of the step)."""
-    from robotrl.envs import make
-
-    env = make(task, num_envs=n, seed=config.seed, render_images=False)
+def timed_steps(env: Any, config: BenchConfig) -> tuple[int, float, dict[str, float]]:
+    """Step a CPU-backend env with random actions for `config.seconds` after a short warm-up: (control steps,
+    seconds, ms per control step by part of the step)."""
     env.reset(seed=config.seed)
     actions = random_actions(env.action_space, 64, config.seed)
     i = iter(range(1 << 62))
@@ -89,8 +87,17 @@ def bench_cpu(task: str, n: int, config: BenchConfig) -> tuple[float, int, dict[
     parts: dict[str, float] = {}
     env.step_seconds = parts
     calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds, warmup=0)
+    return calls, elapsed, {k: round(1e3 * v / calls, 4) for k, v in sorted(parts.items())}
+
+
+def bench_cpu(task: str, n: int, config: BenchConfig) -> tuple[float, int, dict[str, float]]:
+    """(env steps/s, control steps timed, ms per control step by part of the step)."""
+    from robotrl.envs import make
+
+    env = make(task, num_envs=n, seed=config.seed, render_images=False)
+    calls, elapsed, split = timed_steps(env, config)
     env.close()
-    return n * calls / elapsed, calls, {k: round(1e3 * v / calls, 4) for k, v in sorted(parts.items())}
+    return n * calls / elapsed, calls, split
 
 
 def bench_async(task: str, n: int, config: BenchConfig) -> float:
@@ -175,15 +182,8 @@ def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float)
     if not cameras:
         env.close()
         return None
-    env.reset(seed=config.seed)
-    actions = random_actions(env.action_space, 64, config.seed)
-    i = iter(range(1 << 62))
-    for _ in range(3):
-        env.step(actions[next(i) % 64])
-    parts: dict[str, float] = {}
-    env.step_seconds = parts
-    calls, elapsed = timed(lambda: env.step(actions[next(i) % 64]), config.seconds, warmup=0)
-    frames_per_s = n * len(cameras) * calls / parts["render"]
+    calls, elapsed, split = timed_steps(env, config)
+    frames_per_s = n * len(cameras) / (1e-3 * split["render"])
     states, size, workers = env.get_state()["physics"], env.task.config.image_size, env.render_workers
     env.close()
     cores = os.cpu_count() or 1
@@ -216,7 +216,7 @@ def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float)
         "fraction_of_ceiling": round(frames_per_s / best, 3),
         "steps_per_s_images": round(n * calls / elapsed, 1),
         "steps_per_s_no_images": round(steps_no_images, 1),
-        "ms_per_step": {k: round(1e3 * v / calls, 4) for k, v in sorted(parts.items())},
+        "ms_per_step": split,
     }
 
 
