@@ -169,13 +169,13 @@ def bench_ceiling(task: str, n: int, config: BenchConfig, steps: int) -> float:
 
 def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float) -> dict[str, Any] | None:
     """Frames/s of the CPU backend's image observations against one `mujoco.Renderer` per core (None: no cameras)."""
-    import pickle
     import subprocess
     import sys
     import tempfile
 
     from robotrl.envs import make
     from robotrl.envs.render import gl_backend
+    from robotrl.envs.render_pool import model_bytes, pack
 
     env = make(task, num_envs=n, seed=config.seed, render_workers=config.render_workers)
     cameras = env.task.cameras
@@ -189,9 +189,9 @@ def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float)
     cores = os.cpu_count() or 1
     ceilings: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        scene = os.path.join(tmp, "scene.pkl")
+        scene = os.path.join(tmp, "scene.bin")
         with open(scene, "wb") as f:
-            pickle.dump((env.task.model, states, cameras, size), f)
+            f.write(pack(model=model_bytes(env.task.model), states=states, cameras=np.array(cameras), size=size))
         for backend in ("egl", "osmesa"):
             start = time.time() + 5.0  # every process draws over the same window
             code = f"from robotrl.envs.benchmark import draw_loop; draw_loop({scene!r}, {start}, {config.seconds})"
@@ -221,14 +221,16 @@ def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float)
 
 
 def draw_loop(scene: str, start: float, seconds: float) -> None:
-    """One `mujoco.Renderer` drawing a pickled scene's states and cameras over [start, start + seconds]; prints
-    its frames/s (a process of `bench_images`' ceiling)."""
-    import pickle
-
+    """One `mujoco.Renderer` drawing a saved scene's states and cameras over [start, start + seconds]; prints its
+    frames/s (a process of `bench_images`' ceiling)."""
     import mujoco
 
+    from robotrl.envs.render_pool import model_from_bytes, unpack
+
     with open(scene, "rb") as f:
-        model, states, cameras, size = pickle.load(f)
+        saved = unpack(f.read())
+    model, states, size = model_from_bytes(saved["model"]), saved["states"], int(saved["size"])
+    cameras = [str(c) for c in saved["cameras"]]
     renderer = mujoco.Renderer(model, size, size)
     renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False  # as the backend draws observations
     option = mujoco.MjvOption()

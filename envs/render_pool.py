@@ -6,15 +6,17 @@ GL calls hold the GIL, so threads in one process would draw one at a time: the p
 worker is a plain child process (`python -m robotrl.envs.render_pool`, never a re-import of the caller's script, so
 it works from any script, a Ray actor or a daemonic process) that reads requests on its stdin and writes images to
 its stdout; it exits when this process goes away. Every worker draws with the same model, camera jitter and light
-as the calling process would, so its images are the ones `BatchRenderer` gives for those envs.
+as the calling process would, so its images are the ones `BatchRenderer` gives for those envs. Nothing crosses as a
+pickle: the model goes as MuJoCo's binary MJB, arrays as their raw bytes after a JSON header of dtypes and shapes.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import itertools
+import json
 import os
-import pickle
 import subprocess
 import sys
 from multiprocessing.connection import Connection
@@ -24,6 +26,39 @@ import mujoco
 import numpy as np
 
 from robotrl.envs.render import BatchRenderer, gl_backend
+
+
+def model_bytes(model: mujoco.MjModel) -> np.ndarray:
+    """A model as MuJoCo's binary MJB, in memory (uint8)."""
+    buf = np.empty(mujoco.mj_sizeModel(model), np.uint8)
+    mujoco.mj_saveModel(model, None, buf)
+    return buf
+
+
+def model_from_bytes(buf: np.ndarray) -> mujoco.MjModel:
+    return mujoco.MjModel.from_binary_path("model.mjb", {"model.mjb": buf.tobytes()})
+
+
+def pack(**arrays: Any) -> bytes:
+    """Named arrays as bytes: the length of a JSON header of each one's dtype and shape, the header, then each one's
+    raw bytes (numbers and strings only: nothing is pickled)."""
+    arrays = {k: np.asarray(v, order="C") for k, v in arrays.items()}
+    for name, value in arrays.items():
+        if value.dtype.hasobject:
+            raise TypeError(f"pack: {name!r} holds Python objects; expected numbers or strings")
+    header = json.dumps({k: [v.dtype.str, list(v.shape)] for k, v in arrays.items()}).encode()
+    return b"".join([len(header).to_bytes(8, "little"), header, *(v.tobytes() for v in arrays.values())])
+
+
+def unpack(data: bytes) -> dict[str, np.ndarray]:
+    """`pack`'s arrays back (read-only views of `data`)."""
+    length = int.from_bytes(data[:8], "little")
+    offset, out = 8 + length, {}
+    for name, (dtype, shape) in json.loads(data[8:offset]).items():
+        count = int(np.prod(shape))
+        out[name] = np.frombuffer(data, np.dtype(dtype), count, offset).reshape(shape)
+        offset += count * np.dtype(dtype).itemsize
+    return out
 
 
 def default_workers(num_envs: int) -> int:
@@ -107,21 +142,33 @@ class _Worker:
         assert self._proc.stdin is not None and self._proc.stdout is not None  # both are pipes
         self._out = Connection(self._proc.stdin.fileno(), readable=False)
         self._in = Connection(self._proc.stdout.fileno(), writable=False)
-        self.send((model, size, shadows))
+        self._cameras: tuple[str, ...] = ()
+        self._out.send_bytes(pack(model=model_bytes(model), size=np.array(size), shadows=np.array(shadows)))
         started = self.reply()  # the worker's renderer is up, or the error it met
         if isinstance(started, BaseException):
             self.close()
             raise started
 
     def send(self, request: tuple) -> None:
-        self._out.send_bytes(pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL))
+        """A `BatchRenderer.render` call's arguments."""
+        states, mocap, cameras, jitter, light = request
+        arrays = {"states": states, "cameras": np.array(cameras, dtype=str), "jitter": jitter, "light": light}
+        if mocap is not None:
+            arrays.update(mocap_pos=mocap[0], mocap_quat=mocap[1])
+        self._cameras = tuple(cameras)
+        self._out.send_bytes(pack(**arrays))
 
     def reply(self) -> Any:
-        """The answer to the last request: images, or the exception the worker met."""
+        """The answer to the last request: images by camera, or the exception the worker met."""
         try:
-            return pickle.loads(self._in.recv_bytes())
+            reply = unpack(self._in.recv_bytes())
         except EOFError:
             raise RuntimeError("render worker: the process exited (see its error above)") from None
+        if "error" in reply:
+            kind = getattr(builtins, str(reply["error_type"]), None)
+            kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
+            return kind(str(reply["error"]))
+        return {cam: reply[str(k)] for k, cam in enumerate(self._cameras)} if self._cameras else True
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -150,18 +197,21 @@ def _serve() -> None:
     try:
         while True:
             try:
-                message = pickle.loads(requests.recv_bytes())
+                m = unpack(requests.recv_bytes())
             except EOFError:
                 return
             try:
                 if renderer is None:
-                    renderer = BatchRenderer(*message)
-                    reply: Any = True
+                    renderer = BatchRenderer(model_from_bytes(m["model"]), int(m["size"]), bool(m["shadows"]))
+                    reply: dict[str, np.ndarray] = {}
                 else:
-                    reply = renderer.render(*message)
+                    mocap = (m["mocap_pos"], m["mocap_quat"]) if "mocap_pos" in m else None
+                    cameras = tuple(str(c) for c in m["cameras"])
+                    images = renderer.render(m["states"], mocap, cameras, m["jitter"], m["light"])
+                    reply = {str(k): images[cam] for k, cam in enumerate(cameras)}
             except Exception as error:  # noqa: BLE001 -- sent back: the caller raises it
-                reply = error
-            replies.send_bytes(pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+                reply = {"error_type": np.array(type(error).__name__), "error": np.array(str(error))}
+            replies.send_bytes(pack(**reply))
     finally:
         if renderer is not None:
             renderer.close()
