@@ -117,7 +117,8 @@ class RenderPool:
                 raise reply
         size = self._local.size
         out = {cam: np.empty((n, size, size, 3), np.uint8) for cam in cameras}
-        for (lo, hi), images in zip(chunks, (mine, *replies)):
+        parts = [(*chunks[0], mine)] + [(lo, hi, reply) for (_, lo, hi), reply in zip(busy, replies)]
+        for lo, hi, images in parts:
             for cam in cameras:
                 out[cam][lo:hi] = images[cam]
         return out
