@@ -225,6 +225,7 @@ def draw_loop(scene: str, start: float, seconds: float) -> None:
     frames/s (a process of `bench_images`' ceiling)."""
     import mujoco
 
+    from robotrl.envs.render import pose_for_drawing
     from robotrl.envs.render_pool import model_from_bytes, unpack
 
     with open(scene, "rb") as f:
@@ -238,10 +239,7 @@ def draw_loop(scene: str, start: float, seconds: float) -> None:
     data = mujoco.MjData(model)
 
     def draw(i: int) -> None:
-        mujoco.mj_setState(model, data, states[i % len(states)], int(mujoco.mjtState.mjSTATE_FULLPHYSICS))
-        mujoco.mj_kinematics(model, data)
-        mujoco.mj_comPos(model, data)
-        mujoco.mj_camlight(model, data)
+        pose_for_drawing(model, data, states[i % len(states)])
         for cam in cameras:
             renderer.update_scene(data, cam, scene_option=option)
             renderer.render()

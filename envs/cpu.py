@@ -36,8 +36,6 @@ DIVERGED = [
     int(w)
     for w in (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL, mujoco.mjtWarning.mjWARN_BADQACC)
 ]
-#: the parts of a step that `CpuVectorEnv.step_seconds` adds up
-STEP_PARTS = ("physics", "task", "render", "bookkeeping")
 
 
 class CpuVectorEnv(RobotVectorEnv):
@@ -86,8 +84,8 @@ class CpuVectorEnv(RobotVectorEnv):
         self._render_workers = render_workers
         self._camera_jitter = np.zeros((n, max(len(task.cameras), 1), 3))
         self._light_scale = np.ones(n)
-        #: set to a dict to add up, per part of `step` (STEP_PARTS), the seconds it took: where a step's time goes
-        #: (bench/envs.py prints it); None (the default) times nothing
+        #: set to a dict to add up, per part of `step` ("physics", "task", "render", "bookkeeping"), the seconds it
+        #: took: where a step's time goes (bench/envs.py prints it); None (the default) times nothing
         self.step_seconds: dict[str, float] | None = None
 
     # --- gymnasium API -------------------------------------------------------------------------------
@@ -272,7 +270,7 @@ class CpuVectorEnv(RobotVectorEnv):
 
         mocap = None if self._mocap is None else (self._mocap[0][i], self._mocap[1][i])
         # geometry and looks are the same in every randomized copy: one cached renderer for all envs
-        return render_frame(self.task.model, self._physics(np.array([i]))[0], mocap, camera, size)
+        return render_frame(self.task.model, self._live().state[i, self._physics_cols], mocap, camera, size)
 
     def _physics(self, idx: np.ndarray | None = None) -> np.ndarray:
         """The simulations' states (n, nstate) in the FULLPHYSICS layout."""

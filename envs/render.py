@@ -132,15 +132,7 @@ class _Offscreen:
         return cam
 
     def set_state(self, state: np.ndarray, mocap: tuple[np.ndarray, np.ndarray] | None) -> None:
-        """Load a FULLPHYSICS state and compute only what drawing needs (poses, cameras, lights)."""
-        m, d = self.model, self.data
-        mujoco.mj_setState(m, d, state, FULLPHYSICS)
-        if mocap is not None and m.nmocap:
-            d.mocap_pos[:] = mocap[0]
-            d.mocap_quat[:] = mocap[1]
-        mujoco.mj_kinematics(m, d)
-        mujoco.mj_comPos(m, d)
-        mujoco.mj_camlight(m, d)
+        pose_for_drawing(self.model, self.data, state, mocap)
 
     def render(self, camera: str | None, out: np.ndarray | None = None) -> np.ndarray:
         self._ctx.make_current()
@@ -164,6 +156,19 @@ class _Offscreen:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown: the GL library may already be gone
             self.close()
+
+
+def pose_for_drawing(
+    model: mujoco.MjModel, data: mujoco.MjData, state: np.ndarray, mocap: tuple[np.ndarray, np.ndarray] | None = None
+) -> None:
+    """Load a FULLPHYSICS state into `data` and compute only what drawing needs (poses, cameras, lights)."""
+    mujoco.mj_setState(model, data, state, FULLPHYSICS)
+    if mocap is not None and model.nmocap:
+        data.mocap_pos[:] = mocap[0]
+        data.mocap_quat[:] = mocap[1]
+    mujoco.mj_kinematics(model, data)
+    mujoco.mj_comPos(model, data)
+    mujoco.mj_camlight(model, data)
 
 
 def _close_all() -> None:

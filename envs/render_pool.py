@@ -27,6 +27,9 @@ import numpy as np
 
 from robotrl.envs.render import BatchRenderer, gl_backend
 
+#: a reply's names: each camera's images under IMAGE + its name, or the worker's exception (its type and message)
+IMAGE, ERROR, ERROR_MESSAGE = "image:", "error:type", "error:message"
+
 
 def model_bytes(model: mujoco.MjModel) -> np.ndarray:
     """A model as MuJoCo's binary MJB, in memory (uint8)."""
@@ -143,7 +146,6 @@ class _Worker:
         assert self._proc.stdin is not None and self._proc.stdout is not None  # both are pipes
         self._out = Connection(self._proc.stdin.fileno(), readable=False)
         self._in = Connection(self._proc.stdout.fileno(), writable=False)
-        self._cameras: tuple[str, ...] = ()
         self._out.send_bytes(pack(model=model_bytes(model), size=np.array(size), shadows=np.array(shadows)))
         started = self.reply()  # the worker's renderer is up, or the error it met
         if isinstance(started, BaseException):
@@ -156,7 +158,6 @@ class _Worker:
         arrays = {"states": states, "cameras": np.array(cameras, dtype=str), "jitter": jitter, "light": light}
         if mocap is not None:
             arrays.update(mocap_pos=mocap[0], mocap_quat=mocap[1])
-        self._cameras = tuple(cameras)
         self._out.send_bytes(pack(**arrays))
 
     def reply(self) -> Any:
@@ -165,11 +166,11 @@ class _Worker:
             reply = unpack(self._in.recv_bytes())
         except EOFError:
             raise RuntimeError("render worker: the process exited (see its error above)") from None
-        if "error" in reply:
-            kind = getattr(builtins, str(reply["error_type"]), None)
+        if ERROR in reply:
+            kind = getattr(builtins, str(reply[ERROR]), None)
             kind = kind if isinstance(kind, type) and issubclass(kind, Exception) else RuntimeError
-            return kind(str(reply["error"]))
-        return {cam: reply[str(k)] for k, cam in enumerate(self._cameras)} if self._cameras else True
+            return kind(str(reply[ERROR_MESSAGE]))
+        return {name.removeprefix(IMAGE): images for name, images in reply.items()}
 
     def close(self) -> None:
         proc, self._proc = self._proc, None
@@ -204,14 +205,14 @@ def _serve() -> None:
             try:
                 if renderer is None:
                     renderer = BatchRenderer(model_from_bytes(m["model"]), int(m["size"]), bool(m["shadows"]))
-                    reply: dict[str, np.ndarray] = {}
+                    reply: dict[str, np.ndarray] = {}  # the renderer is up: nothing else to say
                 else:
                     mocap = (m["mocap_pos"], m["mocap_quat"]) if "mocap_pos" in m else None
                     cameras = tuple(str(c) for c in m["cameras"])
                     images = renderer.render(m["states"], mocap, cameras, m["jitter"], m["light"])
-                    reply = {str(k): images[cam] for k, cam in enumerate(cameras)}
+                    reply = {IMAGE + cam: value for cam, value in images.items()}
             except Exception as error:  # noqa: BLE001 -- sent back: the caller raises it
-                reply = {"error_type": np.array(type(error).__name__), "error": np.array(str(error))}
+                reply = {ERROR: np.array(type(error).__name__), ERROR_MESSAGE: np.array(str(error))}
             replies.send_bytes(pack(**reply))
     finally:
         if renderer is not None:

@@ -128,6 +128,7 @@ class Chain:
         self._site = fixed @ _homogeneous(_quat_mat(model.site_quat[sid]), model.site_pos[sid].copy())
         self._axes, self._anchors = np.stack(axes)[:, :, None], np.stack(anchors)[:, :, None]  # (dof, 3, 1)
         self._hinge = np.array(hinges)
+        self._slides = not self._hinge.all()
         self._qpos0 = np.array(qpos0)
         self.joint_names: tuple[str, ...] = tuple(names)
         self.joint_ids: tuple[int, ...] = tuple(jids)
@@ -143,7 +144,7 @@ class Chain:
         the world frame, for joint positions `q` (n, dof)."""
         x = q - xp.asarray(self._qpos0)
         s, c = xp.sin(x), xp.cos(x)
-        if not self._hinge.all():  # a slide's transform is linear in its displacement
+        if self._slides:  # a slide's transform is linear in its displacement
             s = xp.where(xp.asarray(self._hinge), s, x)
         a0, a1, a2 = (xp.asarray(t) for t in self._terms)
         local = a0 + s[:, :, None, None] * a1 + c[:, :, None, None] * a2  # (n, dof, 4, 4)
@@ -157,7 +158,7 @@ class Chain:
         site = frames[-1] @ xp.asarray(self._site)
         pos = site[:, :3, 3]
         linear = _cross(xp, axes, pos[:, None, :] - anchors)
-        if not self._hinge.all():  # a slide joint moves the site along its axis and turns nothing
+        if self._slides:  # a slide joint moves the site along its axis and turns nothing
             hinge = xp.asarray(self._hinge)[None, :, None]
             linear = xp.where(hinge, linear, axes)
             axes = axes * hinge.astype(axes.dtype)
