@@ -10,6 +10,9 @@ Prints one JSON line per (task, num_envs):
   fraction_of_ceiling  cpu / ceiling (goals: >= 0.85 at 32 envs, >= 0.7 at 8)
   ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`): physics,
                        task code (control, observation, reward), rendering and bookkeeping, ms per call
+  fraction_without_task  the ceiling's time per control step over the step's physics and bookkeeping alone: the
+                       fraction the backend would reach if the task code cost nothing, so a goal above it cannot be
+                       met by making the task code faster
 
 With `--images`, one more line per (task with cameras, num_envs):
   frames_per_s         camera images/s the CPU backend draws while stepping with image observations
@@ -287,6 +290,7 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
                 "cpu_steps_per_s": round(cpu, 1),
                 "ceiling_steps_per_s": round(ceiling, 1),
                 "fraction_of_ceiling": round(cpu / ceiling, 3),
+                "fraction_without_task": round(1e3 * n / ceiling / (split["physics"] + split["bookkeeping"]), 3),
                 "ms_per_step": split,
             }
             if not config.skip_async:

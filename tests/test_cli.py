@@ -192,6 +192,8 @@ def test_envs_bench_prints_json_lines():
     split = rec["ms_per_step"]  # where a step's time goes: the parts add up to the step
     assert set(split) == {"physics", "task", "bookkeeping"} and min(split.values()) > 0
     assert sum(split.values()) == pytest.approx(1e3 * 2 / rec["cpu_steps_per_s"], rel=0.1)
+    # the task code left out, the step is shorter: the fraction without it is above the fraction with it
+    assert rec["fraction_without_task"] > rec["fraction_of_ceiling"]
 
 
 def test_the_image_bench_sets_frames_against_one_renderer_per_core():
