@@ -126,7 +126,8 @@ class PipelineConfig:
     success it reports)"""
     demo_episodes: int | None = None
     demo_noise: float | None = None
-    """the scripted expert's noise for the demos (the recipe's: the task's stand-in for a human, capped at 0.5)"""
+    """the scripted expert's noise for the demos (the recipe's; where it sets none, the task's stand-in for a human
+    capped at 0.5)"""
     bc_steps: int | None = None
     bc_batch_size: int | None = None
     bc_lr: float | None = None
