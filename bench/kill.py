@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from robotrl.training.loop import TRAIN_STATE, load_train_state
+
 ROBOTRL = str(Path(sys.executable).parent / "robotrl")
 QUIET = ["--no-progress", "--threads", "1"]
 
@@ -103,7 +105,7 @@ OPS = [
         lambda i, o: ["policy", "export", "--policy", str(i / "bc" / "policy"), "--out", str(o)],
         "export",
     ),
-    Op("train bc", lambda i, o: bc_flow(i / "a.zarr", o, 600, 50), "run", "{name}/train_state.pt"),
+    Op("train bc", lambda i, o: bc_flow(i / "a.zarr", o, 600, 50), "run", "{name}/" + TRAIN_STATE),
     Op(
         "train sac",
         lambda i, o: [
@@ -111,7 +113,7 @@ OPS = [
             *("--hidden", "64", "64", "--eval-episodes", "0", "--checkpoint-every", "100", "--run-dir", str(o), *QUIET),
         ],
         "run",
-        "{name}/train_state.pt",
+        "{name}/" + TRAIN_STATE,
     ),
     Op(
         "train ppo",
@@ -120,19 +122,19 @@ OPS = [
             *("--hidden", "32", "32", "--checkpoint-every", "128", "--eval-episodes", "0", "--run-dir", str(o), *QUIET),
         ],
         "run",
-        "{name}/train_state.pt",
+        "{name}/" + TRAIN_STATE,
     ),
     Op(
         "train online",
         lambda i, o: ["train", "online", "--policy", str(i / "bc" / "policy"), *ONLINE, "--run-dir", str(o), *QUIET],
         "run",
-        "{name}/train_state.pt",
+        "{name}/" + TRAIN_STATE,
     ),
     Op(
         "train hil",
         lambda i, o: ["train", "hil", "--policy", str(i / "bc" / "policy"), *ONLINE, "--run-dir", str(o), *QUIET],
         "run",
-        "{name}/train_state.pt",
+        "{name}/" + TRAIN_STATE,
     ),
     Op(
         "train offline",
@@ -143,7 +145,7 @@ OPS = [
             *(*FLOW_RL, "--run-dir", str(o), *QUIET),
         ],
         "run",
-        "{name}/train_state.pt",
+        "{name}/" + TRAIN_STATE,
     ),
     Op(
         "policy distill",
@@ -153,7 +155,7 @@ OPS = [
             *("--eval-episodes", "0", "--dagger-rounds", "0", "--run-dir", str(o), *QUIET),
         ],
         "run",
-        "{name}/train_state.pt",
+        "{name}/" + TRAIN_STATE,
     ),
     Op("run", lambda i, o: ["run", "--budget", "smoke", "--run-dir", str(o), *QUIET], "run", "{name}/config.yaml"),
 ]
@@ -278,10 +280,10 @@ def tensors(root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in sorted(root.rglob("*")):
         rel = str(f.relative_to(root))
-        if f.suffix == ".safetensors":
+        if f.name == TRAIN_STATE:
+            flat(rel, load_train_state(f), out)
+        elif f.suffix == ".safetensors":
             flat(rel, load_file(f), out)
-        elif f.name == "train_state.pt":
-            flat(rel, torch_load(f), out)
         elif f.suffix == ".onnx":
             out[rel] = hashlib.sha256(f.read_bytes()).hexdigest()
     return out
@@ -314,8 +316,8 @@ def check(op: Op, shared: Path, twin: Path, out: Path) -> tuple[str, str | None]
     args = op.argv(shared, out)
     if op.kind == "run":
         left = "a run directory"
-        if (out / "train_state.pt").exists():
-            left = f"a train state at step {torch_load(out / 'train_state.pt')['step']}"
+        if (out / TRAIN_STATE).exists():
+            left = f"a train state at step {load_train_state(out / TRAIN_STATE)['step']}"
         elif (out / "stages.jsonl").exists():
             left = f"{len((out / 'stages.jsonl').read_text().splitlines())} stages finished"
         robotrl([*args, "--resume"])
@@ -358,12 +360,6 @@ def begun(op: Op, out: Path) -> Callable[[], bool]:
     """Whether `op`'s work into `out` has begun (its marker exists)."""
     pattern = op.marker.format(name=out.name)
     return lambda: any(out.parent.glob(pattern))
-
-
-def torch_load(path: Path) -> Any:
-    import torch
-
-    return torch.load(path, weights_only=True)
 
 
 def episodes(args: list[str]) -> int:

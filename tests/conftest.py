@@ -15,6 +15,7 @@ from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
 from robotrl.policies.timing import torch_threads
 from robotrl.rl.ppo_mjx import CPU_XLA_FLAGS
+from robotrl.training.loop import TRAIN_STATE, load_train_state
 
 # Two pytest-xdist workers share two cores: each runs torch on one thread, and so do the commands its tests start
 # (a second thread per worker only spins against the other worker's). Tests that set threads set them themselves.
@@ -153,15 +154,13 @@ def _kill_after_first_train_state(args: list[str], state: Path, timeout: float =
     import subprocess
     import time
 
-    import torch
-
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + timeout
     while not state.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    return int(torch.load(state, weights_only=True)["step"])
+    return int(load_train_state(state)["step"])
 
 
 @pytest.fixture
@@ -276,20 +275,17 @@ def offline_reach_mlp_flow(offline_reach_demos: Path, tmp_path_factory: pytest.T
     )
 
 
-def _agent_weights(path: Path) -> dict:
-    import torch
-
-    weights = torch.load(path, weights_only=True)
-    return weights.get("agent", weights)
+def _agent(state: dict) -> dict:
+    return state.get("agent", state)
 
 
-def _assert_same_run(a: Path, b: Path, weights: str = "train_state.pt", store_keys: tuple[str, ...] = ()) -> None:
-    """Two run directories ended identically: every tensor of their agents (`weights`: a train state or a state
-    dict) bit for bit, and for `store_keys` the same steps on their replay stores."""
+def _assert_same_run(a: Path, b: Path, store_keys: tuple[str, ...] = ()) -> None:
+    """Two run directories ended identically: every tensor of their agents (in their train states) bit for bit,
+    and for `store_keys` the same steps on their replay stores."""
     import numpy as np
     import torch
 
-    wa, wb = _agent_weights(a / weights), _agent_weights(b / weights)
+    wa, wb = (_agent(load_train_state(run / TRAIN_STATE)) for run in (a, b))
     assert wa.keys() == wb.keys()
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)

@@ -26,6 +26,7 @@ from robotrl.policies import load
 from robotrl.rl.actor_learner import ActorLearnerConfig, WorkerDied, train
 from robotrl.rl.replay import ReplayBuffer
 from robotrl.rl.sac import Agent, evaluate
+from robotrl.training.loop import TRAIN_STATE, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -135,7 +136,7 @@ def test_asynchronous_workers_stay_within_the_staleness_bound_and_learn(
     result = train(cfg)
     store = EpisodeStore.open(tmp_path / "async" / "replay.zarr")
     staleness = np.concatenate([e["staleness"] for e in store.episodes])
-    filled = torch.load(tmp_path / "async" / "train_state.pt", weights_only=True)["replay"]["filled"].numpy()
+    filled = load_train_state(tmp_path / "async" / TRAIN_STATE)["replay"]["filled"].numpy()
     assert filled.sum() == 2000 and len(staleness) == store.num_steps == (filled // 60 * 60).sum()  # all but unfinished
     assert staleness.max() <= 2 and (staleness > 0).mean() > 0.1, np.bincount(staleness)
     for env in (0, 2):  # a worker's weights never go back to an older version (an env of each worker)
@@ -154,7 +155,7 @@ def test_a_dead_worker_process_is_a_clear_error_and_the_run_resumes_exactly(ray_
 
     def kill_worker_after_first_train_state() -> None:
         deadline = time.monotonic() + 120
-        while not (cfg.run_dir / "train_state.pt").exists() and time.monotonic() < deadline:  # type: ignore[operator]
+        while not (cfg.run_dir / TRAIN_STATE).exists() and time.monotonic() < deadline:  # type: ignore[operator]
             time.sleep(0.01)
         pid = json.loads((cfg.run_dir / "workers.json").read_text())[1]["pid"]  # type: ignore[operator]
         os.kill(pid, signal.SIGKILL)
@@ -162,10 +163,12 @@ def test_a_dead_worker_process_is_a_clear_error_and_the_run_resumes_exactly(ray_
 
     killer = threading.Thread(target=kill_worker_after_first_train_state)
     killer.start()
-    with pytest.raises(WorkerDied, match=r"rollout worker 1 \(Ray actor, pid \d+\) died .*train_state.pt.*--resume"):
+    with pytest.raises(
+        WorkerDied, match=r"rollout worker 1 \(Ray actor, pid \d+\) died .*train_state.safetensors.*--resume"
+    ):
         train(cfg)
     killer.join()
-    assert killed and torch.load(tmp_path / "died" / "train_state.pt", weights_only=True)["step"] < 480
+    assert killed and load_train_state(tmp_path / "died" / TRAIN_STATE)["step"] < 480
     train(replace(cfg, resume=True))
     train(small(tmp_path / "straight"))  # in process: the synchronous schedule is the same on both transports
     assert_same_run(tmp_path / "straight", tmp_path / "died")
@@ -212,7 +215,7 @@ def test_killed_asynchronous_run_resumes_exactly(tmp_path: Path, kill_after_firs
         str(cfg.run_dir),
         "--no-progress",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 96 <= step < 480, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))

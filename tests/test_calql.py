@@ -19,7 +19,7 @@ from robotrl.rl.calql import CalqlConfig, make_agent, train
 from robotrl.rl.replay import DemoTransitions
 from robotrl.rl.sac import Agent, SacConfig, actor_fn, load_pretrained, train as train_sac
 from robotrl.training.evaluate import evaluate_state_actor
-from robotrl.training.loop import RLResult, TrainingDiverged
+from robotrl.training.loop import TRAIN_STATE, RLResult, TrainingDiverged, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -49,7 +49,7 @@ def calql_run(offline_reach_demos: Path, tmp_path_factory: pytest.TempPathFactor
 
 def trained_agent(run: RLResult, config: CalqlConfig) -> Agent:
     agent = make_agent(23, 3, -torch.ones(3), torch.ones(3), config)
-    agent.load_state_dict(torch.load(run.run_dir / "train_state.pt", weights_only=True)["agent"])
+    agent.load_state_dict(load_train_state(run.run_dir / TRAIN_STATE)["agent"])
     return agent
 
 
@@ -187,7 +187,7 @@ def test_killed_run_resumes_exactly(
         str(cfg.run_dir),
         "--no-progress",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 50 <= step < 200, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
@@ -205,11 +205,11 @@ def test_nan_loss_stops_and_keeps_the_last_good_train_state(offline_reach_demos:
         hidden=(32, 32),
         eval_episodes=0,
     )  # an absurd learning rate blows the weights up
-    message = r"calql step (\d+) \(last train state: .*train_state.pt\): \w+ loss is (nan|inf)"
+    message = r"calql step (\d+) \(last train state: .*train_state.safetensors\): \w+ loss is (nan|inf)"
     with pytest.raises(TrainingDiverged, match=message) as error:
         train(cfg)
     failed = int(re.search(message, str(error.value)).group(1))  # type: ignore[union-attr]
-    state = torch.load(tmp_path / "nan" / "train_state.pt", weights_only=True)
+    state = load_train_state(tmp_path / "nan" / TRAIN_STATE)
     assert state["step"] == failed  # the state after the last update that went through
     assert all(torch.isfinite(v).all() for v in state["agent"].values())
 
@@ -258,7 +258,7 @@ def test_wsrl_fine_tunes_a_calql_agent_online(
     )
     sac_agent = Agent(23, 3, -torch.ones(3), torch.ones(3), online_config)
     load_pretrained(sac_agent, tmp_path / "calql")
-    weights = torch.load(tmp_path / "calql" / "train_state.pt", weights_only=True)["agent"]
+    weights = load_train_state(tmp_path / "calql" / TRAIN_STATE)["agent"]
     loaded = {k: v for k, v in sac_agent.state_dict().items() if k.startswith(("actor.", "critic.", "target."))}
     assert loaded and all(torch.equal(v, weights[k]) for k, v in loaded.items())
     online = train_sac(online_config)

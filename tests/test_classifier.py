@@ -30,6 +30,7 @@ from robotrl.flowrl.classifier import (
 )
 from robotrl.policies.base import CheckpointError
 from robotrl.policies.flow import FlowConfig
+from robotrl.training.loop import TRAIN_STATE
 
 
 def small(store: Path, run_dir: Path, **overrides: object) -> ClassifierConfig:
@@ -208,7 +209,7 @@ def test_killed_run_resumes_exactly(pickplace: Path, tmp_path: Path, kill_after_
         f"encoder_widths=(8, 16, 32), encoder_dim=32, hidden=(64,), holdout=0.3, target_precision=0.8, eval_every=0, "
         f"checkpoint_every=10, log_every=10, threads=1, run_dir=Path({str(cfg.run_dir)!r}), progress=False))"
     )
-    step = kill_after_first_train_state([sys.executable, "-c", code], cfg.run_dir / "train_state.pt")
+    step = kill_after_first_train_state([sys.executable, "-c", code], cfg.run_dir / TRAIN_STATE)
     assert 10 <= step < 40, step
     resumed = train(replace(cfg, resume=True))
     straight = train(replace(cfg, run_dir=tmp_path / "straight"))

@@ -19,6 +19,7 @@ from robotrl.flowrl.dsrl import DsrlConfig, PriorActor, decisions, train
 from robotrl.policies import load
 from robotrl.policies.generative import NoisePrior
 from robotrl.training.evaluate import evaluate_policy
+from robotrl.training.loop import TRAIN_STATE, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -150,12 +151,12 @@ def test_killed_run_resumes_exactly(
         str(cfg.run_dir),
         "--no-progress",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 1 <= step < 10, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
-    a, b = (torch.load(p / "train_state.pt", weights_only=True) for p in (tmp_path / "straight", tmp_path / "killed"))
+    a, b = (load_train_state(p / TRAIN_STATE) for p in (tmp_path / "straight", tmp_path / "killed"))
     for key in ("size", "cursor", "obs", "action", "reward", "done", "next_obs"):
         torch.testing.assert_close(
             torch.as_tensor(a["replay"][key]), torch.as_tensor(b["replay"][key]), rtol=0, atol=0, msg=key
@@ -218,4 +219,4 @@ def test_a_missing_policy_is_refused_through_the_cli(tmp_path: Path, reach_bc_fl
     )
     assert out.returncode != 0
     assert "missing" in out.stderr
-    assert not (tmp_path / "run" / "train_state.pt").exists()
+    assert not (tmp_path / "run" / TRAIN_STATE).exists()

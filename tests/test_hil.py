@@ -23,6 +23,7 @@ from robotrl.datasets.teleop import ScriptedDevice
 from robotrl.envs import make
 from robotrl.flowrl.hil import DemoBuffer, ExpertOperator, HilConfig, Recorder, runs, train
 from robotrl.policies import load
+from robotrl.training.loop import TRAIN_STATE
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -282,7 +283,7 @@ def test_killed_run_resumes_exactly(
         + ", ".join(f"{k}={v!r}" for k, v in overrides.items())
         + "))"
     )
-    step = kill_after_first_train_state([sys.executable, "-c", code], tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state([sys.executable, "-c", code], tmp_path / "killed" / TRAIN_STATE)
     assert 1 <= step < 5, step
     cfg = small(bc_flow, tmp_path / "killed", **overrides)
     train(replace(cfg, resume=True))

@@ -21,7 +21,7 @@ from robotrl.flowrl.offline import OfflineFlowConfig, read_decisions, train
 from robotrl.policies import load
 from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.training.evaluate import evaluate_policy
-from robotrl.training.loop import TrainingDiverged
+from robotrl.training.loop import TRAIN_STATE, TrainingDiverged, load_train_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -143,7 +143,7 @@ def test_stopped_run_resumes_exactly(
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
     assert_same_run(tmp_path / "straight", tmp_path / "stopped")
-    a, b = (torch.load(p / "train_state.pt", weights_only=True) for p in (tmp_path / "straight", tmp_path / "stopped"))
+    a, b = (load_train_state(p / TRAIN_STATE) for p in (tmp_path / "straight", tmp_path / "stopped"))
     assert a["step"] == b["step"] == 2 and a["episodes"] == b["episodes"]
     assert json.dumps(a["opt"], default=str) == json.dumps(b["opt"], default=str)
     s1, s2 = (
@@ -164,10 +164,10 @@ def test_nan_stops_and_keeps_the_last_good_train_state(
     kept = (tmp_path / "run" / "policy" / "model.safetensors").read_bytes()
     with EpisodeStore.open(tmp_path / "run" / "store.zarr", mode="a") as store:
         store.array("reward")[5] = np.nan
-    message = r"offline iteration 1 \(last train state: .*train_state.pt\): critic: (value|critic) loss is nan"
+    message = r"offline iteration 1 \(last train state: .*train_state.safetensors\): critic: (value|critic) loss is nan"
     with pytest.raises(TrainingDiverged, match=message):
         train(replace(cfg, resume=True))
-    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)
+    state = load_train_state(tmp_path / "run" / TRAIN_STATE)
     assert state["step"] == 1 and all(torch.isfinite(v).all() for v in state["agent"].values())
     assert (tmp_path / "run" / "policy" / "model.safetensors").read_bytes() == kept
 
@@ -260,7 +260,7 @@ def test_awr_extraction_raises_held_out_success_on_reach(
     claim("offline AWR gain", result.success_rate - start, lower=0.4, start=start, end=result.success_rate)
     awr = [r for r in rows if "loss/awr" in r]
     assert len(awr) == 1 and awr[0]["awr/max_weight"] <= config.awr_max_weight and awr[0]["ope/accepted"] == 1.0
-    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)["agent"]
+    state = load_train_state(tmp_path / "run" / TRAIN_STATE)["agent"]
     saved = load(tmp_path / "run" / "policy").state_dict()
     student = {k[len("student.") :]: v for k, v in state.items() if k.startswith("student.")}
     assert student and any(not torch.equal(saved[k], student[k]) for k in saved if k in student)

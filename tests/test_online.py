@@ -37,7 +37,7 @@ from robotrl.policies.diffusion import DiffusionConfig, DiffusionPolicy
 from robotrl.policies.export import sample_from_noise
 from robotrl.policies.vla import VLAConfig, VLAPolicy
 from robotrl.training.evaluate import evaluate_policy
-from robotrl.training.loop import BestCheckpoint, TrainingDiverged
+from robotrl.training.loop import TRAIN_STATE, BestCheckpoint, TrainingDiverged, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 #: the CLI's subprocesses on one torch thread (two threads slow down many times over on a shared 2-core machine)
@@ -550,7 +550,7 @@ def test_killed_run_resumes_exactly(
         str(cfg.run_dir),
         "--no-progress",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 1 <= step < 5, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
@@ -603,7 +603,7 @@ def test_ema_saves_and_evaluates_an_average_of_the_weights_from_the_start(bc_flo
             eval_envs=10,
         )
     )
-    state = torch.load(result.run_dir / "train_state.pt", weights_only=True)
+    state = load_train_state(result.run_dir / TRAIN_STATE)
     saved, live = load(result.run_dir / "policy").state_dict(), state["agent"]
     assert state["ema_step"] == 4  # one average per update (the critic's warm-up update included)
     moved_live = moved_saved = 0.0
@@ -630,11 +630,11 @@ def test_nan_loss_stops_and_keeps_the_last_good_train_state(bc_flow: Path, tmp_p
         lr=1e6,
         checkpoint_every=1,
     )  # an absurd learning rate blows the weights up
-    message = r"online iteration (\d+) \(last train state: .*train_state.pt\): loss is (nan|inf)"
+    message = r"online iteration (\d+) \(last train state: .*train_state.safetensors\): loss is (nan|inf)"
     with pytest.raises(TrainingDiverged, match=message) as error:
         train(cfg)
     failed = int(re.search(message, str(error.value)).group(1))  # type: ignore[union-attr]
-    state = torch.load(tmp_path / "nan" / "train_state.pt", weights_only=True)
+    state = load_train_state(tmp_path / "nan" / TRAIN_STATE)
     assert state["step"] == failed  # the state after the last iteration that went through
     assert all(torch.isfinite(v).all() for v in state["agent"].values())
 
@@ -736,7 +736,7 @@ def test_the_vla_plugs_into_the_same_loop(tmp_path: Path) -> None:
     assert tuned.name == "vla" and tuned.config.steps == 2
     moved = [name for name, x in tuned.state_dict().items() if not torch.equal(x, start.state_dict()[name])]
     assert any(name.startswith("net.") for name in moved), moved
-    state = torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)
+    state = load_train_state(tmp_path / "run" / TRAIN_STATE)
     instructions = state["windows"]["instruction"]
     assert len(instructions) == 2 and all(isinstance(t, str) and t for t in instructions), instructions
     for method, head in (("latent", "prior"), ("residual", "residual")):
@@ -804,7 +804,9 @@ def test_bad_configs_and_checkpoints_are_refused(bc_flow: Path, tmp_path: Path) 
         OnlineConfig(policy=bc_flow, resume=True)
     once = small(bc_flow, tmp_path / "once", num_envs=2, rollout_steps=4, total_steps=8)
     train(once)
-    with pytest.raises(FileExistsError, match=r"OnlineConfig.run_dir: .*once already holds a run \(train_state.pt\)"):
+    with pytest.raises(
+        FileExistsError, match=r"OnlineConfig.run_dir: .*once already holds a run \(train_state.safetensors\)"
+    ):
         train(once)
     # a checkpoint of another policy type, and a directory that is no checkpoint at all
     flow = load(bc_flow)

@@ -16,6 +16,7 @@ import pytest
 
 from robotrl.datasets import EpisodeStore
 from robotrl.datasets.record import record_expert
+from robotrl.training.loop import TRAIN_STATE
 
 ROBOTRL = str(Path(sys.executable).parent / "robotrl")
 # root ignores file modes through these two capabilities; without them it is held to them like any user
@@ -68,7 +69,7 @@ def test_a_directory_it_may_not_write_or_read_is_one_line_naming_the_path(store:
         for args, expected in cases.items():
             assert one_line(as_a_user(*args)).endswith(f"error: {expected}"), args
         assert list(locked.iterdir()) == []  # nothing half-made left behind, not even aside
-        assert not (tmp_path / "bc" / "train_state.pt").exists()
+        assert not (tmp_path / "bc" / TRAIN_STATE).exists()
     finally:
         hidden.chmod(0o755)
     assert EpisodeStore.open(hidden).num_episodes == 2

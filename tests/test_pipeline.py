@@ -14,6 +14,7 @@ import yaml
 
 from robotrl.stages.pipeline import PPO_STAGES, SKIPPED_BY, STAGES, PipelineConfig, read_rows
 from robotrl.stages.recipes import recipe_for
+from robotrl.training.loop import TRAIN_STATE
 
 ROBOTRL = str(Path(sys.executable).parent / "robotrl")
 
@@ -128,7 +129,7 @@ def test_resume_starts_a_stage_killed_part_way_over(smoke, tmp_path):
     resumed.unlink(missing_ok=True)  # test_resume_skips_finished_stages may have resumed the shared run already
     finished = (run_dir / "stages.jsonl").read_text().splitlines()[:3]  # demos, bc, offline
     (run_dir / "stages.jsonl").write_text("\n".join(finished) + "\n")
-    assert (run_dir / "online" / "train_state.pt").exists()
+    assert (run_dir / "online" / TRAIN_STATE).exists()
     (run_dir / "online" / "best_policy.json").write_text(json.dumps({"step": 10**9, "success_rate": 2.0}))
     out = robotrl(
         "run",

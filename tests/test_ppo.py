@@ -17,7 +17,7 @@ from robotrl.envs import make
 from robotrl.policies import load
 from robotrl.rl.ppo import PpoAgent, PpoConfig, gae, train
 from robotrl.training.evaluate import evaluate_policy, evaluate_state_actor
-from robotrl.training.loop import load_train_state
+from robotrl.training.loop import TRAIN_STATE, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -62,7 +62,7 @@ def test_the_run_saves_its_actor_as_a_registered_policy(tmp_path: Path) -> None:
     policy = load(result.weights)
     assert result.weights == tmp_path / "run" / "policy" and policy.name == "gaussian"
     agent = PpoAgent(23, 3, cfg)
-    agent.load_state_dict(load_train_state(tmp_path / "run" / "train_state.pt")["agent"])
+    agent.load_state_dict(load_train_state(tmp_path / "run" / TRAIN_STATE)["agent"])
     assert agent.norm.count > 100  # the statistics moved: the policy must carry them
     env = make("Reach", num_envs=16, seed=3)
     obs, _ = env.reset(seed=3)
@@ -107,7 +107,7 @@ def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state
         str(cfg.run_dir),
         "--no-progress",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 1 <= step < 6, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))

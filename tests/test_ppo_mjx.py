@@ -28,6 +28,7 @@ from robotrl.policies import load
 from robotrl.rl import ppo_mjx
 from robotrl.rl.ppo import PpoAgent, PpoConfig, gae, ppo_loss
 from robotrl.training.evaluate import evaluate_policy, evaluate_state_actor
+from robotrl.training.loop import TRAIN_STATE, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 N, HORIZON = 32, 64  # the learning run: one iteration = 2,048 env steps
@@ -111,7 +112,7 @@ def test_ppo_mjx_learns_reach(tmp_path: Path, mjx_subprocesses: None, claim, lea
 def test_killed_run_resumes_exactly(tmp_path: Path, straight: Path, kill_after_first_train_state) -> None:
     killed = tmp_path / "killed"
     step = kill_after_first_train_state(
-        [str(ROBOTRL), *MJX_ARGS, *budget(3, killed)], killed / "train_state.pt", timeout=600
+        [str(ROBOTRL), *MJX_ARGS, *budget(3, killed)], killed / TRAIN_STATE, timeout=600
     )
     assert 1 <= step < 3, step
     cache = Path(jax.config.jax_compilation_cache_dir)
@@ -123,22 +124,22 @@ def test_killed_run_resumes_exactly(tmp_path: Path, straight: Path, kill_after_f
     assert set(a) == set(b)
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
-    sa = torch.load(straight / "train_state.pt", weights_only=True)["state"]
-    sb = torch.load(killed / "train_state.pt", weights_only=True)["state"]
+    sa = load_train_state(straight / TRAIN_STATE)["state"]
+    sb = load_train_state(killed / TRAIN_STATE)["state"]
     for name in sa:  # Adam moments, normalizer, env physics mid-episode, PRNG keys
         assert torch.equal(sa[name], sb[name]), name
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path, straight: Path) -> None:
     run_dir = shutil.copytree(straight, tmp_path / "nan")  # the straight run goes on serving the resume test
-    before = torch.load(run_dir / "train_state.pt", weights_only=True)
+    before = load_train_state(run_dir / TRAIN_STATE)
     # one iteration more at a learning rate that blows the weights up: both changes named
     proc = run_cli(
         *budget(4, run_dir, "--resume", "--resume-changes", "lr", "total_steps", "--lr", "1e30"), check=False
     )
     assert proc.returncode != 0
     assert "TrainingDiverged: ppo (mjx) iteration 3: loss or weights are not finite" in proc.stderr, proc.stderr[-2000:]
-    after = torch.load(run_dir / "train_state.pt", weights_only=True)
+    after = load_train_state(run_dir / TRAIN_STATE)
     assert after["step"] == before["step"] == 3
     for name, v in after["state"].items():
         assert torch.equal(v, before["state"][name]), name
@@ -229,7 +230,7 @@ def test_bad_configs_are_refused(tmp_path: Path) -> None:
         ppo_mjx.train(
             PpoConfig(task="Reach", backend="mjx", obs_keys=("nope",), run_dir=tmp_path / "keys", progress=False)
         )
-    with pytest.raises(FileNotFoundError, match="train_state.pt does not exist"):
+    with pytest.raises(FileNotFoundError, match="train_state.safetensors does not exist"):
         ppo_mjx.train(PpoConfig(task="Reach", backend="mjx", resume=True, run_dir=tmp_path / "none", progress=False))
     template = {"params['log_std']": torch.zeros(4)}
     state = ppo_mjx.TrainState(

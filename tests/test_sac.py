@@ -21,7 +21,7 @@ from robotrl.policies import CheckpointError, load, runtime
 from robotrl.policies.export import export
 from robotrl.rl.sac import Agent, SacConfig, evaluate, train
 from robotrl.training.evaluate import evaluate_policy
-from robotrl.training.loop import TrainingDiverged, TrainStateError, load_train_state
+from robotrl.training.loop import TRAIN_STATE, TrainingDiverged, TrainStateError, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -112,7 +112,7 @@ def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state
         str(cfg.run_dir),
         "--no-progress",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 50 <= step < 200, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
@@ -121,9 +121,11 @@ def test_killed_run_resumes_exactly(tmp_path: Path, kill_after_first_train_state
 
 def test_nan_loss_stops_and_keeps_the_last_good_train_state(tmp_path: Path) -> None:
     cfg = small(tmp_path / "nan", lr=1e6, checkpoint_every=50)  # an absurd learning rate blows the weights up
-    with pytest.raises(TrainingDiverged, match=r"sac step \d+ \(last train state: .*train_state.pt\): \w+ loss is nan"):
+    with pytest.raises(
+        TrainingDiverged, match=r"sac step \d+ \(last train state: .*train_state.safetensors\): \w+ loss is nan"
+    ):
         train(cfg)
-    state = torch.load(tmp_path / "nan" / "train_state.pt", weights_only=True)
+    state = load_train_state(tmp_path / "nan" / TRAIN_STATE)
     assert state["step"] * 2 <= 100  # taken before the first update
     assert all(torch.isfinite(v).all() for v in state["agent"].values())
 
@@ -206,7 +208,7 @@ def test_wsrl_fine_tunes_an_offline_iql_agent_online(
     claim("WSRL from IQL success", online.success_rate, lower=0.5, offline=offline.success_rate)
     claim("WSRL from IQL gain", online.success_rate - offline.success_rate, lower=0.4)
     with pytest.raises(
-        ValueError, match=r"SacConfig.init: .*train_state.pt actor.trunk.0.weight: expected shape \(64, 23\)"
+        ValueError, match=r"SacConfig.init: .*train_state.safetensors actor.trunk.0.weight: expected shape \(64, 23\)"
     ):
         train(small(tmp_path / "mismatch", init=tmp_path / "iql"))
 
@@ -219,7 +221,7 @@ def test_the_run_saves_its_actor_as_a_registered_policy(tmp_path: Path) -> None:
     policy = load(result.weights)
     assert result.weights == tmp_path / "run" / "policy" and policy.name == "gaussian"
     agent = Agent(23, 3, -torch.ones(3), torch.ones(3), cfg)
-    agent.load_state_dict(load_train_state(tmp_path / "run" / "train_state.pt")["agent"])
+    agent.load_state_dict(load_train_state(tmp_path / "run" / TRAIN_STATE)["agent"])
     env = make("Reach", num_envs=16, seed=3)
     obs, _ = env.reset(seed=3)
     env.close()
@@ -250,7 +252,9 @@ def test_the_run_saves_its_actor_as_a_registered_policy(tmp_path: Path) -> None:
     weights.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"model.safetensors: sha256 .* does not match the manifest"):
         load(tmp_path / "run" / "policy")
-    state = tmp_path / "run" / "train_state.pt"
+    state = tmp_path / "run" / TRAIN_STATE
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
-    with pytest.raises(TrainStateError, match=r"train_state.pt: not a whole train state \(PytorchStreamReader"):
+    with pytest.raises(
+        TrainStateError, match=r"train_state.safetensors: not a whole train state \(Error while deserializing header"
+    ):
         train(replace(cfg, resume=True))

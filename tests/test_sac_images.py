@@ -16,6 +16,7 @@ from robotrl.datasets.record import record_expert
 from robotrl.envs import make
 from robotrl.policies.nets import random_shift
 from robotrl.rl.sac import SacConfig, build_agent, env_options, evaluate, train
+from robotrl.training.loop import TRAIN_STATE, load_train_state
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -126,7 +127,7 @@ def test_rlpd_from_pixels_trains_the_encoder_and_reads_the_camera(image_demos: P
     torch.manual_seed(cfg.seed)
     fresh, vector_keys = build_agent(env.task_spec, cfg, "test")
     trained, _ = build_agent(env.task_spec, cfg, "test")
-    trained.load_state_dict(torch.load(tmp_path / "run" / "train_state.pt", weights_only=True)["agent"])
+    trained.load_state_dict(load_train_state(tmp_path / "run" / TRAIN_STATE)["agent"])
     changed = [not torch.equal(a, b) for a, b in zip(fresh.encoder.parameters(), trained.encoder.parameters())]
     assert all(changed)
     assert evaluate(trained, cfg).success_rate == result.success_rate  # evaluated on the camera env, as saved
@@ -184,11 +185,11 @@ def test_killed_pixel_run_resumes_exactly(tmp_path: Path, kill_after_first_train
         str(cfg.run_dir),
         "--no-progress",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 40 <= step < 100, step
     train(replace(cfg, resume=True))
     train(replace(cfg, run_dir=tmp_path / "straight"))
-    assert any(k.startswith("encoder.") for k in torch.load(tmp_path / "killed" / "train_state.pt")["agent"])
+    assert any(k.startswith("encoder.") for k in load_train_state(tmp_path / "killed" / TRAIN_STATE)["agent"])
     assert_same_run(tmp_path / "straight", tmp_path / "killed", store_keys=("image_top", "state", "action"))
 
 

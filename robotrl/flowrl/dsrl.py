@@ -47,6 +47,7 @@ from robotrl.policies.generative import NoisePrior
 from robotrl.rl.sac import Agent, SacConfig, update
 from robotrl.training.evaluate import evaluate_policy
 from robotrl.training.loop import (
+    TRAIN_STATE,
     BestCheckpoint,
     PolicyRunOptions,
     RLResult,
@@ -269,7 +270,7 @@ def decisions(flow: FlowAgent, data: dict[str, Any], windows: Windows, discount:
 def train(config: DsrlConfig) -> RLResult:
     online = config.online()
     policy = load_flow_policy(config.policy, config.sampler_steps, field="DsrlConfig.policy")
-    run_dir, state_path, rng = start_run(config, "dsrl", policy.spec.task, holds="train_state.pt")
+    run_dir, state_path, rng = start_run(config, "dsrl", policy.spec.task, holds=TRAIN_STATE)
 
     # the rollout's agent (its prior is the actor) and SAC's agent around the same prior
     env = training_env(policy, online)

@@ -70,6 +70,7 @@ from robotrl.policies.nets import mlp
 from robotrl.rl.iql import critic_update
 from robotrl.training.evaluate import controller_for, evaluate_policy, make_eval_env, success_gain
 from robotrl.training.loop import (
+    TRAIN_STATE,
     PolicyRunOptions,
     RLResult,
     RunLog,
@@ -513,7 +514,7 @@ def train(config: OfflineFlowConfig) -> RLResult:
     policy = load_flow_policy(config.policy, config.sampler_steps, f"{name}.policy")
     if not config.store.exists():
         raise FileNotFoundError(f"{name}.store: {config.store} does not exist (record demos: robotrl data record)")
-    run_dir, state_path, rng = start_run(config, f"offline-{config.method}", policy.spec.task, holds="train_state.pt")
+    run_dir, state_path, rng = start_run(config, f"offline-{config.method}", policy.spec.task, holds=TRAIN_STATE)
     store_path = run_dir / "store.zarr"
     if not config.resume:
         with EpisodeStore.open(config.store) as source:

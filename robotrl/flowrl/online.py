@@ -80,6 +80,7 @@ from robotrl.policies.flow import FlowPolicy
 from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
 from robotrl.training.loop import (
     EMA,
+    TRAIN_STATE,
     BestCheckpoint,
     RLResult,
     RunLog,
@@ -332,7 +333,7 @@ def start_online(config: OnlineConfig, algorithm: str) -> OnlineStart:
     run would overwrite one), the envs on training seeds, agent and optimizer, observation windows and tallies."""
     name = type(config).__name__
     policy = load_flow_policy(config.policy, config.sampler_steps, field=f"{name}.policy")
-    run_dir, state_path, rng = start_run(config, algorithm, policy.spec.task, holds="train_state.pt")
+    run_dir, state_path, rng = start_run(config, algorithm, policy.spec.task, holds=TRAIN_STATE)
     reference = None
     if config.bc_coef > 0:
         reference = load_flow_policy(config.policy, config.sampler_steps).requires_grad_(False).to(config.device)

@@ -439,7 +439,7 @@ def make_evaluator(
 
 # --- train state on disk -------------------------------------------------------------------------------
 def state_tensors(state: TrainState) -> dict[str, torch.Tensor]:
-    """The train state as named host tensors (loadable with weights_only=True: no pickle)."""
+    """The train state as named host tensors (saved as safetensors: no pickle)."""
     leaves = jax.tree_util.tree_flatten_with_path(jax.device_get(state))[0]
     return {jax.tree_util.keystr(path): torch.from_numpy(np.array(x)) for path, x in leaves}
 

@@ -46,6 +46,7 @@ from robotrl.policies.nets import ImageEncoder, random_shift
 from robotrl.rl.replay import DemoTransitions, ReplayBuffer, split_obs_keys
 from robotrl.training.evaluate import evaluate_actor
 from robotrl.training.loop import (
+    TRAIN_STATE,
     PolicyRunOptions,
     RLResult,
     RunLog,
@@ -420,9 +421,9 @@ def train(config: SacConfig) -> RLResult:
 
 def load_pretrained(agent: Agent, run_dir: Path) -> None:
     """Actor, critics and target critics from an offline run's train state (IQL or SAC: the same modules)."""
-    path = run_dir / "train_state.pt"
+    path = run_dir / TRAIN_STATE
     if not path.exists():
-        raise FileNotFoundError(f"SacConfig.init: expected a run directory with train_state.pt, got {run_dir}")
+        raise FileNotFoundError(f"SacConfig.init: expected a run directory with {TRAIN_STATE}, got {run_dir}")
     weights = load_train_state(path)["agent"]
     own = agent.state_dict()
     for key, value in own.items():

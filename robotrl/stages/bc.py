@@ -28,6 +28,7 @@ from robotrl.envs.rollouts import EpisodeStats
 from robotrl.policies.base import Policy, PolicyConfig, policy_class, policy_config, register_all
 from robotrl.training.loop import (
     EMA,
+    TRAIN_STATE,
     PolicyRunOptions,
     RunLog,
     TrainClock,
@@ -138,7 +139,7 @@ def train(config: BCConfig) -> BCResult:
     chosen = config.policy
     assert isinstance(chosen, PolicyConfig)
     name = policy_class(chosen).name
-    run_dir, state_path, rng = start_run(config, f"bc-{name}", store.spec.task, holds="train_state.pt")
+    run_dir, state_path, rng = start_run(config, f"bc-{name}", store.spec.task, holds=TRAIN_STATE)
 
     # data
     windows = SequenceConfig(

@@ -51,6 +51,7 @@ from robotrl.policies.consistency import ConsistencyPolicy, VLAConsistencyPolicy
 from robotrl.training.evaluate import not_worse, rollout, training_seed
 from robotrl.training.loop import (
     EMA,
+    TRAIN_STATE,
     PolicyRunOptions,
     RunLog,
     check_device,
@@ -326,7 +327,7 @@ def train(config: DistillConfig) -> DistillResult:
     )
     sampler = SequenceSampler.from_store(store, windows)
 
-    run_dir, state_path, rng = start_run(config, f"distill-{teacher.name}", store.spec.task, holds="train_state.pt")
+    run_dir, state_path, rng = start_run(config, f"distill-{teacher.name}", store.spec.task, holds=TRAIN_STATE)
     # student (the teacher's architecture and weights), optimizer, schedule, target network, EMA
     student = student_for(teacher, config.teacher_steps, channels=config.channels).to(config.device)
     start_policy = copy.deepcopy(student).eval() if config.gate_episodes else None

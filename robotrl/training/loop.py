@@ -4,7 +4,6 @@ with TensorBoard events and metrics.jsonl, and exact resume (model, EMA, optimiz
 from __future__ import annotations
 
 import copy
-import io
 import json
 import math
 import time
@@ -20,6 +19,7 @@ from torch import nn
 from robotrl.core.files import claim_run_dir, default_run_dir, release_run_dir, write_atomically
 from robotrl.core.options import check_numbers
 from robotrl.envs.tasks import DEFAULT_TASK
+from robotrl.training import state_file
 
 #: what a diverged run's message advises
 LOWER_LR = "resume with --resume-changes lr and a lower --lr"
@@ -288,6 +288,11 @@ def check_resumable(config: RunOptions, run_dir: Path) -> None:
             f.write(json.dumps(row) + "\n")
 
 
+#: the file in a run directory that a resume continues from (robotrl/training/state_file.py), and the pickled one
+#: that earlier versions wrote in its place
+TRAIN_STATE, PICKLED_TRAIN_STATE = "train_state.safetensors", "train_state.pt"
+
+
 def start_run(
     config: RunOptions, algorithm: str, task: str, holds: str | None = None
 ) -> tuple[Path, Path, np.random.Generator]:
@@ -304,7 +309,12 @@ def start_run(
         )
     torch.set_num_threads(config.threads)
     claim_run_dir(run_dir, clear=bool(held) and config.overwrite)  # locked until the run's log closes
-    state_path = run_dir / "train_state.pt"
+    state_path = run_dir / TRAIN_STATE
+    if config.resume and not state_path.exists() and (run_dir / PICKLED_TRAIN_STATE).exists():
+        raise FileNotFoundError(
+            f"resume: {run_dir / PICKLED_TRAIN_STATE} is an earlier robotrl's pickled train state, which this version "
+            f"does not read ({TRAIN_STATE}: nothing unpickled); start the run again (--overwrite) or in another run_dir"
+        )
     if config.resume and not state_path.exists():
         raise FileNotFoundError(f"resume: {state_path} does not exist (no train state was written in {run_dir})")
     if config.resume:
@@ -539,9 +549,7 @@ def check_device(device: str, field: str) -> None:
 def save_train_state(path: Path, **state: Any) -> None:
     """Everything needed to continue a run exactly (model, EMA and optimizer tensors, step, RNG states);
     atomic, so a kill mid-save keeps the previous state."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    write_atomically(path, buffer.getvalue())  # a full disk is one OSError naming `path`, the old state kept
+    write_atomically(path, state_file.encode(state))  # a full disk is one OSError naming `path`, the old state kept
 
 
 class TrainStateError(ValueError):
@@ -549,19 +557,18 @@ class TrainStateError(ValueError):
 
 
 def load_train_state(path: Path) -> dict[str, Any]:
-    """The train state at `path`: tensors and plain containers only (nothing else is unpickled), onto the CPU
-    whatever device wrote them (a GPU run resumes on a machine without one; load_state_dict moves each tensor to
-    its module's device). A file torch cannot read is a `TrainStateError` naming it, not torch's traceback."""
+    """The train state at `path` (robotrl/training/state_file.py: nothing is unpickled), onto the CPU whatever
+    device wrote them (a GPU run resumes on a machine without one; load_state_dict moves each tensor to its module's
+    device). A file that is not a whole train state is a `TrainStateError` naming it, not a traceback."""
     try:
-        state = torch.load(path, weights_only=True, map_location="cpu")
+        state = state_file.decode(path)
     except OSError:
         raise  # missing, not readable: one line naming the file already
-    except Exception as e:  # a truncated zip, a damaged pickle stream, a refused type: torch says so in many ways
-        cause = str(e).split(". ")[0].splitlines()[0] if str(e) else type(e).__name__
+    except ValueError as cause:  # truncated, damaged, or another kind of file
         raise TrainStateError(
             f"{path}: not a whole train state ({cause}); the run cannot be resumed from it: start it again "
             "(--overwrite) or from another copy"
-        ) from e
+        ) from cause
     if not isinstance(state, dict) or "step" not in state:
         raise TrainStateError(f"{path}: expected a train state (a mapping with its step), got {type(state).__name__}")
     return state

@@ -23,6 +23,7 @@ from robotrl.policies.export import export
 from robotrl.policies.runtime import load as load_runtime
 from robotrl.stages.bc import BCConfig, BCResult, train
 from robotrl.training.evaluate import HELD_OUT_SEED, evaluate_policy
+from robotrl.training.loop import TRAIN_STATE
 
 ROBOTRL = Path(sys.executable).parent / "robotrl"
 
@@ -177,7 +178,7 @@ def test_killed_run_resumes_exactly(reach_demos: Path, tmp_path: Path, kill_afte
         "--policy.action-horizon",
         "8",
     ]
-    step = kill_after_first_train_state(args, tmp_path / "killed" / "train_state.pt")
+    step = kill_after_first_train_state(args, tmp_path / "killed" / TRAIN_STATE)
     assert 10 <= step < 60, step
     # a resumption that would alter the run is refused, naming each field and both values
     with pytest.raises(

@@ -29,7 +29,7 @@ from robotrl.policies.flow import FlowConfig, FlowPolicy
 from robotrl.policies.generative import GenerativePolicy
 from robotrl.policies.meanflow import MeanFlowConfig, MeanFlowPolicy
 from robotrl.stages.distill import DistillConfig, distill, train
-from robotrl.training.loop import EMA
+from robotrl.training.loop import EMA, TRAIN_STATE, load_train_state
 
 H, CHANNELS = 8, (32, 64)
 
@@ -352,8 +352,8 @@ def test_distill_end_to_end_and_exact_resume(teacher_dir: Path, store: EpisodeSt
     assert rest == tmp_path / "split" / "policy"
     a, b = weights(whole.checkpoint), weights(rest)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    sa = torch.load(tmp_path / "whole" / "train_state.pt", weights_only=True)
-    sb = torch.load(tmp_path / "split" / "train_state.pt", weights_only=True)
+    sa = load_train_state(tmp_path / "whole" / TRAIN_STATE)
+    sb = load_train_state(tmp_path / "split" / TRAIN_STATE)
     for part in ("policy", "target"):
         assert all(torch.equal(sa[part][k], sb[part][k]) for k in sa[part])
     split_rows = [json.loads(line) for line in (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()]
@@ -444,7 +444,7 @@ def test_distill_refuses_a_mismatched_store_or_teacher(teacher_dir: Path, store:
     student = ConsistencyPolicy.from_teacher(load(teacher_dir)).save(tmp_path / "student")
     with pytest.raises(ValueError, match="'consistency' policy, which names no student; expected a checkpoint of one"):
         distill(small(student, store, tmp_path / "run2"))
-    with pytest.raises(FileNotFoundError, match="train_state.pt"):
+    with pytest.raises(FileNotFoundError, match=TRAIN_STATE):
         distill(small(teacher_dir, store, tmp_path / "run3", resume=True))
     # a device this machine lacks fails at construction, before the teacher is loaded, naming the field
     missing = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
