@@ -112,10 +112,11 @@ def test_nothing_the_package_reads_back_is_pickled() -> None:
                     saves.append(where)
                 if (owner, node.func.attr) == ("torch", "load"):
                     loads.append(where)
-                if (owner, node.func.attr) == ("torch", "load") and not (
-                    isinstance(keywords.get("weights_only"), ast.Constant) and keywords["weights_only"].value is True
-                ):
-                    problems.append(f"{where}: torch.load without weights_only=True")
+                    if not (
+                        isinstance(keywords.get("weights_only"), ast.Constant)
+                        and keywords["weights_only"].value is True
+                    ):
+                        problems.append(f"{where}: torch.load without weights_only=True")
                 if isinstance(keywords.get("allow_pickle"), ast.Constant) and keywords["allow_pickle"].value is True:
                     problems.append(f"{where}: allow_pickle=True")
     assert problems == []
