@@ -16,16 +16,8 @@ summary line with the run's settings and times.
     .venv/bin/python bench/classifier.py                                    # PickPlace, front camera, 32 px
     .venv/bin/python bench/classifier.py --image-size 48 --episodes 120 --steps 4000
 
-Measured 2026-11-24 on the 2-core dev machine under load (`--threads 1`; 60 training episodes, 45 trained on and
-15 for the threshold; 40 test episodes, 20 successful, 4,800 frames; frame precision / recall / F1 on the test):
-
-    32 px: classifier 0.76 / 0.87 / 0.81 (0.9 not reached on the threshold episodes: best-F1 cut p = 0.003);
-           at 0.5 0.86 / 0.83 / 0.84; step index 0.46 / 0.56 / 0.51; majority 0 / 0 / 0   (train 177 s)
-    48 px: classifier 1.00 / 0.08 / 0.15 (0.9 reached only by the top 0.4% of scores, cut 0.9956; 8 of 20
-           successful episodes detected, no false one); at 0.5 0.81 / 0.84 / 0.82; step index as above (215 s)
-
-The network separates success far better than the timer, but it is confident where it is wrong (cubes just outside
-the bin or on its wall look like success at these sizes), so 15 held-out episodes pick a brittle threshold.
+Its figures, with the machine and date: bench/RESULTS.md, "Success classifier: precision / recall of a learned
+reward".
 """
 
 from __future__ import annotations

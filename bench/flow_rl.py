@@ -56,7 +56,8 @@ class FlowRLBenchConfig:
     demo_episodes: int = 40
     """without --policy: Reach episodes of the scripted expert at noise 0.3 to clone"""
     bc_steps: int = 400
-    """without --policy: BC steps (400 leaves the policy at ~50% on Reach: room to improve)"""
+    """without --policy: BC steps (400 leave the policy half-trained on Reach, with room to improve: "The three
+    methods on Reach" in bench/RESULTS.md)"""
     runs: tuple[str, ...] = RUNS
     seeds: tuple[int, ...] = (0, 1)
     num_envs: int = 16

@@ -1,5 +1,6 @@
 """Behaviour cloning on a GPU to a wall-clock budget: how far a longer schedule (and more demonstrations) take
-PushT's flow policy, where this machine's one core gave 93% after two hours (22,000 steps of batch 64).
+PushT's flow policy, which this machine's one core trains for hours (bench/RESULTS.md, "BC on a GPU: the samples
+seen, not the demos").
 
 One process per store: a short probe of the training step on the device (`probe_steps`, after `warmup_steps`)
 sets the step count that fits `seconds` (rounded down to thousands, at most `max_steps`), then `robotrl train bc

@@ -8,9 +8,9 @@ anything: the same flow-matching steps with uniform weights (BC continuation on 
   uniform  awr with --awr-temperature 1e6: every weight 1, i.e. flow-matching BC on the same data and schedule
 
 Every run starts from the same BC checkpoint (bench/flow_rl.py's Reach recipe: 400 steps from 40 demos at noise
-0.3, ~50%), runs `iterations` iterations (critic fit, gated updates, success gate, rollouts added to the store) and
-evaluates the policy on `eval_episodes` held-out episodes after each. Prints one JSON line per (run, seed) with
-the success curve and `vs_bc`, and one per run with the mean over seeds.
+0.3, half-trained), runs `iterations` iterations (critic fit, gated updates, success gate, rollouts added to the
+store) and evaluates the policy on `eval_episodes` held-out episodes after each. Prints one JSON line per (run,
+seed) with the success curve and `vs_bc`, and one per run with the mean over seeds.
 
     .venv/bin/python bench/offline_flow.py                  # 2 iterations, seeds 0 1 (~15 min on 2 cores)
 """
