@@ -189,9 +189,9 @@ def one_thread():
 
 def train_bc_flow(store: Path, run_dir: Path, backbone: str = "unet") -> Path:
     """A half-trained flow policy (chunks of 8, 4 executed) from 40 Reach demos at noise 0.3, room to move either way
-    (the flow RL stages start from it). `unet`: 400 BC steps of a (32, 64) U-Net, about 50% on held-out Reach
-    episodes; `mlp`: 100 BC steps of a 128 x 2 chunk MLP, about 40%, whose RL iterations cost a fraction of the
-    U-Net's (bench/RESULTS.md, "Learning tests: thresholds against their spread over seeds")."""
+    (the flow RL stages start from it). `unet`: 400 BC steps of a (32, 64) U-Net; `mlp`: 100 BC steps of a 128 x 2
+    chunk MLP, a weaker start whose RL iterations cost a fraction of the U-Net's (their success: bench/RESULTS.md,
+    "Learning tests: thresholds against their spread over seeds")."""
     from robotrl.policies import FlowConfig
     from robotrl.stages.bc import BCConfig, train
 

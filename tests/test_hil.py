@@ -30,7 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture
 def bc_flow(reach_mlp_flow: Path) -> Path:
-    """The chunk-MLP start (about 40% on Reach): the operator has much to correct, and its iterations are cheap."""
+    """The chunk-MLP start (half-trained on Reach): the operator has much to correct, and its iterations are
+    cheap."""
     return reach_mlp_flow
 
 

@@ -81,8 +81,8 @@ def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
 #: the MLP start's chunks does not lift it within the budget; bench/RESULTS.md, "Learning tests")
 START = {**{method: "mlp" for method in METHODS}, "residual": "unet"}
 #: env steps each method trains for in its default-suite learning test; the test asserts a gain of >= 10 points of
-#: held-out success over its BC start on the same 100 episodes (~2 standard errors of a paired difference at ~50%:
-#: a method that does not learn stays under it). The budgets are set from the spread over seeds 0-4
+#: held-out success over its BC start on the same 100 episodes (about 2 standard errors of a paired difference at
+#: the start's success: a method that does not learn stays under it). The budgets are set from the spread over seeds 0-4
 #: (bench/online_budgets.py; bench/RESULTS.md, "Learning tests") so that every seed clears the bar.
 BUDGET = {
     "denoising_mdp": 43_200,
@@ -140,9 +140,9 @@ def test_latent_is_the_default_method() -> None:
 def test_the_chain_methods_gain_more_on_a_longer_budget(
     reach_bc_flow: Path, reach_bc_flow_success: float, tmp_path: Path, method: str, claim, learning_seed: int
 ) -> None:
-    """86,400 env steps (~2.5 min each): the chain methods go well past their CI-budget gains (bench/RESULTS.md,
-    "Online RL of a flow policy": 82-99% from the 51% start at this budget on seeds 0 and 1); asserted >= +25
-    points, and the training episodes' success rises from the first iterations to the last."""
+    """86,400 env steps: the chain methods go well past their CI-budget gains (bench/RESULTS.md, "The three
+    methods on Reach"); asserted >= +25 points, and the training episodes' success rises from the first iterations
+    to the last."""
     result = train(
         small(reach_bc_flow, tmp_path / "run", method=method, total_steps=86_400, eval_episodes=100, seed=learning_seed)
     )

@@ -416,8 +416,8 @@ def test_gate_keeps_the_start_when_distillation_made_the_student_worse(
     reach_bc_flow: Path, flow_reach_demos: Path, tmp_path: Path
 ) -> None:
     """A distillation wrecked by a far too high learning rate is caught: on the gate's training-seed episodes the
-    student loses to its start (the ~50% Reach teacher's one-step Euler sampler), so the start is saved; a gentle
-    run is judged by the same rule."""
+    student loses to its start (the half-trained Reach teacher's one-step Euler sampler), so the start is saved; a
+    gentle run is judged by the same rule."""
     from robotrl.policies.consistency import student_for
 
     gated = {"execute": 4, "eval_envs": 20, "gate_episodes": 20}
