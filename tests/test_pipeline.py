@@ -54,10 +54,15 @@ def test_smoke_budget_runs_every_stage_and_prints_the_table(smoke):
     assert (run_dir / "online" / "rejected_policy").exists() == (gate["kept"] == "start")
     from robotrl.training.evaluate import evaluate_policy, load_any
 
-    for r in rows[1:]:  # every policy stage evaluated on the same held-out episodes, its latency measured
+    # every policy stage evaluated on the same held-out episodes, its latency measured; the one-step policy
+    # replanning every `deploy_execute` actions (2 in the smoke budget), the others every `execute` (8)
+    for r in rows[1:]:
         policy = load_any(Path(r.output), threads=1)
-        assert evaluate_policy(policy, 4, 4, execute=8).success_rate == r.success_rate, r.stage
+        execute = 2 if r.stage in ("distill", "export") else 8
+        assert evaluate_policy(policy, 4, 4, execute=execute).success_rate == r.success_rate, r.stage
         assert r.latency_ms > 0
+    distill = json.loads((run_dir / "distill" / "config.json").read_text())
+    assert distill["execute"] == 2  # its DAgger rounds and gate drive the student as it is deployed
     # the one-step student answers in one network call: faster than the K-step policy it was distilled from
     assert by["distill"].latency_ms < by["online"].latency_ms
 
@@ -337,7 +342,7 @@ def test_bad_config_names_the_field():
         PipelineConfig(demo_noise=float("nan"))
     with pytest.raises(ValueError, match=r"PipelineConfig.bc_steps: expected int, got 2.5"):
         PipelineConfig(bc_steps=2.5)  # type: ignore[arg-type]
-    for name in ("online_lr", "online_sampler_steps", "online_num_envs", "offline_gate_episodes"):
+    for name in ("online_lr", "online_sampler_steps", "online_num_envs", "offline_gate_episodes", "deploy_execute"):
         with pytest.raises(ValueError, match=rf"PipelineConfig.{name}: expected > 0, got 0"):
             PipelineConfig(**{name: 0.0 if name == "online_lr" else 0})
     with pytest.raises(ValueError, match=r"PipelineConfig.online_minibatch_size: expected > 0, got -1"):

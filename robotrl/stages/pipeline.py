@@ -190,6 +190,9 @@ class PipelineConfig:
     success_tail: int | None = None
     """BC and distillation train on each episode up to this many steps after its first success (`train bc
     --success-tail`)"""
+    deploy_execute: int | None = None
+    """actions the one-step policy executes per chunk (its DAgger rounds, gate and evaluations; the recipe's,
+    else `execute`): run it on the robot with the same"""
     run_dir: Path | None = None
     """default: runs/pipeline-<task>-<time>"""
     resume: bool = False
@@ -616,7 +619,7 @@ def stage_distill(config: PipelineConfig, settings: Settings, run_dir: Path) -> 
             gate_episodes=settings.distill_gate_episodes,
             eval_episodes=0,
             eval_envs=settings.eval_envs,
-            execute=settings.execute,
+            execute=settings.deploy_execute or settings.execute,
             success_tail=settings.success_tail,
             run_dir=run_dir / "distill",
             seed=config.seed,
@@ -737,16 +740,20 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
 
 
 def evaluate_stage(
-    path: Path, config: PipelineConfig, settings: AnySettings
+    path: Path, config: PipelineConfig, settings: AnySettings, stage: str = ""
 ) -> tuple[float, tuple[float, float], float, dict[str, float]]:
     """(success rate, its 95% interval, latency p50 in ms, the task's own measures) of the policy at `path`, on the
-    pipeline's seeds."""
+    pipeline's seeds; the one-step policy (`stage` distill or export) executing `deploy_execute` actions a chunk."""
     from robotrl.envs import is_outside, make_task
     from robotrl.policies.timing import latency, torch_threads
     from robotrl.training.evaluate import evaluate_policy, load_any
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
-    execute = settings.execute if isinstance(settings, Settings) else 1
+    execute = 1
+    if isinstance(settings, Settings):
+        execute = settings.execute
+        if stage in ("distill", "export") and settings.deploy_execute is not None:
+            execute = settings.deploy_execute
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
         stats = evaluate_policy(policy, settings.eval_episodes, settings.eval_envs, execute=execute)
         measures = None if is_outside(config.task) else make_task(config.task).measures(stats)
@@ -869,7 +876,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
             success = extra.get("demo_success_rate")
         else:
             t0 = time.perf_counter()
-            success, ci, latency_ms, measures = evaluate_stage(Path(output), config, settings)
+            success, ci, latency_ms, measures = evaluate_stage(Path(output), config, settings, stage)
             extra["eval_seconds"] = round(time.perf_counter() - t0, 1)
             if measures:
                 extra["measures"] = measures

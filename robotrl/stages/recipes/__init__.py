@@ -110,6 +110,11 @@ class Settings:
     success_tail: int | None = None
     """BC and distillation train on each episode up to this many steps after its first success (None: on every
     step; `train bc --success-tail`)"""
+    deploy_execute: int | None = None
+    """actions the one-step policy executes per chunk: the distill stage's DAgger rounds and gate, and the
+    evaluation of the student and its export (None: `execute`). One call predicts its chunk, so it can replan
+    more often than the teacher it was distilled from; a robot runs it with the same (`robotrl-deploy -p
+    execute:=N`)"""
 
     def __post_init__(self) -> None:
         check_types(self, "Settings")
@@ -117,7 +122,7 @@ class Settings:
             "demo_episodes", "bc_steps", "bc_batch_size", "bc_lr", "online_num_envs",
             "online_rollout_steps", "online_lr", "online_gate_episodes", "distill_steps", "distill_batch_size",
             "eval_episodes", "eval_envs", "execute", "offline_rollout_episodes", "offline_gate_episodes",
-            "distill_gate_episodes", "online_minibatch_size", "online_sampler_steps", "episode_steps",
+            "distill_gate_episodes", "online_minibatch_size", "online_sampler_steps", "episode_steps", "deploy_execute",
         ]  # fmt: skip
         for name in positive:
             value = getattr(self, name)
