@@ -114,7 +114,8 @@ def test_asynchronous_workers_stay_within_the_staleness_bound_and_learn(
     when it reached the learner (an upper bound on its staleness when acted), some are behind (the workers do
     run ahead of the learner), and RLPD still takes Reach from the untrained actor to >= 40% in 2,000 env steps
     with 20 noisy demonstrations, as the one-process run does (bench/RESULTS.md, "Learning tests: thresholds
-    against their spread over seeds"). Each worker steps 2 envs 4 times a call: 250 calls and weight versions, not 2,000."""
+    against their spread over seeds"). Each worker steps 2 envs 4 times a call: 250 calls and weight versions, not
+    2,000."""
     cfg = ActorLearnerConfig(
         task="Reach",
         workers=2,

@@ -82,8 +82,8 @@ def small(policy: Path, run_dir: Path, **overrides: object) -> OnlineConfig:
 START = {**{method: "mlp" for method in METHODS}, "residual": "unet"}
 #: env steps each method trains for in its default-suite learning test; the test asserts a gain of >= 10 points of
 #: held-out success over its BC start on the same 100 episodes (about 2 standard errors of a paired difference at
-#: the start's success: a method that does not learn stays under it). The budgets are set from the spread over seeds 0-4
-#: (bench/online_budgets.py; bench/RESULTS.md, "Learning tests") so that every seed clears the bar.
+#: the start's success: a method that does not learn stays under it). The budgets are set from the spread over
+#: seeds 0-4 (bench/online_budgets.py; bench/RESULTS.md, "Learning tests") so that every seed clears the bar.
 BUDGET = {
     "denoising_mdp": 43_200,
     "flow_sde": 24_000,

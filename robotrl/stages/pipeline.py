@@ -619,7 +619,7 @@ def stage_distill(config: PipelineConfig, settings: Settings, run_dir: Path) -> 
             gate_episodes=settings.distill_gate_episodes,
             eval_episodes=0,
             eval_envs=settings.eval_envs,
-            execute=settings.deploy_execute or settings.execute,
+            execute=settings.one_step_execute,
             success_tail=settings.success_tail,
             run_dir=run_dir / "distill",
             seed=config.seed,
@@ -751,9 +751,7 @@ def evaluate_stage(
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
     execute = 1
     if isinstance(settings, Settings):
-        execute = settings.execute
-        if stage in ("distill", "export") and settings.deploy_execute is not None:
-            execute = settings.deploy_execute
+        execute = settings.one_step_execute if stage in ("distill", "export") else settings.execute
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
         stats = evaluate_policy(policy, settings.eval_episodes, settings.eval_envs, execute=execute)
         measures = None if is_outside(config.task) else make_task(config.task).measures(stats)

@@ -145,6 +145,11 @@ class Settings:
                 "expected the online stage with the operator, got interventions=False"
             )
 
+    @property
+    def one_step_execute(self) -> int:
+        """Actions the one-step policy executes per chunk: `deploy_execute`, else `execute`."""
+        return self.execute if self.deploy_execute is None else self.deploy_execute
+
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
 
