@@ -59,8 +59,9 @@ class DeployConfig:
     """exported policy directory (`robotrl policy export`)"""
     robot: str = "sim_panda"
     """a bundled robot (hardware/robots/<name>.yaml) or a path to a robot file"""
-    execute: int = 8
-    """receding horizon: actions executed per chunk"""
+    execute: int = 0
+    """receding horizon: actions executed per chunk; 0: the policy's own (the `execute` its export recorded: what
+    it was chosen at in simulation), else 8"""
     ensemble_decay: float = -1.0
     """>= 0: temporal ensembling with this decay (ACT: 0.01); < 0: receding horizon"""
     asynchronous: bool = False
@@ -103,6 +104,10 @@ class DeployConfig:
             raise ValueError("DeployConfig.policy: expected an exported policy directory, got ''")
         if self.trigger not in TRIGGERS:
             raise ValueError(f"DeployConfig.trigger: expected one of {TRIGGERS}, got {self.trigger!r}")
+        if self.execute < 0:
+            raise ValueError(
+                f"DeployConfig.execute: expected >= 1 actions per chunk, or 0 (the policy's), got {self.execute}"
+            )
         if not self.heartbeat_timeout > 0:
             raise ValueError(f"DeployConfig.heartbeat_timeout: expected > 0 s, got {self.heartbeat_timeout}")
         if not 0 <= self.realtime_priority <= 99:
@@ -224,7 +229,7 @@ class DeployNode(LifecycleNodeMixin, RobotNode):
                 "that allows resample_chunks"
             )
         self.connect_robot(robot, self.policy.spec, self.policy.obs_keys, cfg.instruction)
-        act, execute, stride = self.resampled(ratio, cfg.execute)
+        act, execute, stride = self.resampled(ratio, cfg.execute or self.policy.execute)
         execution = ExecutionConfig(
             execute,
             cfg.ensemble_decay if cfg.ensemble_decay >= 0 else None,

@@ -211,9 +211,12 @@ def export(
     opset: int = OPSET,
     verify: bool = True,
     tolerance: float | None = None,
+    execute: int | None = None,
 ) -> Path:
     """Write `out_dir`/policy.onnx (or policy.pt) and manifest.json for a policy or a checkpoint directory;
     returns `out_dir`. `steps` overrides the policy's inference steps (flow, DDIM) for the export only.
+    `execute` records the actions per chunk the policy was chosen at (`export.execute`: what the runtime's
+    users run it at unless told otherwise; None: not recorded).
 
     The graph is traced at batch 2 with a dynamic batch axis. With `verify`, it is run on other inputs at
     another batch size and compared with the eager policy on the same noise; a max abs difference above
@@ -242,13 +245,16 @@ def export(
         source = {**source, "config": asdict(policy.config)}
     if tolerance is None:
         tolerance = float(getattr(policy, "export_tolerance", TOLERANCE))
+    horizon = int(policy.config.action_horizon)
+    if execute is not None and not 1 <= execute <= horizon:
+        raise ExportError(f"export execute: expected 1..{horizon} actions of the policy's chunk, got {execute}")
     model = ExportedPolicy(policy).eval()
     specs = input_specs(model.policy)
     inputs = tuple(torch.from_numpy(x) for x in example_inputs(model.policy, batch=2))
 
     with made_aside(Path(out_dir), "an export", replace=True) as aside:
         aside.mkdir(parents=True)
-        _write_export(model, source, aside, inputs, specs, format, opset, verify, tolerance)
+        _write_export(model, source, aside, inputs, specs, format, opset, verify, tolerance, execute)
     return Path(out_dir)
 
 
@@ -262,6 +268,7 @@ def _write_export(
     opset: int,
     verify: bool,
     tolerance: float,
+    execute: int | None,
 ) -> None:
     file = out_dir / FILES[format]
     names = [s["name"] for s in specs]
@@ -300,6 +307,7 @@ def _write_export(
             },
             "deterministic": deterministic,
             "steps": getattr(cfg, "steps", None),
+            "execute": execute,
             "checkpoint_weights_sha256": source.get("weights_sha256"),
             "verified_max_abs_error": error,
             "tolerance": tolerance if error is not None else None,
@@ -402,6 +410,9 @@ class ExportConfig:
     """export directory (default: next to the checkpoint, '<checkpoint>-<format>')"""
     sampler_steps: int | None = None
     """override the policy's sampler steps (flow, DDIM) before exporting; the graph unrolls them"""
+    execute: int | None = None
+    """actions per chunk to run the policy at, recorded in the manifest: robotrl-deploy and `robotrl policy eval`
+    execute that many unless told otherwise (None: not recorded; they execute 8)"""
     overwrite: bool = False
     """replace an earlier export in `out` (without it a non-empty `out` is refused; a directory that is not an
     export is never replaced)"""
@@ -431,7 +442,7 @@ def run_export(config: ExportConfig) -> Path:
             )
         if not is_export(out):
             raise ValueError(f"ExportConfig.out: --overwrite replaces an earlier export; {out} is not one, kept")
-    out = export(config.policy, out, config.format, steps=config.sampler_steps)
+    out = export(config.policy, out, config.format, steps=config.sampler_steps, execute=config.execute)
     manifest = json.loads((out / MANIFEST).read_text())
     info = manifest["export"]
     print(
@@ -441,6 +452,7 @@ def run_export(config: ExportConfig) -> Path:
                 "format": config.format,
                 "policy": manifest["policy"],
                 "steps": info["steps"],
+                "execute": info["execute"],
                 "deterministic": info["deterministic"],
                 "verified_max_abs_error": info["verified_max_abs_error"],
                 "sha256": manifest["weights_sha256"],

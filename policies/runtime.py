@@ -22,6 +22,8 @@ from robotrl.core.files import MANIFEST, read_manifest, sha256
 from robotrl.core.spec import STRING, Spec, SpecMismatchError
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.pt"}
+#: actions executed per chunk where neither the caller nor the export's manifest (`export.execute`) says
+DEFAULT_EXECUTE = 8
 
 
 class ExportedPolicyError(ValueError):
@@ -46,6 +48,8 @@ class RuntimePolicy:
         self.noise_name: str = export["noise"]["input"]
         self.noise_shape = tuple(int(s) for s in export["noise"]["shape"][1:])
         self.action_horizon = int(export["outputs"][0]["shape"][1])
+        #: the actions per chunk the policy was chosen at (its export's), else `DEFAULT_EXECUTE`
+        self.execute: int = export.get("execute") or DEFAULT_EXECUTE
         self.input_order = [i["name"] for i in inputs]
         self.rng = np.random.default_rng(seed)
         self._run = run
@@ -226,6 +230,11 @@ def check_manifest(manifest: dict[str, Any], spec: Spec, where: str) -> None:
         raise SpecMismatchError(
             f"{where}: action: the graph outputs (B, H, {action[-1]}) from noise (B, ..., "
             f"{noise['shape'][-1]}), the manifest's spec has action shape {tuple(spec.action.shape)}"
+        )
+    execute = export.get("execute")  # absent from exports made before it was recorded
+    if execute is not None and not (type(execute) is int and 1 <= execute <= action[1]):
+        raise ExportedPolicyError(
+            f"{where}: export.execute: expected null or 1..{action[1]} actions of the chunk, got {execute!r}"
         )
 
 

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import robotrl.training.evaluate as evaluate
-from robotrl.policies import load
+from robotrl.policies import load, runtime
+from robotrl.policies.export import export
 from robotrl.policies.timing import torch_threads
-from robotrl.training.evaluate import EvalConfig, run_eval, success_gain
+from robotrl.training.evaluate import EvalConfig, evaluate_policy, run_eval, success_gain
 
 
 def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, monkeypatch) -> None:
@@ -32,6 +33,17 @@ def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, 
         assert seen == [1, 2]
     finally:
         torch.set_num_threads(before)
+
+
+def test_eval_of_an_export_executes_what_it_recorded(reach_bc_flow: Path, tmp_path: Path) -> None:
+    """An export that records the actions per chunk its policy was chosen at is evaluated so unless told otherwise;
+    a torch checkpoint, which records none, at 8."""
+    out = export(reach_bc_flow, tmp_path / "export", execute=2)
+    result = run_eval(EvalConfig(policy=out, eval_episodes=4, eval_envs=4))
+    assert result["execute"] == 2
+    assert result["success_rate"] == evaluate_policy(runtime.load(out, threads=1), 4, 4, execute=2).success_rate
+    assert run_eval(EvalConfig(policy=out, eval_episodes=2, eval_envs=2, execute=3))["execute"] == 3
+    assert run_eval(EvalConfig(policy=reach_bc_flow, eval_episodes=2, eval_envs=2))["execute"] == 8
 
 
 @pytest.mark.parametrize("field", ["eval_episodes", "eval_envs", "execute", "threads"])

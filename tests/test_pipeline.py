@@ -63,6 +63,7 @@ def test_smoke_budget_runs_every_stage_and_prints_the_table(smoke):
         assert r.latency_ms > 0
     distill = json.loads((run_dir / "distill" / "config.json").read_text())
     assert distill["execute"] == 2  # its DAgger rounds and gate drive the student as it is deployed
+    assert load_any(run_dir / "export").execute == 2 == by["export"].extra["execute"]  # and a robot runs it so
     # the one-step student answers in one network call: faster than the K-step policy it was distilled from
     assert by["distill"].latency_ms < by["online"].latency_ms
 

@@ -674,11 +674,14 @@ def stage_ppo(config: PipelineConfig, settings: PpoSettings, run_dir: Path) -> t
 
 
 def stage_export(config: PipelineConfig, settings: AnySettings, run_dir: Path) -> tuple[Path, int, dict[str, Any]]:
-    """The chain's last policy (the student, or PPO's) as ONNX: the deterministic mean action of a Gaussian one."""
+    """The chain's last policy (the student, or PPO's) as ONNX: the deterministic mean action of a Gaussian one. The
+    student's export records the actions per chunk it was chosen at (`one_step_execute`): a robot runs it so."""
     from robotrl.policies.export import export
 
     source = run_dir / stages_of(settings)[-2] / "policy"
-    return export(source, run_dir / "export", "onnx"), 0, {"format": "onnx", "source": str(source)}
+    execute = settings.one_step_execute if isinstance(settings, Settings) else None
+    out = export(source, run_dir / "export", "onnx", execute=execute)
+    return out, 0, {"format": "onnx", "source": str(source), "execute": execute}
 
 
 RUNNERS: dict[str, Callable[[PipelineConfig, Any, Path], tuple[Path, int, dict[str, Any]]]] = {

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from robotrl.core.spec import STRING, Spec, flatten_obs
+from robotrl.policies.runtime import DEFAULT_EXECUTE
 
 if TYPE_CHECKING:
     from robotrl.envs.cpu import CpuVectorEnv
@@ -52,8 +53,9 @@ class EvalConfig:
     """parallel envs"""
     eval_seed: int = HELD_OUT_SEED
     """first seed of the episodes (the held-out ones by default)"""
-    execute: int = 8
-    """actions executed from each predicted chunk before predicting again"""
+    execute: int | None = None
+    """actions executed from each predicted chunk before predicting again (None: an exported policy's own, the
+    `execute` its export recorded, else 8)"""
     sampler_steps: int | None = None
     """override the sampler's step count (flow / DDIM) at evaluation"""
     videos: int = 0
@@ -66,7 +68,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         for name in ("eval_episodes", "eval_envs", "execute", "threads"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"EvalConfig.{name}: expected >= 1, got {getattr(self, name)}")
 
 
@@ -266,7 +268,8 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
                     "(an exported policy fixes it at export: robotrl policy export --sampler-steps)"
                 )
             policy.config.steps = config.sampler_steps
-        stats = evaluate_policy(policy, config.eval_episodes, config.eval_envs, config.eval_seed, config.execute)
+        execute = config.execute or int(getattr(policy, "execute", DEFAULT_EXECUTE))  # a torch checkpoint records none
+        stats = evaluate_policy(policy, config.eval_episodes, config.eval_envs, config.eval_seed, execute)
         result = {
             "policy": str(config.policy),
             "task": policy.spec.task,
@@ -276,6 +279,7 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
             "ci95": list(stats.success_ci95()) if stats.reports_success else None,
             "mean_return": stats.mean_return,
             "seed": config.eval_seed,
+            "execute": execute,
         }
         if stats.wrong_object is not None:
             result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
@@ -285,7 +289,7 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
             result["videos"] = [
                 str(p)
                 for p in record_videos(
-                    policy, config.video_dir or config.policy, config.videos, config.eval_seed, config.execute
+                    policy, config.video_dir or config.policy, config.videos, config.eval_seed, execute
                 )
             ]
         print(json.dumps(result))

@@ -4,6 +4,8 @@ a NaN policy or while e-stopped (until ~/reset), and counts malformed messages w
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import time
@@ -200,6 +202,32 @@ def test_a_policy_trained_at_another_control_rate_is_refused(ros: None, pusht_ex
     (tmp_path / "fast.yaml").write_text(yaml.safe_dump({**robot, "name": "fast_panda", "control_hz": 200.0}))
     with pytest.raises(ValueError, match=r"robot fast_panda runs at 200 Hz, the policy was trained at 20 Hz"):
         DeployNode(DeployConfig(policy=str(pusht_export), robot=str(tmp_path / "fast.yaml")))
+
+
+def test_the_node_executes_the_actions_per_chunk_its_policy_was_chosen_at(
+    ros: None, pusht_export: Path, tmp_path: Path
+) -> None:
+    """`execute: 0` (the parameter file's) runs the actions per chunk the export recorded (`robotrl policy export
+    --execute`, the pipeline's `deploy_execute`), else 8; a number given wins; a negative one is refused by name."""
+    recorded = tmp_path / "recorded"
+    shutil.copytree(pusht_export, recorded)
+    manifest = json.loads((recorded / "manifest.json").read_text())
+    manifest["export"]["execute"] = 2
+    (recorded / "manifest.json").write_text(json.dumps(manifest))
+    for policy, execute, runs in ((pusht_export, 0, 8), (recorded, 0, 2), (recorded, 5, 5)):
+        with deployed(DeployConfig(policy=str(policy), execute=execute)) as (deploy, robot, executor):
+            assert deploy.runner.config.execute == runs
+            seen: set[int] = set()  # the steps at which a chunk took over (the executor keeps only the last)
+
+            def step() -> None:
+                robot.publish()
+                seen.update(start for start, _ in deploy.runner.chunks)
+
+            run(executor, 1.0, step)
+            starts = sorted(seen)
+            assert len(starts) >= 2 and set(np.diff(starts)) == {runs}, starts
+    with pytest.raises(ValueError, match=r"DeployConfig.execute: expected >= 1 actions per chunk, or 0 \(the policy"):
+        DeployConfig(policy=str(recorded), execute=-1)
 
 
 def test_a_robot_file_that_allows_it_resamples_the_chunks_in_time(

@@ -416,6 +416,30 @@ def test_run_export_config(
         run_export(ExportConfig(policy=ckpt, out=mine / "notes.txt"))
 
 
+def test_the_export_records_the_actions_per_chunk_to_execute(
+    policies: dict, exports: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`execute`, the actions per chunk a policy was chosen at, travels in its export's manifest: the runtime (and
+    through it robotrl-deploy and `robotrl policy eval`) takes it as the default; an export without one runs 8; a
+    value outside the chunk is refused by name, at export (nothing written) and in a manifest."""
+    _, ckpt = policies["flow"]
+    assert runtime.load(exports[("flow", "onnx")]).execute == runtime.DEFAULT_EXECUTE == 8
+    out = run_export(ExportConfig(policy=ckpt, out=tmp_path / "ex2", execute=2))
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["execute"] == 2
+    horizon = runtime.load(out).action_horizon
+    assert runtime.load(out).execute == 2 and horizon == 16
+    with pytest.raises(ExportError, match=r"export execute: expected 1..16 actions of the policy's chunk, got 17"):
+        export(ckpt, tmp_path / "bad", execute=17)
+    assert not (tmp_path / "bad").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["export"]["execute"] = 0
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        runtime.ExportedPolicyError, match=r"export.execute: expected null or 1..16 actions of the chunk, got 0"
+    ):
+        runtime.load(out)
+
+
 def test_the_mlp_backbone_is_a_residual_mlp_and_its_misuses_are_refused(pusht: EpisodeStore) -> None:
     """backbone 'mlp': the chunk network is the residual MLP, unpadded (the chunk is the action horizon); unknown
     backbones, MeanFlow on an MLP and a narrower U-Net student of an MLP teacher are refused in one line."""
