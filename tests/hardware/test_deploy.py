@@ -219,7 +219,7 @@ def test_the_node_executes_the_actions_per_chunk_its_policy_was_chosen_at(
             assert deploy.runner.config.execute == runs
             seen: set[int] = set()  # the steps at which a chunk took over (the executor keeps only the last)
 
-            def step() -> None:
+            def step(seen: set[int] = seen, deploy: DeployNode = deploy, robot: Robot = robot) -> None:
                 robot.publish()
                 seen.update(start for start, _ in deploy.runner.chunks)
 
