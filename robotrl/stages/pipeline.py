@@ -192,7 +192,7 @@ class PipelineConfig:
     --success-tail`)"""
     deploy_execute: int | None = None
     """actions the one-step policy executes per chunk (its DAgger rounds, gate and evaluations; the recipe's,
-    else `execute`): run it on the robot with the same"""
+    else `execute`); its export records it for the robot"""
     run_dir: Path | None = None
     """default: runs/pipeline-<task>-<time>"""
     resume: bool = False

@@ -113,8 +113,8 @@ class Settings:
     deploy_execute: int | None = None
     """actions the one-step policy executes per chunk: the distill stage's DAgger rounds and gate, and the
     evaluation of the student and its export (None: `execute`). One call predicts its chunk, so it can replan
-    more often than the teacher it was distilled from; a robot runs it with the same (`robotrl-deploy -p
-    execute:=N`)"""
+    more often than the teacher it was distilled from; its export records the value, which robotrl-deploy
+    runs by default"""
 
     def __post_init__(self) -> None:
         check_types(self, "Settings")
