@@ -12,7 +12,15 @@ import pytest
 import torch
 import yaml
 
-from robotrl.stages.pipeline import PPO_STAGES, SKIPPED_BY, STAGES, PipelineConfig, read_rows
+from robotrl.stages.pipeline import (
+    PPO_STAGES,
+    SKIPPED_BY,
+    STAGES,
+    PipelineConfig,
+    StageRow,
+    read_rows,
+    same_evaluation,
+)
 from robotrl.stages.recipes import recipe_for
 from robotrl.training.loop import TRAIN_STATE
 
@@ -95,9 +103,10 @@ def test_each_stage_wrote_the_documented_files(smoke):
     assert (offline["gate_episodes"], offline["gate_z"]) == (2, 1.0)
     row = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}["offline"]
     assert all(g["kept"] <= (g["new_success"] > g["start_success"]) for g in row.extra["gates"])
-    if row.extra["kept_updates"] == 0:  # nothing kept: BC's weights are handed on
+    if row.extra["kept_updates"] == 0:  # nothing kept: BC's weights are handed on, and BC's evaluation with them
         handed, bc = (load(run_dir / s / "policy").state_dict() for s in ("offline", "bc"))
         assert all(torch.equal(handed[k], bc[k]) for k in bc)
+        assert row.extra["evaluation"] == "the bc stage's: the same policy files" and "eval_seconds" not in row.extra
     online = json.loads((run_dir / "online" / "config.json").read_text())  # the anchor and rate reach the stage
     settings = config["settings"]
     bc, distill = (json.loads((run_dir / s / "config.json").read_text()) for s in ("bc", "distill"))
@@ -297,6 +306,27 @@ def test_online_stage_hands_on_its_start_when_rl_made_it_worse(reach_bc_flow, tm
     kept = (tmp_path / "online" / "policy" / "model.safetensors").read_bytes()
     assert kept == (reach_bc_flow / "model.safetensors").read_bytes()
     assert (tmp_path / "online" / "rejected_policy" / "model.safetensors").exists()
+    # the start's files handed on: the start's held-out evaluation stands for the stage's; the wrecked one's would not
+    start = StageRow("offline", str(tmp_path / "offline" / "policy"), 0.5, (0.4, 0.6), 0, 1.0, 3.0)
+    assert same_evaluation(tmp_path / "online" / "policy", "online", start, settings)
+    assert not same_evaluation(tmp_path / "online" / "rejected_policy", "online", start, settings)
+
+
+def test_a_stage_is_evaluated_again_unless_its_files_and_execute_are_the_ones_before(reach_bc_flow, tmp_path):
+    """The evaluation before is reused only for the very files, executed as many actions a chunk: one byte of the
+    weights changed, or the one-step policy's `deploy_execute` against the chain's `execute`, evaluates again."""
+    settings = recipe_for("PushT").settings("standard")  # execute 8, deploy_execute 2
+    for stage in ("bc", "offline", "distill"):
+        shutil.copytree(reach_bc_flow, tmp_path / stage)
+    bc = StageRow("bc", str(tmp_path / "bc"), 0.9, (0.8, 0.95), 0, 1.0, 3.0)
+    assert same_evaluation(tmp_path / "offline", "offline", bc, settings)
+    assert not same_evaluation(tmp_path / "distill", "distill", bc, settings)  # executing 2, not 8
+    assert not same_evaluation(tmp_path / "offline", "offline", None, settings)
+    weights = tmp_path / "offline" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert not same_evaluation(tmp_path / "offline", "offline", bc, settings)
 
 
 def test_online_stage_without_the_operator_trains_the_chain_with_the_anchor(reach_bc_flow, tmp_path):

@@ -742,6 +742,31 @@ def one_window(policy: Any, seed: int) -> dict[str, Any]:
     return window
 
 
+def stage_execute(settings: AnySettings, stage: str) -> int:
+    """Actions a stage's policy executes per chunk in its evaluation: the one-step policy's `deploy_execute`, the
+    chain's `execute` (1 for the PPO chain's single actions)."""
+    if not isinstance(settings, Settings):
+        return 1
+    return settings.one_step_execute if stage in ("distill", "export") else settings.execute
+
+
+def same_evaluation(output: Path, stage: str, before: StageRow | None, settings: AnySettings) -> bool:
+    """Whether the stage before's evaluation is this stage's: its gate handed on the very files of the policy before
+    (an offline update undone, an online stage rejected), evaluated the same way on the same seeds. A PushT offline
+    stage's undone update would otherwise spend one more held-out evaluation on BC's weights."""
+    if before is None or before.success_rate is None or before.stage == "demos":
+        return False
+    if stage_execute(settings, before.stage) != stage_execute(settings, stage):
+        return False
+    mine, theirs = Path(output), Path(before.output)
+    if not (mine.is_dir() and theirs.is_dir()):
+        return False
+    names = sorted(p.name for p in mine.iterdir())
+    return names == sorted(p.name for p in theirs.iterdir()) and all(
+        (mine / n).is_file() and (mine / n).read_bytes() == (theirs / n).read_bytes() for n in names
+    )
+
+
 def evaluate_stage(
     path: Path, config: PipelineConfig, settings: AnySettings, stage: str = ""
 ) -> tuple[float, tuple[float, float], float, dict[str, float]]:
@@ -752,9 +777,7 @@ def evaluate_stage(
     from robotrl.training.evaluate import evaluate_policy, load_any
 
     policy = load_any(path, threads=1)  # an exported folder through the runtime, as a robot loads it
-    execute = 1
-    if isinstance(settings, Settings):
-        execute = settings.one_step_execute if stage in ("distill", "export") else settings.execute
+    execute = stage_execute(settings, stage)
     with torch_threads(1):  # small batches: a second thread only spins; and deployed inference runs on one
         stats = evaluate_policy(policy, settings.eval_episodes, settings.eval_envs, execute=execute)
         measures = None if is_outside(config.task) else make_task(config.task).measures(stats)
@@ -875,6 +898,12 @@ def run(config: PipelineConfig) -> list[StageRow]:
         success, ci, latency_ms = None, None, None
         if stage == "demos":
             success = extra.get("demo_success_rate")
+        elif same_evaluation(Path(output), stage, rows[-1] if rows else None, settings):
+            before = rows[-1]
+            success, ci, latency_ms = before.success_rate, before.success_ci95, before.latency_ms
+            extra["evaluation"] = f"the {before.stage} stage's: the same policy files"
+            if "measures" in before.extra:
+                extra["measures"] = before.extra["measures"]
         else:
             t0 = time.perf_counter()
             success, ci, latency_ms, measures = evaluate_stage(Path(output), config, settings, stage)
