@@ -50,6 +50,7 @@ on from the stage it was in (that stage starts over).
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import json
 import shutil
 import time
@@ -762,9 +763,10 @@ def same_evaluation(output: Path, stage: str, before: StageRow | None, settings:
     if not (mine.is_dir() and theirs.is_dir()):
         return False
     names = sorted(p.name for p in mine.iterdir())
-    return names == sorted(p.name for p in theirs.iterdir()) and all(
-        (mine / n).is_file() and (mine / n).read_bytes() == (theirs / n).read_bytes() for n in names
-    )
+    if names != sorted(p.name for p in theirs.iterdir()):
+        return False
+    equal, _, _ = filecmp.cmpfiles(mine, theirs, names, shallow=False)  # sizes first, then contents
+    return len(equal) == len(names)
 
 
 def evaluate_stage(
