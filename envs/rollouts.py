@@ -23,7 +23,8 @@ def wilson_ci95(successes: np.ndarray) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class EpisodeStats:
-    """Per-episode outcomes, in the order episodes finished."""
+    """Per-episode outcomes. From `run_episodes`, episode k is env `k % num_envs` of wave `k // num_envs`: the same
+    start for any policy evaluated on the same seed and env count."""
 
     success: np.ndarray  # bool: success reached at any step of the episode
     returns: np.ndarray
@@ -84,6 +85,13 @@ class EpisodeStats:
         return out
 
 
+def wave_seed(seed: int, wave: int) -> int:
+    """The seed wave `wave` of an evaluation from `seed` resets its envs with: `seed` itself for the first wave,
+    then one drawn from (seed, wave), so no two waves or evaluations share a start by neighbouring integers (a
+    non-negative int32, which every backend's reset takes)."""
+    return seed if wave == 0 else int(np.random.SeedSequence([seed, wave]).generate_state(1)[0] & 0x7FFF_FFFF)
+
+
 def run_episodes(
     env: Any,
     policy: Callable[[dict[str, Any]], np.ndarray],
@@ -91,74 +99,65 @@ def run_episodes(
     seed: int | None = 0,
     on_episode_start: Callable[[int], None] | None = None,
 ) -> EpisodeStats:
-    """Step `env` (auto-resetting) with `policy` until `episodes` episodes have finished.
+    """Step `env` with `policy` for `episodes` episodes, in waves of `env.num_envs`.
 
-    Only episodes that started in the first `ceil(episodes / num_envs)` waves are counted, so the result
-    does not favour short episodes. `on_episode_start(i)` is called when env i starts a new episode
-    (experts keep per-episode state). Tasks with instructions also get each episode's instruction and,
-    where the task defines it, whether a wrong object was placed at any step.
+    Each wave resets every env from the wave's seed (`wave_seed`) and steps until each counted env's episode has
+    ended; an env whose episode ended waits out the wave, its steps ignored. Episode k is env `k % num_envs` of
+    wave `k // num_envs` and starts from the same state whatever the policy does, so two policies run on the same
+    seed and env count meet the same episodes, index for index, and their outcomes pair (an auto-reset stream
+    would shift every later start after one early termination). The last wave counts its first envs, not the
+    first to finish, so the result does not favour short episodes. `on_episode_start(i)` is called when env i
+    starts a wave's episode (experts keep per-episode state). Tasks with instructions also get each episode's
+    instruction and, where the task defines it, whether a wrong object was placed at any step.
     """
     if episodes <= 0:
         raise ValueError(f"episodes: expected a positive integer, got {episodes}")
     n = env.num_envs
-    waves = math.ceil(episodes / n)
-    started = np.ones(n, dtype=np.int64)
-    obs, _ = env.reset(seed=seed)
-    text = np.asarray(obs["instruction"], dtype=object).copy() if "instruction" in obs else None
     judge = getattr(getattr(env, "task", None), "wrong_object", None)  # outside (adapted) envs have no Task
-    ever = np.zeros(n, dtype=bool)
-    good = np.zeros(n, dtype=np.int64)
-    wrong, has_wrong = np.zeros(n, dtype=bool), False
-    ret = np.zeros(n)
-    length = np.zeros(n, dtype=np.int64)
-    success: list[bool] = []
-    returns: list[float] = []
-    lengths: list[int] = []
-    good_steps: list[int] = []
-    ended: list[bool] = []
-    instructions: list[Any] = []
-    wrongs: list[bool] = []
-    if on_episode_start is not None:
-        for env_index in range(n):
-            on_episode_start(env_index)
-    while len(success) < episodes and (started <= waves).any():
-        obs, reward, terminated, truncated, info = env.step(policy(obs))
-        ever |= np.asarray(info["success"], dtype=bool)
-        good += np.asarray(info["success"], dtype=bool)
-        done = np.asarray(terminated) | np.asarray(truncated)
-        placed = judge(obs) if judge is not None else None
-        if judge is not None and placed is not None:
-            has_wrong = True
-            if done.any():  # an env that just ended was judged on its last observation, not on its new episode's
-                placed = np.where(done, judge(info["final_obs"]), placed)
-            wrong |= np.asarray(placed, dtype=bool)
-        ret += np.asarray(reward, dtype=np.float64)
-        length += 1
-        for i in np.nonzero(done)[0]:
-            if started[i] <= waves and len(success) < episodes:
-                success.append(bool(ever[i]))
-                returns.append(float(ret[i]))
-                lengths.append(int(length[i]))
-                good_steps.append(int(good[i]))
-                ended.append(bool(np.asarray(terminated)[i]))
-                wrongs.append(bool(wrong[i]))
-                if text is not None:
-                    instructions.append(str(text[i]))
-            started[i] += 1
-            ever[i], wrong[i], ret[i], length[i], good[i] = False, False, 0.0, 0, 0
-            if text is not None:
-                text[i] = obs["instruction"][i]
-            if on_episode_start is not None:
-                on_episode_start(int(i))
+    has_wrong, has_text = False, False
+    columns: dict[str, list[Any]] = {k: [] for k in ("success", "returns", "lengths", "good", "ended", "wrong", "text")}
+    for wave in range(math.ceil(episodes / n)):
+        obs, _ = env.reset(seed=None if seed is None else wave_seed(seed, wave))
+        count = min(n, episodes - wave * n)
+        text = np.asarray(obs["instruction"], dtype=object).copy() if "instruction" in obs else None
+        live = np.ones(n, dtype=bool)
+        ever, ended, wrong = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        good, length, ret = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros(n)
+        if on_episode_start is not None:
+            for env_index in range(n):
+                on_episode_start(env_index)
+        while live[:count].any():
+            obs, reward, terminated, truncated, info = env.step(policy(obs))
+            succeeded = np.asarray(info["success"], dtype=bool) & live
+            ever |= succeeded
+            good += succeeded
+            done = (np.asarray(terminated) | np.asarray(truncated)) & live
+            placed = judge(obs) if judge is not None else None
+            if judge is not None and placed is not None:
+                has_wrong = True
+                if done.any():  # an env that just ended was judged on its last observation, not on its new episode's
+                    placed = np.where(done, judge(info["final_obs"]), placed)
+                wrong |= np.asarray(placed, dtype=bool) & live
+            ret += np.where(live, np.asarray(reward, dtype=np.float64), 0.0)
+            length += live
+            ended |= np.asarray(terminated, dtype=bool) & done
+            live &= ~done
+        for key, values in zip(
+            ("success", "returns", "lengths", "good", "ended", "wrong"), (ever, ret, length, good, ended, wrong)
+        ):
+            columns[key].extend(values[:count].tolist())
+        if text is not None:
+            has_text = True
+            columns["text"].extend(str(t) for t in text[:count])
     return EpisodeStats(
-        np.array(success, dtype=bool),
-        np.array(returns),
-        np.array(lengths),
-        np.array(instructions, dtype=object) if text is not None else None,
-        np.array(wrongs, dtype=bool) if has_wrong else None,
+        np.array(columns["success"], dtype=bool),
+        np.array(columns["returns"], dtype=np.float64),
+        np.array(columns["lengths"], dtype=np.int64),
+        np.array(columns["text"], dtype=object) if has_text else None,
+        np.array(columns["wrong"], dtype=bool) if has_wrong else None,
         reports_success=bool(getattr(env, "reports_success", True)),
-        success_steps=np.array(good_steps, dtype=np.int64),
-        terminated=np.array(ended, dtype=bool),
+        success_steps=np.array(columns["good"], dtype=np.int64),
+        terminated=np.array(columns["ended"], dtype=bool),
     )
 
 

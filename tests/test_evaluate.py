@@ -61,3 +61,35 @@ def test_success_gain_keeps_only_gains_outside_the_gates_noise() -> None:
     assert success_gain(0.8, 0.5, 40, z=1.0)[1] > 0
     assert success_gain(0.96, 0.95, 100, z=0.0)[1] > 0 and success_gain(0.95, 0.95, 100, z=0.0)[1] == 0
     assert success_gain(1.0, 1.0, 10, z=1.0)[1] < 0  # a tie at the ceiling is no gain
+
+
+def test_two_policies_meet_the_same_episodes_index_for_index() -> None:
+    """run_episodes' waves: episode k starts from the same state whatever the policy, even when one policy's robot
+    falls early and the other's never does (an auto-reset stream shifted every later start after the first fall),
+    so two evaluations on the same seed pair episode by episode; the last wave counts its first envs."""
+    import numpy as np
+
+    from robotrl.envs import make
+    from robotrl.envs.rollouts import run_episodes
+
+    def starts(act):  # the state each counted episode starts from, in the evaluation's order
+        env = make("Quadruped", num_envs=3, seed=0, episode_steps=60)
+        seen: list[np.ndarray] = []
+        fresh = [False]
+
+        def policy(obs):
+            if fresh[0]:
+                seen.append(np.asarray(obs["state"]).copy())
+                fresh[0] = False
+            return act(obs)
+
+        stats = run_episodes(env, policy, 7, seed=5, on_episode_start=lambda i: fresh.__setitem__(0, True))
+        env.close()
+        return np.concatenate(seen)[:7], stats
+
+    rng = np.random.default_rng(0)
+    stand, stood = starts(lambda obs: np.zeros((3, 12), np.float32))
+    flail, fell = starts(lambda obs: np.where(rng.random((3, 12)) < 0.5, -1.0, 1.0).astype(np.float32))
+    assert not stood.terminated.any() and fell.terminated.all() and len(set(fell.lengths.tolist())) > 1
+    assert np.array_equal(stand, flail)
+    assert len(stood.success) == len(fell.success) == 7

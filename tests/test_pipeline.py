@@ -1,6 +1,7 @@
 """`robotrl run`: the whole pipeline on the default task through the console script, as the README starts it."""
 
 import dataclasses
+import itertools
 import json
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from robotrl.stages.pipeline import (
     STAGES,
     PipelineConfig,
     StageRow,
+    paired_gain,
     read_rows,
     same_evaluation,
 )
@@ -64,16 +66,51 @@ def test_smoke_budget_runs_every_stage_and_prints_the_table(smoke):
 
     # every policy stage evaluated on the same held-out episodes, its latency measured; the one-step policy
     # replanning every `deploy_execute` actions (2 in the smoke budget), the others every `execute` (8)
-    for r in rows[1:]:
+    # and each row keeps its episodes' outcomes, in order, which the table's gain pairs with the row before's
+    for before, r in itertools.pairwise(rows):
         policy = load_any(Path(r.output), threads=1)
         execute = 2 if r.stage in ("distill", "export") else 8
-        assert evaluate_policy(policy, 4, 4, execute=execute).success_rate == r.success_rate, r.stage
+        stats = evaluate_policy(policy, 4, 4, execute=execute)
+        assert stats.success_rate == r.success_rate, r.stage
+        assert r.extra["outcomes"] == {"envs": 4, "success": "".join("1" if s else "0" for s in stats.success)}
         assert r.latency_ms > 0
+        if before.stage == "demos":
+            assert paired_gain(r, before) is None and f"| {r.stage} | {r.success_rate:.1%} | " in table
+            continue
+        gain, se = paired_gain(r, before)
+        assert gain == pytest.approx(r.success_rate - before.success_rate)
+        assert f"| {r.stage} | {r.success_rate:.1%} | " in table and f"| {100 * gain:+.1f} ± {100 * se:.1f} |" in table
     distill = json.loads((run_dir / "distill" / "config.json").read_text())
     assert distill["execute"] == 2  # its DAgger rounds and gate drive the student as it is deployed
     assert load_any(run_dir / "export").execute == 2 == by["export"].extra["execute"]  # and a robot runs it so
     # the one-step student answers in one network call: faster than the K-step policy it was distilled from
     assert by["distill"].latency_ms < by["online"].latency_ms
+
+
+def test_a_stages_gain_pairs_its_episodes_with_the_stage_befores() -> None:
+    """The gain's standard error is that of the per-episode differences: where the later stage fails only episodes
+    the earlier one failed too it is smaller than two independent rates' (0.33 for 3/4 against 2/4), where they
+    fail other episodes larger; episodes that do not pair (another env count, another number) give none."""
+
+    def row(success: str, envs: int = 4) -> StageRow:
+        return StageRow(
+            "s",
+            "o",
+            success.count("1") / len(success),
+            None,
+            0,
+            0.0,
+            None,
+            {"outcomes": {"envs": envs, "success": success}},
+        )
+
+    gain, se = paired_gain(row("1110"), row("1100"))
+    assert gain == pytest.approx(0.25) and se == pytest.approx(0.25)  # differences 0, 0, 1, 0
+    assert paired_gain(row("1100"), row("1100")) == (0.0, 0.0)
+    gain, se = paired_gain(row("0011"), row("1100"))  # the same rate on other episodes: no gain, and a wide error
+    assert gain == 0.0 and se == pytest.approx(np.std([-1, -1, 1, 1], ddof=1) / 2)
+    assert paired_gain(row("1100", envs=2), row("1100")) is None and paired_gain(row("110"), row("1100")) is None
+    assert paired_gain(row("1100"), StageRow("demos", "d", 1.0, None, 0, 0.0, None)) is None
 
 
 def test_each_stage_wrote_the_documented_files(smoke):
@@ -434,7 +471,7 @@ def test_quadrupeds_recipe_trains_ppo_and_deploys_what_it_trained(tmp_path):
     ppo, export = rows
     assert ppo.env_steps == 2560 and ppo.output == str(run_dir / "ppo" / "policy")
     assert export.extra["source"] == ppo.output and export.output == str(run_dir / "export")
-    assert "| stage | success | 95% CI | fall_rate | tracking | env steps |" in out.stdout
+    assert "| stage | success | 95% CI | gain ± SE (points) | fall_rate | tracking | env steps |" in out.stdout
     # the task's measures, recomputed from the saved policy on the held-out seeds; the export's are the same
     with torch_threads(1):
         stats = evaluate_policy(load_any(Path(ppo.output), threads=1), 4, 4, execute=1)

@@ -79,6 +79,7 @@ from robotrl.stages.recipes import (
 from robotrl.training.loop import RLResult
 
 if TYPE_CHECKING:
+    from robotrl.envs.rollouts import EpisodeStats
     from robotrl.rl.ppo import PpoConfig
     from robotrl.stages.bc import BCConfig
 
@@ -771,8 +772,8 @@ def same_evaluation(output: Path, stage: str, before: StageRow | None, settings:
 
 def evaluate_stage(
     path: Path, config: PipelineConfig, settings: AnySettings, stage: str = ""
-) -> tuple[float, tuple[float, float], float, dict[str, float]]:
-    """(success rate, its 95% interval, latency p50 in ms, the task's own measures) of the policy at `path`, on the
+) -> tuple[EpisodeStats, float, dict[str, float]]:
+    """(the held-out episodes' outcomes, latency p50 in ms, the task's own measures) of the policy at `path`, on the
     pipeline's seeds; the one-step policy (`stage` distill or export) executing `deploy_execute` actions a chunk."""
     from robotrl.envs import is_outside, make_task
     from robotrl.policies.timing import latency, torch_threads
@@ -785,7 +786,26 @@ def evaluate_stage(
         measures = None if is_outside(config.task) else make_task(config.task).measures(stats)
         window = one_window(policy, config.seed)
         ms, _ = latency(lambda: policy.act(window), calls=200, warmup=5, max_seconds=5.0)
-    return stats.success_rate, stats.success_ci95(), float(np.percentile(ms, 50)), measures or {}
+    return stats, float(np.percentile(ms, 50)), measures or {}
+
+
+def outcomes(stats: EpisodeStats, settings: AnySettings) -> dict[str, Any]:
+    """A stage's held-out episodes as its row keeps them: each episode's success ("1"/"0") in the evaluation's order
+    and the env count that order depends on (`run_episodes`: episode k is env k % envs of wave k // envs)."""
+    envs = min(settings.eval_envs, settings.eval_episodes)
+    return {"envs": envs, "success": "".join("1" if s else "0" for s in stats.success)}
+
+
+def paired_gain(after: StageRow, before: StageRow) -> tuple[float, float] | None:
+    """The success `after` gained over `before` and its standard error, from their outcomes on the same held-out
+    episodes: the mean and the standard error of the per-episode differences. The stages meet the very same
+    episodes (same seeds, same starts), so what made one episode hard for both cancels, which the standard error of
+    two independent rates would count twice. None where either row has no outcomes or their episodes differ."""
+    a, b = after.extra.get("outcomes"), before.extra.get("outcomes")
+    if not a or not b or a["envs"] != b["envs"] or len(a["success"]) != len(b["success"]):
+        return None
+    d = np.array([int(x) - int(y) for x, y in zip(a["success"], b["success"], strict=True)], dtype=np.float64)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -814,17 +834,22 @@ def table(rows: list[StageRow], config: PipelineConfig, settings: AnySettings) -
         f"robotrl run: {config.task} ({policy_kind(config)}), {source}{f' ({changed})' if changed else ''}, "
         f"success over {settings.eval_episodes} held-out episodes",
         "",
-        f"| stage | success | 95% CI | {''.join(f'{m} | ' for m in measured)}env steps | wall-clock (s) "
-        "| latency p50 (ms) | output |",
-        "| --- " * (7 + len(measured)) + "|",
+        f"| stage | success | 95% CI | gain ± SE (points) | {''.join(f'{m} | ' for m in measured)}env steps "
+        "| wall-clock (s) | latency p50 (ms) | output |",
+        "| --- " * (8 + len(measured)) + "|",
     ]
-    for r in rows:
+    for i, r in enumerate(rows):
+        before = rows[i - 1] if i else None
         success = f"{r.success_rate:.1%}" if r.success_rate is not None else "-"
         ci = f"{r.success_ci95[0]:.1%}-{r.success_ci95[1]:.1%}" if r.success_ci95 else "-"
+        paired = paired_gain(r, before) if before is not None else None  # over the policy the stage started from
+        gain = f"{100 * paired[0]:+.1f} ± {100 * paired[1]:.1f}" if paired is not None else "-"
         shown = "".join(f"{show(r.extra.get('measures', {}).get(m))} | " for m in measured)
         lat = f"{r.latency_ms:.2f}" if r.latency_ms is not None else "-"
         output = f"skipped: {r.extra['skipped']}" if "skipped" in r.extra else r.output
-        lines.append(f"| {r.stage} | {success} | {ci} | {shown}{r.env_steps:,} | {r.seconds:.0f} | {lat} | {output} |")
+        lines.append(
+            f"| {r.stage} | {success} | {ci} | {gain} | {shown}{r.env_steps:,} | {r.seconds:.0f} | {lat} | {output} |"
+        )
     return "\n".join(lines)
 
 
@@ -847,6 +872,8 @@ def hand_on(before: StageRow, stage: str, setting: str, run_dir: Path) -> StageR
     read this one's, with the stage before's figures (the same weights on the same seeds)."""
     shutil.copytree(Path(before.output), run_dir / stage / "policy")
     extra = {"skipped": f"{setting} is 0: the {before.stage} stage's policy handed on"}
+    if "outcomes" in before.extra:
+        extra["outcomes"] = before.extra["outcomes"]
     return dataclasses.replace(
         before, stage=stage, output=str(run_dir / stage / "policy"), env_steps=0, seconds=0.0, extra=extra
     )
@@ -904,12 +931,13 @@ def run(config: PipelineConfig) -> list[StageRow]:
             before = rows[-1]
             success, ci, latency_ms = before.success_rate, before.success_ci95, before.latency_ms
             extra["evaluation"] = f"the {before.stage} stage's: the same policy files"
-            if "measures" in before.extra:
-                extra["measures"] = before.extra["measures"]
+            extra.update({k: before.extra[k] for k in ("measures", "outcomes") if k in before.extra})
         else:
             t0 = time.perf_counter()
-            success, ci, latency_ms, measures = evaluate_stage(Path(output), config, settings, stage)
+            stats, latency_ms, measures = evaluate_stage(Path(output), config, settings, stage)
+            success, ci = stats.success_rate, stats.success_ci95()
             extra["eval_seconds"] = round(time.perf_counter() - t0, 1)
+            extra["outcomes"] = outcomes(stats, settings)
             if measures:
                 extra["measures"] = measures
         row = StageRow(
@@ -926,7 +954,7 @@ def run(config: PipelineConfig) -> list[StageRow]:
             f.write(json.dumps(jsonable(row)) + "\n")
         rows.append(row)
         if config.progress:
-            print(table([row], config, settings).splitlines()[-1], flush=True)
+            print(table(rows, config, settings).splitlines()[-1], flush=True)
     (run_dir / "summary.md").write_text(table(rows, config, settings) + "\n")
     release_run_dir(run_dir)
     return rows
