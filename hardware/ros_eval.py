@@ -4,12 +4,11 @@ counted from the sim robot's status topic -- the figure compared with the in-pro
     stats = evaluate_over_ros(episodes=50, seed=1_000_000)    # both nodes already running
 
 Each episode: the deploy node's `~/reset` (history and chunks cleared; retried while it says its robot topics
-are not matched yet), then the sim robot reset -- to `seed`
-for the first episode, to the next episode of its seeded stream after that, which is the stream a one-env
-`CpuVectorEnv(seed=seed)` draws from -- and the episode runs until the sim robot reports it terminated or
-truncated. Success is "succeeded at any step", as `run_episodes` counts it; the steps that succeeded and whether the
-task terminated the episode (a fall) are kept too, for a task judged per step (`Task.measures`: Quadruped's tracking
-and fall rate).
+are not matched yet), then the sim robot reset to episode k's seed, `wave_seed(seed, k)` -- the start
+`run_episodes` gives episode k of a one-env evaluation from `seed` -- and the episode runs until the sim robot
+reports it terminated or truncated. Success is "succeeded at any step", as `run_episodes` counts it; the steps that
+succeeded and whether the task terminated the episode (a fall) are kept too, for a task judged per step
+(`Task.measures`: Quadruped's tracking and fall rate).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from rclpy.node import Node
 from std_msgs.msg import Int64, String
 from std_srvs.srv import Trigger
 
-from robotrl.envs.rollouts import EpisodeStats
+from robotrl.envs.rollouts import EpisodeStats, wave_seed
 from robotrl.hardware.nodes import NODES
 from robotrl.hardware.sim_robot_node import RESET_TOPIC, STATUS_TOPIC
 
@@ -75,16 +74,16 @@ class EpisodeRunner(Node):
             raise TimeoutError(f"ros eval: no status on {STATUS_TOPIC} within {timeout} s (is the sim robot running?)")
         return self.status
 
-    def episode(self, first_seed: int | None, timeout: float) -> tuple[bool, float, int, int, bool]:
+    def episode(self, seed: int | None, timeout: float) -> tuple[bool, float, int, int, bool]:
         """One episode: (succeeded at any step, return, steps, steps that succeeded, terminated)."""
         previous = self.wait_for_status()["episode"]
         self.spin_for(0.2)  # let the messages of the last episode land before the deploy node forgets them
         self.call(self.deploy_reset)
-        if first_seed is not None:
+        if seed is not None:
             end = time.monotonic() + 10.0
             while self.reset_seed.get_subscription_count() == 0 and time.monotonic() < end:
                 self.spin_for(0.05)  # a message published before discovery is lost
-            self.reset_seed.publish(Int64(data=first_seed))
+            self.reset_seed.publish(Int64(data=seed))
         else:
             self.call(self.sim_reset)
         success, ret, steps, good, seen = False, 0.0, 0, 0, -1
@@ -109,7 +108,7 @@ def evaluate_over_ros(episodes: int, seed: int, episode_timeout: float = 120.0) 
     """Run `episodes` episodes through the running sim robot and deploy nodes (rclpy must be initialised)."""
     runner = EpisodeRunner()
     try:
-        results = [runner.episode(seed if i == 0 else None, episode_timeout) for i in range(episodes)]
+        results = [runner.episode(wave_seed(seed, i), episode_timeout) for i in range(episodes)]
     finally:
         runner.executor_.shutdown()
         runner.destroy_node()

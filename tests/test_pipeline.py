@@ -246,7 +246,10 @@ def test_a_budget_leaves_out_the_rl_stages_and_hands_bc_on(smoke, tmp_path):
     rows = {r.stage: r for r in read_rows(run_dir / "stages.jsonl")}
     assert list(rows) == list(STAGES)
     for stage, before in (("offline", "bc"), ("online", "offline")):
-        assert rows[stage].extra == {"skipped": f"{SKIPPED_BY[stage]} is 0: the {before} stage's policy handed on"}
+        assert rows[stage].extra == {
+            "skipped": f"{SKIPPED_BY[stage]} is 0: the {before} stage's policy handed on",
+            "outcomes": rows["bc"].extra["outcomes"],  # BC's episodes, which the next stage's gain pairs with
+        }
         assert (rows[stage].success_rate, rows[stage].env_steps) == (rows["bc"].success_rate, 0)
         assert f"| {stage} |" in out.stdout and f"skipped: {SKIPPED_BY[stage]} is 0" in out.stdout
     from robotrl.policies import load

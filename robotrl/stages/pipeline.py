@@ -40,9 +40,10 @@ PPO chain instead:
                                                                                            -> ppo/policy
     export   robotrl policy export     its Gaussian policy's mean action as ONNX + manifest -> export/
 
-Every policy stage is then evaluated by the pipeline itself on the same held-out seeds (so the rows compare), by the
-task's own measures too where it has them (Quadruped: steps tracking the command, falls; `Task.measures`), and its
-batch-1 CPU inference latency timed. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
+Every policy stage is then evaluated by the pipeline itself on the same held-out episodes (so the rows compare, and
+each row's gain over the stage before pairs them episode by episode: `paired_gain`), by the task's own measures too
+where it has them (Quadruped: steps tracking the command, falls; `Task.measures`), and its batch-1 CPU inference
+latency timed. `run_dir/stages.jsonl` gets one row per finished stage as it finishes
 and `run_dir/summary.md` the table; `--resume` skips the stages whose rows are there, so a killed pipeline goes
 on from the stage it was in (that stage starts over).
 """
