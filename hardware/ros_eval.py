@@ -36,7 +36,6 @@ class EpisodeRunner(Node):
         self.create_subscription(String, STATUS_TOPIC, self._on_status, 100)
         self.reset_seed = self.create_publisher(Int64, RESET_TOPIC, 10)
         self.deploy_reset: Any = self.create_client(Trigger, f"/{NODES['deploy'].name}/reset")
-        self.sim_reset: Any = self.create_client(Trigger, f"/{NODES['sim_robot'].name}/reset")
         self.executor_ = SingleThreadedExecutor()
         self.executor_.add_node(self)
 
@@ -74,18 +73,15 @@ class EpisodeRunner(Node):
             raise TimeoutError(f"ros eval: no status on {STATUS_TOPIC} within {timeout} s (is the sim robot running?)")
         return self.status
 
-    def episode(self, seed: int | None, timeout: float) -> tuple[bool, float, int, int, bool]:
+    def episode(self, seed: int, timeout: float) -> tuple[bool, float, int, int, bool]:
         """One episode: (succeeded at any step, return, steps, steps that succeeded, terminated)."""
         previous = self.wait_for_status()["episode"]
         self.spin_for(0.2)  # let the messages of the last episode land before the deploy node forgets them
         self.call(self.deploy_reset)
-        if seed is not None:
-            end = time.monotonic() + 10.0
-            while self.reset_seed.get_subscription_count() == 0 and time.monotonic() < end:
-                self.spin_for(0.05)  # a message published before discovery is lost
-            self.reset_seed.publish(Int64(data=seed))
-        else:
-            self.call(self.sim_reset)
+        end = time.monotonic() + 10.0
+        while self.reset_seed.get_subscription_count() == 0 and time.monotonic() < end:
+            self.spin_for(0.05)  # a message published before discovery is lost
+        self.reset_seed.publish(Int64(data=seed))
         success, ret, steps, good, seen = False, 0.0, 0, 0, -1
         end = time.monotonic() + timeout
         while time.monotonic() < end:
