@@ -1,7 +1,10 @@
-"""`robotrl policy eval`: the policy's inference threads for the evaluation only, the caller's restored after it."""
+"""`robotrl policy eval`: its threads, the actions per chunk it executes, and a policy against a baseline on the same
+episodes."""
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ import robotrl.training.evaluate as evaluate
 from robotrl.policies import load, runtime
 from robotrl.policies.export import export
 from robotrl.policies.timing import torch_threads
-from robotrl.training.evaluate import EvalConfig, evaluate_policy, run_eval, success_gain
+from robotrl.training.evaluate import EvalConfig, evaluate_policy, paired_difference, run_eval, success_gain
 
 
 def test_eval_runs_on_its_threads_and_restores_the_callers(reach_bc_flow: Path, monkeypatch) -> None:
@@ -67,8 +70,6 @@ def test_two_policies_meet_the_same_episodes_index_for_index() -> None:
     """run_episodes' waves: episode k starts from the same state whatever the policy, even when one policy's robot
     falls early and the other's never does (an auto-reset stream shifted every later start after the first fall),
     so two evaluations on the same seed pair episode by episode; the last wave counts its first envs."""
-    import numpy as np
-
     from robotrl.envs import make
     from robotrl.envs.rollouts import run_episodes
 
@@ -93,3 +94,39 @@ def test_two_policies_meet_the_same_episodes_index_for_index() -> None:
     assert not stood.terminated.any() and fell.terminated.all() and len(set(fell.lengths.tolist())) > 1
     assert np.array_equal(stand, flail)
     assert len(stood.success) == len(fell.success) == 7
+
+
+def test_eval_against_a_baseline_pairs_their_episodes(reach_bc_flow: Path, tmp_path: Path) -> None:
+    """`--baseline`: both policies meet the same episodes, each at its own actions per chunk, and the gain is the
+    mean of their per-episode differences with its standard error, as two separate evaluations give it."""
+    out = export(reach_bc_flow, tmp_path / "export", execute=2)
+    result = run_eval(EvalConfig(policy=reach_bc_flow, baseline=out, eval_episodes=6, eval_envs=3))
+    with torch_threads(1):
+        mine = evaluate_policy(load(reach_bc_flow), 6, 3, execute=8)
+    theirs = evaluate_policy(runtime.load(out, threads=1), 6, 3, execute=2)
+    assert result["execute"] == 8 and result["baseline"]["execute"] == 2
+    assert result["success_rate"] == mine.success_rate and result["baseline"]["success_rate"] == theirs.success_rate
+    paired = result["paired_gain"]
+    assert paired["of"] == "success_rate"
+    assert (paired["gain"], paired["se"]) == paired_difference(mine.success, theirs.success)
+    assert paired["gain"] == pytest.approx(mine.success_rate - theirs.success_rate)
+    same = run_eval(EvalConfig(policy=out, baseline=out, eval_episodes=3, eval_envs=3))["paired_gain"]
+    assert (same["gain"], same["se"]) == (0.0, 0.0)  # a policy against itself: the same noise, the same episodes
+
+
+def test_paired_difference_cancels_what_both_share() -> None:
+    """One episode won of four: a quarter, with the error of one difference in four; the same rate won on other
+    episodes is no gain, with a wide error; a single episode has no error."""
+    assert paired_difference([1, 1, 1, 0], [1, 1, 0, 0]) == (0.25, 0.25)
+    gain, se = paired_difference([0, 0, 1, 1], [1, 1, 0, 0])
+    assert gain == 0.0 and se == pytest.approx(2 / np.sqrt(3) / 2)
+    assert np.isnan(paired_difference([1], [0])[1])
+
+
+def test_a_baseline_of_another_task_is_named(reach_bc_flow: Path, tmp_path: Path) -> None:
+    other = export(reach_bc_flow, tmp_path / "other", execute=2)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["spec"]["task"] = "PushT"
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"^EvalConfig.baseline: expected a policy of Reach, got one of PushT"):
+        run_eval(EvalConfig(policy=reach_bc_flow, baseline=other, eval_episodes=2, eval_envs=2))

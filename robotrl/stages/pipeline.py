@@ -805,8 +805,9 @@ def paired_gain(after: StageRow, before: StageRow) -> tuple[float, float] | None
     a, b = after.extra.get("outcomes"), before.extra.get("outcomes")
     if not a or not b or a["envs"] != b["envs"] or len(a["success"]) != len(b["success"]):
         return None
-    d = np.array([int(x) - int(y) for x, y in zip(a["success"], b["success"], strict=True)], dtype=np.float64)
-    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+    from robotrl.training.evaluate import paired_difference
+
+    return paired_difference([int(x) for x in a["success"]], [int(y) for y in b["success"]])
 
 
 # ---------------------------------------------------------------------------------------------------

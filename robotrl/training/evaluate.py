@@ -1,6 +1,11 @@
 """Success rate of a policy in the parallel vector env, over held-out seeds, with a Wilson interval and videos.
 
     robotrl policy eval --policy runs/bc-flow/policy --eval-episodes 200
+    robotrl policy eval --policy runs/online/policy --baseline runs/bc-flow/policy --eval-episodes 2000
+
+With `--baseline` both policies meet the very same episodes (seeds, starts and sampling noise), and the result adds
+the paired gain: the mean of the per-episode differences and its standard error, which is what a comparison of two
+checkpoints near the top of the scale needs (two independent rates' errors would count each hard episode twice).
 
 On tasks with language instructions (PickPlace) the result also has the success rate per instruction and the
 wrong-object rate: episodes in which a cube other than the named one was put in the bin.
@@ -61,6 +66,9 @@ class EvalConfig:
     videos: int = 0
     """also write this many single-env episode videos next to the checkpoint (eval_<i>.mp4)"""
     video_dir: Path | None = None
+    baseline: Path | None = None
+    """a second policy evaluated on the same episodes (each at its own `execute` unless one is given): the result
+    adds its success and the paired gain of `policy` over it with its standard error"""
     threads: int = 1
     """the policy's inference threads (torch's, or the runtime's for an exported policy). An evaluation's batches
     are small: a second thread mostly spin-waits, and beside another job it stalls the evaluation
@@ -192,6 +200,13 @@ def not_worse(new: Any, start: Any, episodes: int, num_envs: int, seed: int, exe
     return new_rate >= start_rate, new_rate, start_rate
 
 
+def paired_difference(after: Sequence[float], before: Sequence[float]) -> tuple[float, float]:
+    """The mean of the per-episode differences `after - before` of two evaluations on the same episodes, and its
+    standard error: what made an episode hard for both cancels (nan error for a single episode)."""
+    d = np.asarray(after, dtype=np.float64) - np.asarray(before, dtype=np.float64)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")
+
+
 def success_gain(new_rate: float, start_rate: float, episodes: int, z: float) -> tuple[float, float]:
     """The gain in success of `new` over `start`, each a success rate over `episodes` episodes, and its lower bound:
     the Agresti-Caffo difference (one success and one failure added to each side) minus `z` of its standard errors.
@@ -256,35 +271,57 @@ def load_any(path: Path, threads: int | None = None) -> Any:
     return load(path)
 
 
+def load_for_eval(config: EvalConfig, path: Path) -> tuple[Any, int]:
+    """The policy at `path` on the evaluation's threads, its sampler steps overridden where asked, and the actions
+    it executes per chunk (the config's, else an export's recorded `execute`, else 8)."""
+    policy = load_any(path, threads=config.threads)
+    if config.sampler_steps is not None:
+        if not hasattr(getattr(policy, "config", None), "steps"):
+            raise ValueError(
+                f"EvalConfig.sampler_steps: {path} has no sampler step count to override "
+                "(an exported policy fixes it at export: robotrl policy export --sampler-steps)"
+            )
+        policy.config.steps = config.sampler_steps
+    return policy, config.execute or int(getattr(policy, "execute", DEFAULT_EXECUTE))  # a torch checkpoint: none
+
+
+def summary(path: Path, stats: EpisodeStats, execute: int) -> dict[str, Any]:
+    """One evaluation as `robotrl policy eval` prints it."""
+    result: dict[str, Any] = {
+        "policy": str(path),
+        "episodes": len(stats.success),
+        # null where the env reports no success (an outside env judged by its return)
+        "success_rate": stats.success_rate if stats.reports_success else None,
+        "ci95": list(stats.success_ci95()) if stats.reports_success else None,
+        "mean_return": stats.mean_return,
+        "execute": execute,
+    }
+    if stats.wrong_object is not None:
+        result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
+    if stats.instruction is not None:
+        result["by_instruction"] = stats.by_instruction()
+    return result
+
+
 def run_eval(config: EvalConfig) -> dict[str, Any]:
     from robotrl.policies.timing import torch_threads
 
     with torch_threads(config.threads):
-        policy = load_any(config.policy, threads=config.threads)
-        if config.sampler_steps is not None:
-            if not hasattr(getattr(policy, "config", None), "steps"):
-                raise ValueError(
-                    f"EvalConfig.sampler_steps: {config.policy} has no sampler step count to override "
-                    "(an exported policy fixes it at export: robotrl policy export --sampler-steps)"
-                )
-            policy.config.steps = config.sampler_steps
-        execute = config.execute or int(getattr(policy, "execute", DEFAULT_EXECUTE))  # a torch checkpoint records none
+        policy, execute = load_for_eval(config, config.policy)
+        baseline = load_for_eval(config, config.baseline) if config.baseline is not None else None
+        if baseline is not None and baseline[0].spec.task != policy.spec.task:
+            raise ValueError(
+                f"EvalConfig.baseline: expected a policy of {policy.spec.task}, got one of {baseline[0].spec.task} "
+                f"({config.baseline})"
+            )
         stats = evaluate_policy(policy, config.eval_episodes, config.eval_envs, config.eval_seed, execute)
-        result = {
-            "policy": str(config.policy),
-            "task": policy.spec.task,
-            "episodes": len(stats.success),
-            # null where the env reports no success (an outside env judged by its return)
-            "success_rate": stats.success_rate if stats.reports_success else None,
-            "ci95": list(stats.success_ci95()) if stats.reports_success else None,
-            "mean_return": stats.mean_return,
-            "seed": config.eval_seed,
-            "execute": execute,
-        }
-        if stats.wrong_object is not None:
-            result["wrong_object_rate"] = float(np.mean(stats.wrong_object))
-        if stats.instruction is not None:
-            result["by_instruction"] = stats.by_instruction()
+        result = {**summary(config.policy, stats, execute), "task": policy.spec.task, "seed": config.eval_seed}
+        if baseline is not None and config.baseline is not None:
+            base = evaluate_policy(baseline[0], config.eval_episodes, config.eval_envs, config.eval_seed, baseline[1])
+            score = "success" if stats.reports_success else "returns"  # an outside env without success: its return
+            gain, se = paired_difference(getattr(stats, score), getattr(base, score))
+            result["baseline"] = summary(config.baseline, base, baseline[1])
+            result["paired_gain"] = {"of": stats.by, "gain": gain, "se": se}
         if config.videos:
             result["videos"] = [
                 str(p)
