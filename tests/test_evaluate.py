@@ -112,6 +112,11 @@ def test_eval_against_a_baseline_pairs_their_episodes(reach_bc_flow: Path, tmp_p
     assert paired["gain"] == pytest.approx(mine.success_rate - theirs.success_rate)
     same = run_eval(EvalConfig(policy=out, baseline=out, eval_episodes=3, eval_envs=3))["paired_gain"]
     assert (same["gain"], same["se"]) == (0.0, 0.0)  # a policy against itself: the same noise, the same episodes
+    # the sampler's step count is the evaluated policy's: an export (no sampler to set) is a baseline as saved
+    fewer = run_eval(EvalConfig(policy=reach_bc_flow, baseline=out, sampler_steps=1, eval_episodes=3, eval_envs=3))
+    assert (
+        fewer["baseline"]["success_rate"] == evaluate_policy(runtime.load(out, threads=1), 3, 3, execute=2).success_rate
+    )
 
 
 def test_paired_difference_cancels_what_both_share() -> None:

@@ -62,7 +62,7 @@ class EvalConfig:
     """actions executed from each predicted chunk before predicting again (None: an exported policy's own, the
     `execute` its export recorded, else 8)"""
     sampler_steps: int | None = None
-    """override the sampler's step count (flow / DDIM) at evaluation"""
+    """override the sampler's step count (flow / DDIM) of `policy` at evaluation (a baseline runs as saved)"""
     videos: int = 0
     """also write this many single-env episode videos next to the checkpoint (eval_<i>.mp4)"""
     video_dir: Path | None = None
@@ -271,17 +271,17 @@ def load_any(path: Path, threads: int | None = None) -> Any:
     return load(path)
 
 
-def load_for_eval(config: EvalConfig, path: Path) -> tuple[Any, int]:
-    """The policy at `path` on the evaluation's threads, its sampler steps overridden where asked, and the actions
+def load_for_eval(config: EvalConfig, path: Path, sampler_steps: int | None = None) -> tuple[Any, int]:
+    """The policy at `path` on the evaluation's threads, its sampler's step count set where given, and the actions
     it executes per chunk (the config's, else an export's recorded `execute`, else 8)."""
     policy = load_any(path, threads=config.threads)
-    if config.sampler_steps is not None:
+    if sampler_steps is not None:
         if not hasattr(getattr(policy, "config", None), "steps"):
             raise ValueError(
                 f"EvalConfig.sampler_steps: {path} has no sampler step count to override "
                 "(an exported policy fixes it at export: robotrl policy export --sampler-steps)"
             )
-        policy.config.steps = config.sampler_steps
+        policy.config.steps = sampler_steps
     return policy, config.execute or int(getattr(policy, "execute", DEFAULT_EXECUTE))  # a torch checkpoint: none
 
 
@@ -307,7 +307,7 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
     from robotrl.policies.timing import torch_threads
 
     with torch_threads(config.threads):
-        policy, execute = load_for_eval(config, config.policy)
+        policy, execute = load_for_eval(config, config.policy, config.sampler_steps)
         baseline = load_for_eval(config, config.baseline) if config.baseline is not None else None
         if baseline is not None and baseline[0].spec.task != policy.spec.task:
             raise ValueError(
