@@ -308,19 +308,20 @@ def run_eval(config: EvalConfig) -> dict[str, Any]:
 
     with torch_threads(config.threads):
         policy, execute = load_for_eval(config, config.policy, config.sampler_steps)
-        baseline = load_for_eval(config, config.baseline) if config.baseline is not None else None
-        if baseline is not None and baseline[0].spec.task != policy.spec.task:
+        baseline = None if config.baseline is None else (config.baseline, *load_for_eval(config, config.baseline))
+        if baseline is not None and baseline[1].spec.task != policy.spec.task:
             raise ValueError(
-                f"EvalConfig.baseline: expected a policy of {policy.spec.task}, got one of {baseline[0].spec.task} "
+                f"EvalConfig.baseline: expected a policy of {policy.spec.task}, got one of {baseline[1].spec.task} "
                 f"({config.baseline})"
             )
         stats = evaluate_policy(policy, config.eval_episodes, config.eval_envs, config.eval_seed, execute)
         result = {**summary(config.policy, stats, execute), "task": policy.spec.task, "seed": config.eval_seed}
-        if baseline is not None and config.baseline is not None:
-            base = evaluate_policy(baseline[0], config.eval_episodes, config.eval_envs, config.eval_seed, baseline[1])
+        if baseline is not None:
+            base_path, base_policy, base_execute = baseline
+            base = evaluate_policy(base_policy, config.eval_episodes, config.eval_envs, config.eval_seed, base_execute)
             score = "success" if stats.reports_success else "returns"  # an outside env without success: its return
             gain, se = paired_difference(getattr(stats, score), getattr(base, score))
-            result["baseline"] = summary(config.baseline, base, baseline[1])
+            result["baseline"] = summary(base_path, base, base_execute)
             result["paired_gain"] = {"of": stats.by, "gain": gain, "se": se}
         if config.videos:
             result["videos"] = [
