@@ -198,12 +198,24 @@ class ConsistencyHead:
         )
 
     def distill_loss(
-        self, teacher: Any, target: Any, obs: dict[str, torch.Tensor], action: torch.Tensor, action_is_pad: torch.Tensor
+        self,
+        teacher: Any,
+        target: Any,
+        obs: dict[str, torch.Tensor],
+        action: torch.Tensor,
+        action_is_pad: torch.Tensor,
+        solve_weight: float = 0.0,
     ) -> torch.Tensor:
         """Consistency-distillation loss on a normalized batch: ||f(x_i, i) - f_target(x_{i+1}, i + 1)||^2 with
         x_i the chunk noised to a random grid point and x_{i+1} one teacher step further (no gradient to the
         teacher or the target; at i + 1 = N the target is the teacher's step itself). The noise is drawn where the
-        teacher starts its sampler: under its noise prior, if it has one (an RL-steered teacher)."""
+        teacher starts its sampler: under its noise prior, if it has one (an RL-steered teacher).
+
+        `solve_weight` > 0 adds, with that weight, ||f(x_0, 0) - teacher ODE(x_0)||^2 from the same noise x_0: the one
+        call the student makes when deployed, regressed onto the teacher's whole N-step solve (Luhman & Luhman's
+        direct distillation). Consistency training reaches point 0 only through the chain of its targets, one
+        grid step at a time, and trains it on 1/N of a batch; the direct term trains it on every row, at the cost
+        of N teacher calls a batch."""
         chunk, mask = self.pad_chunk(action, action_is_pad)  # type: ignore[attr-defined]
         with torch.no_grad():
             noise = teacher.initial_noise(obs, torch.randn_like(chunk))
@@ -212,16 +224,24 @@ class ConsistencyHead:
         with torch.no_grad():
             x_next = self.teacher_step(teacher, x, i, teacher.encoder(obs))
             y = target.consistency(x_next, i + 1, target.encoder(obs))
-        return self.masked_mse(self.consistency(x, i, self.encoder(obs)), y, mask)  # type: ignore[attr-defined]
+        cond = self.encoder(obs)  # type: ignore[attr-defined]
+        loss = self.masked_mse(self.consistency(x, i, cond), y, mask)  # type: ignore[attr-defined]
+        if solve_weight:
+            solved = self.teacher_solve(teacher, noise, obs)
+            start = self.consistency(noise, torch.zeros_like(i), cond)
+            loss = loss + solve_weight * self.masked_mse(start, solved, mask)  # type: ignore[attr-defined]
+        return loss
 
-    def compute_distill_loss(self, batch: Mapping[str, Any], teacher: Any, target: Any) -> torch.Tensor:
+    def compute_distill_loss(
+        self, batch: Mapping[str, Any], teacher: Any, target: Any, solve_weight: float = 0.0
+    ) -> torch.Tensor:
         """`distill_loss` of a `SequenceSampler` batch (raw units; normalized with the student's statistics,
         which are the teacher's)."""
         device = next(self.parameters()).device  # type: ignore[attr-defined]
         obs = self.normalize_obs(batch["obs"])  # type: ignore[attr-defined]
         action = self.normalizer.normalize("action", torch.as_tensor(batch["action"], device=device).float())  # type: ignore[attr-defined]
         pad = torch.as_tensor(batch["action_is_pad"], device=device)
-        return self.distill_loss(teacher, target, obs, action, pad)
+        return self.distill_loss(teacher, target, obs, action, pad, solve_weight)
 
     def sample_from_noise(self, obs: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
         """One network call: f(x_0, 0, obs) from x_0 the initial noise for standard normal `noise` (B, noise_rows,

@@ -148,6 +148,7 @@ def test_each_stage_wrote_the_documented_files(smoke):
     settings = config["settings"]
     bc, distill = (json.loads((run_dir / s / "config.json").read_text()) for s in ("bc", "distill"))
     assert bc["success_tail"] == distill["success_tail"] == settings["success_tail"] == 20  # the recipe's, to both
+    assert distill["solve_weight"] == settings["distill_solve_weight"] == 1.0  # the direct term reaches the student
     assert (online["lr"], online["bc_coef"]) == (settings["online_lr"], settings["online_bc_coef"]) == (3e-5, 1.0)
     # the stage chooses among its evaluations on training seeds, not the held-out ones its row reports, and hands
     # its best on (the gate then judges that one), the last weights kept beside it

@@ -20,6 +20,11 @@ in the vector env, the teacher labels every window the student acted on with its
 up `dagger_fraction` of every batch from then on (`TeacherLabels`). Demos only show the expert's states; a one-step
 student's small errors take it to states no demo holds, where it was never taught the teacher's answer.
 
+`--solve-weight W` adds to the consistency loss, with weight W, the direct regression of the student's one call from
+pure noise onto the teacher's whole ODE solve from the same noise (`ConsistencyHead.distill_loss`): the deployed
+point trained on every row of a batch rather than reached through a chain of one-step targets, for N teacher calls
+a step (bench/RESULTS.md, "PushT standard, the student's direct term").
+
 `--gate-episodes N` accepts the distilled student only if it beats its own starting point on N fresh training-seed
 episodes, and saves the start otherwise. A same-width student starts as the teacher's one-step Euler sampler,
 which outputs about the teacher's mean chunk rather than a sample of it; on a task where precision beats
@@ -98,6 +103,10 @@ class DistillConfig(PolicyRunOptions):
     success_tail: int | None = None
     """distill on the store's episodes up to this many steps after their first success (None: every step;
     `train bc --success-tail`)"""
+    solve_weight: float = 0.0
+    """weight of the direct term: the student's one call from pure noise regressed onto the teacher's whole ODE
+    solve from that noise, beside the consistency loss (0: consistency distillation alone). It trains the one point
+    the deployed student uses on every row of a batch, for N teacher calls a batch"""
     dagger_rounds: int = 0
     """times the student drives and the teacher labels its windows (DAgger), spread evenly over the run (0: off)"""
     dagger_episodes: int = 50
@@ -128,6 +137,8 @@ class DistillConfig(PolicyRunOptions):
         for name in ("ema", "target_ema"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"DistillConfig.{name}: expected a decay in [0, 1), got {getattr(self, name)}")
+        if not 0.0 <= self.solve_weight < float("inf"):
+            raise ValueError(f"DistillConfig.solve_weight: expected a finite weight >= 0, got {self.solve_weight}")
         if self.gate_episodes < 0:
             raise ValueError(f"DistillConfig.gate_episodes: expected >= 0, got {self.gate_episodes}")
         if self.dagger_rounds < 0:
@@ -392,7 +403,9 @@ def train(config: DistillConfig) -> DistillResult:
                     "dagger/env_steps": labels.total_env_steps,
                 },
             )
-        loss = student.compute_distill_loss(mixed_batch(sampler, labels, config, rng), teacher, target.model)
+        loss = student.compute_distill_loss(
+            mixed_batch(sampler, labels, config, rng), teacher, target.model, config.solve_weight
+        )
         loss_value, grad_norm = optimizer_step(
             loss, student, optimizer, schedule, f"distill step {step} (last checkpoint: {run_dir / 'checkpoint'})"
         )

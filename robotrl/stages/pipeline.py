@@ -180,6 +180,8 @@ class PipelineConfig:
     distill_dagger_episodes: int | None = None
     distill_gate_episodes: int | None = None
     """training-seed episodes on which the distilled student must match its start to be deployed"""
+    distill_solve_weight: float | None = None
+    """weight of the student's direct regression onto the teacher's whole ODE solve (`policy distill --solve-weight`)"""
     eval_episodes: int | None = None
     """held-out episodes each stage is evaluated on"""
     eval_envs: int | None = None
@@ -620,6 +622,7 @@ def stage_distill(config: PipelineConfig, settings: Settings, run_dir: Path) -> 
             dagger_rounds=settings.distill_dagger_rounds,
             dagger_episodes=settings.distill_dagger_episodes,
             gate_episodes=settings.distill_gate_episodes,
+            solve_weight=settings.distill_solve_weight,
             eval_episodes=0,
             eval_envs=settings.eval_envs,
             execute=settings.one_step_execute,

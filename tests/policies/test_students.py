@@ -208,6 +208,51 @@ def test_distillation_moves_the_one_step_output_to_the_teachers(
     assert (chunk >= student.spec.action.low_array()).all() and (chunk <= student.spec.action.high_array()).all()
 
 
+def test_solve_weight_trains_the_deployed_call_towards_the_teachers_whole_solve(
+    teacher: FlowPolicy, sampler: SequenceSampler, windows: dict[str, Any]
+) -> None:
+    """The direct term is the one call from pure noise against the teacher's N-step solve from that noise, added
+    with its weight; the same steps on the same batches with it leave the deployed student nearer its teacher
+    than consistency distillation alone does."""
+    obs = ConsistencyPolicy.from_teacher(teacher).normalize_obs(windows["obs"])
+    noise = fixed_noise(teacher, 48)
+    reference = ConsistencyPolicy.from_teacher(teacher).teacher_chunk(teacher, noise, obs)
+
+    def distilled(solve_weight: float) -> tuple[ConsistencyPolicy, float, float]:
+        torch.manual_seed(0)
+        student = ConsistencyPolicy.from_teacher(teacher)
+        target = EMA(student, 0.95)
+
+        def fixed_batch_loss(weight: float) -> float:
+            with torch.random.fork_rng(), torch.no_grad():
+                torch.manual_seed(0)
+                return float(student.eval().compute_distill_loss(windows, teacher, target.model, weight))
+
+        extra = fixed_batch_loss(2.0) - fixed_batch_loss(0.0)
+        rng = np.random.default_rng(0)
+        opt = torch.optim.AdamW(student.parameters(), lr=1e-4)
+        for _ in range(60):
+            loss = student.train().compute_distill_loss(sampler.sample(32, rng), teacher, target.model, solve_weight)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            target.update(student)
+        with torch.no_grad():
+            gap = float(((student.eval().sample_from_noise(obs, noise) - reference) ** 2).mean())
+        return student, extra, gap
+
+    start = ConsistencyPolicy.from_teacher(teacher).eval()
+    with torch.no_grad():
+        gap0 = float(((start.sample_from_noise(obs, noise) - reference) ** 2).mean())
+    _, extra, plain = distilled(0.0)
+    _, _, direct = distilled(1.0)
+    # at the start the student is the one-step Euler sampler: twice its squared distance to the solve, within the
+    # batch's spread of the fixed windows' gap
+    assert 0.5 * 2 * gap0 < extra < 2 * 2 * gap0, (extra, gap0)
+    assert direct < plain < gap0, (gap0, plain, direct)
+    assert direct < 0.8 * plain, (plain, direct)
+
+
 def test_student_loss_needs_a_teacher(teacher: FlowPolicy, windows: dict[str, Any], store: EpisodeStore) -> None:
     student = ConsistencyPolicy.from_teacher(teacher)
     with pytest.raises(RuntimeError, match="distill_loss"):

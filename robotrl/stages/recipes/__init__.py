@@ -115,6 +115,9 @@ class Settings:
     evaluation of the student and its export (None: `execute`). One call predicts its chunk, so it can replan
     more often than the teacher it was distilled from; its export records the value, which robotrl-deploy
     runs by default"""
+    distill_solve_weight: float = 0.0
+    """weight of the distill stage's direct term: the student's one call regressed onto the teacher's whole ODE
+    solve (`policy distill --solve-weight`; 0: consistency distillation alone)"""
 
     def __post_init__(self) -> None:
         check_types(self, "Settings")
