@@ -172,10 +172,13 @@ class ConsistencyHead:
         return ab_next.sqrt() * x0 + (1 - ab_next).sqrt() * eps
 
     @torch.no_grad()
-    def teacher_solve(self, teacher: Any, noise: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def teacher_solve(
+        self, teacher: Any, noise: torch.Tensor, obs: dict[str, torch.Tensor], cond: Any = None
+    ) -> torch.Tensor:
         """The teacher's multi-step answer from `noise` along the grid (what the student's one step should give);
-        the student's horizon (B, horizon, A), normalized."""
-        cond = teacher.encoder(obs)
+        the student's horizon (B, horizon, A), normalized. `cond`: the teacher's encoding of `obs`, where the
+        caller has it already."""
+        cond = teacher.encoder(obs) if cond is None else cond
         x = noise
         for step in range(self.config.teacher_steps):
             x = self.teacher_step(teacher, x, torch.full((x.shape[0],), step, device=x.device), cond)
@@ -222,12 +225,13 @@ class ConsistencyHead:
         i = torch.randint(0, self.config.teacher_steps, (chunk.shape[0],), device=chunk.device)
         x = self.point(chunk, noise, i)
         with torch.no_grad():
-            x_next = self.teacher_step(teacher, x, i, teacher.encoder(obs))
+            teacher_cond = teacher.encoder(obs)
+            x_next = self.teacher_step(teacher, x, i, teacher_cond)
             y = target.consistency(x_next, i + 1, target.encoder(obs))
         cond = self.encoder(obs)  # type: ignore[attr-defined]
         loss = self.masked_mse(self.consistency(x, i, cond), y, mask)  # type: ignore[attr-defined]
         if solve_weight:
-            solved = self.teacher_solve(teacher, noise, obs)
+            solved = self.teacher_solve(teacher, noise, obs, teacher_cond)
             start = self.consistency(noise, torch.zeros_like(i), cond)
             loss = loss + solve_weight * self.masked_mse(start, solved, mask)  # type: ignore[attr-defined]
         return loss

@@ -214,11 +214,16 @@ def test_solve_weight_trains_the_deployed_call_towards_the_teachers_whole_solve(
     """The direct term is the one call from pure noise against the teacher's N-step solve from that noise, added
     with its weight; the same steps on the same batches with it leave the deployed student nearer its teacher
     than consistency distillation alone does."""
-    obs = ConsistencyPolicy.from_teacher(teacher).normalize_obs(windows["obs"])
+    start = ConsistencyPolicy.from_teacher(teacher).eval()
+    obs = start.normalize_obs(windows["obs"])
     noise = fixed_noise(teacher, 48)
-    reference = ConsistencyPolicy.from_teacher(teacher).teacher_chunk(teacher, noise, obs)
+    reference = start.teacher_chunk(teacher, noise, obs)
 
-    def distilled(solve_weight: float) -> tuple[ConsistencyPolicy, float, float]:
+    def gap(student: ConsistencyPolicy) -> float:
+        with torch.no_grad():
+            return float(((student.eval().sample_from_noise(obs, noise) - reference) ** 2).mean())
+
+    def distilled(solve_weight: float) -> tuple[float, float]:
         torch.manual_seed(0)
         student = ConsistencyPolicy.from_teacher(teacher)
         target = EMA(student, 0.95)
@@ -237,15 +242,11 @@ def test_solve_weight_trains_the_deployed_call_towards_the_teachers_whole_solve(
             loss.backward()
             opt.step()
             target.update(student)
-        with torch.no_grad():
-            gap = float(((student.eval().sample_from_noise(obs, noise) - reference) ** 2).mean())
-        return student, extra, gap
+        return extra, gap(student)
 
-    start = ConsistencyPolicy.from_teacher(teacher).eval()
-    with torch.no_grad():
-        gap0 = float(((start.sample_from_noise(obs, noise) - reference) ** 2).mean())
-    _, extra, plain = distilled(0.0)
-    _, _, direct = distilled(1.0)
+    gap0 = gap(start)
+    extra, plain = distilled(0.0)
+    _, direct = distilled(1.0)
     # at the start the student is the one-step Euler sampler: twice its squared distance to the solve, within the
     # batch's spread of the fixed windows' gap
     assert 0.5 * 2 * gap0 < extra < 2 * 2 * gap0, (extra, gap0)
