@@ -31,11 +31,9 @@ from robotrl.envs.vector import RobotVectorEnv, check_actions, convert_obs, step
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
-#: the warnings MuJoCo raises when a simulation blows up (and which reset that simulation's data)
-DIVERGED = [
-    int(w)
-    for w in (mujoco.mjtWarning.mjWARN_BADQPOS, mujoco.mjtWarning.mjWARN_BADQVEL, mujoco.mjtWarning.mjWARN_BADQACC)
-]
+#: the warnings MuJoCo raises when a simulation blows up (and which reset that simulation's data): consecutive in
+#: mjtWarning, so a slice of the counters reads them without a gather
+DIVERGED = slice(int(mujoco.mjtWarning.mjWARN_BADQPOS), int(mujoco.mjtWarning.mjWARN_BADQACC) + 1)
 
 
 class CpuVectorEnv(RobotVectorEnv):
@@ -69,6 +67,13 @@ class CpuVectorEnv(RobotVectorEnv):
         self._qpos, self._qvel = self._batch.bind("qpos"), self._batch.bind("qvel")
         self._ctrl, self._warmstart = self._batch.bind("ctrl"), self._batch.bind("qacc_warmstart")
         self._sensordata = self._batch.bind("sensordata")  # refreshed by every call on a simulation
+        #: each simulation's state row as `Batch.reset` leaves it (the model's defaults: at rest, time 0, cold
+        #: solver): a reset writes these rows, a copy, where `Batch.reset` would cost a call on the thread pool.
+        #: None with per-env models, whose defaults follow their randomized fields
+        self._reset_rows: np.ndarray | None = None
+        if not self.randomization.changes_model:
+            self._batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
+            self._reset_rows = self._batch.state.copy()
         self._physics_cols = physics_columns(m)
         self._sens = np.zeros((n, m.nsensordata))
         self._goal = np.zeros((n, task.goal_dim))
@@ -78,6 +83,7 @@ class CpuVectorEnv(RobotVectorEnv):
         self._history = np.zeros((n, self.randomization.max_latency + 1, *self.task_spec.action.shape))
         self._rng = np.random.default_rng(seed)
         self._render_images = render_images and bool(task.cameras)
+        self._instructions = task.has_instructions
         self._renderer: Any = None
         #: processes beside this one that draw image observations (robotrl/envs/render_pool.py); None: one per
         #: spare core, when there are envs enough to share
@@ -199,14 +205,20 @@ class CpuVectorEnv(RobotVectorEnv):
             2.0 * self._rng.random((k, *self._camera_jitter.shape[1:])) - 1.0
         )
         self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * self._rng.random(k) - 1.0)
-        batch.reset(idx, stage=mujoco.mjtStage.mjSTAGE_NONE)  # the model's defaults: at rest, time 0, cold solver
+        if self._reset_rows is None:
+            batch.reset(idx, stage=mujoco.mjtStage.mjSTAGE_NONE)  # the model's defaults: at rest, time 0, cold solver
+        else:
+            batch.state[idx] = self._reset_rows[idx]  # the same rows, written without a call (tests/envs/test_cpu.py)
         self._qpos[idx] = start.qpos
         self._qvel[idx] = start.qvel
         batch.forward(idx)  # the sensors of the initial state
         self._sens[idx] = self._sensordata[idx]
         self._goal[idx] = start.goal
         self._steps[idx] = 0
-        self._mocap = task.mocap(np, self._goal)
+        if self._mocap is None or len(idx) == self.num_envs:
+            self._mocap = task.mocap(np, self._goal)
+        else:  # only the reset envs' goals moved
+            self._mocap[0][idx], self._mocap[1][idx] = task.mocap(np, self._goal[idx])  # type: ignore[misc]
 
     def _observe(
         self, idx: np.ndarray | None = None, clock: _Clock | None = None, numeric: dict[str, Any] | None = None
@@ -232,9 +244,8 @@ class CpuVectorEnv(RobotVectorEnv):
             for cam in self.task.cameras:
                 obs[f"image_{cam}"] = images[cam]
             clock.lap("render")
-        instructions = self.task.instruction(self._goal[ids])
-        if instructions is not None:
-            obs["instruction"] = np.array(instructions, dtype=object)
+        if self._instructions:
+            obs["instruction"] = np.array(self.task.instruction(self._goal[ids]), dtype=object)
         return obs
 
     def _merge(self, obs: dict[str, Any], fresh: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def check_actions(actions: Any, spec: ArraySpec, num_envs: int) -> np.ndarray:
         raise ValueError(f"actions: expected shape {expected} (num_envs, action_dim), got {arr.shape}")
     if arr.dtype.kind not in "fiu":
         raise TypeError(f"actions: expected a float dtype ({spec.dtype}), got {arr.dtype}")
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():
         bad = np.unique(np.nonzero(~np.isfinite(arr))[0]).tolist()
         raise ValueError(f"actions: expected finite values, got NaN/inf in env(s) {bad}")
     return np.clip(arr, spec.low_array(), spec.high_array()).astype(np.float64)

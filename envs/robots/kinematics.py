@@ -40,11 +40,15 @@ def _snap(x: np.ndarray) -> np.ndarray:
     return np.where(np.abs(np.abs(x) - 1.0) < 1e-12, np.sign(x), x)
 
 
+_NEXT, _PREV = np.array([1, 2, 0]), np.array([2, 0, 1])  # each axis' successor and predecessor: (x, y, z) -> y, z, x
+
+
 def _cross(xp: Any, a: Any, b: Any) -> Any:
-    """Cross product over the last axis (cheaper than np.cross for small batched arrays)."""
-    a0, a1, a2 = a[..., 0], a[..., 1], a[..., 2]
-    b0, b1, b2 = b[..., 0], b[..., 1], b[..., 2]
-    return xp.stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], axis=-1)
+    """Cross product over the last axis (cheaper than np.cross for small batched arrays): a x b = a' * b'' - a'' * b',
+    with ' and '' the components cycled once and twice."""
+    return xp.take(a, _NEXT, axis=-1) * xp.take(b, _PREV, axis=-1) - xp.take(a, _PREV, axis=-1) * xp.take(
+        b, _NEXT, axis=-1
+    )
 
 
 def joint_range(model: mujoco.MjModel, joint: int) -> tuple[float, float]:
@@ -175,13 +179,15 @@ class Chain:
         fk: tuple[Any, Any, Any] | None = None,
     ) -> Any:
         """Joint targets (n, dof) one damped-least-squares step from `q` towards the site at `target_pos` (n, 3) with
-        the rotation `target_rot` (n, 3, 3) (None: position only), a redundant arm's null space pulled towards
-        `home` (dof,), the step clipped to `cfg.max_joint_step` and the result to the joint limits. `fk` is
-        `forward(xp, q)` if the caller has it."""
+        the rotation `target_rot` (n, 3, 3), or one for all envs (3, 3) (None: position only), a redundant arm's null
+        space pulled towards `home` (dof,), the step clipped to `cfg.max_joint_step` and the result to the joint
+        limits. `fk` is `forward(xp, q)` if the caller has it."""
         pos, rot, jac = fk if fk is not None else self.forward(xp, q)
         err = target_pos - pos
         if target_rot is not None:
-            err_rot = 0.5 * _cross(xp, xp.swapaxes(rot, 1, 2), xp.swapaxes(target_rot, 1, 2)).sum(axis=1)
+            # half the sum over the columns of rot x target_rot: the axial vector of M - M^T, M = rot target_rot^T
+            m = rot @ xp.swapaxes(target_rot, -1, -2)
+            err_rot = 0.5 * (m[:, _NEXT, _PREV] - m[:, _PREV, _NEXT])
             err = xp.concatenate([err, err_rot], axis=-1)
         else:
             jac = jac[:, :3]

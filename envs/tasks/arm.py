@@ -226,6 +226,10 @@ def down_rotation(xp: Any, yaw: Any) -> Any:
     return xp.stack([c, s, z, s, -c, z, z, z, -o], -1).reshape(*yaw.shape, 3, 3)
 
 
+#: the tool pointing straight down, unturned: one rotation for every env (a target that needs no per-env yaw)
+DOWN = down_rotation(np, np.zeros(()))
+
+
 def tool_yaw(xp: Any, rot: Any) -> Any:
     return xp.arctan2(rot[:, 1, 0], rot[:, 0, 0])
 

@@ -93,8 +93,7 @@ class Reach(arm.ArmTask):
             return self.arm.from_unit(xp, action)
         fk = self.arm.forward(xp, q)
         target = fk[0] + self.config.max_ee_step * action[:, :3]
-        down = arm.down_rotation(xp, xp.zeros(q.shape[0]))
-        return self.arm.ik(xp, q, target, down, self.home, fk=fk)
+        return self.arm.ik(xp, q, target, xp.asarray(arm.DOWN), self.home, fk=fk)
 
     def observe(self, xp: Any, frame: Frame) -> dict[str, Any]:
         ee = self.sensor(frame, "ee_pos")

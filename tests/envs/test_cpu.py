@@ -104,6 +104,44 @@ def test_each_env_is_one_mujoco_simulation_stepped_on_warm():
     assert np.abs(data.qacc_warmstart).max() > 0.0
 
 
+def test_a_reset_env_is_the_models_defaults_with_the_tasks_start():
+    """A reset writes each env's whole state row: what mj_resetData leaves (time 0, no controls, a cold solver) with
+    the task's start pose, however far the env had run; the envs not reset keep theirs."""
+    import mujoco
+
+    from robotrl.envs.cpu import INTEGRATION
+
+    env = make("PushT", num_envs=3, seed=0)
+    env.reset(seed=0)
+    for a in random_actions(3, 5, 2, seed=3):
+        env.step(a)
+    rows = env._live().state
+    before = rows.copy()
+    assert np.abs(env.get_state()["warmstart"]).max() > 0.0 and (rows[:, 0] > 0).all()  # warm, time running
+    env._reset_envs(np.array([1]))
+    m = env.task.model
+    data = mujoco.MjData(m)
+    mujoco.mj_resetData(m, data)
+    data.qpos[:], data.qvel[:] = env.frame().qpos[1], env.frame().qvel[1]
+    expected = np.zeros(mujoco.mj_stateSize(m, INTEGRATION))
+    mujoco.mj_getState(m, data, expected, INTEGRATION)
+    np.testing.assert_array_equal(rows[1], expected)
+    np.testing.assert_array_equal(rows[[0, 2]], before[[0, 2]])
+
+
+def test_divergence_reads_the_three_blow_up_warnings():
+    import mujoco
+
+    from robotrl.envs.cpu import DIVERGED
+
+    counters = list(range(int(mujoco.mjtWarning.mjNWARNING)))[DIVERGED]
+    assert counters == [
+        int(mujoco.mjtWarning.mjWARN_BADQPOS),
+        int(mujoco.mjtWarning.mjWARN_BADQVEL),
+        int(mujoco.mjtWarning.mjWARN_BADQACC),
+    ]
+
+
 def test_a_simulation_that_blows_up_ends_its_episode_with_zero_reward():
     """MuJoCo resets a simulation whose state blows up and warns: the env reports it as diverged, ends that episode
     (reward 0) and starts a new one, and the other envs step on."""

@@ -249,3 +249,19 @@ def test_a_task_name_carries_its_options() -> None:
     assert make_task(name, robot="example-robot-data:ur5").arm.dof == 6
     with pytest.raises(ValueError, match="sets robot='example-robot-data:ur5', the options 'x.urdf'"):
         make_task(name, robot="x.urdf")
+
+
+def test_ik_takes_one_rotation_for_every_env_in_numpy_and_under_jax_jit() -> None:
+    """A target rotation shared by all envs (3, 3), as Reach's tool pointing down, is the same step as that rotation
+    given per env (n, 3, 3); and the step under jax.jit is numpy's."""
+    chain = load_robot("example-robot-data:ur5").chain
+    q = random_q(chain, 8, seed=3)
+    home = chain.limits.mean(axis=1)
+    target_pos = chain.forward(np, q)[0] + 0.05
+    target_rot = chain.forward(np, random_q(chain, 1, seed=4))[1][0]
+    shared = chain.ik(np, q, target_pos, target_rot, home)
+    np.testing.assert_array_equal(shared, chain.ik(np, q, target_pos, np.broadcast_to(target_rot, (8, 3, 3)), home))
+    assert np.abs(shared - q).max() > 1e-3  # a real step
+    with jax.enable_x64(True):
+        traced = jax.jit(lambda x: chain.ik(jnp, x, target_pos, target_rot, home))(jnp.asarray(q))
+    np.testing.assert_allclose(np.asarray(traced), shared, atol=1e-12)
