@@ -67,13 +67,13 @@ class CpuVectorEnv(RobotVectorEnv):
         self._qpos, self._qvel = self._batch.bind("qpos"), self._batch.bind("qvel")
         self._ctrl, self._warmstart = self._batch.bind("ctrl"), self._batch.bind("qacc_warmstart")
         self._sensordata = self._batch.bind("sensordata")  # refreshed by every call on a simulation
-        #: each simulation's state row as `Batch.reset` leaves it (the model's defaults: at rest, time 0, cold
-        #: solver): a reset writes these rows, a copy, where `Batch.reset` would cost a call on the thread pool.
-        #: None with per-env models, whose defaults follow their randomized fields
-        self._reset_rows: np.ndarray | None = None
+        #: the state row `Batch.reset` leaves (the model's defaults: at rest, time 0, cold solver), one for every
+        #: simulation of the one model: a reset writes it, a copy, where `Batch.reset` would cost a call on the thread
+        #: pool. None with per-env models, whose defaults follow their randomized fields
+        self._reset_row: np.ndarray | None = None
         if not self.randomization.changes_model:
-            self._batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
-            self._reset_rows = self._batch.state.copy()
+            self._batch.reset([0], stage=mujoco.mjtStage.mjSTAGE_NONE)
+            self._reset_row = self._batch.state[0].copy()
         self._physics_cols = physics_columns(m)
         self._sens = np.zeros((n, m.nsensordata))
         self._goal = np.zeros((n, task.goal_dim))
@@ -205,10 +205,10 @@ class CpuVectorEnv(RobotVectorEnv):
             2.0 * self._rng.random((k, *self._camera_jitter.shape[1:])) - 1.0
         )
         self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * self._rng.random(k) - 1.0)
-        if self._reset_rows is None:
+        if self._reset_row is None:
             batch.reset(idx, stage=mujoco.mjtStage.mjSTAGE_NONE)  # the model's defaults: at rest, time 0, cold solver
         else:
-            batch.state[idx] = self._reset_rows[idx]  # the same rows, written without a call (tests/envs/test_cpu.py)
+            batch.state[idx] = self._reset_row  # the same row, written without a call (tests/envs/test_cpu.py)
         self._qpos[idx] = start.qpos
         self._qvel[idx] = start.qvel
         batch.forward(idx)  # the sensors of the initial state

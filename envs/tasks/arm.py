@@ -192,9 +192,9 @@ class ArmTask(Task):
         chain's IK to the tool pointing down at `ready_point`."""
         lo, hi = self.arm.limits.T
         q = (0.5 * (lo + hi) + 0.3)[None, :]
-        target, down = np.array([self.ready_point]), down_rotation(np, np.zeros(1))
+        target = np.array([self.ready_point])
         for _ in range(400):
-            q = self.arm.ik(np, q, target, down, q[0], IKConfig(damping=0.02, nullspace_gain=0.0))
+            q = self.arm.ik(np, q, target, DOWN, q[0], IKConfig(damping=0.02, nullspace_gain=0.0))
         error = float(np.linalg.norm(self.arm.forward(np, q)[0][0] - target[0]))
         if error > 0.01:
             raise ValueError(

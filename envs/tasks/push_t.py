@@ -161,10 +161,10 @@ def pose_distance(xp: Any, block: Any, target: Any) -> Any:
 
 def _start_arm_qpos() -> np.ndarray:
     """Joint angles with the tip at TIP_START pointing down (solved once with the task's own IK)."""
-    chain, down = arm.chain(TOOL_OFFSET), arm.down_rotation(np, np.zeros(1))
+    chain = arm.chain(TOOL_OFFSET)
     q = arm.HOME_QPOS[None, :].copy()
     for _ in range(300):
-        q = chain.ik(np, q, TIP_START[None, :], down, arm.HOME_QPOS)
+        q = chain.ik(np, q, TIP_START[None, :], arm.DOWN, arm.HOME_QPOS)
     return q[0]
 
 
