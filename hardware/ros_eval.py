@@ -49,8 +49,13 @@ class EpisodeRunner(Node):
 
     def call(self, client: Any, timeout: float = 10.0, discovery: float = 60.0) -> None:
         """Call a Trigger service until it succeeds; `discovery` allows for a node that is still starting (loading
-        its policy, its topics not matched yet: the deploy node refuses a reset until they are). A call that timed
-        out is not repeated: it may still run, and a second sim reset would skip an episode of the stream."""
+        its policy, its topics not matched yet: the deploy node refuses a reset until they are).
+
+        A request not answered within `timeout` is sent again, until `discovery` has passed: DDS can drop the
+        answer to a client whose response reader the server has not discovered yet (rmw_fastrtps waits a moment
+        for it, then sends nothing), which a loaded machine's slow discovery makes happen. The service called here,
+        the deploy node's reset, may run twice: it does the same before the episode's seed is published, and a
+        server answers in order, so an answer means every earlier request has run."""
         end = time.monotonic() + discovery
         if not client.wait_for_service(timeout_sec=discovery):
             raise TimeoutError(f"ros eval: service {client.srv_name} not available within {discovery} s")
@@ -58,7 +63,12 @@ class EpisodeRunner(Node):
             future = client.call_async(Trigger.Request())
             self.executor_.spin_until_future_complete(future, timeout_sec=timeout)
             if not future.done():
-                raise TimeoutError(f"ros eval: {client.srv_name} did not answer within {timeout} s")
+                client.remove_pending_request(future)
+                if time.monotonic() > end:
+                    raise TimeoutError(
+                        f"ros eval: {client.srv_name} did not answer within {discovery} s (asked every {timeout} s)"
+                    )
+                continue
             if future.result().success:
                 return
             if time.monotonic() > end:
