@@ -99,6 +99,10 @@ class TeleopNodeConfig:
     """> 0: observations older than this (seconds) are stale (for the safety filter too); 0: the robot file's"""
     reset_service: str = ""
     """std_srvs/Trigger called to start each episode (the sim robot: /robotrl_sim_robot/reset); '' on a real cell"""
+    reset_timeout: float = 5.0
+    """seconds to wait for `reset_service`'s answer before asking again: DDS can drop the answer to a client the
+    server has not fully matched yet (a loaded machine's slow discovery), and an answer never coming would hold
+    the node in its reset for good. A second sim robot reset only starts one more episode"""
     instruction: str = ""
     """the instruction until one arrives on the instruction topic (tasks with a language observation)"""
 
@@ -119,6 +123,8 @@ class TeleopNodeConfig:
         for name in ("episode_steps", "episodes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TeleopNodeConfig.{name}: expected >= 0, got {getattr(self, name)}")
+        if not self.reset_timeout > 0:
+            raise ValueError(f"TeleopNodeConfig.reset_timeout: expected > 0 s, got {self.reset_timeout}")
         if not self.max_obs_age >= 0:
             raise ValueError(
                 f"TeleopNodeConfig.max_obs_age: expected >= 0 (0: the robot file's), got {self.max_obs_age}"
@@ -339,6 +345,12 @@ class TeleopNode(RobotNode):
             self.reset_future = self.reset_client.call_async(Trigger.Request())
             return False
         if not self.reset_future.done():
+            if now - self.reset_sent > self.config.reset_timeout:  # its answer is lost: ask again
+                self.reset_client.remove_pending_request(self.reset_future)
+                self.reset_future = None
+                self.get_logger().warning(
+                    f"{self.config.reset_service} did not answer within {self.config.reset_timeout} s; asking again"
+                )
             return False
         result, self.reset_future = self.reset_future.result(), None
         if result is None or not result.success:

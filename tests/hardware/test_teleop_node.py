@@ -18,9 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 import rclpy
+from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
+from rclpy.task import Future
 from std_msgs.msg import Bool, Float64MultiArray
+from std_srvs.srv import Trigger
 
 from robotrl.core.spec import SpecMismatchError
 from robotrl.datasets.store import EpisodeStore, StoreError, validate
@@ -81,8 +84,27 @@ def ros43() -> Iterator[None]:
         rclpy.shutdown()
 
 
-def record(tmp_path: Path, **overrides: Any) -> tuple[TeleopNode, Harness, EpisodeStore]:
-    """Run the sim robot (real time), the teleop node and the harness in one executor until the node is done."""
+class LosesFirstAnswer(Node):
+    """The sim robot's reset behind a service that never answers its first request (as when DDS drops an answer)
+    and passes the others on."""
+
+    def __init__(self) -> None:
+        super().__init__("robotrl_lossy_reset")
+        self.requests = 0
+        self.sim_reset = self.create_client(Trigger, "/robotrl_sim_robot/reset")
+        # reentrant: the request left unanswered holds no other (a mutually exclusive group would wait on it)
+        self.create_service(Trigger, "~/reset", self._reset, callback_group=ReentrantCallbackGroup())
+
+    async def _reset(self, request: Trigger.Request, response: Trigger.Response) -> Trigger.Response:
+        self.requests += 1
+        if self.requests == 1:
+            await Future()  # never done: no answer is sent
+        return await self.sim_reset.call_async(request)
+
+
+def record(tmp_path: Path, *extra: Node, **overrides: Any) -> tuple[TeleopNode, Harness, EpisodeStore]:
+    """Run the sim robot (real time), the teleop node, the harness and any `extra` nodes in one executor until the
+    node is done."""
     sim = SimRobotNode(SimRobotNodeConfig(task_options=OPTIONS))
     config = TeleopNodeConfig(
         robot="sim_panda",
@@ -90,14 +112,12 @@ def record(tmp_path: Path, **overrides: Any) -> tuple[TeleopNode, Harness, Episo
         task_options=OPTIONS,
         store=str(tmp_path / "t.zarr"),
         device="scripted",
-        max_obs_age=0.25,
-        reset_service="/robotrl_sim_robot/reset",
-        **overrides,
+        **{"max_obs_age": 0.25, "reset_service": "/robotrl_sim_robot/reset", **overrides},
     )
     teleop = TeleopNode(config)
     harness = Harness()
     executor = SingleThreadedExecutor()
-    for node in (sim, teleop, harness):
+    for node in (sim, teleop, harness, *extra):
         executor.add_node(node)
     try:
         each = harness.publish_policy if config.policy_topic else None
@@ -108,7 +128,7 @@ def record(tmp_path: Path, **overrides: Any) -> tuple[TeleopNode, Harness, Episo
         executor.shutdown()
         teleop.close()
         sim.close()
-        for node in (sim, teleop, harness):
+        for node in (sim, teleop, harness, *extra):
             node.destroy_node()
     return teleop, harness, EpisodeStore.open(tmp_path / "t.zarr")
 
@@ -146,6 +166,16 @@ def test_teleop_records_episodes_of_the_sim_robot(ros43: None, tmp_path: Path) -
     assert teleop.malformed == {}
 
 
+def test_a_reset_whose_answer_is_lost_is_asked_again(ros43: None, tmp_path: Path) -> None:
+    """A reset service that never answers the first request: the node asks again after `reset_timeout` and records
+    its episode, where it waited for that answer for good."""
+    lossy = LosesFirstAnswer()
+    teleop, _, store = record(
+        tmp_path, lossy, episodes=1, reset_service="/robotrl_lossy_reset/reset", reset_timeout=1.0
+    )
+    assert lossy.requests == 2 and teleop.kept == 1 and store.num_episodes == 1
+
+
 def test_intervention_mode_records_the_policy_unless_the_operator_takes_over(ros43: None, tmp_path: Path) -> None:
     teleop, harness, store = record(
         tmp_path, episodes=1, policy_topic=POLICY_TOPIC, device_options=json.dumps({"interventions": [[8, 20]]})
@@ -177,6 +207,8 @@ def test_a_store_of_another_spec_is_refused(ros43: None, tmp_path: Path) -> None
         TeleopNodeConfig(device="joystick")
     with pytest.raises(ValueError, match="task_options"):
         TeleopNodeConfig(task_options="[1, 2]")
+    with pytest.raises(ValueError, match=r"TeleopNodeConfig.reset_timeout: expected > 0 s, got 0.0"):
+        TeleopNodeConfig(reset_timeout=0.0)
 
 
 def _ros_args(params: dict[str, Any]) -> list[str]:
