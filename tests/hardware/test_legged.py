@@ -38,7 +38,7 @@ from robotrl.hardware.robot import ROBOTS_DIR, RobotConfig, RobotConfigError
 from robotrl.hardware.safety import SafetyFilter, SafetyState
 from robotrl.hardware.sim_robot import SimRobot, SimRobotConfig
 from robotrl.hardware.task_io import TaskIO
-from ros_spin import in_one_executor, spin_for
+from ros_spin import in_one_executor, spin_for, spin_until
 
 ROBOT = RobotConfig.load("sim_quadruped")
 LEVEL = np.array([1.0, 0.0, 0.0, 0.0])
@@ -240,8 +240,9 @@ def test_the_deploy_node_walks_on_cmd_vel_and_damps_on_a_fall_or_an_estop(legged
     client = robot.create_client(Trigger, "/robotrl_deploy/reset")
     assert client.wait_for_service(timeout_sec=5.0)
     future = client.call_async(Trigger.Request())
+    assert spin_until(executor, future.done, 10.0, robot.publish), "~/reset did not answer"
+    assert future.result().success, future.result()
     spin_for(executor, 0.3, robot.publish)
-    assert future.done() and future.result().success, future.result()
     assert robot.damping[-1] is False and len(robot.commands) > n
     # the e-stop of a legged robot is damping too, not a frozen posture
     robot.estop.publish(Bool(data=True))
