@@ -1,0 +1,119 @@
+"""A task's per-step code on the CPU, numpy against the same functions compiled by JAX's jit (JSON lines): what a
+compiler of the task code as written once would give the CPU backend (issue 45), part by part.
+
+For each task and number of envs, from a state the CPU backend reached after a few random steps, microseconds per
+call (median of `--rounds` rounds):
+  control_np / control_jit      `task.control` (the arm tasks' IK): numpy, and jitted with numpy in and out
+  observe_np / observe_jit      `task.observe_and_reward` and `task.terminated`, as the backend calls them per step
+  dispatch_jit                  a jitted function of the same inputs that only slices one: JAX's own cost a call
+  control_ratio, observe_ratio  jit / numpy (< 1: the compiled code is faster)
+The jitted functions run in float64 (results equal to numpy's to float rounding, checked), with synchronous CPU
+dispatch; `--xla-old-runtime` also sets XLA's pre-thunk CPU runtime (`--xla_cpu_use_thunk_runtime=false`).
+
+    .venv/bin/python bench/task_jit.py --tasks PushT Reach Quadruped --num-envs 8 32
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tyro
+
+
+@dataclass
+class TaskJitConfig:
+    tasks: tuple[str, ...] = ("PushT", "Reach", "Quadruped")
+    num_envs: tuple[int, ...] = (8, 32)
+    calls: int = 2000
+    """timed calls per round"""
+    rounds: int = 3
+    xla_old_runtime: bool = False
+    seed: int = 0
+
+
+def per_call_us(fn: Callable[[], Any], calls: int, rounds: int) -> float:
+    """Median over `rounds` of the mean microseconds a call of `fn` takes (after a warm-up)."""
+    for _ in range(50):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append(1e6 * (time.perf_counter() - start) / calls)
+    return float(np.median(times))
+
+
+def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
+    import jax
+    import jax.numpy as jnp
+
+    from robotrl.envs import make
+    from robotrl.envs.task import Frame
+
+    env = make(task_name, num_envs=n, seed=config.seed, render_images=False)
+    env.reset(seed=config.seed)
+    rng = np.random.default_rng(config.seed)
+    space = env.action_space
+    for _ in range(10):
+        env.step(rng.uniform(space.low, space.high).astype(space.dtype))
+    task, frame = env.task, env.frame()
+    arrays = tuple(np.ascontiguousarray(x) for x in frame)
+    action = rng.uniform(space.low, space.high).astype(np.float64)
+    env.close()
+
+    def observe(xp: Any, f: Frame, a: Any) -> tuple[Any, ...]:
+        obs, dense, success = task.observe_and_reward(xp, f, a)
+        return obs, dense, success, task.terminated(xp, f)
+
+    control_jit = jax.jit(lambda q, v, s, g, a: task.control(jnp, Frame(q, v, s, g), a))
+    observe_jit = jax.jit(lambda q, v, s, g, a: observe(jnp, Frame(q, v, s, g), a))
+    dispatch_jit = jax.jit(lambda q, v, s, g, a: q[:, :1])
+    to_numpy = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731  # what the backend would hand on
+
+    np.testing.assert_allclose(np.asarray(control_jit(*arrays, action)), task.control(np, frame, action), atol=1e-9)
+    for got, want in zip(
+        jax.tree.leaves(to_numpy(observe_jit(*arrays, action))), jax.tree.leaves(observe(np, frame, action))
+    ):
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-5)
+
+    c, r = config.calls, config.rounds
+    out = {
+        "control_np": per_call_us(lambda: task.control(np, frame, action), c, r),
+        "control_jit": per_call_us(lambda: np.asarray(control_jit(*arrays, action)), c, r),
+        "observe_np": per_call_us(lambda: observe(np, frame, action), c, r),
+        "observe_jit": per_call_us(lambda: to_numpy(observe_jit(*arrays, action)), c, r),
+        "dispatch_jit": per_call_us(lambda: np.asarray(dispatch_jit(*arrays, action)), c, r),
+    }
+    return {
+        "bench": "task_jit",
+        "task": task_name,
+        "num_envs": n,
+        **{k: round(v, 1) for k, v in out.items()},
+        "control_ratio": round(out["control_jit"] / out["control_np"], 2),
+        "observe_ratio": round(out["observe_jit"] / out["observe_np"], 2),
+        "jax": jax.__version__,
+        "xla_old_runtime": config.xla_old_runtime,
+    }
+
+
+def main(config: TaskJitConfig) -> None:
+    if config.xla_old_runtime:  # read by XLA when JAX starts its CPU client: set before the first import
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_thunk_runtime=false").strip()
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # the CPU backend's float64, for equal results
+    jax.config.update("jax_cpu_enable_async_dispatch", False)  # a call returns its result: no future to wait on
+    for task in config.tasks:
+        for n in config.num_envs:
+            print(json.dumps(measure(task, n, config)), flush=True)
+
+
+if __name__ == "__main__":
+    main(tyro.cli(TaskJitConfig))
