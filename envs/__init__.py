@@ -129,7 +129,15 @@ def make(
         from robotrl.envs.adapter import make_outside
 
         return make_outside(task, num_envs, backend, randomization, seed, **options)
-    backend_keys = {"output", "autoreset", "reward_type", "num_threads", "render_images", "render_workers"}
+    backend_keys = {
+        "output",
+        "autoreset",
+        "reward_type",
+        "num_threads",
+        "render_images",
+        "render_workers",
+        "compile_task",
+    }
     backend_opts = {k: v for k, v in options.items() if k in backend_keys}
     task_opts = {k: v for k, v in options.items() if k not in backend_keys}
     t = task if isinstance(task, Task) else make_task(task, **task_opts)
@@ -143,6 +151,9 @@ def make(
         return CpuVectorEnv(t, num_envs, randomization, seed, **backend_opts)
     if backend == "mjx":
         from robotrl.envs.mjx import MjxVectorEnv
+
+        if "compile_task" in backend_opts:
+            raise ValueError("compile_task: an option of the cpu backend (MJX compiles the whole step already)")
 
         return MjxVectorEnv(t, num_envs, randomization, seed, **backend_opts)
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")

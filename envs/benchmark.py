@@ -14,6 +14,9 @@ Prints one JSON line per (task, num_envs):
                        fraction the backend would reach if the task code cost nothing, so a goal above it cannot be
                        met by making the task code faster
 
+The task code is the backend's default, compiled (robotrl/envs/compiled.py): ROBOTRL_COMPILE_TASK=0 measures it as
+numpy instead.
+
 With `--images`, one more line per (task with cameras, num_envs):
   frames_per_s         camera images/s the CPU backend draws while stepping with image observations
   ceiling_frames_per_s one `mujoco.Renderer` per core, each in its own process, drawing the same scenes (same

@@ -2,9 +2,12 @@
 released).
 
 One control step is one `Batch.step` over all envs for `n_substeps` physics steps, so Python runs once per control
-step for the whole batch (reset, control, observation and reward are vectorized numpy). Each simulation keeps its
-whole integration state between control steps, the solver's warm start included, as one MjData stepped by a robot's
-control loop does (hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound fields.
+step for the whole batch. The task's control and its observation, reward and termination are two native calls: the
+task functions, written once against an array namespace, compiled by numba on first use (robotrl/envs/compiled.py;
+`compile_task=False` or ROBOTRL_COMPILE_TASK=0 runs them as vectorized numpy, as resets always are). Each simulation
+keeps its whole integration state between control steps, the solver's warm start included, as one MjData stepped by
+a robot's control loop does (hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound
+fields.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import mujoco
 import numpy as np
 from mujoco.batch import Batch
 
+from robotrl.envs import compiled
 from robotrl.envs.randomization import (
     RANDOMIZATION_DIMS,
     Randomization,
@@ -37,7 +41,8 @@ DIVERGED = slice(int(mujoco.mjtWarning.mjWARN_BADQPOS), int(mujoco.mjtWarning.mj
 
 
 class CpuVectorEnv(RobotVectorEnv):
-    """The threaded CPU backend; `num_threads` defaults to the machine's cores (at most `num_envs`)."""
+    """The threaded CPU backend; `num_threads` defaults to the machine's cores (at most `num_envs`); `compile_task`
+    (None: on unless ROBOTRL_COMPILE_TASK=0) steps the task code compiled, see the module docstring."""
 
     def __init__(
         self,
@@ -51,6 +56,7 @@ class CpuVectorEnv(RobotVectorEnv):
         num_threads: int | None = None,
         render_images: bool = True,
         render_workers: int | None = None,
+        compile_task: bool | None = None,
     ) -> None:
         super().__init__(task, num_envs, randomization, seed, output, autoreset, render_images, reward_type)
         m = task.model
@@ -93,6 +99,10 @@ class CpuVectorEnv(RobotVectorEnv):
         #: set to a dict to add up, per part of `step` ("physics", "task", "render", "bookkeeping"), the seconds it
         #: took: where a step's time goes (bench/envs.py prints it); None (the default) times nothing
         self.step_seconds: dict[str, float] | None = None
+        #: the task's control, observation and reward compiled (robotrl/envs/compiled.py), built at the first use after
+        #: a reset and checked there against the numpy code; None: the numpy code (off, or not compilable)
+        self.compile_task = compiled.enabled_by_default() if compile_task is None else compile_task
+        self._compiled: compiled.CompiledTask | None = None
 
     # --- gymnasium API -------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict]:
@@ -107,7 +117,9 @@ class CpuVectorEnv(RobotVectorEnv):
         if self.randomization.max_latency > 0:
             action, self._history = delay_actions(np, self._history, action, self._latency)
         clock.lap("bookkeeping")
-        self._ctrl[:] = self.task.control(np, self.frame(), action)
+        code = self._code()
+        frame = self.frame()
+        self._ctrl[:] = self.task.control(np, frame, action) if code is None else code.control(frame, action)
         clock.lap("task")
         batch = self._live()
         blowups = batch.warning[:, DIVERGED, 1].sum(axis=1)
@@ -115,11 +127,15 @@ class CpuVectorEnv(RobotVectorEnv):
         self._sens[:] = self._sensordata  # as after mj_step: computed at the last substep's start
         clock.lap("physics")
         frame = self.frame()
-        numeric, dense, success = self.task.observe_and_reward(np, frame, action)
+        if code is None:
+            numeric, dense, success = self.task.observe_and_reward(np, frame, action)
+            ended = self.task.terminated(np, frame)
+        else:
+            numeric, dense, success, ended = code.step(frame, action)
         clock.lap("task")
         # MuJoCo resets a simulation that blows up and warns: the episode ends there, as it would on a NaN
         diverged = (batch.warning[:, DIVERGED, 1].sum(axis=1) > blowups) | ~np.isfinite(batch.state).all(axis=1)
-        terminated = np.asarray(self.task.terminated(np, frame)) | diverged
+        terminated = np.asarray(ended) | diverged
         self._steps += 1
         truncated = (self._steps >= self.task.config.episode_steps) & ~terminated
         reward = success.astype(np.float64) if self.reward_type == "sparse" else np.where(diverged, 0.0, dense)
@@ -228,7 +244,8 @@ class CpuVectorEnv(RobotVectorEnv):
         clock = clock if clock is not None else _Clock(None)
         if numeric is None:
             clock.lap("bookkeeping")
-            numeric = self.task.observe(np, self.frame(idx))
+            code = self._code()
+            numeric = self.task.observe(np, self.frame(idx)) if code is None else code.observe(self.frame(idx))
             clock.lap("task")
         obs = dict(numeric)
         if self.randomization.obs_noise > 0:
@@ -247,6 +264,14 @@ class CpuVectorEnv(RobotVectorEnv):
         if self._instructions:
             obs["instruction"] = np.array(self.task.instruction(self._goal[ids]), dtype=object)
         return obs
+
+    def _code(self) -> compiled.CompiledTask | None:
+        """The compiled task code, built on first use (after the first reset: it is checked on a real state)."""
+        if self.compile_task and self._compiled is None:
+            action = np.zeros((self.num_envs, *self.task_spec.action.shape))
+            self._compiled = compiled.compile_task(self.task, self.frame(), action)
+            self.compile_task = self._compiled is not None  # not compilable: the numpy code, without asking again
+        return self._compiled
 
     def _merge(self, obs: dict[str, Any], fresh: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
         for key, value in fresh.items():

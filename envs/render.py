@@ -154,8 +154,10 @@ class _Offscreen:
             self._ctx.free()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown: the GL library may already be gone
+        try:  # noqa: SIM105  # not contextlib: at interpreter teardown this may run after that module is gone
             self.close()
+        except Exception:  # noqa: BLE001  # interpreter shutdown: the GL library may already be gone
+            pass
 
 
 def pose_for_drawing(

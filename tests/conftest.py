@@ -50,6 +50,12 @@ if _ON_CPU:
     jax.devices()  # the backend starts with this process's flags (above)
     os.environ["XLA_FLAGS"] = _XLA_FLAGS
 
+# The CPU backend compiles each task's step code once per machine (seconds to tens of seconds a task: numba), then
+# loads it from ~/.cache/robotrl/task-kernels. Across the suite's many task configurations a clean clone would spend
+# minutes compiling, so the suite steps the numpy task code (the commands it starts inherit the variable), and
+# tests/envs/test_compiled.py compiles every task and checks it against that code.
+os.environ.setdefault("ROBOTRL_COMPILE_TASK", "0")
+
 # A DDS domain block of this test process's own: under pytest-xdist two workers run ROS tests side by side, and nodes
 # of one worker would otherwise see the other's topics. In-process nodes (rclpy.init() reads the variable) and the
 # node executables a test starts use the block's first domain; a test that needs a private one takes
