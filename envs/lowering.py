@@ -465,19 +465,25 @@ class _Writer:
             full[d] = i
         for d, j in zip(axes, inner, strict=True):
             full[d] = j
-        acc = self.fresh("s")
-        self.emit(f"{acc} = {identity}")
-        for d, j in zip(axes, inner, strict=True):
-            self.emit(f"for {j} in range({x.shape[d]}):")
-            self.depth += 1
-        self.emit(f"{acc} = {step.format(a=acc, x=x.read(full))}")
-        self.depth -= len(axes)
+        loops = [(j, x.shape[d]) for d, j in zip(axes, inner, strict=True)]
+        acc = self.accumulate(identity, loops, step.replace("{x}", x.read(full)))
         if shape:
             self.emit(f"{out}[{', '.join(idx)}] = {acc}")
         self.close_loops(shape)
         if shape:
             return self.array(out, shape, dtype)
         return Val("scalar", (), dtype, lambda _: acc, name=acc)
+
+    def accumulate(self, init: str, loops: list[tuple[str, int]], update: str) -> str:
+        """A scalar variable set to `init`, then to `update` (its "{a}" the variable) in nested loops (name, size)."""
+        acc = self.fresh("s")
+        self.emit(f"{acc} = {init}")
+        for var, size in loops:
+            self.emit(f"for {var} in range({size}):")
+            self.depth += 1
+        self.emit(f"{acc} = {update.replace('{a}', acc)}")
+        self.depth -= len(loops)
+        return acc
 
     def dot(self, dims: Any, shape: tuple[int, ...], dtype: np.dtype, a: Val, b: Val) -> Val:
         (lc, rc), (lb, rb) = dims
@@ -498,13 +504,8 @@ class _Writer:
         inner = [self.fresh("k") for _ in lc]
         for da, db, j in zip(lc, rc, inner, strict=True):
             ia[da] = ib[db] = j
-        acc = self.fresh("s")
-        self.emit(f"{acc} = {'0.0' if dtype.kind == 'f' else '0'}")
-        for d, j in zip(lc, inner, strict=True):
-            self.emit(f"for {j} in range({a.shape[d]}):")
-            self.depth += 1
-        self.emit(f"{acc} += {a.read(ia)} * {b.read(ib)}")
-        self.depth -= len(lc)
+        loops = [(j, a.shape[d]) for d, j in zip(lc, inner, strict=True)]
+        acc = self.accumulate("0.0" if dtype.kind == "f" else "0", loops, f"({{a}} + {a.read(ia)} * {b.read(ib)})")
         self.emit(f"{name}[{', '.join(idx)}] = {acc}")
         self.close_loops(shape)
         return self.array(name, shape, dtype)
