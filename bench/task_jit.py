@@ -1,5 +1,6 @@
-"""A task's per-step code on the CPU, numpy against the same functions compiled by JAX's jit (JSON lines): what a
-compiler of the task code as written once would give the CPU backend (issue 45), part by part.
+"""A task's per-step code on the CPU, numpy against the same functions compiled by JAX's jit and by the CPU
+backend's own compiler (robotrl/envs/compiled.py: the jaxpr lowered to loops for numba), JSON lines: what a compiler
+of the task code as written once gives the CPU backend (issue 45), part by part.
 
 For each task and number of envs, from a state the CPU backend reached after a few random steps, microseconds per
 call (median of `--rounds` rounds):
@@ -7,6 +8,10 @@ call (median of `--rounds` rounds):
   observe_np / observe_jit      `task.observe_and_reward` and `task.terminated`, as the backend calls them per step
   dispatch_jit                  a jitted function of the same inputs that only slices one: JAX's own cost a call
   control_ratio, observe_ratio  jit / numpy (< 1: the compiled code is faster)
+  control_numba, observe_numba  the backend's compiled kernels (`CompiledTask.control`, `.step`), numpy in and out
+  numba_ratio                   (control_numba + observe_numba) / (control_np + observe_np)
+  numba_build_s                 seconds to trace, lower and compile both kernels into an empty cache (first num_envs
+                                only: a kernel serves every number of envs; later ones load it)
 The jitted functions run in float64 (results equal to numpy's to float rounding, checked), with synchronous CPU
 dispatch; `--xla-old-runtime` also sets XLA's pre-thunk CPU runtime (`--xla_cpu_use_thunk_runtime=false`).
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,9 +61,10 @@ def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from robotrl.envs import make
+    from robotrl.envs.compiled import CompiledTask, differences
     from robotrl.envs.task import Frame
 
-    env = make(task_name, num_envs=n, seed=config.seed, render_images=False)
+    env = make(task_name, num_envs=n, seed=config.seed, render_images=False, compile_task=False)
     env.reset(seed=config.seed)
     rng = np.random.default_rng(config.seed)
     space = env.action_space
@@ -83,6 +90,13 @@ def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
     ):
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-5)
 
+    with tempfile.TemporaryDirectory() as cache:  # an empty kernel cache: the first build compiles
+        os.environ["ROBOTRL_CACHE_DIR"] = cache
+        start = time.perf_counter()
+        kernels = CompiledTask(task, frame, action.shape[1:])
+        build_s = time.perf_counter() - start
+    assert differences(kernels, task, frame, action) == []
+
     c, r = config.calls, config.rounds
     out = {
         "control_np": per_call_us(lambda: task.control(np, frame, action), c, r),
@@ -90,6 +104,8 @@ def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
         "observe_np": per_call_us(lambda: observe(np, frame, action), c, r),
         "observe_jit": per_call_us(lambda: to_numpy(observe_jit(*arrays, action)), c, r),
         "dispatch_jit": per_call_us(lambda: np.asarray(dispatch_jit(*arrays, action)), c, r),
+        "control_numba": per_call_us(lambda: kernels.control(frame, action), c, r),
+        "observe_numba": per_call_us(lambda: kernels.step(frame, action), c, r),
     }
     return {
         "bench": "task_jit",
@@ -98,6 +114,10 @@ def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
         **{k: round(v, 1) for k, v in out.items()},
         "control_ratio": round(out["control_jit"] / out["control_np"], 2),
         "observe_ratio": round(out["observe_jit"] / out["observe_np"], 2),
+        "numba_ratio": round(
+            (out["control_numba"] + out["observe_numba"]) / (out["control_np"] + out["observe_np"]), 3
+        ),
+        "numba_build_s": round(build_s, 1),
         "jax": jax.__version__,
         "xla_old_runtime": config.xla_old_runtime,
     }
