@@ -7,14 +7,15 @@ as explicit loops over its output: the source of one function that numba compile
 into numpy left per array operation.
 
 How the jaxpr maps to loops:
-- all shapes are static, so every loop bound and index is a literal;
+- all shapes are static, so every loop bound and index is a literal; the first dim of every argument and result is
+  the batch (envs), traced at one block of rows and run over any number of rows block by block (`lower`);
 - slices, transposes, broadcasts and squeezes are affine maps from an output index to the index of the array they
   read (no copy); a reshape that moves data is a copy, then a numpy view;
 - elementwise results are expressions, fused into the loop of whoever reads them, unless read more than once, read
   through a broadcast (a value computed once per env is not recomputed per joint), or too long: then they are
   written to an array first;
-- equations whose inputs are all constants are evaluated by JAX here (iota, index arithmetic, tables), and a gather
-  from constant indices becomes one table of flat positions;
+- equations whose inputs are all constants are evaluated here by numpy (`fold`: iota, index arithmetic, tables; JAX's
+  runtime never starts), and a gather from constant indices becomes one table of flat positions;
 - `jnp.linalg.solve` (traced as a named jit) becomes a batched Gaussian elimination with partial pivoting
   (`solve_batched`), where JAX's own lowering would sort pivots and gather through them.
 A primitive outside this set raises `Unsupported`, naming it; the caller keeps the numpy code.
