@@ -1,7 +1,8 @@
 """A function written against an array namespace, traced by JAX and lowered to Python loop nests for numba.
 
 The task code is written once, against `xp` (numpy on the CPU backend, jax.numpy on MJX). At the batch sizes of a CPU
-backend (8-64 envs) numpy spends most of a step in the 1-3 us that each of its calls costs, not in arithmetic. Here
+backend (tens of envs) numpy spends most of a step in the fixed cost of each of its calls, not in arithmetic
+(bench/RESULTS.md, "The task code compiled by numba from its jaxpr"). Here
 the same code is traced once by JAX at fixed shapes (float64) into a jaxpr, and every equation of it is written out
 as explicit loops over its output: the source of one function that numba compiles to machine code, with no call
 into numpy left per array operation.
@@ -146,7 +147,6 @@ class Lowered:
     source: str
     consts: dict[str, np.ndarray]
     treedef: Any
-    num_args: int
     rows: int  # the rows of one block: the kernel takes n >= rows
 
 
@@ -235,12 +235,8 @@ class _Writer:
     # --- values -----------------------------------------------------------------------------------
     def const(self, value: Any) -> Val:
         value = np.asarray(value)
-        flat = value.reshape(-1)
-        if value.size and (flat == flat[0]).all() and not (value.dtype.kind == "f" and np.isnan(flat[0])):
-            text = _literal(flat[0])
-            return Val("const", value.shape, value.dtype, lambda idx: text, value=value)
-        if value.size and value.dtype.kind == "f" and np.isnan(flat).all():
-            text = _literal(flat[0])
+        if value.size and np.unique(value, equal_nan=True).size == 1:  # one value (NaN included): a literal
+            text = _literal(value.reshape(-1)[0])
             return Val("const", value.shape, value.dtype, lambda idx: text, value=value)
         name = self.const_name(value)
         return Val("const", value.shape, value.dtype, lambda idx: f"{name}[{', '.join(idx)}]", value=value)
@@ -275,19 +271,16 @@ class _Writer:
             return v
         if not v.shape:
             return self.scalar(v.read([]), v.dtype)
-        name = self.fresh("v")
-        self.allocate(name, v.shape, v.dtype)
-        idx = self.open_loops(v.shape)
-        self.emit(f"{name}[{', '.join(idx)}] = {v.read(idx)}")
-        self.close_loops(v.shape)
-        return self.array(name, v.shape, v.dtype)
+        return self.array(self.copy(v), v.shape, v.dtype)
 
     def plain(self, v: Val) -> str:
         """The name of a C-ordered array holding v (a copy unless v is one already)."""
         if v.kind == "const":
             return self.const_name(np.asarray(v.value))
-        if v.plain:
-            return v.name
+        return v.name if v.plain else self.copy(v)
+
+    def copy(self, v: Val) -> str:
+        """A new C-ordered array of the block's code written with v, element by element: its name."""
         name = self.fresh("v")
         self.allocate(name, v.shape, v.dtype)
         idx = self.open_loops(v.shape)
@@ -686,4 +679,4 @@ def lower(fn: Callable[..., Any], *example: np.ndarray) -> Lowered:
     tail = [f"        out{k}[r : r + {rows}] = {name}" for k, name in enumerate(results)]
     outputs = ", ".join(f"out{k}" for k in range(len(specs)))
     source = "\n".join([f"def kernel({', '.join(params)}):", *head, *writer.lines, *tail, f"    return ({outputs},)"])
-    return Lowered(source + "\n", writer.consts, jax.tree.structure(out_shape), len(example), rows)
+    return Lowered(source + "\n", writer.consts, jax.tree.structure(out_shape), rows)
