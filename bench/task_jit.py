@@ -1,15 +1,17 @@
-"""A task's per-step code on the CPU, numpy against the same functions compiled by JAX's jit and by the CPU
-backend's own compiler (robotrl/envs/compiled.py: the jaxpr lowered to loops for numba), JSON lines: what a compiler
-of the task code as written once gives the CPU backend (issue 45), part by part.
+"""The CPU backend's per-step code (robotrl/envs/step.py: the task's functions with the step's bookkeeping), numpy
+against the same functions compiled by JAX's jit and by the backend's own compiler (robotrl/envs/compiled.py: the
+jaxpr lowered to loops for numba), JSON lines: what a compiler of the code as written once gives the CPU backend
+(issue 45), part by part.
 
 For each task and number of envs, from a state the CPU backend reached after a few random steps, microseconds per
 call (median of `--rounds` rounds):
-  control_np / control_jit      `task.control` (the arm tasks' IK): numpy, and jitted with numpy in and out
-  observe_np / observe_jit      `task.observe_and_reward` and `task.terminated`, as the backend calls them per step
+  before_np / before_jit        `before_physics` (action checks, clipping, `task.control`: the arm tasks' IK): numpy,
+                                and jitted with numpy in and out
+  after_np / after_jit          `after_physics` (`task.observe_and_reward`, `task.terminated`, blow-ups, time limit)
   dispatch_jit                  a jitted function of the same inputs that only slices one: JAX's own cost a call
-  control_ratio, observe_ratio  jit / numpy (< 1: the compiled code is faster)
-  control_numba, observe_numba  the backend's compiled kernels (`CompiledTask.control`, `.step`), numpy in and out
-  numba_ratio                   (control_numba + observe_numba) / (control_np + observe_np)
+  before_ratio, after_ratio     jit / numpy (< 1: the compiled code is faster)
+  before_numba, after_numba     the backend's compiled kernels (`CompiledStep.before`, `.after`), numpy in and out
+  numba_ratio                   (before_numba + after_numba) / (before_np + after_np)
   numba_build_s                 seconds to trace, lower and compile both kernels into an empty cache (first num_envs
                                 only: a kernel serves every number of envs; later ones load it)
 The jitted functions run in float64 (results equal to numpy's to float rounding, checked), with synchronous CPU
@@ -61,8 +63,8 @@ def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from robotrl.envs import make
-    from robotrl.envs.compiled import CompiledTask, differences
-    from robotrl.envs.task import Frame
+    from robotrl.envs.compiled import CompiledStep, StepArrays, differences
+    from robotrl.envs.step import NumpyStep, after_rows, before_rows
 
     env = make(task_name, num_envs=n, seed=config.seed, render_images=False, compile_task=False)
     env.reset(seed=config.seed)
@@ -73,50 +75,46 @@ def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
     task, frame = env.task, env.frame()
     arrays = tuple(np.ascontiguousarray(x) for x in frame)
     action = rng.uniform(space.low, space.high).astype(np.float64)
+    rows, warning = env._live().state.copy(), env._live().warning.copy()
+    steps = env.get_state()["steps"]
     env.close()
+    numpy = NumpyStep(task, "dense")
+    blowups = numpy.before(frame, action, warning).blowups
 
-    def observe(xp: Any, f: Frame, a: Any) -> tuple[Any, ...]:
-        obs, dense, success = task.observe_and_reward(xp, f, a)
-        return obs, dense, success, task.terminated(xp, f)
-
-    control_jit = jax.jit(lambda q, v, s, g, a: task.control(jnp, Frame(q, v, s, g), a))
-    observe_jit = jax.jit(lambda q, v, s, g, a: observe(jnp, Frame(q, v, s, g), a))
+    before_jit = jax.jit(lambda *args: before_rows(jnp, task, numpy.bounds, *args))
+    after_jit = jax.jit(lambda *args: after_rows(jnp, task, "dense", *args))
     dispatch_jit = jax.jit(lambda q, v, s, g, a: q[:, :1])
     to_numpy = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731  # what the backend would hand on
-
-    np.testing.assert_allclose(np.asarray(control_jit(*arrays, action)), task.control(np, frame, action), atol=1e-9)
-    for got, want in zip(
-        jax.tree.leaves(to_numpy(observe_jit(*arrays, action))), jax.tree.leaves(observe(np, frame, action))
-    ):
-        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-5)
+    before_args, after_args = (*arrays, action, warning), (*arrays, action, rows, warning, blowups, steps)
+    for fn, jitted, args in ((numpy._before, before_jit, before_args), (numpy._after, after_jit, after_args)):
+        for got, want in zip(jax.tree.leaves(to_numpy(jitted(*args))), jax.tree.leaves(fn(*args)), strict=True):
+            np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-5)
 
     with tempfile.TemporaryDirectory() as cache:  # an empty kernel cache: the first build compiles
         os.environ["ROBOTRL_CACHE_DIR"] = cache
         start = time.perf_counter()
-        kernels = CompiledTask(task, frame, action.shape[1:])
+        kernels = CompiledStep(task, "dense", StepArrays(frame, action, rows, warning))
         build_s = time.perf_counter() - start
-    assert differences(kernels, task, frame, action) == []
+    assert differences(kernels, numpy, StepArrays(frame, action, rows, warning)) == []
 
     c, r = config.calls, config.rounds
     out = {
-        "control_np": per_call_us(lambda: task.control(np, frame, action), c, r),
-        "control_jit": per_call_us(lambda: np.asarray(control_jit(*arrays, action)), c, r),
-        "observe_np": per_call_us(lambda: observe(np, frame, action), c, r),
-        "observe_jit": per_call_us(lambda: to_numpy(observe_jit(*arrays, action)), c, r),
+        "before_np": per_call_us(lambda: numpy.before(frame, action, warning), c, r),
+        "before_jit": per_call_us(lambda: to_numpy(before_jit(*before_args)), c, r),
+        "after_np": per_call_us(lambda: numpy.after(frame, action, rows, warning, blowups, steps), c, r),
+        "after_jit": per_call_us(lambda: to_numpy(after_jit(*after_args)), c, r),
         "dispatch_jit": per_call_us(lambda: np.asarray(dispatch_jit(*arrays, action)), c, r),
-        "control_numba": per_call_us(lambda: kernels.control(frame, action), c, r),
-        "observe_numba": per_call_us(lambda: kernels.step(frame, action), c, r),
+        "before_numba": per_call_us(lambda: kernels.before(frame, action, warning), c, r),
+        "after_numba": per_call_us(lambda: kernels.after(frame, action, rows, warning, blowups, steps), c, r),
     }
     return {
         "bench": "task_jit",
         "task": task_name,
         "num_envs": n,
         **{k: round(v, 1) for k, v in out.items()},
-        "control_ratio": round(out["control_jit"] / out["control_np"], 2),
-        "observe_ratio": round(out["observe_jit"] / out["observe_np"], 2),
-        "numba_ratio": round(
-            (out["control_numba"] + out["observe_numba"]) / (out["control_np"] + out["observe_np"]), 3
-        ),
+        "before_ratio": round(out["before_jit"] / out["before_np"], 2),
+        "after_ratio": round(out["after_jit"] / out["after_np"], 2),
+        "numba_ratio": round((out["before_numba"] + out["after_numba"]) / (out["before_np"] + out["after_np"]), 3),
         "numba_build_s": round(build_s, 1),
         "jax": jax.__version__,
         "xla_old_runtime": config.xla_old_runtime,

@@ -8,13 +8,16 @@ Prints one JSON line per (task, num_envs):
                        call: the physics alone, no Python in the loop
   vs_async             cpu / async (goal >= 3)
   fraction_of_ceiling  cpu / ceiling (goals: >= 0.85 at 32 envs, >= 0.7 at 8)
-  ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`): physics,
-                       task code (control, observation, reward), rendering and bookkeeping, ms per call
+  ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`), ms per call:
+                       physics (the `Batch.step` call), task (the step's code on both sides of it: the task's
+                       control, observation, reward and termination with the action checks, blow-ups and time limit,
+                       robotrl/envs/step.py), rendering, and bookkeeping (the rest: actions in, observations out,
+                       auto-resets)
   fraction_without_task  the ceiling's time per control step over the step's physics and bookkeeping alone: the
-                       fraction the backend would reach if the task code cost nothing, so a goal above it cannot be
-                       met by making the task code faster
+                       fraction the backend would reach if the step's code cost nothing, so a goal above it cannot be
+                       met by making that code faster
 
-The task code is the backend's default, compiled (robotrl/envs/compiled.py): ROBOTRL_COMPILE_TASK=0 measures it as
+The step's code is the backend's default, compiled (robotrl/envs/compiled.py): ROBOTRL_COMPILE_TASK=0 measures it as
 numpy instead.
 
 With `--images`, one more line per (task with cameras, num_envs):

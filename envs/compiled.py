@@ -1,9 +1,10 @@
-"""A task's per-step code compiled for the CPU backend: the numpy-or-JAX task functions, written once, lowered to
-loops (robotrl/envs/lowering.py) and compiled by numba into one native call each.
+"""The CPU backend's per-step code compiled: the task's functions and the step's bookkeeping, written once against
+`xp` (robotrl/envs/step.py), lowered to loops (robotrl/envs/lowering.py) and compiled by numba into one native call
+on each side of the physics call.
 
-`CompiledTask` holds two kernels, for any number of envs: `control` (action -> actuator controls) and `step` (the
-observation, dense reward, success and termination after the physics), both of (qpos, qvel, sensordata, goal,
-action). Their results equal the numpy code's to float rounding (tests/envs/test_compiled.py).
+`CompiledStep` holds the two kernels, for any number of envs: `before` (actions -> clipped actions and actuator
+controls) and `after` (the observation, reward, success, termination, blow-up and time limit at the new state).
+Their results equal the numpy code's (`NumpyStep`) to float rounding (tests/envs/test_compiled.py).
 
 Compiling a kernel takes seconds; each is cached on disk by the hash of its source and constants, under
 `ROBOTRL_CACHE_DIR` (default `$XDG_CACHE_HOME/robotrl`, else `~/.cache/robotrl`), so a task compiles once per
@@ -20,11 +21,12 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from robotrl.envs.lowering import VERSION, Lowered, lower
+from robotrl.envs.step import NumpyStep, after_rows, before_rows
 from robotrl.envs.task import Frame, Task
 
 #: the environment variable that turns the CPU backend's compiled task code off ("0") for a process
@@ -152,61 +154,69 @@ def compile_kernel(lowered: Lowered, example: tuple[np.ndarray, ...]) -> Callabl
 BLOCK = 8
 
 
-class CompiledTask:
-    """A task's control and per-step outputs compiled (see the module docstring), for any number of envs."""
+class CompiledStep(NumpyStep):
+    """The CPU backend's step code (robotrl/envs/step.py: the task's control, observation, reward and termination
+    with the step's bookkeeping) compiled into two kernels, `before` and `after` the physics call, for any number of
+    envs. `example` holds a batch of the arrays the step passes them: the frame, the actions, the state rows and the
+    warning counters."""
 
-    def __init__(self, task: Task, frame: Frame, action_shape: tuple[int, ...]) -> None:
+    def __init__(self, task: Task, reward_type: str, example: StepArrays) -> None:
         import jax.numpy as jnp
 
-        example = tuple(np.zeros((BLOCK, *np.shape(x)[1:])) for x in frame) + (np.zeros((BLOCK, *action_shape)),)
-
-        def control(q: Any, v: Any, s: Any, g: Any, a: Any) -> Any:
-            return task.control(jnp, Frame(q, v, s, g), a)
-
-        def step(q: Any, v: Any, s: Any, g: Any, a: Any) -> Any:
-            f = Frame(q, v, s, g)
-            numeric, dense, success = task.observe_and_reward(jnp, f, a)
-            return numeric, dense, success, task.terminated(jnp, f)
-
-        self._control = compile_kernel(lower(control, *example), example)
-        self._step = compile_kernel(lower(step, *example), example)
-        self._action_shape = action_shape
-
-    def control(self, frame: Frame, action: np.ndarray) -> np.ndarray:
-        return self._control(*frame, np.asarray(action, dtype=np.float64))
-
-    def step(
-        self, frame: Frame, action: np.ndarray
-    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
-        """(numeric observations, dense reward, success, terminated) after the physics, as the numpy code's
-        `observe_and_reward` and `terminated`."""
-        return self._step(*frame, np.asarray(action, dtype=np.float64))
+        super().__init__(task, reward_type)
+        frame = tuple(_block(x) for x in example.frame)
+        action, rows, warning = _block(example.action), _block(example.rows), _block(example.warning)
+        counts = np.zeros(BLOCK, np.int64)
+        before = functools.partial(before_rows, jnp, task, self.bounds)
+        after = functools.partial(after_rows, jnp, task, reward_type)
+        self._before = compile_kernel(lower(before, *frame, action, warning), (*frame, action, warning))
+        example_after = (*frame, action, rows, warning, counts, counts)
+        self._after = compile_kernel(lower(after, *example_after), example_after)
+        self._shapes = {"action": action.shape[1:], "rows": rows.shape[1:]}
+        self._warning = warning[:1]
 
     def observe(self, frame: Frame) -> dict[str, np.ndarray]:
-        """The numeric observations, as the numpy code's `observe` (the step's, with the reward left unread)."""
-        return self.step(frame, np.zeros((frame.qpos.shape[0], *self._action_shape)))[0]
+        """The numeric observations, as the numpy code's `observe` (the step's, with the rest left unread)."""
+        n = frame.qpos.shape[0]
+        zeros = {key: np.zeros((n, *shape)) for key, shape in self._shapes.items()}
+        warning, counts = np.repeat(self._warning, n, axis=0), np.zeros(n, np.int64)
+        return self.after(frame, zeros["action"], zeros["rows"], warning, counts, counts).numeric
 
 
-def differences(code: CompiledTask, task: Task, frame: Frame, action: np.ndarray) -> list[str]:
-    """The outputs of `code` that differ from the numpy code's at this frame and action (beyond float rounding, or in
-    shape or dtype): empty when the compiled code computes what the task's own code does."""
+class StepArrays(NamedTuple):
+    """A batch of the arrays a step reads: what the step code is compiled for (their dtypes and trailing shapes)."""
+
+    frame: Frame
+    action: np.ndarray  # float64
+    rows: np.ndarray  # the simulations' state rows
+    warning: np.ndarray  # the simulations' warning counters
+
+
+def _block(x: np.ndarray) -> np.ndarray:
+    """Zeros of a block of rows of x's dtype and trailing shape: the shapes a kernel is traced at."""
+    return np.zeros((BLOCK, *np.shape(x)[1:]), np.asarray(x).dtype)
+
+
+def differences(code: CompiledStep, reference: NumpyStep, example: StepArrays) -> list[str]:
+    """The outputs of `code` that differ from the numpy code's at these arrays (beyond float rounding, or in shape
+    or dtype): empty when the compiled code computes what the numpy code does."""
+    frame, action, rows, warning = example
     action = np.asarray(action, dtype=np.float64)
-    numeric, dense, success = task.observe_and_reward(np, frame, action)
-    expected = {
-        "control": task.control(np, frame, action),
-        **{f"observation {k!r}": v for k, v in numeric.items()},
-        "reward": dense,
-        "success": success,
-        "terminated": task.terminated(np, frame),
-    }
-    numeric_c, dense_c, success_c, ended_c = code.step(frame, action)
-    actual = {
-        "control": code.control(frame, action),
-        **{f"observation {k!r}": v for k, v in numeric_c.items()},
-        "reward": dense_c,
-        "success": success_c,
-        "terminated": ended_c,
-    }
+    n = len(action)
+    # envs one, two and three steps from the time limit, and every other one blown up: both sides of each branch
+    steps = (reference.task.config.episode_steps - 1 - np.arange(n) % 3).astype(np.int64)
+    results = []
+    for step in (reference, code):
+        before = step.before(frame, action, warning)
+        after = step.after(frame, before.action, rows, warning, before.blowups - np.arange(n) % 2, steps)
+        results.append(
+            {
+                **{f"{name}": value for name, value in before._asdict().items()},
+                **{f"observation {k!r}": v for k, v in after.numeric.items()},
+                **{name: value for name, value in after._asdict().items() if name != "numeric"},
+            }
+        )
+    expected, actual = results
     bad = sorted(set(expected) ^ set(actual))
     for name in sorted(set(expected) & set(actual)):
         want, got = np.asarray(expected[name]), np.asarray(actual[name])
@@ -221,13 +231,13 @@ def differences(code: CompiledTask, task: Task, frame: Frame, action: np.ndarray
     return bad
 
 
-def compile_task(task: Task, frame: Frame, action: np.ndarray) -> CompiledTask | None:
-    """The task's step code compiled and checked against its numpy code at `frame` and `action` (a batch), or None,
-    with one warning naming why, where the lowering does not cover the code, numba is missing or a result differs:
-    the caller keeps the numpy code."""
+def compile_task(task: Task, reward_type: str, example: StepArrays) -> CompiledStep | None:
+    """The step code of `task` compiled and checked against its numpy code at `example` (a batch of the arrays a step
+    reads), or None, with one warning naming why, where the lowering does not cover the code, numba is missing or a
+    result differs: the caller keeps the numpy code."""
     try:
-        code = CompiledTask(task, frame, tuple(np.shape(action)[1:]))
-        bad = differences(code, task, frame, action)
+        code = CompiledStep(task, reward_type, example)
+        bad = differences(code, NumpyStep(task, reward_type), example)
     except Exception as err:  # noqa: BLE001  # a compiler failure of any kind leaves the env on its numpy code
         reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
         warnings.warn(

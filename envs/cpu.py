@@ -2,9 +2,10 @@
 released).
 
 One control step is one `Batch.step` over all envs for `n_substeps` physics steps, so Python runs once per control
-step for the whole batch. The task's control and its observation, reward and termination are two native calls: the
-task functions, written once against an array namespace, compiled by numba on first use (robotrl/envs/compiled.py;
-`compile_task=False` or ROBOTRL_COMPILE_TASK=0 runs them as vectorized numpy, as resets always are). Each simulation
+step for the whole batch. Around it the step's code (robotrl/envs/step.py: the task's control, observation, reward and
+termination with the step's own bookkeeping, written once against an array namespace) is one native call on each
+side, compiled by numba on first use (robotrl/envs/compiled.py; `compile_task=False` or ROBOTRL_COMPILE_TASK=0 runs
+it as vectorized numpy, as a reset's draws always are). Each simulation
 keeps its whole integration state between control steps, the solver's warm start included, as one MjData stepped by
 a robot's control loop does (hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound
 fields.
@@ -30,14 +31,19 @@ from robotrl.envs.randomization import (
     sample_latency,
     sample_model_fields,
 )
+from robotrl.envs.step import NumpyStep
 from robotrl.envs.task import Frame, Task
-from robotrl.envs.vector import RobotVectorEnv, check_actions, convert_obs, step_output
+from robotrl.envs.vector import (
+    RobotVectorEnv,
+    action_array,
+    check_actions,
+    convert_obs,
+    nonfinite_actions,
+    step_output,
+)
 
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
-#: the warnings MuJoCo raises when a simulation blows up (and which reset that simulation's data): consecutive in
-#: mjtWarning, so a slice of the counters reads them without a gather
-DIVERGED = slice(int(mujoco.mjtWarning.mjWARN_BADQPOS), int(mujoco.mjtWarning.mjWARN_BADQACC) + 1)
 
 
 class CpuVectorEnv(RobotVectorEnv):
@@ -102,7 +108,8 @@ class CpuVectorEnv(RobotVectorEnv):
         #: the task's control, observation and reward compiled (robotrl/envs/compiled.py), built at the first use after
         #: a reset and checked there against the numpy code; None: the numpy code (off, or not compilable)
         self.compile_task = compiled.enabled_by_default() if compile_task is None else compile_task
-        self._compiled: compiled.CompiledTask | None = None
+        self._compiled: compiled.CompiledStep | None = None
+        self._numpy = NumpyStep(task, self.reward_type)
 
     # --- gymnasium API -------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict]:
@@ -113,43 +120,34 @@ class CpuVectorEnv(RobotVectorEnv):
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
         clock = _Clock(self.step_seconds)
-        action = check_actions(actions, self.task_spec.action, self.num_envs)
+        action = action_array(actions, self.task_spec.action, self.num_envs)
         if self.randomization.max_latency > 0:
-            action, self._history = delay_actions(np, self._history, action, self._latency)
+            checked = check_actions(action, self.task_spec.action, self.num_envs)
+            action, self._history = delay_actions(np, self._history, checked, self._latency)
         clock.lap("bookkeeping")
-        code = self._code()
-        frame = self.frame()
-        self._ctrl[:] = self.task.control(np, frame, action) if code is None else code.control(frame, action)
+        code, batch = self._code(), self._live()
+        before = code.before(self.frame(), action, batch.warning)
+        if not before.finite.all():
+            raise nonfinite_actions(action)
+        self._ctrl[:] = before.ctrl
         clock.lap("task")
-        batch = self._live()
-        blowups = batch.warning[:, DIVERGED, 1].sum(axis=1)
         batch.step(nstep=self.task.n_substeps)
         self._sens[:] = self._sensordata  # as after mj_step: computed at the last substep's start
         clock.lap("physics")
-        frame = self.frame()
-        if code is None:
-            numeric, dense, success = self.task.observe_and_reward(np, frame, action)
-            ended = self.task.terminated(np, frame)
-        else:
-            numeric, dense, success, ended = code.step(frame, action)
-        clock.lap("task")
         # MuJoCo resets a simulation that blows up and warns: the episode ends there, as it would on a NaN
-        diverged = (batch.warning[:, DIVERGED, 1].sum(axis=1) > blowups) | ~np.isfinite(batch.state).all(axis=1)
-        terminated = np.asarray(ended) | diverged
-        self._steps += 1
-        truncated = (self._steps >= self.task.config.episode_steps) & ~terminated
-        reward = success.astype(np.float64) if self.reward_type == "sparse" else np.where(diverged, 0.0, dense)
-        clock.lap("bookkeeping")
-        obs = self._observe(clock=clock, numeric=numeric)
-        info: dict[str, Any] = {"success": success.copy(), "diverged": diverged}
-        done = terminated | truncated
+        after = code.after(self.frame(), before.action, batch.state, batch.warning, before.blowups, self._steps)
+        self._steps[:] = after.steps
+        clock.lap("task")
+        obs = self._observe(clock=clock, numeric=after.numeric)
+        info: dict[str, Any] = {"success": after.success, "diverged": after.diverged}
+        done = after.terminated | after.truncated
         if self.autoreset and done.any():
             info["final_obs"] = convert_obs({k: _copy(v) for k, v in obs.items()}, self.output)
-            info["_final_obs"] = done.copy()
+            info["_final_obs"] = done
             idx = np.nonzero(done)[0]
             self._reset_envs(idx)
             obs = self._merge(obs, self._observe(idx, clock=clock), idx)
-        out = step_output(self.output, obs, reward, terminated, truncated, info)
+        out = step_output(self.output, obs, after.reward, after.terminated, after.truncated, info)
         clock.lap("bookkeeping")
         return out
 
@@ -244,8 +242,7 @@ class CpuVectorEnv(RobotVectorEnv):
         clock = clock if clock is not None else _Clock(None)
         if numeric is None:
             clock.lap("bookkeeping")
-            code = self._code()
-            numeric = self.task.observe(np, self.frame(idx)) if code is None else code.observe(self.frame(idx))
+            numeric = self._code().observe(self.frame(idx))
             clock.lap("task")
         obs = dict(numeric)
         if self.randomization.obs_noise > 0:
@@ -265,13 +262,15 @@ class CpuVectorEnv(RobotVectorEnv):
             obs["instruction"] = np.array(self.task.instruction(self._goal[ids]), dtype=object)
         return obs
 
-    def _code(self) -> compiled.CompiledTask | None:
-        """The compiled task code, built on first use (after the first reset: it is checked on a real state)."""
+    def _code(self) -> NumpyStep | compiled.CompiledStep:
+        """The step's code: compiled on first use (after the first reset: it is checked on a real state), else numpy."""
         if self.compile_task and self._compiled is None:
+            batch = self._live()
             action = np.zeros((self.num_envs, *self.task_spec.action.shape))
-            self._compiled = compiled.compile_task(self.task, self.frame(), action)
+            example = compiled.StepArrays(self.frame(), action, batch.state, batch.warning)
+            self._compiled = compiled.compile_task(self.task, self.reward_type, example)
             self.compile_task = self._compiled is not None  # not compilable: the numpy code, without asking again
-        return self._compiled
+        return self._compiled if self._compiled is not None else self._numpy
 
     def _merge(self, obs: dict[str, Any], fresh: dict[str, Any], idx: np.ndarray) -> dict[str, Any]:
         for key, value in fresh.items():

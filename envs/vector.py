@@ -36,8 +36,9 @@ def check_num_envs(num_envs: int) -> int:
     return int(num_envs)
 
 
-def check_actions(actions: Any, spec: ArraySpec, num_envs: int) -> np.ndarray:
-    """Validate a batch of actions and clip it to the bounds; a wrong shape, dtype or a NaN is an error."""
+def action_array(actions: Any, spec: ArraySpec, num_envs: int) -> np.ndarray:
+    """A batch of actions as float64 numpy, of the right shape and a numeric dtype (not yet checked finite or clipped:
+    `check_actions` does both)."""
     if hasattr(actions, "detach"):  # a torch tensor
         actions = actions.detach().cpu().numpy()
     arr = np.asarray(actions)
@@ -46,10 +47,21 @@ def check_actions(actions: Any, spec: ArraySpec, num_envs: int) -> np.ndarray:
         raise ValueError(f"actions: expected shape {expected} (num_envs, action_dim), got {arr.shape}")
     if arr.dtype.kind not in "fiu":
         raise TypeError(f"actions: expected a float dtype ({spec.dtype}), got {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def nonfinite_actions(arr: np.ndarray) -> ValueError:
+    """The error for a batch of actions with a NaN or inf, naming its envs."""
+    bad = np.unique(np.nonzero(~np.isfinite(arr))[0]).tolist()
+    return ValueError(f"actions: expected finite values, got NaN/inf in env(s) {bad}")
+
+
+def check_actions(actions: Any, spec: ArraySpec, num_envs: int) -> np.ndarray:
+    """Validate a batch of actions and clip it to the bounds; a wrong shape, dtype or a NaN is an error."""
+    arr = action_array(actions, spec, num_envs)
     if not np.isfinite(arr).all():
-        bad = np.unique(np.nonzero(~np.isfinite(arr))[0]).tolist()
-        raise ValueError(f"actions: expected finite values, got NaN/inf in env(s) {bad}")
-    return np.clip(arr, spec.low_array(), spec.high_array()).astype(np.float64)
+        raise nonfinite_actions(arr)
+    return np.clip(arr, spec.low_array(), spec.high_array())
 
 
 def check_output(output: str, allowed: tuple[str, ...] = ("numpy", "torch")) -> str:

@@ -1,7 +1,7 @@
-"""The CPU backend's compiled task code (robotrl/envs/lowering.py, robotrl/envs/compiled.py): every task's control,
-observation, reward and termination equal to its numpy code's, at any number of envs; the lowering's primitives
-against JAX's own evaluation; the kernel cache across processes; the backend stepping the compiled code as it steps
-the numpy code; and the numpy code kept where a task's code cannot be compiled."""
+"""The CPU backend's compiled step code (robotrl/envs/step.py, lowering.py, compiled.py): every task's controls,
+observation, reward, termination, blow-ups and time limit equal to its numpy code's, at any number of envs; the
+lowering's primitives against JAX's own evaluation; the kernel cache across processes; the backend stepping the
+compiled code as it steps the numpy code; and the numpy code kept where a task's code cannot be compiled."""
 
 import subprocess
 import sys
@@ -13,33 +13,43 @@ import numpy as np
 import pytest
 
 from robotrl.envs import make
-from robotrl.envs.compiled import CompiledTask, compile_kernel, compile_task, differences
+from robotrl.envs.compiled import CompiledStep, StepArrays, compile_kernel, compile_task, differences
 from robotrl.envs.lowering import Unsupported, lower
+from robotrl.envs.step import NumpyStep
 from robotrl.envs.tasks.reach import Reach
 
 TASKS = ("Reach", "PushT", "Quadruped", "PickPlace")
 
 
 def stepped(name: str, num_envs: int, steps: int = 12, **options):
-    """An env of the numpy task code after `steps` random actions, and a random action batch."""
+    """An env of the numpy step code after `steps` random actions, and the arrays a step reads there (a random action
+    batch)."""
     env = make(name, num_envs=num_envs, seed=0, compile_task=False, render_images=False, **options)
     env.reset(seed=1)
     rng = np.random.default_rng(0)
     space = env.action_space
     for _ in range(steps):
         env.step(rng.uniform(space.low, space.high).astype(space.dtype))
-    return env, rng.uniform(space.low, space.high).astype(np.float64)
+    action = rng.uniform(space.low, space.high).astype(np.float64)
+    return env, StepArrays(env.frame(), action, env._live().state, env._live().warning)
 
 
 @pytest.mark.parametrize("name", TASKS)
 def test_each_task_compiles_to_its_numpy_results(name):
-    env, action = stepped(name, 11)  # 11 envs: a block of 8, then one overlapping it
+    env, example = stepped(name, 11)  # 11 envs: a block of 8, then one overlapping it
     task, frame = env.task, env.frame()
-    code = CompiledTask(task, frame, action.shape[1:])
-    assert differences(code, task, frame, action) == []
-    control = code.control(frame, action)
-    assert control.shape == (11, task.model.nu) and control.dtype == np.float64
-    np.testing.assert_allclose(control, task.control(np, frame, action), rtol=1e-9, atol=1e-12)
+    numpy = NumpyStep(task, "dense")
+    code = CompiledStep(task, "dense", example)
+    assert differences(code, numpy, example) == []  # every output, both sides of each branch
+    before = code.before(frame, example.action, example.warning)
+    assert before.ctrl.shape == (11, task.model.nu) and before.ctrl.dtype == np.float64
+    np.testing.assert_allclose(before.ctrl, task.control(np, frame, example.action), rtol=1e-9, atol=1e-12)
+    # a NaN is caught, and clipped into bounds where the numpy code catches it: no NaN reaches the controls
+    bad = example.action.copy()
+    bad[4, 0] = np.nan
+    for step in (numpy, code):
+        flagged = step.before(frame, bad, example.warning)
+        assert flagged.finite.tolist() == [i != 4 for i in range(11)] and np.isfinite(flagged.ctrl).all()
     # fewer envs than a block (padded), e.g. the envs an auto-reset observes
     for idx in (np.array([4]), np.array([0, 3, 9])):
         sub = env.frame(idx)
@@ -51,14 +61,21 @@ def test_each_task_compiles_to_its_numpy_results(name):
     env.close()
 
 
+def test_the_sparse_reward_compiles_to_its_numpy_results():
+    env, example = stepped("PushT", 8)
+    code = CompiledStep(env.task, "sparse", example)
+    assert differences(code, NumpyStep(env.task, "sparse"), example) == []
+    after = code.after(env.frame(), example.action, example.rows, example.warning, np.zeros(8, np.int64), env._steps)
+    np.testing.assert_array_equal(after.reward, after.success.astype(np.float64))
+    env.close()
+
+
 def test_a_changed_result_is_caught():
     """The check that guards the backend against a wrong kernel sees a task whose results differ."""
-    env, action = stepped("Reach", 8)
-    code = CompiledTask(env.task, env.frame(), action.shape[1:])
+    env, example = stepped("Reach", 8)
+    code = CompiledStep(env.task, "dense", example)
     other = Reach(type(env.task.config)(success_radius=0.5))  # every env a success: another reward
-    assert "success" in differences(code, other, env.frame(), action) or "reward" in differences(
-        code, other, env.frame(), action
-    )
+    assert {"success", "reward"} & set(differences(code, NumpyStep(other, "dense"), example))
     env.close()
 
 
@@ -179,7 +196,7 @@ def test_the_switch(monkeypatch):
 
 
 def test_compile_task_returns_none_for_code_it_cannot_lower():
-    env, action = stepped("Reach", 8, steps=1)
+    env, example = stepped("Reach", 8, steps=1)
     with pytest.warns(UserWarning, match="not compiled"):
-        assert compile_task(SortedReach(), env.frame(), action) is None
+        assert compile_task(SortedReach(), "dense", example) is None
     env.close()

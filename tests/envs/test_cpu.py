@@ -132,7 +132,7 @@ def test_a_reset_env_is_the_models_defaults_with_the_tasks_start():
 def test_divergence_reads_the_three_blow_up_warnings():
     import mujoco
 
-    from robotrl.envs.cpu import DIVERGED
+    from robotrl.envs.step import DIVERGED
 
     counters = list(range(int(mujoco.mjtWarning.mjNWARNING)))[DIVERGED]
     assert counters == [
@@ -142,10 +142,11 @@ def test_divergence_reads_the_three_blow_up_warnings():
     ]
 
 
-def test_a_simulation_that_blows_up_ends_its_episode_with_zero_reward():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_simulation_that_blows_up_ends_its_episode_with_zero_reward(compiled):
     """MuJoCo resets a simulation whose state blows up and warns: the env reports it as diverged, ends that episode
-    (reward 0) and starts a new one, and the other envs step on."""
-    env = make("Reach", num_envs=3, seed=0)
+    (reward 0) and starts a new one, and the other envs step on (the step's code as numpy and compiled)."""
+    env = make("Reach", num_envs=3, seed=0, compile_task=compiled)
     env.reset(seed=0)
     state = env.get_state()
     nq = env.task.model.nq
@@ -166,9 +167,10 @@ def test_torch_output():
     assert isinstance(reward, torch.Tensor) and isinstance(term, torch.Tensor)
 
 
-def test_out_of_bounds_actions_are_clipped():
-    a = make("Reach", num_envs=2, seed=0)
-    b = make("Reach", num_envs=2, seed=0)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_out_of_bounds_actions_are_clipped(compiled):
+    a = make("Reach", num_envs=2, seed=0, compile_task=compiled)
+    b = make("Reach", num_envs=2, seed=0, compile_task=compiled)
     big = np.full((2, 3), 5.0, np.float32)
     ra = rollout(a, [big] * 3)
     rb = rollout(b, [np.ones((2, 3), np.float32)] * 3)
@@ -198,8 +200,9 @@ def test_unknown_backend_and_option():
         make("Reach", action_mode="torque")
 
 
-def test_wrong_action_shape_dtype_and_nan_are_errors():
-    env = make("Reach", num_envs=2, seed=0)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_wrong_action_shape_dtype_and_nan_are_errors(compiled):
+    env = make("Reach", num_envs=2, seed=0, compile_task=compiled)
     env.reset(seed=0)
     with pytest.raises(ValueError, match=r"actions: expected shape \(2, 3\) \(num_envs, action_dim\), got \(3,\)"):
         env.step(np.zeros(3, np.float32))
@@ -215,6 +218,7 @@ def test_wrong_action_shape_dtype_and_nan_are_errors():
     with pytest.raises(ValueError):
         env.step(nan)
     np.testing.assert_array_equal(before["physics"], env.get_state()["physics"])  # a bad step changes nothing
+    assert (env._compiled is not None) == compiled
 
 
 def test_spec_mismatch_between_tasks_is_an_error():
@@ -255,9 +259,12 @@ def test_dynamics_randomization_differs_per_env_and_per_reset():
     assert env.task.model.body_mass[3] == nominal
 
 
-def test_latency_delays_commands_by_the_drawn_steps():
-    delayed = make("Reach", num_envs=2, seed=0, randomization=Randomization(latency_steps=(2, 2)))
-    plain = make("Reach", num_envs=2, seed=0)
+@pytest.mark.parametrize("compiled", [False, True])
+def test_latency_delays_commands_by_the_drawn_steps(compiled):
+    delayed = make(
+        "Reach", num_envs=2, seed=0, randomization=Randomization(latency_steps=(2, 2)), compile_task=compiled
+    )
+    plain = make("Reach", num_envs=2, seed=0, compile_task=compiled)
     up = np.zeros((2, 3), np.float32)
     up[:, 2] = 1.0
     zero = np.zeros_like(up)
