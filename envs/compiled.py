@@ -3,7 +3,9 @@
 on each side of the physics call.
 
 `CompiledStep` holds the two kernels, for any number of envs: `before` (actions -> clipped actions and actuator
-controls) and `after` (the observation, reward, success, termination, blow-up and time limit at the new state).
+controls) and `after` (the observation, reward, success, termination, blow-up and time limit at the new state), and
+a third for the task's `reset` (uniform draws -> start states), which an auto-reset calls (where the lowering does
+not cover a task's reset, e.g. PickPlace's argsort, it stays numpy).
 Their results equal the numpy code's (`NumpyStep`) to float rounding (tests/envs/test_compiled.py).
 
 Compiling a kernel takes seconds; each is cached on disk by the hash of its source and constants, under
@@ -25,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from robotrl.envs.lowering import VERSION, Lowered, lower
+from robotrl.envs.lowering import VERSION, Lowered, Unsupported, lower
 from robotrl.envs.step import NumpyStep, after_rows, before_rows
 from robotrl.envs.task import Frame, Task
 
@@ -152,6 +154,8 @@ def compile_kernel(lowered: Lowered, example: tuple[np.ndarray, ...]) -> Callabl
 
 #: rows (envs) of the block a task kernel is traced at: it runs any number of envs in blocks of these
 BLOCK = 8
+#: the rows that pad n < BLOCK envs to a block: theirs, then the last one repeated
+_PAD = {n: np.minimum(np.arange(BLOCK), n - 1) for n in range(1, BLOCK)}
 
 
 class CompiledStep(NumpyStep):
@@ -172,15 +176,28 @@ class CompiledStep(NumpyStep):
         self._before = compile_kernel(lower(before, *frame, action, warning), (*frame, action, warning))
         example_after = (*frame, action, rows, warning, counts, counts)
         self._after = compile_kernel(lower(after, *example_after), example_after)
+        draws = np.zeros((BLOCK, task.reset_dims))
+        try:  # resets are rarer than steps: where the lowering does not cover a task's reset, numpy runs it
+            if task.reset_dims > 0:  # (a reset that draws nothing has no rows for a kernel to run over)
+                self._reset = compile_kernel(lower(functools.partial(task.reset, jnp), draws), (draws,))
+        except Unsupported:
+            pass
         self._shapes = {"action": action.shape[1:], "rows": rows.shape[1:]}
         self._warning = warning[:1]
+        self._unread: dict[int, tuple[np.ndarray, ...]] = {}
 
     def observe(self, frame: Frame) -> dict[str, np.ndarray]:
-        """The numeric observations, as the numpy code's `observe` (the step's, with the rest left unread)."""
+        """The numeric observations, as the numpy code's `observe` (the step's, with the rest left unread): fewer
+        envs than a block (an auto-reset's) are padded with their last row, which the kernel computes again."""
         n = frame.qpos.shape[0]
-        zeros = {key: np.zeros((n, *shape)) for key, shape in self._shapes.items()}
-        warning, counts = np.repeat(self._warning, n, axis=0), np.zeros(n, np.int64)
-        return self.after(frame, zeros["action"], zeros["rows"], warning, counts, counts).numeric
+        rows = max(n, BLOCK)
+        padded = Frame(*(x.take(_PAD[n], axis=0) for x in frame)) if n < rows else frame
+        if rows not in self._unread:  # inputs of the after kernel whose outputs observe leaves unread: zeros
+            action, state = (np.zeros((rows, *self._shapes[key])) for key in ("action", "rows"))
+            warning, counts = np.repeat(self._warning, rows, axis=0), np.zeros(rows, np.int64)
+            self._unread[rows] = (action, state, warning, counts, counts)
+        numeric = self._after(*padded, *self._unread[rows]).numeric
+        return {key: value[:n] for key, value in numeric.items()} if n < rows else numeric
 
 
 class StepArrays(NamedTuple):
@@ -205,15 +222,18 @@ def differences(code: CompiledStep, reference: NumpyStep, example: StepArrays) -
     n = len(action)
     # envs one, two and three steps from the time limit, and every other one blown up: both sides of each branch
     steps = (reference.task.config.episode_steps - 1 - np.arange(n) % 3).astype(np.int64)
+    draws = np.random.default_rng(0).random((n, reference.task.reset_dims))
     results = []
     for step in (reference, code):
         before = step.before(frame, action, warning)
         after = step.after(frame, before.action, rows, warning, before.blowups - np.arange(n) % 2, steps)
+        start = step.reset(draws)
         results.append(
             {
                 **{f"{name}": value for name, value in before._asdict().items()},
                 **{f"observation {k!r}": v for k, v in after.numeric.items()},
                 **{name: value for name, value in after._asdict().items() if name != "numeric"},
+                **{f"reset {name}": value for name, value in start._asdict().items()},
             }
         )
     expected, actual = results

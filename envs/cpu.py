@@ -204,7 +204,8 @@ class CpuVectorEnv(RobotVectorEnv):
     # --- internals ----------------------------------------------------------------------------------
     def _reset_envs(self, idx: np.ndarray) -> None:
         task, k = self.task, len(idx)
-        start = task.reset(np, self._rng.random((k, task.reset_dims)))
+        code = self._compiled if self._compiled is not None else self._numpy  # the first reset: numpy
+        start = code.reset(self._rng.random((k, task.reset_dims)))
         u = self._rng.random((k, RANDOMIZATION_DIMS))
         batch = self._live()
         if self.randomization.changes_model:

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import mujoco
 import numpy as np
 
-from robotrl.envs.task import Frame, Task
+from robotrl.envs.task import Frame, ResetState, Task
 
 #: the warnings MuJoCo raises when a simulation blows up (and which reset that simulation's data): consecutive in
 #: mjtWarning, so a slice of the counters reads them without a gather
@@ -105,6 +105,7 @@ class NumpyStep:
         self.bounds = (spec.low_array(), spec.high_array())
         self._before: Callable[..., Before] = functools.partial(before_rows, np, task, self.bounds)
         self._after: Callable[..., After] = functools.partial(after_rows, np, task, reward_type)
+        self._reset: Callable[..., ResetState] = functools.partial(task.reset, np)
 
     def before(self, frame: Frame, action: np.ndarray, warning: np.ndarray) -> Before:
         return self._before(*frame, action, warning)
@@ -122,3 +123,7 @@ class NumpyStep:
 
     def observe(self, frame: Frame) -> dict[str, np.ndarray]:
         return self.task.observe(np, frame)
+
+    def reset(self, draws: np.ndarray) -> ResetState:
+        """The task's start states for uniform draws (k, reset_dims)."""
+        return self._reset(draws)

@@ -50,7 +50,10 @@ def test_each_task_compiles_to_its_numpy_results(name):
     for step in (numpy, code):
         flagged = step.before(frame, bad, example.warning)
         assert flagged.finite.tolist() == [i != 4 for i in range(11)] and np.isfinite(flagged.ctrl).all()
-    # fewer envs than a block (padded), e.g. the envs an auto-reset observes
+    # fewer envs than a block (padded), e.g. the envs an auto-reset starts and observes
+    draws = np.random.default_rng(3).random((3, task.reset_dims))
+    for got, want in zip(code.reset(draws), task.reset(np, draws), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     for idx in (np.array([4]), np.array([0, 3, 9])):
         sub = env.frame(idx)
         got, want = code.observe(sub), task.observe(np, sub)
