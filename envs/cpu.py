@@ -5,10 +5,9 @@ One control step is one `Batch.step` over all envs for `n_substeps` physics step
 step for the whole batch. Around it the step's code (robotrl/envs/step.py: the task's control, observation, reward and
 termination with the step's own bookkeeping, written once against an array namespace) is one native call on each
 side, compiled by numba on first use (robotrl/envs/compiled.py; `compile_task=False` or ROBOTRL_COMPILE_TASK=0 runs
-it as vectorized numpy, as a reset's draws always are). Each simulation
-keeps its whole integration state between control steps, the solver's warm start included, as one MjData stepped by
-a robot's control loop does (hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound
-fields.
+it as vectorized numpy, as the first reset always does). Each simulation keeps its whole integration state between
+control steps, the solver's warm start included, as one MjData stepped by a robot's control loop does
+(hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound fields.
 """
 
 from __future__ import annotations
@@ -105,8 +104,8 @@ class CpuVectorEnv(RobotVectorEnv):
         #: set to a dict to add up, per part of `step` ("physics", "task", "render", "bookkeeping"), the seconds it
         #: took: where a step's time goes (bench/envs.py prints it); None (the default) times nothing
         self.step_seconds: dict[str, float] | None = None
-        #: the task's control, observation and reward compiled (robotrl/envs/compiled.py), built at the first use after
-        #: a reset and checked there against the numpy code; None: the numpy code (off, or not compilable)
+        #: the step's code compiled (robotrl/envs/compiled.py), built at the first use after a reset and checked there
+        #: against the same code as numpy (`_numpy`), which runs where this is None (off, or not compilable)
         self.compile_task = compiled.enabled_by_default() if compile_task is None else compile_task
         self._compiled: compiled.CompiledStep | None = None
         self._numpy = NumpyStep(task, self.reward_type)
