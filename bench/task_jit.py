@@ -86,8 +86,9 @@ def measure(task_name: str, n: int, config: TaskJitConfig) -> dict[str, Any]:
     dispatch_jit = jax.jit(lambda q, v, s, g, a: q[:, :1])
     to_numpy = lambda tree: jax.tree.map(np.asarray, tree)  # noqa: E731  # what the backend would hand on
     before_args, after_args = (*arrays, action, warning), (*arrays, action, rows, warning, blowups, steps)
-    for fn, jitted, args in ((numpy._before, before_jit, before_args), (numpy._after, after_jit, after_args)):
-        for got, want in zip(jax.tree.leaves(to_numpy(jitted(*args))), jax.tree.leaves(fn(*args)), strict=True):
+    expected = (numpy.before(frame, action, warning), numpy.after(frame, action, rows, warning, blowups, steps))
+    for want_tree, jitted, args in zip(expected, (before_jit, after_jit), (before_args, after_args), strict=True):
+        for got, want in zip(jax.tree.leaves(to_numpy(jitted(*args))), jax.tree.leaves(want_tree), strict=True):
             np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-5)
 
     with tempfile.TemporaryDirectory() as cache:  # an empty kernel cache: the first build compiles

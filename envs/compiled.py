@@ -94,7 +94,7 @@ def _solve_kernel() -> Any:
 def compile_kernel(lowered: Lowered, example: tuple[np.ndarray, ...]) -> Callable[..., Any]:
     """The generated kernel compiled by numba for arrays of the example's dtypes and ranks (any rows, any strides),
     from the disk cache when this machine compiled it before, as a function of such arrays that returns the traced
-    function's pytree. Fewer rows than a block are padded with copies of the first row."""
+    function's pytree. Fewer rows than a block are padded with copies of the last row."""
     import jax
     import numba
 
@@ -146,16 +146,20 @@ def compile_kernel(lowered: Lowered, example: tuple[np.ndarray, ...]) -> Callabl
         n = arrays[0].shape[0]
         if n >= rows:
             return jax.tree.unflatten(treedef, kernel(*arrays))
-        padded = [np.concatenate([x, np.repeat(x[:1], rows - n, axis=0)]) for x in arrays]
-        return jax.tree.unflatten(treedef, [out[:n] for out in kernel(*padded)])
+        index = _padding(rows, n)
+        return jax.tree.unflatten(treedef, [out[:n] for out in kernel(*(x.take(index, axis=0) for x in arrays))])
 
     return call
 
 
+@functools.cache
+def _padding(rows: int, n: int) -> np.ndarray:
+    """The rows that pad n < rows to a block of rows: theirs, then the last one repeated."""
+    return np.minimum(np.arange(rows), n - 1)
+
+
 #: rows (envs) of the block a task kernel is traced at: it runs any number of envs in blocks of these
 BLOCK = 8
-#: the rows that pad n < BLOCK envs to a block: theirs, then the last one repeated
-_PAD = {n: np.minimum(np.arange(BLOCK), n - 1) for n in range(1, BLOCK)}
 
 
 class CompiledStep(NumpyStep):
@@ -168,8 +172,8 @@ class CompiledStep(NumpyStep):
         import jax.numpy as jnp
 
         super().__init__(task, reward_type)
-        frame = tuple(_block(x) for x in example.frame)
-        action, rows, warning = _block(example.action), _block(example.rows), _block(example.warning)
+        frame = tuple(_zeros(x, BLOCK) for x in example.frame)
+        action, rows, warning = (_zeros(x, BLOCK) for x in example[1:])
         counts = np.zeros(BLOCK, np.int64)
         before = functools.partial(before_rows, jnp, task, self.bounds)
         after = functools.partial(after_rows, jnp, task, reward_type)
@@ -182,22 +186,16 @@ class CompiledStep(NumpyStep):
                 self._reset = compile_kernel(lower(functools.partial(task.reset, jnp), draws), (draws,))
         except Unsupported:
             pass
-        self._shapes = {"action": action.shape[1:], "rows": rows.shape[1:]}
-        self._warning = warning[:1]
-        self._unread: dict[int, tuple[np.ndarray, ...]] = {}
+        #: zeros for the after kernel's inputs that `observe` leaves unread, by rows (at least a block's)
+        self._unread = {BLOCK: example_after[4:]}
 
     def observe(self, frame: Frame) -> dict[str, np.ndarray]:
-        """The numeric observations, as the numpy code's `observe` (the step's, with the rest left unread): fewer
-        envs than a block (an auto-reset's) are padded with their last row, which the kernel computes again."""
+        """The numeric observations, as the numpy code's `observe` (the step's, with the rest left unread)."""
         n = frame.qpos.shape[0]
-        rows = max(n, BLOCK)
-        padded = Frame(*(x.take(_PAD[n], axis=0) for x in frame)) if n < rows else frame
-        if rows not in self._unread:  # inputs of the after kernel whose outputs observe leaves unread: zeros
-            action, state = (np.zeros((rows, *self._shapes[key])) for key in ("action", "rows"))
-            warning, counts = np.repeat(self._warning, rows, axis=0), np.zeros(rows, np.int64)
-            self._unread[rows] = (action, state, warning, counts, counts)
-        numeric = self._after(*padded, *self._unread[rows]).numeric
-        return {key: value[:n] for key, value in numeric.items()} if n < rows else numeric
+        size = max(n, BLOCK)
+        if size not in self._unread:
+            self._unread[size] = tuple(_zeros(x, size) for x in self._unread[BLOCK])
+        return self._after(*frame, *(x[:n] for x in self._unread[size])).numeric
 
 
 class StepArrays(NamedTuple):
@@ -209,9 +207,9 @@ class StepArrays(NamedTuple):
     warning: np.ndarray  # the simulations' warning counters
 
 
-def _block(x: np.ndarray) -> np.ndarray:
-    """Zeros of a block of rows of x's dtype and trailing shape: the shapes a kernel is traced at."""
-    return np.zeros((BLOCK, *np.shape(x)[1:]), np.asarray(x).dtype)
+def _zeros(x: np.ndarray, rows: int) -> np.ndarray:
+    """Zeros of `rows` rows of x's dtype and trailing shape (at a block's rows: the shapes a kernel is traced at)."""
+    return np.zeros((rows, *np.shape(x)[1:]), np.asarray(x).dtype)
 
 
 def differences(code: CompiledStep, reference: NumpyStep, example: StepArrays) -> list[str]:
@@ -230,7 +228,7 @@ def differences(code: CompiledStep, reference: NumpyStep, example: StepArrays) -
         start = step.reset(draws)
         results.append(
             {
-                **{f"{name}": value for name, value in before._asdict().items()},
+                **before._asdict(),
                 **{f"observation {k!r}": v for k, v in after.numeric.items()},
                 **{name: value for name, value in after._asdict().items() if name != "numeric"},
                 **{f"reset {name}": value for name, value in start._asdict().items()},
