@@ -5,9 +5,11 @@ Prints one JSON line per (task, num_envs):
   cpu_steps_per_s      `robotrl.envs.make(task, num_envs=N)` stepping random actions (env steps/s, all envs)
   async_steps_per_s    `gymnasium.vector.AsyncVectorEnv` over N single-env `RobotEnv`s (one process each)
   ceiling_steps_per_s  the same model, N, threads and physics substeps per env step in ONE `mujoco.rollout`
-                       call: the physics alone, no Python in the loop
+                       call per chunk of steps: the physics alone, no Python in the loop
   vs_async             cpu / async (goal >= 3)
-  fraction_of_ceiling  cpu / ceiling (goals: >= 0.85 at 32 envs, >= 0.7 at 8)
+  fraction_of_ceiling  the median over `--rounds` chunks of the ceiling's seconds over the backend's for the same
+                       steps, timed in turn (goals: >= 0.85 at 32 envs, >= 0.7 at 8)
+  fraction_range       the lowest and highest chunk's: how far the machine moved the measurement
   ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`), ms per call:
                        physics (the `Batch.step` call), task (the step's code on both sides of it: the task's
                        control, observation, reward and termination with the action checks, blow-ups and time limit,
@@ -58,6 +60,8 @@ class BenchConfig:
     num_envs: tuple[int, ...] = (2, 8, 32)
     seconds: float = 1.0
     """timed seconds per measurement (after a short warm-up)"""
+    rounds: int = 8
+    """chunks the timed steps are cut into: the CPU backend and its ceiling timed in turn over each chunk's steps"""
     skip_async: bool = False
     """skip AsyncVectorEnv (it starts one process per env)"""
     images: bool = False
@@ -99,16 +103,6 @@ def timed_steps(env: Any, config: BenchConfig) -> tuple[int, float, dict[str, fl
     return calls, elapsed, {k: round(1e3 * v / calls, 4) for k, v in sorted(parts.items())}
 
 
-def bench_cpu(task: str, n: int, config: BenchConfig) -> tuple[float, int, dict[str, float]]:
-    """(env steps/s, control steps timed, ms per control step by part of the step)."""
-    from robotrl.envs import make
-
-    env = make(task, num_envs=n, seed=config.seed, render_images=False)
-    calls, elapsed, split = timed_steps(env, config)
-    env.close()
-    return n * calls / elapsed, calls, split
-
-
 def bench_async(task: str, n: int, config: BenchConfig) -> float:
     import gymnasium as gym
 
@@ -128,52 +122,94 @@ def bench_async(task: str, n: int, config: BenchConfig) -> float:
     return n * calls / elapsed
 
 
-def bench_ceiling(task: str, n: int, config: BenchConfig, steps: int) -> float:
-    """Physics only: the controls the backend computed for `steps` random-action steps, replayed open-loop in
-    one `mujoco.rollout` call with the same substeps and per-substep outputs, on the calling thread and on a
-    pool of all cores: the faster of the two is the ceiling, whichever the backend picked."""
+@dataclass
+class Paired:
+    """The CPU backend against its ceiling, chunk by chunk (`bench_paired`)."""
+
+    cpu_steps_per_s: float  # env steps/s over all chunks
+    ceiling_steps_per_s: float
+    fractions: list[float]  # each chunk's ceiling seconds over the backend's
+    split: dict[str, float]  # ms per control step by part of the step, over all chunks
+
+
+def bench_paired(task: str, n: int, config: BenchConfig) -> Paired:
+    """The CPU backend stepping random actions, and its ceiling, timed in alternating chunks of the same steps.
+
+    A twin env (same seed and actions, so the same trajectory, auto-resets included) first records each chunk's start
+    state and the controls of its steps. Then, `config.rounds` times: the backend steps one chunk, and one
+    `mujoco.rollout` call replays that chunk's controls from its start state with the same substeps and per-substep
+    outputs, on the calling thread and on a pool of all cores (the faster is the ceiling, whichever the backend
+    picked). Each chunk's fraction compares the two over the same steps moments apart, so that a machine whose speed
+    drifts moves both sides of it."""
     import mujoco
     import mujoco.rollout
 
     from robotrl.envs import make
 
-    env = make(task, num_envs=n, seed=config.seed, render_images=False)
-    env.reset(seed=config.seed)
-    initial = env.get_state()["physics"]
+    env, twin = (make(task, num_envs=n, seed=config.seed, render_images=False) for _ in range(2))
     actions = random_actions(env.action_space, 64, config.seed)
     bounds = env.single_action_space
     assert isinstance(bounds, Box)  # a task's actions are a Box
-    ctrl = []
-    for i in range(steps):  # the same control path as the timed run, recorded through the public API
-        a = np.clip(actions[i % 64], bounds.low, bounds.high).astype(np.float64)
-        ctrl.append(np.asarray(env.task.control(np, env.frame(), a)))
+    warmup = 8
+    for e in (env, twin):
+        e.reset(seed=config.seed)
+    start = time.perf_counter()
+    for i in range(warmup):  # both, so that they stay on one trajectory; the backend's warm-up times a step
         env.step(actions[i % 64])
+        twin.step(actions[i % 64])
+    per_step = (time.perf_counter() - start) / warmup / 2
+    rounds = max(config.rounds, 1)
+    chunk = max(8, int(config.seconds / rounds / per_step))
     model, nsub = env.task.model, env.task.n_substeps
-    env.close()
-    controls = np.repeat(np.stack(ctrl, axis=1), nsub, axis=1)  # (n, steps * nsub, nu), held for nsub substeps
-    nstep = controls.shape[1]
+    starts, controls = [], []
+    for r in range(rounds):
+        starts.append(twin.get_state()["physics"])
+        ctrl = []
+        for i in range(warmup + r * chunk, warmup + (r + 1) * chunk):
+            a = np.clip(actions[i % 64], bounds.low, bounds.high).astype(np.float64)
+            ctrl.append(np.asarray(twin.task.control(np, twin.frame(), a)))
+            twin.step(actions[i % 64])
+        controls.append(np.repeat(np.stack(ctrl, axis=1), nsub, axis=1))  # (n, chunk * nsub, nu), held nsub substeps
+    twin.close()
+    nstep = chunk * nsub
     # outputs allocated and paged in before timing, as the backend's are
     out_state = np.ones((n, nstep, mujoco.mj_stateSize(model, int(mujoco.mjtState.mjSTATE_FULLPHYSICS))))
     out_sens = np.ones((n, nstep, model.nsensordata))
-    best = float("inf")
-    for threads in sorted({1, min(os.cpu_count() or 1, n)}):
-        pool = mujoco.rollout.Rollout(nthread=threads if threads > 1 else 0)
-        datas = [mujoco.MjData(model) for _ in range(threads)]
-        start = time.perf_counter()
-        pool.rollout(
-            [model] * n,
-            datas,
-            initial,
-            controls,
-            skip_checks=True,
-            nstep=nstep,
-            control_spec=int(mujoco.mjtState.mjSTATE_CTRL),
-            state=out_state,
-            sensordata=out_sens,
-        )
-        best = min(best, time.perf_counter() - start)
-        pool.close()
-    return n * steps / best
+    pools = {t: mujoco.rollout.Rollout(nthread=t if t > 1 else 0) for t in sorted({1, min(os.cpu_count() or 1, n)})}
+    datas = {t: [mujoco.MjData(model) for _ in range(t)] for t in pools}
+    parts: dict[str, float] = {}
+    env.step_seconds = parts
+    cpu_seconds, ceiling_seconds, fractions = 0.0, 0.0, []
+    try:
+        for r in range(rounds):
+            start = time.perf_counter()
+            for i in range(warmup + r * chunk, warmup + (r + 1) * chunk):
+                env.step(actions[i % 64])
+            stepped = time.perf_counter() - start
+            best = float("inf")
+            for t, pool in pools.items():
+                start = time.perf_counter()
+                pool.rollout(
+                    [model] * n,
+                    datas[t],
+                    starts[r],
+                    controls[r],
+                    skip_checks=True,
+                    nstep=nstep,
+                    control_spec=int(mujoco.mjtState.mjSTATE_CTRL),
+                    state=out_state,
+                    sensordata=out_sens,
+                )
+                best = min(best, time.perf_counter() - start)
+            cpu_seconds, ceiling_seconds = cpu_seconds + stepped, ceiling_seconds + best
+            fractions.append(best / stepped)
+    finally:
+        env.close()
+        for pool in pools.values():
+            pool.close()
+    steps = rounds * chunk
+    split = {k: round(1e3 * v / steps, 4) for k, v in sorted(parts.items())}
+    return Paired(n * steps / cpu_seconds, n * steps / ceiling_seconds, fractions, split)
 
 
 def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float) -> dict[str, Any] | None:
@@ -287,15 +323,16 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
     records = []
     for task in tasks:
         for n in config.num_envs:
-            cpu, steps, split = bench_cpu(task, n, config)
-            ceiling = bench_ceiling(task, n, config, max(steps, 8))
+            paired = bench_paired(task, n, config)
+            cpu, ceiling, split = paired.cpu_steps_per_s, paired.ceiling_steps_per_s, paired.split
             rec: dict[str, Any] = {
                 "bench": "envs",
                 "task": task,
                 "num_envs": n,
                 "cpu_steps_per_s": round(cpu, 1),
                 "ceiling_steps_per_s": round(ceiling, 1),
-                "fraction_of_ceiling": round(cpu / ceiling, 3),
+                "fraction_of_ceiling": round(float(np.median(paired.fractions)), 3),
+                "fraction_range": [round(min(paired.fractions), 3), round(max(paired.fractions), 3)],
                 "fraction_without_task": round(1e3 * n / ceiling / (split["physics"] + split["bookkeeping"]), 3),
                 "ms_per_step": split,
             }

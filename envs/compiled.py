@@ -192,10 +192,13 @@ class CompiledStep(NumpyStep):
     def observe(self, frame: Frame) -> dict[str, np.ndarray]:
         """The numeric observations, as the numpy code's `observe` (the step's, with the rest left unread)."""
         n = frame.qpos.shape[0]
-        size = max(n, BLOCK)
-        if size not in self._unread:
-            self._unread[size] = tuple(_zeros(x, size) for x in self._unread[BLOCK])
-        return self._after(*frame, *(x[:n] for x in self._unread[size])).numeric
+        if n < BLOCK:  # the frame padded to a block here, so that the unread zeros need no padding
+            index = _padding(BLOCK, n)
+            padded = self._after(*(x.take(index, axis=0) for x in frame), *self._unread[BLOCK]).numeric
+            return {key: value[:n] for key, value in padded.items()}
+        if n not in self._unread:
+            self._unread[n] = tuple(_zeros(x, n) for x in self._unread[BLOCK])
+        return self._after(*frame, *self._unread[n]).numeric
 
 
 class StepArrays(NamedTuple):

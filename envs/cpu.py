@@ -213,8 +213,9 @@ class CpuVectorEnv(RobotVectorEnv):
                 for name, values in fields.items():
                     getattr(self._models[i], name)[:] = values[j]
             batch.set_models(self._models)
-        self._latency[idx] = sample_latency(np, self.randomization, u[:, 4])
-        self._history[idx] = 0.0
+        if self.randomization.max_latency > 0:  # (u is drawn either way: the stream of reset states stays one)
+            self._latency[idx] = sample_latency(np, self.randomization, u[:, 4])
+            self._history[idx] = 0.0
         self._camera_jitter[idx] = self.randomization.camera_pos * (
             2.0 * self._rng.random((k, *self._camera_jitter.shape[1:])) - 1.0
         )
@@ -251,6 +252,8 @@ class CpuVectorEnv(RobotVectorEnv):
                     obs[key] = (value + self.randomization.obs_noise * self._rng.standard_normal(value.shape)).astype(
                         value.dtype
                     )
+        if not (self._render_images or self._instructions):
+            return obs
         ids = np.arange(self.num_envs) if idx is None else idx
         if self._render_images:
             clock.lap("bookkeeping")
