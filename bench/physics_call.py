@@ -45,27 +45,19 @@ class PhysicsCallConfig:
     seed: int = 0
 
 
-def recorded_controls(task: str, n: int, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def replayed(task: str, n: int, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(start qpos, start qvel, controls (steps, n, nu), substeps) of `steps` random-action steps of the CPU
-    backend, the controls computed as its step computes them."""
-    from gymnasium.spaces import Box
-
+    backend."""
     from robotrl.envs import make
-    from robotrl.envs.benchmark import random_actions
+    from robotrl.envs.benchmark import random_actions, recorded_controls
 
     env = make(task, num_envs=n, seed=seed, render_images=False)
     env.reset(seed=seed)
-    bounds = env.single_action_space
-    assert isinstance(bounds, Box)  # a task's actions are a Box
     qpos, qvel = env.frame().qpos.copy(), env.frame().qvel.copy()
-    controls = []
-    for a in random_actions(env.action_space, steps, seed):
-        clipped = np.clip(a, bounds.low, bounds.high).astype(np.float64)
-        controls.append(np.asarray(env.task.control(np, env.frame(), clipped)))
-        env.step(a)
+    controls = recorded_controls(env, random_actions(env.action_space, steps, seed))
     nsub = env.task.n_substeps
     env.close()
-    return qpos, qvel, np.stack(controls), nsub
+    return qpos, qvel, controls, nsub
 
 
 def measure(task: str, n: int, threads: int, config: PhysicsCallConfig) -> dict[str, Any]:
@@ -73,7 +65,7 @@ def measure(task: str, n: int, threads: int, config: PhysicsCallConfig) -> dict[
 
     from robotrl.envs import make
 
-    qpos, qvel, controls, nsub = recorded_controls(task, n, config.steps, config.seed)
+    qpos, qvel, controls, nsub = replayed(task, n, config.steps, config.seed)
     model = make(task, num_envs=1, seed=config.seed, render_images=False).task.model
     batch = Batch(model, n, nthread=threads)
     batch.bind("sensordata")  # as the backend: an output copied after every call

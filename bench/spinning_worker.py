@@ -54,6 +54,13 @@ class _Config(ctypes.Structure):  # mjBatchConfig
     _fields_ = [("nthread", ctypes.c_int), ("persistent", ctypes.c_ubyte)]
 
 
+# the C API's prototypes (mujoco/include/mujoco/mjbatch.h)
+_lib.mjb_makeBatch.argtypes = [_u64, ctypes.c_int, ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_int]
+_lib.mjb_makeBatch.restype = _lib.mjb_state.restype = _lib.mjb_stateComponent.restype = ctypes.c_void_p
+_lib.mjb_state.argtypes = _lib.mjb_nstate.argtypes = _lib.mjb_deleteBatch.argtypes = [_u64]
+_lib.mjb_stateComponent.argtypes = [_u64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+
+
 @njit(nogil=True)
 def _load(flag: np.ndarray, local: np.ndarray) -> int:
     _memcpy(local.ctypes.data, flag.ctypes.data, 8)
@@ -84,12 +91,6 @@ class CBatch:
     """A batch of MuJoCo's C API with one thread (the caller's): its state rows and a state component's view."""
 
     def __init__(self, model: mujoco.MjModel, n: int) -> None:
-        _lib.mjb_makeBatch.restype = ctypes.c_void_p
-        _lib.mjb_makeBatch.argtypes = [_u64, ctypes.c_int, ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_int]
-        for name in ("mjb_state", "mjb_stateComponent"):
-            getattr(_lib, name).restype = ctypes.c_void_p
-        _lib.mjb_state.argtypes = _lib.mjb_nstate.argtypes = _lib.mjb_deleteBatch.argtypes = [_u64]
-        _lib.mjb_stateComponent.argtypes = [_u64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         self.model = model  # the batch copied it; kept for its lifetime all the same
         self.ptr = int(_lib.mjb_makeBatch(model._address, n, ctypes.byref(_Config(1, 0)), None, 0))
         rows = ctypes.cast(_lib.mjb_state(self.ptr), ctypes.POINTER(ctypes.c_double))
@@ -111,11 +112,11 @@ def _busy(seconds: float) -> None:
 
 
 def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dict[str, Any]:
-    from physics_call import best_of, record, recorded_controls
+    from physics_call import best_of, record, replayed
 
     from robotrl.envs import make
 
-    qpos, qvel, controls, nsub = recorded_controls(task, n, config.steps, config.seed)
+    qpos, qvel, controls, nsub = replayed(task, n, config.steps, config.seed)
     model = make(task, num_envs=1, seed=config.seed, render_images=False).task.model
     half, gap = n // 2, 1e-6 * gap_us
     pool = Batch(model, n, nthread=2)

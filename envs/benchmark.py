@@ -122,6 +122,19 @@ def bench_async(task: str, n: int, config: BenchConfig) -> float:
     return n * calls / elapsed
 
 
+def recorded_controls(env: Any, actions: np.ndarray) -> np.ndarray:
+    """Step a CPU-backend env through `actions` (steps, n, *action); the controls (steps, n, nu) each step ran, as its
+    step computes them (the actions clipped to their bounds, then the task's control)."""
+    bounds = env.single_action_space
+    assert isinstance(bounds, Box)  # a task's actions are a Box
+    controls = []
+    for a in actions:
+        clipped = np.clip(a, bounds.low, bounds.high).astype(np.float64)
+        controls.append(np.asarray(env.task.control(np, env.frame(), clipped)))
+        env.step(a)
+    return np.stack(controls)
+
+
 @dataclass
 class Paired:
     """The CPU backend against its ceiling, chunk by chunk (`bench_paired`)."""
@@ -148,8 +161,6 @@ def bench_paired(task: str, n: int, config: BenchConfig) -> Paired:
 
     env, twin = (make(task, num_envs=n, seed=config.seed, render_images=False) for _ in range(2))
     actions = random_actions(env.action_space, 64, config.seed)
-    bounds = env.single_action_space
-    assert isinstance(bounds, Box)  # a task's actions are a Box
     warmup = 8
     for e in (env, twin):
         e.reset(seed=config.seed)
@@ -164,12 +175,8 @@ def bench_paired(task: str, n: int, config: BenchConfig) -> Paired:
     starts, controls = [], []
     for r in range(rounds):
         starts.append(twin.get_state()["physics"])
-        ctrl = []
-        for i in range(warmup + r * chunk, warmup + (r + 1) * chunk):
-            a = np.clip(actions[i % 64], bounds.low, bounds.high).astype(np.float64)
-            ctrl.append(np.asarray(twin.task.control(np, twin.frame(), a)))
-            twin.step(actions[i % 64])
-        controls.append(np.repeat(np.stack(ctrl, axis=1), nsub, axis=1))  # (n, chunk * nsub, nu), held nsub substeps
+        ctrl = recorded_controls(twin, actions[np.arange(warmup + r * chunk, warmup + (r + 1) * chunk) % 64])
+        controls.append(np.repeat(ctrl.transpose(1, 0, 2), nsub, axis=1))  # (n, chunk * nsub, nu), held nsub substeps
     twin.close()
     nstep = chunk * nsub
     # outputs allocated and paged in before timing, as the backend's are

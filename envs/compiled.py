@@ -93,8 +93,9 @@ def _solve_kernel() -> Any:
 
 def compile_kernel(lowered: Lowered, example: tuple[np.ndarray, ...]) -> Callable[..., Any]:
     """The generated kernel compiled by numba for arrays of the example's dtypes and ranks (any rows, any strides),
-    from the disk cache when this machine compiled it before, as a function of such arrays that returns the traced
-    function's pytree. Fewer rows than a block are padded with copies of the last row."""
+        from the disk cache when this machine compiled it before, as a function of such arrays that returns the traced
+        function's pytree. An array of fewer rows than a block is padded with copies of its last row; the outputs keep the
+    first array's rows (the envs')."""
     import jax
     import numba
 
@@ -146,8 +147,9 @@ def compile_kernel(lowered: Lowered, example: tuple[np.ndarray, ...]) -> Callabl
         n = arrays[0].shape[0]
         if n >= rows:
             return jax.tree.unflatten(treedef, kernel(*arrays))
-        index = _padding(rows, n)
-        return jax.tree.unflatten(treedef, [out[:n] for out in kernel(*(x.take(index, axis=0) for x in arrays))])
+        index = _padding(rows, n)  # arrays of a block's rows already (e.g. unread zeros) go as they are
+        padded = (x if len(x) >= rows else x.take(index, axis=0) for x in arrays)
+        return jax.tree.unflatten(treedef, [out[:n] for out in kernel(*padded)])
 
     return call
 
@@ -191,14 +193,10 @@ class CompiledStep(NumpyStep):
 
     def observe(self, frame: Frame) -> dict[str, np.ndarray]:
         """The numeric observations, as the numpy code's `observe` (the step's, with the rest left unread)."""
-        n = frame.qpos.shape[0]
-        if n < BLOCK:  # the frame padded to a block here, so that the unread zeros need no padding
-            index = _padding(BLOCK, n)
-            padded = self._after(*(x.take(index, axis=0) for x in frame), *self._unread[BLOCK]).numeric
-            return {key: value[:n] for key, value in padded.items()}
-        if n not in self._unread:
-            self._unread[n] = tuple(_zeros(x, n) for x in self._unread[BLOCK])
-        return self._after(*frame, *self._unread[n]).numeric
+        size = max(frame.qpos.shape[0], BLOCK)  # fewer envs than a block: the kernel pads the frame alone
+        if size not in self._unread:
+            self._unread[size] = tuple(_zeros(x, size) for x in self._unread[BLOCK])
+        return self._after(*frame, *self._unread[size]).numeric
 
 
 class StepArrays(NamedTuple):
