@@ -93,9 +93,9 @@ def _solve_kernel() -> Any:
 
 def compile_kernel(lowered: Lowered, example: tuple[np.ndarray, ...]) -> Callable[..., Any]:
     """The generated kernel compiled by numba for arrays of the example's dtypes and ranks (any rows, any strides),
-        from the disk cache when this machine compiled it before, as a function of such arrays that returns the traced
-        function's pytree. An array of fewer rows than a block is padded with copies of its last row; the outputs keep the
-    first array's rows (the envs')."""
+    from the disk cache when this machine compiled it before, as a function of such arrays that returns the traced
+    function's pytree. An array of fewer rows than a block is padded with copies of its last row; the outputs keep
+    the first array's rows (the envs')."""
     import jax
     import numba
 
