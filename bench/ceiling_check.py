@@ -21,22 +21,17 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 import tyro
-from physics_call import best_of, record
+from physics_call import Cases, best_of, each_case, record
 
 
 @dataclass
-class CeilingCheckConfig:
-    tasks: tuple[str, ...] = ("PushT", "Quadruped", "Reach", "PickPlace")
-    num_envs: tuple[int, ...] = (8, 32)
-    threads: tuple[int, ...] = (1, 2)
+class CeilingCheckConfig(Cases):
     steps: int = 400
     """control steps in the chunk"""
     piece: int = 16
@@ -170,11 +165,7 @@ def measure(task: str, n: int, threads: int, config: CeilingCheckConfig) -> dict
 def main(config: CeilingCheckConfig) -> None:
     if config.piece < 1 or config.piece & (config.piece - 1):
         raise SystemExit(f"--piece: expected a power of two, got {config.piece}")
-    for task in config.tasks:
-        for n in config.num_envs:
-            for threads in config.threads:
-                if threads <= (os.cpu_count() or 1):
-                    print(json.dumps(measure(task, n, threads, config)), flush=True)
+    each_case(config, measure)
 
 
 if __name__ == "__main__":

@@ -25,17 +25,26 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import tyro
 
+C = TypeVar("C", bound="Cases")
+
 
 @dataclass
-class PhysicsCallConfig:
+class Cases:
+    """The cases a physics bench measures: every task, number of envs and thread count (those above this machine's
+    cores left out)."""
+
     tasks: tuple[str, ...] = ("PushT", "Quadruped", "Reach", "PickPlace")
     num_envs: tuple[int, ...] = (8, 32)
     threads: tuple[int, ...] = (1, 2)
+
+
+@dataclass
+class PhysicsCallConfig(Cases):
     steps: int = 300
     """control steps replayed"""
     gaps_us: tuple[int, ...] = (0, 100)
@@ -122,12 +131,17 @@ def record(bench: str, task: str, n: int, **fields: Any) -> dict[str, Any]:
     return {"bench": bench, "task": task, "num_envs": n, **fields}
 
 
-def main(config: PhysicsCallConfig) -> None:
+def each_case(config: C, measure: Callable[[str, int, int, C], dict[str, Any]]) -> None:
+    """Print `measure(task, n, threads, config)` as a JSON line for each of `config`'s cases."""
     for task in config.tasks:
         for n in config.num_envs:
             for threads in config.threads:
                 if threads <= (os.cpu_count() or 1):
                     print(json.dumps(measure(task, n, threads, config)), flush=True)
+
+
+def main(config: PhysicsCallConfig) -> None:
+    each_case(config, measure)
 
 
 if __name__ == "__main__":
