@@ -60,12 +60,13 @@ def recorded_chunk(task: str, n: int, steps: int, seed: int) -> tuple[Any, Chunk
     actions = random_actions(env.action_space, steps + 8, seed)
     recorded_controls(env, actions[:8])
     states, warmstarts, controls, reset = [], [], [], []
+    state = env.get_state()
     for a in actions[8:]:
-        state = env.get_state()
         states.append(state["physics"])
         warmstarts.append(state["warmstart"])
         controls.append(recorded_controls(env, a[None])[0])
-        reset.append(env.get_state()["steps"] == 0)
+        state = env.get_state()  # the next step's start: its step counter is 0 where this step ended an episode
+        reset.append(state["steps"] == 0)
     model, nsub = env.task.model, env.task.n_substeps
     env.close()
     return model, Chunk(*(np.stack(x) for x in (states, warmstarts, controls, reset)), substeps=nsub)

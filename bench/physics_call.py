@@ -90,10 +90,8 @@ def measure(task: str, n: int, threads: int, config: PhysicsCallConfig) -> dict[
             ctrl[:] = u
             begin = time.perf_counter()
             batch.step(nstep=nsub)
-            end = time.perf_counter()
-            seconds += end - begin
-            while time.perf_counter() - end < gap:  # busy, as the step's code keeps the calling thread
-                pass
+            seconds += time.perf_counter() - begin
+            busy(gap)
         return seconds
 
     def rolled() -> float:
@@ -125,6 +123,13 @@ def best_of(runs: dict[str, Callable[[], float]], repeats: int) -> dict[str, flo
         for name, run in runs.items():
             best[name] = min(best[name], run())
     return best
+
+
+def busy(seconds: float) -> None:
+    """Keep the calling thread busy (not asleep) for `seconds`, as the step's code keeps it between physics calls."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def record(bench: str, task: str, n: int, **fields: Any) -> dict[str, Any]:

@@ -105,14 +105,8 @@ class CBatch:
         _lib.mjb_deleteBatch(self.ptr)
 
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dict[str, Any]:
-    from physics_call import best_of, record, replayed
+    from physics_call import best_of, busy, record, replayed
 
     from robotrl.envs import make
 
@@ -138,7 +132,7 @@ def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dic
             begin = time.perf_counter()
             pool.step(nstep=nsub)
             seconds += time.perf_counter() - begin
-            _busy(gap)
+            busy(gap)
         return seconds
 
     def spinning() -> float:
@@ -155,7 +149,7 @@ def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dic
             caller.step(nstep=nsub)
             _wait(flag)
             seconds += time.perf_counter() - begin
-            _busy(gap)
+            busy(gap)
         flag[0] = 2  # the worker returns: it spins no more while the pool is timed
         worker.join()
         return seconds
