@@ -13,6 +13,7 @@ control steps, the solver's warm start included, as one MjData stepped by a robo
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 from typing import Any
@@ -204,8 +205,8 @@ class CpuVectorEnv(RobotVectorEnv):
     def _reset_envs(self, idx: np.ndarray) -> None:
         task, k = self.task, len(idx)
         code = self._compiled if self._compiled is not None else self._numpy  # the first reset: numpy
-        start = code.reset(self._rng.random((k, task.reset_dims)))
-        u = self._rng.random((k, RANDOMIZATION_DIMS))
+        draws, u, jitter, light = self._draws(k)
+        start = code.reset(draws)
         batch = self._live()
         if self.randomization.changes_model:
             fields = sample_model_fields(np, self.randomization, self._nominal, u)
@@ -216,10 +217,10 @@ class CpuVectorEnv(RobotVectorEnv):
         if self.randomization.max_latency > 0:  # (u is drawn either way: the stream of reset states stays one)
             self._latency[idx] = sample_latency(np, self.randomization, u[:, 4])
             self._history[idx] = 0.0
-        self._camera_jitter[idx] = self.randomization.camera_pos * (
-            2.0 * self._rng.random((k, *self._camera_jitter.shape[1:])) - 1.0
-        )
-        self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * self._rng.random(k) - 1.0)
+        if self.randomization.camera_pos > 0:  # (off, the jitter stays zero and the scale one)
+            self._camera_jitter[idx] = self.randomization.camera_pos * (2.0 * jitter - 1.0)
+        if self.randomization.light > 0:
+            self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * light - 1.0)
         if self._reset_row is None:
             batch.reset(idx, stage=mujoco.mjtStage.mjSTAGE_NONE)  # the model's defaults: at rest, time 0, cold solver
         else:
@@ -234,6 +235,20 @@ class CpuVectorEnv(RobotVectorEnv):
             self._mocap = task.mocap(np, self._goal)
         else:  # only the reset envs' goals moved
             self._mocap[0][idx], self._mocap[1][idx] = task.mocap(np, self._goal[idx])  # type: ignore[misc]
+
+    def _draws(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The uniform draws of k envs' resets: the task's start states (k, reset_dims), the randomization's (k,
+        RANDOMIZATION_DIMS), the camera jitter (k, cameras, 3) and the light (k,). One call to the generator, whose
+        stream is the same as one call per part in turn; every part is drawn whether its randomization is on or not,
+        so that the reset states of a seed do not depend on it."""
+        shapes = ((k, self.task.reset_dims), (k, RANDOMIZATION_DIMS), (k, *self._camera_jitter.shape[1:]), (k,))
+        flat = self._rng.random(sum(math.prod(shape) for shape in shapes))
+        parts, at = [], 0
+        for shape in shapes:
+            size = math.prod(shape)
+            parts.append(flat[at : at + size].reshape(shape))
+            at += size
+        return parts[0], parts[1], parts[2], parts[3]
 
     def _observe(
         self, idx: np.ndarray | None = None, clock: _Clock | None = None, numeric: dict[str, Any] | None = None

@@ -259,6 +259,28 @@ def test_dynamics_randomization_differs_per_env_and_per_reset():
     assert env.task.model.body_mass[3] == nominal
 
 
+def test_a_seeds_reset_states_do_not_depend_on_the_randomization():
+    """Every reset draws the randomization's uniforms whether it is on or not: the same seed starts the same episodes
+    with and without the looks' jitter, through auto-resets too; the camera and light stay nominal when it is off."""
+    looks = Randomization(camera_pos=0.02, light=0.3)
+    on = make("Quadruped", num_envs=4, seed=0, render_images=False, randomization=looks)
+    off = make("Quadruped", num_envs=4, seed=0, render_images=False)
+    on.reset(seed=3), off.reset(seed=3)
+    starts = {id(on): [], id(off): []}
+    for env in (on, off):
+        env.set_state({**env.get_state(), "physics": env.get_state()["physics"][[0]].repeat(4, axis=0)})
+        toppling = np.full((40, 4, 12), 1.0, np.float32)  # every leg at its limit: the trunk falls and resets
+        toppling[:, :, ::2] = -1.0
+        for a in toppling:
+            *_, term, trunc, _ = env.step(a)
+            done = np.nonzero(term | trunc)[0]
+            starts[id(env)] += [env.frame().qpos[i].copy() for i in done]
+    assert len(starts[id(off)]) >= 4
+    np.testing.assert_array_equal(starts[id(on)], starts[id(off)])
+    assert np.ptp(on._camera_jitter) > 0 and np.ptp(on._light_scale) > 0
+    assert not off._camera_jitter.any() and (off._light_scale == 1.0).all()
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_latency_delays_commands_by_the_drawn_steps(compiled):
     delayed = make(
