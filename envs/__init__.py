@@ -137,6 +137,7 @@ def make(
         "render_images",
         "render_workers",
         "compile_task",
+        "fuse_step",
     }
     backend_opts = {k: v for k, v in options.items() if k in backend_keys}
     task_opts = {k: v for k, v in options.items() if k not in backend_keys}
@@ -152,8 +153,9 @@ def make(
     if backend == "mjx":
         from robotrl.envs.mjx import MjxVectorEnv
 
-        if "compile_task" in backend_opts:
-            raise ValueError("compile_task: an option of the cpu backend (MJX compiles the whole step already)")
+        for key in ("compile_task", "fuse_step"):
+            if key in backend_opts:
+                raise ValueError(f"{key}: an option of the cpu backend (MJX compiles the whole step already)")
 
         return MjxVectorEnv(t, num_envs, randomization, seed, **backend_opts)
     raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")

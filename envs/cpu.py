@@ -5,7 +5,9 @@ One control step is one `Batch.step` over all envs for `n_substeps` physics step
 step for the whole batch. Around it the step's code (robotrl/envs/step.py: the task's control, observation, reward and
 termination with the step's own bookkeeping, written once against an array namespace) is one native call on each
 side, compiled by numba on first use (robotrl/envs/compiled.py; `compile_task=False` or ROBOTRL_COMPILE_TASK=0 runs
-it as vectorized numpy, as the first reset always does). Each simulation keeps its whole integration state between
+it as vectorized numpy, as the first reset always does). Compiled, it runs inside the physics call itself by default:
+one call on the batch's threads steps each env's code and physics together (robotrl/envs/fused.py; `fuse_step=False`
+or ROBOTRL_FUSE_STEP=0 keeps it on the calling thread). Each simulation keeps its whole integration state between
 control steps, the solver's warm start included, as one MjData stepped by a robot's control loop does
 (hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound fields.
 """
@@ -20,9 +22,9 @@ from typing import Any
 
 import mujoco
 import numpy as np
-from mujoco.batch import Batch
 
-from robotrl.envs import compiled
+from robotrl.envs import compiled, fused
+from robotrl.envs.native_batch import NativeBatch
 from robotrl.envs.randomization import (
     RANDOMIZATION_DIMS,
     Randomization,
@@ -31,7 +33,7 @@ from robotrl.envs.randomization import (
     sample_latency,
     sample_model_fields,
 )
-from robotrl.envs.step import NumpyStep
+from robotrl.envs.step import After, NumpyStep
 from robotrl.envs.task import Frame, Task
 from robotrl.envs.vector import (
     RobotVectorEnv,
@@ -48,7 +50,8 @@ INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
 
 class CpuVectorEnv(RobotVectorEnv):
     """The threaded CPU backend; `num_threads` defaults to the machine's cores (at most `num_envs`); `compile_task`
-    (None: on unless ROBOTRL_COMPILE_TASK=0) steps the task code compiled, see the module docstring."""
+    (None: on unless ROBOTRL_COMPILE_TASK=0) steps the task code compiled and `fuse_step` (None: on unless
+    ROBOTRL_FUSE_STEP=0) runs it inside the physics call, see the module docstring."""
 
     def __init__(
         self,
@@ -63,6 +66,7 @@ class CpuVectorEnv(RobotVectorEnv):
         render_images: bool = True,
         render_workers: int | None = None,
         compile_task: bool | None = None,
+        fuse_step: bool | None = None,
     ) -> None:
         super().__init__(task, num_envs, randomization, seed, output, autoreset, render_images, reward_type)
         m = task.model
@@ -70,7 +74,7 @@ class CpuVectorEnv(RobotVectorEnv):
         threads = num_threads if num_threads is not None else min(os.cpu_count() or 1, n)
         if threads < 0:
             raise ValueError(f"num_threads: expected >= 0, got {threads}")
-        self._batch: Batch | None = Batch(m, n, nthread=max(threads, 1))  # 1: the calling thread only
+        self._batch: NativeBatch | None = NativeBatch(m, n, max(threads, 1))  # 1: the calling thread only
         self._models = [copy.copy(m) for _ in range(n)] if self.randomization.changes_model else [m] * n
         if self.randomization.changes_model:
             self._batch.set_models(self._models)
@@ -109,6 +113,10 @@ class CpuVectorEnv(RobotVectorEnv):
         #: against the same code as numpy (`_numpy`), which runs where this is None (off, or not compilable)
         self.compile_task = compiled.enabled_by_default() if compile_task is None else compile_task
         self._compiled: compiled.CompiledStep | None = None
+        #: the step's code run beside each env's physics on the batch's threads (robotrl/envs/fused.py), where it is
+        #: compiled; None: on unless ROBOTRL_FUSE_STEP=0
+        self.fuse_step = fused.enabled_by_default() if fuse_step is None else fuse_step
+        self._fused: fused.FusedStep | None = None
         self._numpy = NumpyStep(task, self.reward_type)
 
     # --- gymnasium API -------------------------------------------------------------------------------
@@ -125,19 +133,8 @@ class CpuVectorEnv(RobotVectorEnv):
             checked = check_actions(action, self.task_spec.action, self.num_envs)
             action, self._history = delay_actions(np, self._history, checked, self._latency)
         clock.lap("bookkeeping")
-        code, batch = self._code(), self._live()
-        before = code.before(self.frame(), action, batch.warning)
-        if not before.finite.all():
-            raise nonfinite_actions(action)
-        self._ctrl[:] = before.ctrl
-        clock.lap("task")
-        batch.step(nstep=self.task.n_substeps)
-        self._sens[:] = self._sensordata  # as after mj_step: computed at the last substep's start
-        clock.lap("physics")
-        # MuJoCo resets a simulation that blows up and warns: the episode ends there, as it would on a NaN
-        after = code.after(self.frame(), before.action, batch.state, batch.warning, before.blowups, self._steps)
+        after = self._advance(action, clock)
         self._steps[:] = after.steps
-        clock.lap("task")
         obs = self._observe(clock=clock, numeric=after.numeric)
         info: dict[str, Any] = {"success": after.success, "diverged": after.diverged}
         done = after.terminated | after.truncated
@@ -150,6 +147,39 @@ class CpuVectorEnv(RobotVectorEnv):
         out = step_output(self.output, obs, after.reward, after.terminated, after.truncated, info)
         clock.lap("bookkeeping")
         return out
+
+    def _advance(self, action: np.ndarray, clock: _Clock) -> After:
+        """One control step of every env's physics with the step's code around it: fused into one call on the pool
+        (robotrl/envs/fused.py) where it can be, else the code's two calls on this thread around `step`."""
+        code, batch = self._code(), self._live()
+        fused = self._fused_step()
+        if fused is not None:
+            if not np.isfinite(action).all():  # before any physics: nothing steps on a refused action
+                raise nonfinite_actions(action)
+            after = fused.run(action)
+            self._sens[:] = self._sensordata
+            clock.lap("physics")  # the step's code runs inside the same call
+            return after
+        before = code.before(self.frame(), action, batch.warning)
+        if not before.finite.all():
+            raise nonfinite_actions(action)
+        self._ctrl[:] = before.ctrl
+        clock.lap("task")
+        batch.step(nstep=self.task.n_substeps)
+        self._sens[:] = self._sensordata  # as after mj_step: computed at the last substep's start
+        clock.lap("physics")
+        # MuJoCo resets a simulation that blows up and warns: the episode ends there, as it would on a NaN
+        after = code.after(self.frame(), before.action, batch.state, batch.warning, before.blowups, self._steps)
+        clock.lap("task")
+        return after
+
+    def _fused_step(self) -> fused.FusedStep | None:
+        """The fused step, built on first use where the step's code is compiled and `fuse_step` is on."""
+        if self._fused is None and self.fuse_step and self._compiled is not None:
+            arrays = {"sensordata": self._sens, "goal": self._goal, "steps": self._steps}
+            compiled_code = self._compiled
+            self._fused = fused.FusedStep(self.task, self.reward_type, compiled_code.bounds, self._live(), arrays)
+        return self._fused if self.fuse_step else None
 
     def close(self, **kwargs: Any) -> None:
         if self._renderer is not None:
@@ -330,7 +360,7 @@ class CpuVectorEnv(RobotVectorEnv):
         rows = self._live().state
         return rows[:, self._physics_cols] if idx is None else rows[np.ix_(idx, self._physics_cols)]
 
-    def _live(self) -> Batch:
+    def _live(self) -> NativeBatch:
         if self._batch is None:
             raise RuntimeError("CpuVectorEnv: the env is closed")
         return self._batch

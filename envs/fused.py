@@ -1,0 +1,250 @@
+"""The CPU backend's step with its code beside each env's physics: one call on MuJoCo's thread pool per control step.
+
+`mjb_apply` (robotrl/envs/native_batch.py) runs a C function of ours on every simulation on the batch's threads, with
+the simulation's state loaded in the thread's `mjData`. `FusedStep` compiles that function (a numba `cfunc`) per task:
+for its env it runs the step's `before` kernel (robotrl/envs/compiled.py, lowered at one row), writes the controls,
+calls `mj_step` for the control step's substeps, reads the new state's integration row and runs the `after` kernel,
+each result written to the env's row of an output array. The caller is left the action checks, the auto-resets and
+the outputs; the step's code runs on every core, on data its env's physics has just touched. Results equal the
+unfused step's bit for bit (tests/envs/test_fused.py).
+
+The function reads mjData's fields through its C layout, built by ctypes from the declarations MuJoCo ships
+(`mujoco.introspect`) and checked against an `MjData`'s own arrays; the caller's arrays through a table of their
+addresses (`arg`), so that one compiled function serves every env of a task and is cached on disk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from typing import Any
+
+import llvmlite.binding as llvm
+import mujoco
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from robotrl.envs.compiled import into_kernel, load_generated
+from robotrl.envs.lowering import lower
+from robotrl.envs.native_batch import LIBRARY, NativeBatch
+from robotrl.envs.step import After, Before, after_rows, before_rows
+from robotrl.envs.task import Task
+
+# MuJoCo's functions by symbol, resolved when numba links the step (a compiled step that holds no address is cached)
+llvm.load_library_permanently(LIBRARY)
+mj_step = types.ExternalFunction("mj_step", types.void(types.voidptr, types.voidptr))
+mj_get_state = types.ExternalFunction(
+    "mj_getState", types.void(types.voidptr, types.voidptr, types.CPointer(types.float64), types.int32)
+)
+# the thread's mjData stack holds the kernels' temporaries for one env's step
+mark_stack = types.ExternalFunction("mj_markStack", types.void(types.voidptr))
+free_stack = types.ExternalFunction("mj_freeStack", types.void(types.voidptr))
+stack_bytes = types.ExternalFunction("mj_stackAllocByte", types.voidptr(types.voidptr, types.uintp, types.uintp))
+INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
+#: the environment variable that keeps the CPU backend's step code on the calling thread ("0") for a process
+ENV_SWITCH = "ROBOTRL_FUSE_STEP"
+
+
+def enabled_by_default() -> bool:
+    """Whether a CPU backend fuses its compiled step code into the physics call unless told: yes, unless
+    ROBOTRL_FUSE_STEP=0."""
+    return os.environ.get(ENV_SWITCH, "1") != "0"
+
+
+@intrinsic
+def address(typingctx: Any, p: Any) -> Any:
+    """A pointer's address as an int64."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.ptrtoint(args[0], context.get_value_type(types.int64))
+
+    return types.int64(p), codegen
+
+
+@intrinsic
+def pointer(typingctx: Any, addr: Any, dtype: Any) -> Any:
+    """The int64 address `addr` as a pointer to `dtype` (a numba scalar type)."""
+    signature = types.CPointer(dtype.dtype)(addr, dtype)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+
+    return signature, codegen
+
+
+_PRIMITIVE = {
+    "int": ctypes.c_int,
+    "unsigned int": ctypes.c_uint,
+    "size_t": ctypes.c_size_t,
+    "uintptr_t": ctypes.c_size_t,
+    "mjtNum": ctypes.c_double,
+    "double": ctypes.c_double,
+    "float": ctypes.c_float,
+    "mjtByte": ctypes.c_ubyte,
+    "unsigned char": ctypes.c_ubyte,
+    "char": ctypes.c_char,
+    "mjtBool": ctypes.c_ubyte,
+    "mjtSize": ctypes.c_int64,
+    "uint64_t": ctypes.c_uint64,
+    "int64_t": ctypes.c_int64,
+}
+
+
+def _ctype(t: Any) -> Any:
+    from mujoco.introspect import ast_nodes, enums, structs
+
+    if isinstance(t, ast_nodes.PointerType):
+        return ctypes.c_void_p
+    if isinstance(t, ast_nodes.ArrayType):
+        inner = _ctype(t.inner_type)
+        for extent in reversed(t.extents):
+            inner = inner * extent
+        return inner
+    if t.name in _PRIMITIVE:
+        return _PRIMITIVE[t.name]
+    if t.name in enums.ENUMS:
+        return ctypes.c_int
+    if t.name in structs.STRUCTS:
+        return c_struct(t.name)
+    raise TypeError(f"mujoco.introspect: no C type for {t.name!r}")
+
+
+@functools.cache
+def c_struct(name: str) -> type[ctypes.Structure]:
+    """MuJoCo's struct `name` (e.g. "mjData") as a ctypes structure, from the declarations MuJoCo ships."""
+    from mujoco.introspect import structs
+
+    fields = [(f.name, _ctype(f.type)) for f in structs.STRUCTS[name].fields]
+    return type(name, (ctypes.Structure,), {"_fields_": fields})
+
+
+#: the mjData fields the fused step reads: arrays through their pointers, and the warning counters in place
+POINTER_FIELDS = ("qpos", "qvel", "ctrl", "sensordata")
+
+
+@functools.cache
+def data_offsets() -> dict[str, int]:
+    """Byte offsets in mjData of `POINTER_FIELDS` and of `warning`, checked on an MjData's own arrays."""
+    layout = c_struct("mjData")
+    offsets = {name: getattr(layout, name).offset for name in (*POINTER_FIELDS, "warning")}
+    model = mujoco.MjModel.from_xml_string(
+        '<mujoco><worldbody><body><joint name="j"/><geom size=".1"/></body></worldbody>'
+        '<actuator><motor joint="j"/></actuator><sensor><jointpos joint="j"/></sensor></mujoco>'
+    )
+    data = mujoco.MjData(model)
+    view = layout.from_address(data._address)
+    for name in POINTER_FIELDS:
+        if getattr(view, name) != getattr(data, name).ctypes.data:
+            raise RuntimeError(f"mjData's layout from mujoco.introspect does not match MjData.{name}")
+    return offsets
+
+
+class FusedStep:
+    """The step's code and physics of `n` envs in one `mjb_apply`: `run(action)` steps every env and returns the
+    step's `Before` and `After` (copies), as `CompiledStep.before` / `.after` around `Batch.step` would."""
+
+    def __init__(
+        self,
+        task: Task,
+        reward_type: str,
+        bounds: tuple[np.ndarray, np.ndarray],
+        batch: NativeBatch,
+        arrays: dict[str, np.ndarray],
+    ) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        self.batch = batch
+        sens, goal, steps = arrays["sensordata"], arrays["goal"], arrays["steps"]
+        n, m = batch.nsim, task.model
+        self.action = np.zeros((n, *task.action_spec().shape))
+        one = lambda x: np.ascontiguousarray(x[:1])  # noqa: E731
+        frame = (one(batch.bind("qpos")), one(batch.bind("qvel")), one(sens), one(goal))
+        warning, rows, counts = one(batch.warning), one(batch.state), np.zeros(1, np.int64)
+        before_example = (*frame, one(self.action), warning)
+        after_example = (*frame, one(self.action), rows, warning, counts, counts)
+        lowered_before = lower(functools.partial(before_rows, jnp, task, bounds), *before_example)
+        lowered_after = lower(functools.partial(after_rows, jnp, task, reward_type), *after_example)
+        before_kernel, after_kernel = into_kernel(lowered_before, 1), into_kernel(lowered_after, 1)
+        self._tree = lowered_after.treedef
+        # the after kernel's results: one array (n, ...) each, written row by row; the rest lives on mjData's stack
+        self._outs = [np.zeros((n, *shape[1:]), dtype) for shape, dtype in after_kernel.arrays[: after_kernel.results]]
+        table = [self.action, sens, goal, steps, batch.state, *self._outs]
+        for x in table:
+            if not x.flags.c_contiguous or x.shape[0] != n:
+                raise ValueError("FusedStep: every array it reads or writes is C-contiguous with a row per env")
+        self._table = np.array([x.ctypes.data for x in table], np.int64)
+        self._keep = table  # the addresses stay valid while these live
+        offsets = data_offsets()
+        fields = Before._fields
+        lines = [
+            "# generated by robotrl.envs.fused: do not edit (the file name is its hash)",
+            "import numba",
+            "from numba import carray, types",
+            "from robotrl.envs.fused import address, pointer, mj_step, mj_get_state, mark_stack, free_stack, "
+            "stack_bytes",
+            f"from {before_kernel.module.__name__} import kernel_into as before",
+            f"from {after_kernel.module.__name__} import kernel_into as after",
+            "",
+            "",
+            "@numba.cfunc(types.void(types.voidptr, types.voidptr, types.int32, types.voidptr), nogil=True,",
+            "             cache=True, error_model='numpy')",
+            "def step(m, d, sim, arg):",
+            f"    table = carray(pointer(address(arg), numba.int64), ({len(table)},))",
+            "    base = address(d)",
+            "    mark_stack(d)",
+        ]
+        for name, width in zip(POINTER_FIELDS, (m.nq, m.nv, m.nu, m.nsensordata)):
+            at = f"carray(pointer(base + {offsets[name]}, numba.int64), (1,))[0]"
+            lines.append(f"    {name} = carray(pointer({at}, numba.float64), (1, {width}))")
+        nwarning = int(mujoco.mjtWarning.mjNWARNING)
+        lines.append(f"    warning = carray(pointer(base + {offsets['warning']}, numba.int32), (1, {nwarning}, 2))")
+        names = ["action", "sens", "goal", "steps", "row"] + [f"out{i}" for i in range(len(self._outs))]
+        for i, (name, x) in enumerate(zip(names, table)):
+            row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.itemsize
+            lines.append(
+                f"    {name} = carray(pointer(table[{i}] + sim * {row_bytes}, {_numba_type(x.dtype)}), "
+                f"{(1, *x.shape[1:])})"
+            )
+
+        def on_stack(prefix: str, arrays: list[tuple[tuple[int, ...], np.dtype]]) -> list[str]:
+            for i, (shape, dtype) in enumerate(arrays):
+                size = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+                lines.append(
+                    f"    {prefix}{i} = carray(pointer(address(stack_bytes(d, {size}, 8)), {_numba_type(dtype)}), "
+                    f"{shape})"
+                )
+            return [f"{prefix}{i}" for i in range(len(arrays))]
+
+        b = on_stack("b", before_kernel.arrays)
+        lines.append(f"    before(qpos, qvel, sens, goal, action, warning, {', '.join(b)})")
+        lines.append(f"    ctrl[0] = {b[fields.index('ctrl')]}[0]")
+        lines.append(f"    for _ in range({task.n_substeps}):")
+        lines.append("        mj_step(m, d)")
+        lines.append(
+            f"    mj_get_state(m, d, pointer(table[4] + sim * {batch.nstate * 8}, numba.float64), {INTEGRATION})"
+        )
+        temporaries = on_stack("t", after_kernel.arrays[after_kernel.results :])
+        arguments = ", ".join(names[5:] + temporaries)
+        lines.append(
+            f"    after(qpos, qvel, sensordata, goal, {b[fields.index('action')]}, row, warning,"
+            f" {b[fields.index('blowups')]}, steps, {arguments})"
+        )
+        lines.append("    free_stack(d)")
+        self.source = "\n".join(lines) + "\n"
+        self._function = load_generated(self.source, "fused").step
+        self._address, self._arg = int(self._function.address), int(self._table.ctypes.data)
+        self._jax_tree = jax.tree
+
+    def run(self, action: np.ndarray) -> After:
+        """Step every env by one control step of `action` (finite: the caller checks) and return its results."""
+        self.action[:] = action
+        self.batch.apply(self._address, self._arg)
+        return self._jax_tree.unflatten(self._tree, [x.copy() for x in self._outs])
+
+
+def _numba_type(dtype: np.dtype) -> str:
+    return f"numba.{numba.from_dtype(np.dtype(dtype))}"

@@ -1,0 +1,139 @@
+"""The CPU backend's fused step (robotrl/envs/fused.py) against its step code on the calling thread, and the batch it
+runs on (robotrl/envs/native_batch.py) against `mujoco.batch.Batch`."""
+
+import copy
+import gc
+
+import mujoco
+import numpy as np
+import pytest
+from mujoco.batch import Batch
+
+from robotrl.envs import Randomization, list_tasks, make
+from robotrl.envs.fused import c_struct
+from robotrl.envs.native_batch import NativeBatch
+
+
+def _pair(task, randomization=None, n=4):
+    envs = [
+        make(
+            task,
+            num_envs=n,
+            seed=0,
+            render_images=False,
+            randomization=randomization,
+            compile_task=True,
+            fuse_step=fuse,
+        )
+        for fuse in (True, False)
+    ]
+    for env in envs:
+        env.reset(seed=0)
+    return envs
+
+
+@pytest.mark.parametrize("task", list_tasks())
+@pytest.mark.parametrize("randomized", [False, True])
+def test_the_fused_step_equals_the_step_code_on_the_calling_thread_bit_for_bit(task, randomized):
+    """Observations, rewards, ends, infos and states equal over steps that end episodes (auto-resets), with per-env
+    models and delayed actions when randomized."""
+    rz = Randomization(friction=(0.8, 1.2), mass=(0.8, 1.2), latency_steps=(0, 1)) if randomized else None
+    fused, plain = _pair(task, rz)
+    rng = np.random.default_rng(0)
+    low, high = fused.action_space.low, fused.action_space.high
+    ends = 0
+    for _ in range(70):
+        u = rng.uniform(low, high).astype(np.float32)
+        (obs_f, r_f, te_f, tr_f, info_f), (obs_p, r_p, te_p, tr_p, info_p) = fused.step(u), plain.step(u)
+        assert obs_f.keys() == obs_p.keys()
+        for key in obs_f:
+            np.testing.assert_array_equal(obs_f[key], obs_p[key], err_msg=key)
+        for a, b in ((r_f, r_p), (te_f, te_p), (tr_f, tr_p), (info_f["success"], info_p["success"])):
+            np.testing.assert_array_equal(a, b)
+        ends += int((te_f | tr_f).sum())
+    assert fused._fused is not None and plain._fused is None  # each ran the path it names
+    np.testing.assert_array_equal(fused.get_state()["physics"], plain.get_state()["physics"])
+    if task in ("Quadruped", "Reach"):
+        assert ends > 0  # the auto-reset was on the path
+
+
+def test_a_refused_action_steps_no_simulation():
+    """A NaN action is refused before the physics call: nothing steps, in any env."""
+    env, _ = _pair("Reach", n=3)
+    env.step(np.zeros((3, 3), np.float32))
+    before = env.get_state()["physics"].copy()
+    bad = np.zeros((3, 3), np.float32)
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"NaN/inf in env\(s\) \[1\]"):
+        env.step(bad)
+    np.testing.assert_array_equal(env.get_state()["physics"], before)
+
+
+def test_the_switch_and_the_option():
+    assert make("Reach", num_envs=2, seed=0).fuse_step  # (the suite's envs compile nothing unless asked: conftest)
+    assert not make("Reach", num_envs=2, seed=0, fuse_step=False).fuse_step
+    with pytest.raises(ValueError, match="fuse_step: an option of the cpu backend"):
+        make("Reach", num_envs=2, backend="mjx", fuse_step=True)
+
+
+def test_the_switch_turns_it_off(monkeypatch):
+    monkeypatch.setenv("ROBOTRL_FUSE_STEP", "0")
+    env = make("Reach", num_envs=2, seed=0, compile_task=True)
+    env.reset(seed=0)
+    env.step(np.zeros((2, 3), np.float32))
+    assert not env.fuse_step and env._fused is None
+
+
+@pytest.mark.parametrize("task", list_tasks())
+def test_mjdatas_layout_from_mujocos_declarations_matches_its_arrays(task):
+    model = make(task, num_envs=1, render_images=False).task.model
+    data = mujoco.MjData(model)
+    view = c_struct("mjData").from_address(data._address)
+    for name in ("qpos", "qvel", "ctrl", "sensordata", "qacc_warmstart", "xpos", "act", "mocap_pos"):
+        if getattr(data, name).size:
+            assert getattr(view, name) == getattr(data, name).ctypes.data, name
+    data.time = 1.25
+    assert view.time == 1.25
+
+
+def test_the_native_batch_steps_as_mujocos_batch():
+    model = make("Quadruped", num_envs=1, render_images=False).task.model
+    ours, theirs = NativeBatch(model, 5, 2), Batch(model, 5, nthread=2)
+    rng = np.random.default_rng(0)
+    for b in (ours, theirs):
+        b.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
+        b.bind("sensordata")
+    np.testing.assert_array_equal(ours.state, theirs.state)
+    nudge = 0.01 * rng.standard_normal(ours.bind("qpos").shape)
+    for b in (ours, theirs):
+        b.bind("qpos")[:] += nudge
+        b.forward(np.array([1, 3]))
+    for _ in range(30):
+        u = rng.uniform(-1, 1, ours.bind("ctrl").shape)
+        for b in (ours, theirs):
+            b.bind("ctrl")[:] = u
+            b.step(nstep=4)
+    np.testing.assert_array_equal(ours.state, theirs.state)
+    np.testing.assert_array_equal(ours.bind("sensordata"), theirs.bind("sensordata"))
+    np.testing.assert_array_equal(ours.warning, theirs.warning)
+    heavy = [copy.copy(model) if i % 2 else model for i in range(5)]  # per-simulation models, as randomized
+    for m in heavy[1::2]:
+        m.body_mass[:] *= 2.0
+    ours.set_models(heavy)
+    theirs.set_models(heavy)
+    for b in (ours, theirs):
+        b.step(nstep=4)
+    np.testing.assert_array_equal(ours.state, theirs.state)
+
+
+def test_the_native_batchs_arrays_keep_it_alive_and_bad_ids_are_named():
+    model = make("Reach", num_envs=1, render_images=False).task.model
+    batch = NativeBatch(model, 3, 1)
+    batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
+    rows = batch.state
+    expected = rows.copy()
+    del batch
+    gc.collect()
+    np.testing.assert_array_equal(rows, expected)  # the memory is still the batch's
+    with pytest.raises(ValueError, match=r"ids must be in \[0, 2\)"):
+        NativeBatch(model, 2, 1).forward(np.array([0, 2]))
