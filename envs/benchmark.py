@@ -10,11 +10,14 @@ Prints one JSON line per (task, num_envs):
   fraction_of_ceiling  the median over `--rounds` chunks of the ceiling's seconds over the backend's for the same
                        steps, timed in turn (goals: >= 0.85 at 32 envs, >= 0.7 at 8)
   fraction_range       the lowest and highest chunk's: how far the machine moved the measurement
-  ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`), ms per call:
-                       physics (the `Batch.step` call), task (the step's code on both sides of it: the task's
-                       control, observation, reward and termination with the action checks, blow-ups and time limit,
+  ms_per_step          where one control step of the CPU backend goes (`CpuVectorEnv.step_seconds`), ms per call,
+                       with the step's code on the calling thread (`fuse_step=False`, the twin's steps): physics (the
+                       batch's step call), task (the step's code on both sides of it: the task's control,
+                       observation, reward and termination with the action checks, blow-ups and time limit,
                        robotrl/envs/step.py), rendering, and bookkeeping (the rest: actions in, observations out,
                        auto-resets)
+  ms_per_step_fused    the same of the backend as timed: its step's code runs inside the physics call, on the pool
+                       (robotrl/envs/fused.py), so "physics" holds both
   fraction_without_task  the ceiling's time per control step over the step's physics and bookkeeping alone: the
                        fraction the backend would reach if the step's code cost nothing, so a goal above it cannot be
                        met by making that code faster
@@ -142,7 +145,8 @@ class Paired:
     cpu_steps_per_s: float  # env steps/s over all chunks
     ceiling_steps_per_s: float
     fractions: list[float]  # each chunk's ceiling seconds over the backend's
-    split: dict[str, float]  # ms per control step by part of the step, over all chunks
+    split: dict[str, float]  # ms per control step by part of the step, the twin's (its step's code unfused)
+    stepped_split: dict[str, float]  # the same of the backend as timed (fused: its code inside the physics call)
 
 
 def bench_paired(task: str, n: int, config: BenchConfig) -> Paired:
@@ -159,7 +163,9 @@ def bench_paired(task: str, n: int, config: BenchConfig) -> Paired:
 
     from robotrl.envs import make
 
-    env, twin = (make(task, num_envs=n, seed=config.seed, render_images=False) for _ in range(2))
+    env = make(task, num_envs=n, seed=config.seed, render_images=False)
+    # the twin runs the step's code on this thread around the physics call: the cost split, part by part
+    twin = make(task, num_envs=n, seed=config.seed, render_images=False, fuse_step=False)
     actions = random_actions(env.action_space, 64, config.seed)
     warmup = 8
     for e in (env, twin):
@@ -173,6 +179,8 @@ def bench_paired(task: str, n: int, config: BenchConfig) -> Paired:
     chunk = max(8, int(config.seconds / rounds / per_step))
     model, nsub = env.task.model, env.task.n_substeps
     starts, controls = [], []
+    twin_parts: dict[str, float] = {}
+    twin.step_seconds = twin_parts
     for r in range(rounds):
         starts.append(twin.get_state()["physics"])
         ctrl = recorded_controls(twin, actions[np.arange(warmup + r * chunk, warmup + (r + 1) * chunk) % 64])
@@ -215,8 +223,9 @@ def bench_paired(task: str, n: int, config: BenchConfig) -> Paired:
         for pool in pools.values():
             pool.close()
     steps = rounds * chunk
-    split = {k: round(1e3 * v / steps, 4) for k, v in sorted(parts.items())}
-    return Paired(n * steps / cpu_seconds, n * steps / ceiling_seconds, fractions, split)
+    split = {k: round(1e3 * v / steps, 4) for k, v in sorted(twin_parts.items())}
+    stepped_split = {k: round(1e3 * v / steps, 4) for k, v in sorted(parts.items())}
+    return Paired(n * steps / cpu_seconds, n * steps / ceiling_seconds, fractions, split, stepped_split)
 
 
 def bench_images(task: str, n: int, config: BenchConfig, steps_no_images: float) -> dict[str, Any] | None:
@@ -342,6 +351,7 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
                 "fraction_range": [round(min(paired.fractions), 3), round(max(paired.fractions), 3)],
                 "fraction_without_task": round(1e3 * n / ceiling / (split["physics"] + split["bookkeeping"]), 3),
                 "ms_per_step": split,
+                "ms_per_step_fused": paired.stepped_split,
             }
             if not config.skip_async:
                 asynchronous = bench_async(task, n, config)
