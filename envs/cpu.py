@@ -18,12 +18,12 @@ import copy
 import math
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
 
-from robotrl.envs import compiled, fused
+from robotrl.envs import compiled
 from robotrl.envs.native_batch import NativeBatch
 from robotrl.envs.randomization import (
     RANDOMIZATION_DIMS,
@@ -44,8 +44,13 @@ from robotrl.envs.vector import (
     step_output,
 )
 
+if TYPE_CHECKING:
+    from robotrl.envs.fused import FusedStep
+
 FULLPHYSICS = int(mujoco.mjtState.mjSTATE_FULLPHYSICS)
 INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
+#: the environment variable that keeps the step's compiled code on the calling thread ("0") for a process
+FUSE_SWITCH = "ROBOTRL_FUSE_STEP"
 
 
 class CpuVectorEnv(RobotVectorEnv):
@@ -115,8 +120,8 @@ class CpuVectorEnv(RobotVectorEnv):
         self._compiled: compiled.CompiledStep | None = None
         #: the step's code run beside each env's physics on the batch's threads (robotrl/envs/fused.py), where it is
         #: compiled; None: on unless ROBOTRL_FUSE_STEP=0
-        self.fuse_step = fused.enabled_by_default() if fuse_step is None else fuse_step
-        self._fused: fused.FusedStep | None = None
+        self.fuse_step = os.environ.get(FUSE_SWITCH, "1") != "0" if fuse_step is None else fuse_step
+        self._fused: FusedStep | None = None
         self._numpy = NumpyStep(task, self.reward_type)
 
     # --- gymnasium API -------------------------------------------------------------------------------
@@ -173,12 +178,13 @@ class CpuVectorEnv(RobotVectorEnv):
         clock.lap("task")
         return after
 
-    def _fused_step(self) -> fused.FusedStep | None:
+    def _fused_step(self) -> FusedStep | None:
         """The fused step, built on first use where the step's code is compiled and `fuse_step` is on."""
         if self._fused is None and self.fuse_step and self._compiled is not None:
+            from robotrl.envs.fused import FusedStep  # numba's compiler and MuJoCo's symbols: loaded on first use
+
             arrays = {"sensordata": self._sens, "goal": self._goal, "steps": self._steps}
-            compiled_code = self._compiled
-            self._fused = fused.FusedStep(self.task, self.reward_type, compiled_code.bounds, self._live(), arrays)
+            self._fused = FusedStep(self.task, self.reward_type, self._compiled.bounds, self._live(), arrays)
         return self._fused if self.fuse_step else None
 
     def close(self, **kwargs: Any) -> None:

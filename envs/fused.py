@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from typing import Any
 
 import llvmlite.binding as llvm
@@ -44,14 +43,6 @@ mark_stack = types.ExternalFunction("mj_markStack", types.void(types.voidptr))
 free_stack = types.ExternalFunction("mj_freeStack", types.void(types.voidptr))
 stack_bytes = types.ExternalFunction("mj_stackAllocByte", types.voidptr(types.voidptr, types.uintp, types.uintp))
 INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
-#: the environment variable that keeps the CPU backend's step code on the calling thread ("0") for a process
-ENV_SWITCH = "ROBOTRL_FUSE_STEP"
-
-
-def enabled_by_default() -> bool:
-    """Whether a CPU backend fuses its compiled step code into the physics call unless told: yes, unless
-    ROBOTRL_FUSE_STEP=0."""
-    return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
 @intrinsic
