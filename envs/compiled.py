@@ -15,6 +15,7 @@ machine. A task whose code the lowering cannot write as loops keeps its numpy co
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -158,6 +159,7 @@ def _module_source(lowered: Lowered, signature: str, body: str) -> str:
 
 #: an array the generated kernel allocates on every call: its results (rows n) and temporaries (a block's rows)
 _ALLOCATION = re.compile(r"^    ((?:out|v)\d+) = np\.empty\((.*)\)$")
+_SHAPE_DTYPE = re.compile(r"(\(.*\)), np\.(\w+)")
 
 
 class IntoKernel(NamedTuple):
@@ -180,8 +182,8 @@ def into_kernel(lowered: Lowered, rows: int) -> IntoKernel:
             lines.append(line)
             continue
         names.append(match.group(1))
-        template = eval(f"np.empty({match.group(2)})", {"np": np, "n": rows})  # shapes of literals and n only
-        arrays.append((template.shape, template.dtype))
+        shape, dtype = _SHAPE_DTYPE.fullmatch(match.group(2)).groups()  # type: ignore[union-attr]
+        arrays.append((ast.literal_eval(re.sub(r"\bn\b", str(rows), shape)), np.dtype(dtype)))
     source = "\n".join(lines).replace("def kernel(", "def kernel_into(", 1)
     head, rest = source.split("):", 1)
     source = f"{head}, {', '.join(names)}):{rest}"

@@ -191,7 +191,7 @@ class CpuVectorEnv(RobotVectorEnv):
         if self._renderer is not None:
             self._renderer.close()
             self._renderer = None
-        self._batch = None  # its threads end with it
+        self._batch = self._fused = None  # its threads end with it
 
     def render(self) -> np.ndarray:  # type: ignore[override]  # every env's frame in one array (B, H, W, 3)
         """RGB frame of env 0 from the task's first camera (or a free camera), for videos."""

@@ -7,7 +7,7 @@ import gc
 import mujoco
 import numpy as np
 import pytest
-from mujoco.batch import Batch
+from mujoco.batch import Batch, SimulationError
 
 from robotrl.envs import Randomization, list_tasks, make
 from robotrl.envs.fused import c_struct
@@ -137,3 +137,34 @@ def test_the_native_batchs_arrays_keep_it_alive_and_bad_ids_are_named():
     np.testing.assert_array_equal(rows, expected)  # the memory is still the batch's
     with pytest.raises(ValueError, match=r"ids must be in \[0, 2\)"):
         NativeBatch(model, 2, 1).forward(np.array([0, 2]))
+
+
+def test_an_error_in_a_simulation_is_raised_naming_it_and_the_batch_goes_on():
+    """MuJoCo raising in a simulation (here its stack too small for the contacts) is `SimulationError`, from `step` and
+    from a function of ours that `apply` runs, as the fused step's does, call after call."""
+    import numba
+    from numba import types
+
+    from robotrl.envs.fused import free_stack, mark_stack, mj_step
+
+    @numba.cfunc(types.void(types.voidptr, types.voidptr, types.int32, types.voidptr), nogil=True)
+    def step_once(m, d, sim, arg):
+        mark_stack(d)
+        mj_step(m, d)
+        free_stack(d)
+
+    xml = """<mujoco><size memory="{}"/><worldbody><geom type="plane" size="1 1 .1"/>
+      <body><freejoint/><geom size=".1"/></body><body pos="0 0 .15"><freejoint/><geom size=".1"/></body>
+      </worldbody></mujoco>"""
+    batch = NativeBatch(mujoco.MjModel.from_xml_string(xml.format("4K")), 3, 2)
+    batch.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
+    with pytest.raises(SimulationError, match=r"in 3 of 3 simulations \(0, 1, 2\).*out of memory") as raised:
+        batch.step(nstep=2)
+    np.testing.assert_array_equal(raised.value.ids, [0, 1, 2])
+    for _ in range(2):
+        with pytest.raises(SimulationError, match="out of memory"):
+            batch.apply(step_once.address, 0)
+    fine = NativeBatch(mujoco.MjModel.from_xml_string(xml.format("1M")), 3, 2)
+    fine.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
+    fine.apply(step_once.address, 0)
+    assert (fine.state[:, 0] > 0).all()  # time advanced in every simulation
