@@ -18,6 +18,7 @@ import copy
 import math
 import os
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import mujoco
@@ -181,10 +182,19 @@ class CpuVectorEnv(RobotVectorEnv):
     def _fused_step(self) -> FusedStep | None:
         """The fused step, built on first use where the step's code is compiled and `fuse_step` is on."""
         if self._fused is None and self.fuse_step and self._compiled is not None:
-            from robotrl.envs.fused import FusedStep  # numba's compiler and MuJoCo's symbols: loaded on first use
-
             arrays = {"sensordata": self._sens, "goal": self._goal, "steps": self._steps}
-            self._fused = FusedStep(self.task, self.reward_type, self._compiled.bounds, self._live(), arrays)
+            try:
+                from robotrl.envs.fused import FusedStep  # numba's compiler and MuJoCo's symbols: loaded on first use
+
+                self._fused = FusedStep(self.task, self.reward_type, self._compiled.bounds, self._live(), arrays)
+            except Exception as err:  # noqa: BLE001  # any failure to build it leaves the step's code on this thread
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+                warnings.warn(
+                    f"{self.task.name}: step not fused ({type(err).__name__}: {reason}); its compiled code runs on "
+                    "the calling thread",
+                    stacklevel=3,
+                )
+                self.fuse_step = False
         return self._fused if self.fuse_step else None
 
     def close(self, **kwargs: Any) -> None:

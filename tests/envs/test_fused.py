@@ -168,3 +168,17 @@ def test_an_error_in_a_simulation_is_raised_naming_it_and_the_batch_goes_on():
     fine.reset(stage=mujoco.mjtStage.mjSTAGE_NONE)
     fine.apply(step_once.address, 0)
     assert (fine.state[:, 0] > 0).all()  # time advanced in every simulation
+
+
+def test_a_step_that_cannot_be_fused_warns_once_and_runs_its_code_on_the_calling_thread(monkeypatch):
+    import robotrl.envs.fused as fused_module
+
+    def unreadable() -> None:
+        raise RuntimeError("mjData's layout from mujoco.introspect does not match MjData.qpos")
+
+    monkeypatch.setattr(fused_module, "data_offsets", unreadable)
+    env, plain = _pair("Reach", n=2)
+    with pytest.warns(UserWarning, match=r"Reach: step not fused \(RuntimeError: mjData's layout"):
+        obs, *_ = env.step(np.ones((2, 3), np.float32))
+    assert not env.fuse_step and env._fused is None
+    np.testing.assert_array_equal(obs["state"], plain.step(np.ones((2, 3), np.float32))[0]["state"])
