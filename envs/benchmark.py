@@ -18,9 +18,9 @@ Prints one JSON line per (task, num_envs):
                        auto-resets)
   ms_per_step_fused    the same of the backend as timed: its step's code runs inside the physics call, on the pool
                        (robotrl/envs/fused.py), so "physics" holds both
-  fraction_without_task  the ceiling's time per control step over the step's physics and bookkeeping alone: the
-                       fraction the backend would reach if the step's code cost nothing, so a goal above it cannot be
-                       met by making that code faster
+  fraction_without_task  the fraction with the step's code taken out, in the proportions of `ms_per_step`
+                       (fraction x step / (physics + bookkeeping)): what the backend would reach if that code cost
+                       nothing, so a goal above it cannot be met by making that code faster
 
 The step's code is the backend's default, compiled (robotrl/envs/compiled.py): ROBOTRL_COMPILE_TASK=0 measures it as
 numpy instead.
@@ -349,7 +349,12 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
                 "ceiling_steps_per_s": round(ceiling, 1),
                 "fraction_of_ceiling": round(float(np.median(paired.fractions)), 3),
                 "fraction_range": [round(min(paired.fractions), 3), round(max(paired.fractions), 3)],
-                "fraction_without_task": round(1e3 * n / ceiling / (split["physics"] + split["bookkeeping"]), 3),
+                "fraction_without_task": round(
+                    float(np.median(paired.fractions))
+                    * sum(split.values())
+                    / (split["physics"] + split["bookkeeping"]),
+                    3,
+                ),
                 "ms_per_step": split,
                 "ms_per_step_fused": paired.stepped_split,
             }
