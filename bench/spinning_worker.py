@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import mujoco
 import numpy as np
 import tyro
 from mujoco.batch import Batch
 from numba import njit
+
+from robotrl.envs.native_batch import LIBRARY, NativeBatch
 
 
 @dataclass
@@ -42,23 +42,12 @@ class SpinningWorkerConfig:
     seed: int = 0
 
 
-_lib = ctypes.CDLL(os.path.join(os.path.dirname(mujoco.__file__), f"libmujoco.so.{mujoco.__version__}"))
+_lib = ctypes.CDLL(LIBRARY)
 _u64 = ctypes.c_uint64
 _mjb_step = _lib.mjb_step  # (mjBatch*, const int* ids, int nid, int nstep, int stage): pointers as 64-bit integers
 _mjb_step.argtypes, _mjb_step.restype = [_u64, _u64, ctypes.c_int, ctypes.c_int, ctypes.c_int], ctypes.c_int
 _memcpy = ctypes.CDLL(None).memcpy  # an opaque call: the flag is read from memory on every turn of a spin
 _memcpy.argtypes, _memcpy.restype = [_u64, _u64, _u64], _u64
-
-
-class _Config(ctypes.Structure):  # mjBatchConfig
-    _fields_ = [("nthread", ctypes.c_int), ("persistent", ctypes.c_ubyte)]
-
-
-# the C API's prototypes (mujoco/include/mujoco/mjbatch.h)
-_lib.mjb_makeBatch.argtypes = [_u64, ctypes.c_int, ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_int]
-_lib.mjb_makeBatch.restype = _lib.mjb_state.restype = _lib.mjb_stateComponent.restype = ctypes.c_void_p
-_lib.mjb_state.argtypes = _lib.mjb_nstate.argtypes = _lib.mjb_deleteBatch.argtypes = [_u64]
-_lib.mjb_stateComponent.argtypes = [_u64, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
 
 
 @njit(nogil=True)
@@ -87,24 +76,6 @@ def _wait(flag: np.ndarray) -> None:
         pass
 
 
-class CBatch:
-    """A batch of MuJoCo's C API with one thread (the caller's): its state rows and a state component's view."""
-
-    def __init__(self, model: mujoco.MjModel, n: int) -> None:
-        self.model = model  # the batch copied it; kept for its lifetime all the same
-        self.ptr = int(_lib.mjb_makeBatch(model._address, n, ctypes.byref(_Config(1, 0)), None, 0))
-        rows = ctypes.cast(_lib.mjb_state(self.ptr), ctypes.POINTER(ctypes.c_double))
-        self.state = np.ctypeslib.as_array(rows, (n, _lib.mjb_nstate(self.ptr)))
-
-    def component(self, spec: mujoco.mjtState) -> np.ndarray:
-        size = ctypes.c_int()
-        start = (_lib.mjb_stateComponent(self.ptr, int(spec), ctypes.byref(size)) - self.state.ctypes.data) // 8
-        return self.state[:, start : start + size.value]
-
-    def close(self) -> None:
-        _lib.mjb_deleteBatch(self.ptr)
-
-
 def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dict[str, Any]:
     from physics_call import best_of, busy, record, replayed
 
@@ -115,11 +86,10 @@ def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dic
     half, gap = n // 2, 1e-6 * gap_us
     pool = Batch(model, n, nthread=2)
     caller = Batch(model, half, nthread=1)
-    other = CBatch(model, n - half)
+    other = NativeBatch(model, n - half, 1)  # the C API's batch, whose address the spinning thread steps
     for b in (pool, caller):
         b.bind("sensordata")  # as the backend: an output copied after every call
-    qpos_o, qvel_o = other.component(mujoco.mjtState.mjSTATE_QPOS), other.component(mujoco.mjtState.mjSTATE_QVEL)
-    ctrl_o = other.component(mujoco.mjtState.mjSTATE_CTRL)
+    qpos_o, qvel_o, ctrl_o = other.bind("qpos"), other.bind("qvel"), other.bind("ctrl")
     flag = np.zeros(1, np.int64)
     default = pool.state[0].copy()  # a row as a new batch holds it: the model's defaults (the same layout in all three)
 
@@ -139,7 +109,7 @@ def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dic
         caller.state[:], other.state[:] = default, default
         caller.qpos[:], caller.qvel[:], qpos_o[:], qvel_o[:] = qpos[:half], qvel[:half], qpos[half:], qvel[half:]
         flag[0] = 0
-        worker = threading.Thread(target=_serve, args=(flag, other.ptr, nsub), daemon=True)
+        worker = threading.Thread(target=_serve, args=(flag, other.address, nsub), daemon=True)
         worker.start()
         seconds = 0.0
         for u in controls:
@@ -155,7 +125,6 @@ def measure(task: str, n: int, gap_us: int, config: SpinningWorkerConfig) -> dic
         return seconds
 
     best = best_of({"pool": pooled, "spinning": spinning}, config.repeats)
-    other.close()
     per_step = 1e6 / len(controls)
     return record(
         "spinning_worker",
