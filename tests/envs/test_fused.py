@@ -182,3 +182,24 @@ def test_a_step_that_cannot_be_fused_warns_once_and_runs_its_code_on_the_calling
         obs, *_ = env.step(np.ones((2, 3), np.float32))
     assert not env.fuse_step and env._fused is None
     np.testing.assert_array_equal(obs["state"], plain.step(np.ones((2, 3), np.float32))[0]["state"])
+
+
+@pytest.mark.parametrize("task", ["Reach", "Quadruped"])
+def test_a_blow_up_steps_as_unfused(task):
+    """MuJoCo resets a simulation that blows up within mj_step, the thread's mjData stack included: the fused step
+    keeps nothing there across the physics, and reports the blow-up as the unfused step does, results for results."""
+    envs = _pair(task, n=3)
+    for env in envs:
+        state = env.get_state()
+        nq = env.task.model.nq
+        state["physics"][1, 1 + nq : 1 + nq + env.task.model.nv] = 1e300  # env 1 flies apart
+        env.set_state(state)
+    u = np.full((3, *envs[0].action_space.shape[1:]), 0.5, np.float32)
+    for _ in range(3):
+        (obs_f, r_f, te_f, tr_f, info_f), (obs_p, r_p, te_p, tr_p, info_p) = (env.step(u) for env in envs)
+        for key in obs_f:
+            np.testing.assert_array_equal(obs_f[key], obs_p[key], err_msg=key)
+        for a, b in ((r_f, r_p), (te_f, te_p), (tr_f, tr_p), (info_f["diverged"], info_p["diverged"])):
+            np.testing.assert_array_equal(a, b)
+    assert envs[0]._fused is not None
+    np.testing.assert_array_equal(envs[0].get_state()["physics"], envs[1].get_state()["physics"])
