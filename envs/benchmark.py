@@ -341,19 +341,17 @@ def main(config: BenchConfig) -> list[dict[str, Any]]:
         for n in config.num_envs:
             paired = bench_paired(task, n, config)
             cpu, ceiling, split = paired.cpu_steps_per_s, paired.ceiling_steps_per_s, paired.split
+            fraction = float(np.median(paired.fractions))
             rec: dict[str, Any] = {
                 "bench": "envs",
                 "task": task,
                 "num_envs": n,
                 "cpu_steps_per_s": round(cpu, 1),
                 "ceiling_steps_per_s": round(ceiling, 1),
-                "fraction_of_ceiling": round(float(np.median(paired.fractions)), 3),
+                "fraction_of_ceiling": round(fraction, 3),
                 "fraction_range": [round(min(paired.fractions), 3), round(max(paired.fractions), 3)],
                 "fraction_without_task": round(
-                    float(np.median(paired.fractions))
-                    * sum(split.values())
-                    / (split["physics"] + split["bookkeeping"]),
-                    3,
+                    fraction * sum(split.values()) / (split["physics"] + split["bookkeeping"]), 3
                 ),
                 "ms_per_step": split,
                 "ms_per_step_fused": paired.stepped_split,

@@ -101,8 +101,7 @@ def load_generated(text: str, prefix: str, consts: dict[str, np.ndarray] | None 
     import numba
 
     digest = hashlib.sha256(f"{VERSION}:{numba.__version__}:{np.__version__}\n{text}".encode())
-    for name in sorted(consts or {}):
-        value = (consts or {})[name]
+    for name, value in sorted((consts or {}).items()):
         digest.update(f"{name}:{value.dtype}:{value.shape}".encode())
         digest.update(value.tobytes())
     key = f"{prefix}_{digest.hexdigest()[:24]}"
