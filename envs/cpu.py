@@ -129,8 +129,8 @@ class CpuVectorEnv(RobotVectorEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict]:
         if seed is not None:
             self._rng = np.random.default_rng(seed)
-        self._reset_envs(np.arange(self.num_envs))
-        return convert_obs(self._observe(), self.output), {}
+        numeric = self._reset_envs(np.arange(self.num_envs))
+        return convert_obs(self._observe(numeric=numeric), self.output), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
         clock = _Clock(self.step_seconds)
@@ -148,8 +148,8 @@ class CpuVectorEnv(RobotVectorEnv):
             info["final_obs"] = convert_obs({k: _copy(v) for k, v in obs.items()}, self.output)
             info["_final_obs"] = done
             idx = np.nonzero(done)[0]
-            self._reset_envs(idx)
-            obs = self._merge(obs, self._observe(idx, clock=clock), idx)
+            numeric = self._reset_envs(idx)
+            obs = self._merge(obs, self._observe(idx, clock=clock, numeric=numeric), idx)
         out = step_output(self.output, obs, after.reward, after.terminated, after.truncated, info)
         clock.lap("bookkeeping")
         return out
@@ -162,8 +162,7 @@ class CpuVectorEnv(RobotVectorEnv):
         if fused is not None:
             if not np.isfinite(action).all():  # before any physics: nothing steps on a refused action
                 raise nonfinite_actions(action)
-            after = fused.run(action)
-            self._sens[:] = self._sensordata
+            after = fused.run(action)  # (the sensors written to their rows in the call)
             clock.lap("physics")  # the step's code runs inside the same call
             return after
         before = code.before(self.frame(), action, batch.warning)
@@ -248,11 +247,11 @@ class CpuVectorEnv(RobotVectorEnv):
         self._rng.bit_generator.state = state
 
     # --- internals ----------------------------------------------------------------------------------
-    def _reset_envs(self, idx: np.ndarray) -> None:
+    def _reset_envs(self, idx: np.ndarray) -> dict[str, np.ndarray] | None:
+        """Start new episodes in envs `idx`; return their numeric observations where the reset computed them (fused),
+        else None."""
         task, k = self.task, len(idx)
-        code = self._compiled if self._compiled is not None else self._numpy  # the first reset: numpy
         draws, u, jitter, light = self._draws(k)
-        start = code.reset(draws)
         batch = self._live()
         if self.randomization.changes_model:
             fields = sample_model_fields(np, self.randomization, self._nominal, u)
@@ -267,6 +266,24 @@ class CpuVectorEnv(RobotVectorEnv):
             self._camera_jitter[idx] = self.randomization.camera_pos * (2.0 * jitter - 1.0)
         if self.randomization.light > 0:
             self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * light - 1.0)
+        fused = self._fused_step() if self._compiled is not None else None  # the first reset: none yet
+        numeric = None
+        if fused is not None and fused.resets:  # one call on the pool: defaults, start state, sensors, observation
+            numeric = fused.reset(idx, draws)
+        else:
+            self._start(idx, draws)
+        self._steps[idx] = 0
+        if self._mocap is None or len(idx) == self.num_envs:
+            self._mocap = task.mocap(np, self._goal)
+        else:  # only the reset envs' goals moved
+            self._mocap[0][idx], self._mocap[1][idx] = task.mocap(np, self._goal[idx])  # type: ignore[misc]
+        return numeric
+
+    def _start(self, idx: np.ndarray, draws: np.ndarray) -> None:
+        """The reset on this thread: the simulations at the model's defaults, the task's start state from `draws`
+        (the step's compiled code, else numpy), its sensors and goals."""
+        start = (self._compiled if self._compiled is not None else self._numpy).reset(draws)
+        batch = self._live()
         if self._reset_row is None:
             batch.reset(idx, stage=mujoco.mjtStage.mjSTAGE_NONE)  # the model's defaults: at rest, time 0, cold solver
         else:
@@ -276,11 +293,6 @@ class CpuVectorEnv(RobotVectorEnv):
         batch.forward(idx)  # the sensors of the initial state
         self._sens[idx] = self._sensordata[idx]
         self._goal[idx] = start.goal
-        self._steps[idx] = 0
-        if self._mocap is None or len(idx) == self.num_envs:
-            self._mocap = task.mocap(np, self._goal)
-        else:  # only the reset envs' goals moved
-            self._mocap[0][idx], self._mocap[1][idx] = task.mocap(np, self._goal[idx])  # type: ignore[misc]
 
     def _draws(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The uniform draws of k envs' resets: the task's start states (k, reset_dims), the randomization's (k,

@@ -3,10 +3,12 @@
 `mjb_apply` (robotrl/envs/native_batch.py) runs a C function of ours on every simulation on the batch's threads, with
 the simulation's state loaded in the thread's `mjData`. `FusedStep` compiles that function (a numba `cfunc`) per task:
 for its env it runs the step's `before` kernel (robotrl/envs/compiled.py, lowered at one row), writes the controls,
-calls `mj_step` for the control step's substeps, reads the new state's integration row and runs the `after` kernel,
-each result written to the env's row of an output array. The caller is left the action checks, the auto-resets and
-the outputs; the step's code runs on every core, on data its env's physics has just touched. Results equal the
-unfused step's bit for bit (tests/envs/test_fused.py).
+calls `mj_step` for the control step's substeps, reads the new state's integration row and sensors and runs the
+`after` kernel, each result written to the env's row of an output array. A second function starts an episode where
+the task's reset is compiled: the model's defaults (`mj_resetData`), the task's start state from the env's uniform
+draws, `mj_forward` for its sensors and the `after` kernel for its observation, one call for every env an auto-reset
+starts. The caller is left the action checks, the reset draws and the outputs; the step's code runs on every core,
+on data its env's physics has just touched. Results equal the unfused step's bit for bit (tests/envs/test_fused.py).
 
 The function reads mjData's fields through its C layout, built by ctypes from the declarations MuJoCo ships
 (`mujoco.introspect`) and checked against an `MjData`'s own arrays; the caller's arrays through a table of their
@@ -26,8 +28,8 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from robotrl.envs.compiled import into_kernel, load_generated
-from robotrl.envs.lowering import lower
+from robotrl.envs.compiled import IntoKernel, into_kernel, load_generated
+from robotrl.envs.lowering import Unsupported, lower
 from robotrl.envs.native_batch import LIBRARY, NativeBatch
 from robotrl.envs.step import After, Before, after_rows, before_rows
 from robotrl.envs.task import Task
@@ -42,6 +44,8 @@ mj_get_state = types.ExternalFunction(
 mark_stack = types.ExternalFunction("mj_markStack", types.void(types.voidptr))
 free_stack = types.ExternalFunction("mj_freeStack", types.void(types.voidptr))
 stack_bytes = types.ExternalFunction("mj_stackAllocByte", types.voidptr(types.voidptr, types.uintp, types.uintp))
+mj_forward = types.ExternalFunction("mj_forward", types.void(types.voidptr, types.voidptr))
+mj_reset_data = types.ExternalFunction("mj_resetData", types.void(types.voidptr, types.voidptr))
 INTEGRATION = int(mujoco.mjtState.mjSTATE_INTEGRATION)
 
 
@@ -135,7 +139,8 @@ def data_offsets() -> dict[str, int]:
 
 class FusedStep:
     """The step's code and physics of `n` envs in one `mjb_apply`: `run(action)` steps every env and returns the
-    step's `After` (copies), as `CompiledStep.after` after `CompiledStep.before` and the batch's step would."""
+    step's `After` (copies), as `CompiledStep.after` after `CompiledStep.before` and the batch's step would; where the
+    task's reset is compiled too (`resets`), `reset(ids, draws)` starts those envs' episodes in one more."""
 
     def __init__(
         self,
@@ -160,6 +165,8 @@ class FusedStep:
         lowered_before = lower(functools.partial(before_rows, jnp, task, bounds), *before_example)
         lowered_after = lower(functools.partial(after_rows, jnp, task, reward_type), *after_example)
         before_kernel, after_kernel = into_kernel(lowered_before, 1), into_kernel(lowered_after, 1)
+        reset_kernel = _reset_kernel(task)
+        self.resets = reset_kernel is not None
         self._tree = lowered_after.treedef
         # the after kernel's results: one array (n, ...) each, written row by row; the rest lives on mjData's stack
         self._outs = [np.zeros((n, *shape[1:]), dtype) for shape, dtype in after_kernel.arrays[: after_kernel.results]]
@@ -168,81 +175,150 @@ class FusedStep:
         fields = Before._fields
         kept = [fields.index("action"), fields.index("blowups")]
         carried = [np.zeros((n, *before_kernel.arrays[i][0][1:]), before_kernel.arrays[i][1]) for i in kept]
-        table = [self.action, sens, goal, steps, batch.state, *self._outs, *carried]
+        #: the reset's uniform draws, a row per env; and zeros for what an observation leaves unread of the after
+        #: kernel's inputs (as `CompiledStep.observe` gives it)
+        self.draws = np.zeros((n, task.reset_dims))
+        unread = [np.zeros((n, *x.shape[1:]), x.dtype) for x in after_example[4:]]
+        table = [self.action, sens, goal, steps, batch.state, *self._outs, *carried, self.draws, *unread]
         for x in table:
             if not x.flags.c_contiguous or x.shape[0] != n:
                 raise ValueError("FusedStep: every array it reads or writes is C-contiguous with a row per env")
         self._table = np.array([x.ctypes.data for x in table], np.int64)
         self._keep = table  # the addresses stay valid while these live
-        offsets = data_offsets()
-        lines = [
-            "# generated by robotrl.envs.fused: do not edit (the file name is its hash)",
-            "import numba",
-            "from numba import carray, types",
-            "from robotrl.envs.fused import address, pointer, mj_step, mj_get_state, mark_stack, free_stack, "
-            "stack_bytes",
-            f"from {before_kernel.module.__name__} import kernel_into as before",
-            f"from {after_kernel.module.__name__} import kernel_into as after",
-            "",
-            "",
-            "@numba.cfunc(types.void(types.voidptr, types.voidptr, types.int32, types.voidptr), nogil=True,",
-            "             cache=True, error_model='numpy')",
-            "def step(m, d, sim, arg):",
-            f"    table = carray(pointer(address(arg), numba.int64), ({len(table)},))",
-            "    base = address(d)",
-        ]
-        for name, width in zip(POINTER_FIELDS, (m.nq, m.nv, m.nu, m.nsensordata)):
-            at = f"carray(pointer(base + {offsets[name]}, numba.int64), (1,))[0]"
-            lines.append(f"    {name} = carray(pointer({at}, numba.float64), (1, {width}))")
-        nwarning = int(mujoco.mjtWarning.mjNWARNING)
-        lines.append(f"    warning = carray(pointer(base + {offsets['warning']}, numba.int32), (1, {nwarning}, 2))")
         outs = [f"out{i}" for i in range(len(self._outs))]
-        names = ["action", "sens", "goal", "steps", "row", *outs, "clipped", "blowups"]
-        for i, (name, x) in enumerate(zip(names, table)):
-            row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.itemsize
-            lines.append(
-                f"    {name} = carray(pointer(table[{i}] + sim * {row_bytes}, {_numba_type(x.dtype)}), "
-                f"{(1, *x.shape[1:])})"
-            )
-
-        def on_stack(prefix: str, arrays: list[tuple[tuple[int, ...], np.dtype]], given: dict[int, str]) -> list[str]:
-            """The arrays' names, each allocated on the thread's mjData stack but those `given` (index: name)."""
-            for i, (shape, dtype) in enumerate(arrays):
-                if i not in given:
-                    size = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
-                    lines.append(
-                        f"    {prefix}{i} = carray(pointer(address(stack_bytes(d, {size}, 8)), {_numba_type(dtype)}), "
-                        f"{shape})"
-                    )
-            return [given.get(i, f"{prefix}{i}") for i in range(len(arrays))]
-
-        # the controls straight into the thread's mjData; the rest of the before kernel's arrays on its stack, freed
-        # before the physics
-        lines.append("    mark_stack(d)")
-        given = {fields.index("ctrl"): "ctrl", kept[0]: "clipped", kept[1]: "blowups"}
-        b = on_stack("b", before_kernel.arrays, given)
-        lines.append(f"    before(qpos, qvel, sens, goal, action, warning, {', '.join(b)})")
-        lines.append("    free_stack(d)")
-        lines.append(f"    for _ in range({task.n_substeps}):")
-        lines.append("        mj_step(m, d)")
-        lines.append(
-            f"    mj_get_state(m, d, pointer(table[4] + sim * {batch.nstate * 8}, numba.float64), {INTEGRATION})"
+        names = ["action", "sens", "goal", "steps", "row", *outs, "clipped", "blowups", "draws"]
+        names += ["no_action", "no_row", "no_warning", "no_blowups", "no_steps"]
+        source = _Source(m, table, names)
+        source.imports.append(f"from {before_kernel.module.__name__} import kernel_into as before")
+        source.imports.append(f"from {after_kernel.module.__name__} import kernel_into as after")
+        # the step: the controls straight into the thread's mjData, the rest of the before kernel's arrays on its
+        # stack, freed before the physics; the after kernel's results into the env's rows
+        source.function("step")
+        source.line("mark_stack(d)")
+        b = source.on_stack(
+            "b", before_kernel.arrays, {fields.index("ctrl"): "ctrl", kept[0]: "clipped", kept[1]: "blowups"}
         )
-        lines.append("    mark_stack(d)")
-        temporaries = on_stack("t", after_kernel.arrays[after_kernel.results :], {})
-        arguments = ", ".join(outs + temporaries)
-        lines.append(f"    after(qpos, qvel, sensordata, goal, clipped, row, warning, blowups, steps, {arguments})")
-        lines.append("    free_stack(d)")
-        self.source = "\n".join(lines) + "\n"
-        self._function = load_generated(self.source, "fused").step
-        self._address, self._arg = int(self._function.address), int(self._table.ctypes.data)
+        source.line(f"before(qpos, qvel, sens, goal, action, warning, {', '.join(b)})")
+        source.line("free_stack(d)")
+        source.line(f"for _ in range({task.n_substeps}):")
+        source.line("    mj_step(m, d)")
+        source.line(f"mj_get_state(m, d, pointer(table[4] + sim * {batch.nstate * 8}, numba.float64), {INTEGRATION})")
+        source.sensors(m.nsensordata)
+        source.after(after_kernel, outs, "qpos, qvel, sensordata, goal, clipped, row, warning, blowups, steps")
+        if reset_kernel is not None:
+            # a reset: the model's defaults (at rest, time 0, cold solver), the task's start state from the env's
+            # draws, the sensors of it and its observation (the after kernel's, its other inputs unread)
+            source.imports.append(f"from {reset_kernel.module.__name__} import kernel_into as start")
+            source.function("reset")
+            source.line("mj_reset_data(m, d)")
+            source.line("mark_stack(d)")
+            r = source.on_stack("r", reset_kernel.arrays, {0: "qpos", 1: "qvel", 2: "goal"})
+            source.line(f"start(draws, {', '.join(r)})")
+            source.line("free_stack(d)")
+            source.line("mj_forward(m, d)")
+            source.sensors(m.nsensordata)
+            inputs = "qpos, qvel, sens, goal, no_action, no_row, no_warning, no_blowups, no_steps"
+            source.after(after_kernel, outs, inputs)
+        self.source = source.text()
+        module = load_generated(self.source, "fused")
+        self._step = int(module.step.address)
+        self._reset = int(module.reset.address) if reset_kernel is not None else 0
+        self._arg = int(self._table.ctypes.data)
         self._jax_tree = jax.tree
 
     def run(self, action: np.ndarray) -> After:
         """Step every env by one control step of `action` (finite: the caller checks) and return its results."""
         self.action[:] = action
-        self.batch.apply(self._address, self._arg)
+        self.batch.apply(self._step, self._arg)
         return self._jax_tree.unflatten(self._tree, [x.copy() for x in self._outs])
+
+    def reset(self, ids: np.ndarray, draws: np.ndarray) -> dict[str, np.ndarray]:
+        """Start the episodes of envs `ids` from their uniform draws (len(ids), reset_dims): their simulations, goals
+        and sensors, as the unfused reset leaves them; return their numeric observations."""
+        self.draws[ids] = draws
+        self.batch.apply(self._reset, self._arg, ids=ids)
+        return self._jax_tree.unflatten(self._tree, [x[ids] for x in self._outs]).numeric
+
+
+def _reset_kernel(task: Task) -> Any:
+    """The task's reset lowered at one row, or None where the lowering does not cover it (e.g. PickPlace's argsort)
+    or it draws nothing: the backend resets those envs on the calling thread."""
+    import jax.numpy as jnp
+
+    if task.reset_dims == 0:
+        return None
+    try:
+        return into_kernel(lower(functools.partial(task.reset, jnp), np.zeros((1, task.reset_dims))), 1)
+    except Unsupported:
+        return None
+
+
+class _Source:
+    """The generated module of a task's fused functions, each `f(m, d, sim, arg)`: its preamble names the thread's
+    mjData fields (`POINTER_FIELDS`, `warning`) and the env's row of each array of the table at `arg`."""
+
+    def __init__(self, model: mujoco.MjModel, table: list[np.ndarray], names: list[str]) -> None:
+        self.imports = [
+            "# generated by robotrl.envs.fused: do not edit (the file name is its hash)",
+            "import numba",
+            "from numba import carray, types",
+            "from robotrl.envs.fused import address, pointer, mj_step, mj_forward, mj_reset_data, mj_get_state, "
+            "mark_stack, free_stack, stack_bytes",
+        ]
+        offsets = data_offsets()
+        self.preamble = [
+            f"table = carray(pointer(address(arg), numba.int64), ({len(table)},))",
+            "base = address(d)",
+        ]
+        for name, width in zip(POINTER_FIELDS, (model.nq, model.nv, model.nu, model.nsensordata)):
+            at = f"carray(pointer(base + {offsets[name]}, numba.int64), (1,))[0]"
+            self.preamble.append(f"{name} = carray(pointer({at}, numba.float64), (1, {width}))")
+        nwarning = int(mujoco.mjtWarning.mjNWARNING)
+        self.preamble.append(f"warning = carray(pointer(base + {offsets['warning']}, numba.int32), (1, {nwarning}, 2))")
+        for i, (name, x) in enumerate(zip(names, table, strict=True)):
+            row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.itemsize
+            self.preamble.append(
+                f"{name} = carray(pointer(table[{i}] + sim * {row_bytes}, {_numba_type(x.dtype)}), {(1, *x.shape[1:])})"
+            )
+        self.body: list[str] = []
+
+    def function(self, name: str) -> None:
+        self.body += [
+            "",
+            "",
+            "@numba.cfunc(types.void(types.voidptr, types.voidptr, types.int32, types.voidptr), nogil=True,",
+            "             cache=True, error_model='numpy')",
+            f"def {name}(m, d, sim, arg):",
+            *(f"    {line}" for line in self.preamble),
+        ]
+
+    def line(self, text: str) -> None:
+        self.body.append(f"    {text}")
+
+    def on_stack(self, prefix: str, arrays: list[tuple[tuple[int, ...], np.dtype]], given: dict[int, str]) -> list[str]:
+        """The arrays' names, each allocated on the thread's mjData stack but those `given` (index: name)."""
+        for i, (shape, dtype) in enumerate(arrays):
+            if i not in given:
+                size = max(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize, 1)
+                self.line(
+                    f"{prefix}{i} = carray(pointer(address(stack_bytes(d, {size}, 8)), {_numba_type(dtype)}), {shape})"
+                )
+        return [given.get(i, f"{prefix}{i}") for i in range(len(arrays))]
+
+    def sensors(self, size: int) -> None:
+        """The thread's sensors into the env's row (`mjb_apply` copies no bound field out)."""
+        self.line(f"for i in range({size}):")
+        self.line("    sens[0, i] = sensordata[0, i]")
+
+    def after(self, kernel: IntoKernel, outs: list[str], inputs: str) -> None:
+        """The after kernel on `inputs`, its results into the env's rows, its temporaries on the stack."""
+        self.line("mark_stack(d)")
+        temporaries = self.on_stack("t", kernel.arrays[kernel.results :], {})
+        self.line(f"after({inputs}, {', '.join(outs + temporaries)})")
+        self.line("free_stack(d)")
+
+    def text(self) -> str:
+        return "\n".join([*self.imports, *self.body]) + "\n"
 
 
 def _numba_type(dtype: np.dtype) -> str:
