@@ -1,15 +1,16 @@
-"""CPU backend: N simulations of one model in a `mujoco.batch.Batch`, stepped on native threads (the GIL is
-released).
+"""CPU backend: N simulations of one model in MuJoCo's batch (its C API, robotrl/envs/native_batch.py), stepped on
+native threads (the GIL is released).
 
-One control step is one `Batch.step` over all envs for `n_substeps` physics steps, so Python runs once per control
-step for the whole batch. Around it the step's code (robotrl/envs/step.py: the task's control, observation, reward and
+One control step is one batch call over all envs for `n_substeps` physics steps, so Python runs once per control step
+for the whole batch. Around it the step's code (robotrl/envs/step.py: the task's control, observation, reward and
 termination with the step's own bookkeeping, written once against an array namespace) is one native call on each
 side, compiled by numba on first use (robotrl/envs/compiled.py; `compile_task=False` or ROBOTRL_COMPILE_TASK=0 runs
 it as vectorized numpy, as the first reset always does). Compiled, it runs inside the physics call itself by default:
 one call on the batch's threads steps each env's code and physics together, and one more starts the episodes an
-auto-reset begins (robotrl/envs/fused.py; `fuse_step=False` or ROBOTRL_FUSE_STEP=0 keeps them on the calling thread). Each simulation keeps its whole integration state between
-control steps, the solver's warm start included, as one MjData stepped by a robot's control loop does
-(hardware/sim_robot.py): nothing is copied in or out of the simulations but the bound fields.
+auto-reset begins (robotrl/envs/fused.py; `fuse_step=False` or ROBOTRL_FUSE_STEP=0 keeps them on the calling
+thread). Each simulation keeps its whole integration state between control steps, the solver's warm start included,
+as one MjData stepped by a robot's control loop does (hardware/sim_robot.py): nothing is copied in or out of the
+simulations but the bound fields.
 """
 
 from __future__ import annotations
