@@ -64,6 +64,31 @@ def test_the_fused_step_equals_the_step_code_on_the_calling_thread_bit_for_bit(t
         assert ends > 0  # the auto-reset was on the path
 
 
+def test_images_and_their_randomization_through_the_fused_reset_equal_the_unfused():
+    """An auto-reset fused into the pool call hands the backend's images, camera jitter, light and observation noise
+    the same states and draws as the reset on the calling thread."""
+    rz = Randomization(camera_pos=0.01, light=0.2, obs_noise=0.01)
+    envs = [
+        make(
+            "Reach?images=true", num_envs=3, seed=0, randomization=rz, render_workers=0, compile_task=True, fuse_step=f
+        )
+        for f in (True, False)
+    ]
+    for env in envs:
+        env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    ends = 0
+    for _ in range(65):
+        u = rng.uniform(envs[0].action_space.low, envs[0].action_space.high).astype(np.float32)
+        (obs_f, _, te, tr, info_f), (obs_p, *_, info_p) = (env.step(u) for env in envs)
+        for key in ("state", "image_front"):
+            np.testing.assert_array_equal(obs_f[key], obs_p[key], err_msg=key)
+            if "final_obs" in info_f:
+                np.testing.assert_array_equal(info_f["final_obs"][key], info_p["final_obs"][key], err_msg=key)
+        ends += int((te | tr).sum())
+    assert ends > 0 and envs[0]._fused is not None and envs[0]._fused.resets
+
+
 def test_a_refused_action_steps_no_simulation():
     """A NaN action is refused before the physics call: nothing steps, in any env."""
     env, _ = _pair("Reach", n=3)
