@@ -239,12 +239,9 @@ class CompiledStep(NumpyStep):
         self._before = compile_kernel(lower(before, *frame, action, warning), (*frame, action, warning))
         example_after = (*frame, action, rows, warning, counts, counts)
         self._after = compile_kernel(lower(after, *example_after), example_after)
-        draws = np.zeros((BLOCK, task.reset_dims))
-        try:  # resets are rarer than steps: where the lowering does not cover a task's reset, numpy runs it
-            if task.reset_dims > 0:  # (a reset that draws nothing has no rows for a kernel to run over)
-                self._reset = compile_kernel(lower(functools.partial(task.reset, jnp), draws), (draws,))
-        except Unsupported:
-            pass
+        lowered_reset = lower_reset(task, BLOCK)  # resets are rarer than steps: where it is None, numpy runs it
+        if lowered_reset is not None:
+            self._reset = compile_kernel(lowered_reset, (np.zeros((BLOCK, task.reset_dims)),))
         #: zeros for the after kernel's inputs that `observe` leaves unread, by rows (at least a block's)
         self._unread = {BLOCK: example_after[4:]}
 
@@ -254,6 +251,19 @@ class CompiledStep(NumpyStep):
         if size not in self._unread:
             self._unread[size] = tuple(_zeros(x, size) for x in self._unread[BLOCK])
         return self._after(*frame, *self._unread[size]).numeric
+
+
+def lower_reset(task: Task, rows: int) -> Lowered | None:
+    """The task's reset (uniform draws -> start states) lowered at `rows` rows, or None where it draws nothing (no rows
+    for a kernel to run over) or the lowering does not cover it (e.g. PickPlace's argsort): numpy runs those."""
+    import jax.numpy as jnp
+
+    if task.reset_dims == 0:
+        return None
+    try:
+        return lower(functools.partial(task.reset, jnp), np.zeros((rows, task.reset_dims)))
+    except Unsupported:
+        return None
 
 
 class StepArrays(NamedTuple):

@@ -267,7 +267,7 @@ class CpuVectorEnv(RobotVectorEnv):
             self._camera_jitter[idx] = self.randomization.camera_pos * (2.0 * jitter - 1.0)
         if self.randomization.light > 0:
             self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * light - 1.0)
-        fused = self._fused_step() if self._compiled is not None else None  # the first reset: none yet
+        fused = self._fused_step()  # (None at the first reset: nothing is compiled yet)
         numeric = None
         if fused is not None and fused.resets:  # one call on the pool: defaults, start state, sensors, observation
             numeric = fused.reset(idx, draws)

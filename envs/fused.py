@@ -28,11 +28,11 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from robotrl.envs.compiled import IntoKernel, into_kernel, load_generated
-from robotrl.envs.lowering import Unsupported, lower
+from robotrl.envs.compiled import IntoKernel, into_kernel, load_generated, lower_reset
+from robotrl.envs.lowering import lower
 from robotrl.envs.native_batch import LIBRARY, NativeBatch
 from robotrl.envs.step import After, Before, after_rows, before_rows
-from robotrl.envs.task import Task
+from robotrl.envs.task import ResetState, Task
 
 # MuJoCo's functions by symbol, resolved when numba links the step (a compiled step that holds no address is cached)
 llvm.load_library_permanently(LIBRARY)
@@ -165,7 +165,8 @@ class FusedStep:
         lowered_before = lower(functools.partial(before_rows, jnp, task, bounds), *before_example)
         lowered_after = lower(functools.partial(after_rows, jnp, task, reward_type), *after_example)
         before_kernel, after_kernel = into_kernel(lowered_before, 1), into_kernel(lowered_after, 1)
-        reset_kernel = _reset_kernel(task)
+        lowered_reset = lower_reset(task, 1)  # None: the backend resets on the calling thread
+        reset_kernel = into_kernel(lowered_reset, 1) if lowered_reset is not None else None
         self.resets = reset_kernel is not None
         self._tree = lowered_after.treedef
         # the after kernel's results: one array (n, ...) each, written row by row; the rest lives on mjData's stack
@@ -212,7 +213,8 @@ class FusedStep:
             source.function("reset")
             source.line("mj_reset_data(m, d)")
             source.line("mark_stack(d)")
-            r = source.on_stack("r", reset_kernel.arrays, {0: "qpos", 1: "qvel", 2: "goal"})
+            # (the start state's fields straight into the thread's mjData and the env's goal row, of the same names)
+            r = source.on_stack("r", reset_kernel.arrays, dict(enumerate(ResetState._fields)))
             source.line(f"start(draws, {', '.join(r)})")
             source.line("free_stack(d)")
             source.line("mj_forward(m, d)")
@@ -238,19 +240,6 @@ class FusedStep:
         self.draws[ids] = draws
         self.batch.apply(self._reset, self._arg, ids=ids)
         return self._jax_tree.unflatten(self._tree, [x[ids] for x in self._outs]).numeric
-
-
-def _reset_kernel(task: Task) -> Any:
-    """The task's reset lowered at one row, or None where the lowering does not cover it (e.g. PickPlace's argsort)
-    or it draws nothing: the backend resets those envs on the calling thread."""
-    import jax.numpy as jnp
-
-    if task.reset_dims == 0:
-        return None
-    try:
-        return into_kernel(lower(functools.partial(task.reset, jnp), np.zeros((1, task.reset_dims))), 1)
-    except Unsupported:
-        return None
 
 
 class _Source:
