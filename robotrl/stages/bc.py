@@ -71,7 +71,7 @@ class BCConfig(PolicyRunOptions):
     most samples on steps success never needed (datasets/sampler.py, SequenceConfig.success_tail)"""
     device: str = "cpu"
     """torch device the policy trains on ("cuda", "cuda:1"); evaluation and the saved weights are the same either
-    way (checkpoints hold CPU tensors). A GPU trains PushT's U-Net tens of times faster than this machine's cores"""
+    way (checkpoints hold CPU tensors). A GPU against the CPU: bench/RESULTS.md, "BC on a GPU" """
     checkpoint_every: int = 1000
     """gradient steps between train states"""
     log_every: int = 50
