@@ -6,11 +6,13 @@ for the whole batch. Around it the step's code (robotrl/envs/step.py: the task's
 termination with the step's own bookkeeping, written once against an array namespace) is one native call on each
 side, compiled by numba on first use (robotrl/envs/compiled.py; `compile_task=False` or ROBOTRL_COMPILE_TASK=0 runs
 it as vectorized numpy, as the first reset always does). Compiled, it runs inside the physics call itself by default:
-one call on the batch's threads steps each env's code and physics together, and one more starts the episodes an
-auto-reset begins (robotrl/envs/fused.py; `fuse_step=False` or ROBOTRL_FUSE_STEP=0 keeps them on the calling
-thread). Each simulation keeps its whole integration state between control steps, the solver's warm start included,
-as one MjData stepped by a robot's control loop does (hardware/sim_robot.py): nothing is copied in or out of the
-simulations but the bound fields.
+one call on the batch's threads steps each env's code and physics together and starts, in the same call, the next
+episode of an env whose episode the step ended (robotrl/envs/fused.py; `fuse_step=False` or ROBOTRL_FUSE_STEP=0
+keeps them on the calling thread). So that it can, each env's next episode is drawn when its episode starts (one
+generator for the batch, `get_state()["next_draws"]`): the episodes of a seed are the same on every path. Each
+simulation keeps its whole integration state between control steps, the solver's warm start included, as one MjData
+stepped by a robot's control loop does (hardware/sim_robot.py): nothing is copied in or out of the simulations but
+the bound fields.
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class CpuVectorEnv(RobotVectorEnv):
         self._render_workers = render_workers
         self._camera_jitter = np.zeros((n, max(len(task.cameras), 1), 3))
         self._light_scale = np.ones(n)
+        #: the uniform draws each env's next episode starts from (its start state, randomization, camera jitter,
+        #: light): drawn when the episode before it starts, so that an episode that ends inside the physics call can
+        #: start its next one there (robotrl/envs/fused.py)
+        self._next = tuple(np.zeros((n, *shape[1:])) for shape in self._draw_shapes(n))
         #: set to a dict to add up, per part of `step` ("physics", "task", "render", "bookkeeping"), the seconds it
         #: took: where a step's time goes (bench/envs.py prints it); None (the default) times nothing
         self.step_seconds: dict[str, float] | None = None
@@ -130,7 +136,9 @@ class CpuVectorEnv(RobotVectorEnv):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict]:
         if seed is not None:
             self._rng = np.random.default_rng(seed)
-        numeric = self._reset_envs(np.arange(self.num_envs))
+        every = np.arange(self.num_envs)
+        self._draw_next(every)  # (an explicit reset starts from fresh draws)
+        numeric = self._reset_envs(every)
         return convert_obs(self._observe(numeric=numeric), self.output), {}
 
     def step(self, actions: Any) -> tuple[dict[str, Any], Any, Any, Any, dict[str, Any]]:
@@ -142,15 +150,20 @@ class CpuVectorEnv(RobotVectorEnv):
         clock.lap("bookkeeping")
         after = self._advance(action, clock)
         self._steps[:] = after.steps
-        obs = self._observe(clock=clock, numeric=after.numeric)
-        info: dict[str, Any] = {"success": after.success, "diverged": after.diverged}
         done = after.terminated | after.truncated
-        if self.autoreset and done.any():
+        idx = np.nonzero(done)[0] if self.autoreset else np.zeros(0, np.intp)
+        numeric, started = after.numeric, None
+        if len(idx) and self._fused is not None and self._fused.resets_in_step:  # their episodes started in the call
+            started = {key: value[idx] for key, value in numeric.items()}
+            for key, value in self._fused.terminal(idx).items():
+                numeric[key][idx] = value
+        obs = self._observe(clock=clock, numeric=numeric)
+        info: dict[str, Any] = {"success": after.success, "diverged": after.diverged}
+        if len(idx):
             info["final_obs"] = convert_obs({k: _copy(v) for k, v in obs.items()}, self.output)
             info["_final_obs"] = done
-            idx = np.nonzero(done)[0]
-            numeric = self._reset_envs(idx)
-            obs = self._merge(obs, self._observe(idx, clock=clock, numeric=numeric), idx)
+            fresh = self._reset_envs(idx, started)
+            obs = self._merge(obs, self._observe(idx, clock=clock, numeric=fresh), idx)
         out = step_output(self.output, obs, after.reward, after.terminated, after.truncated, info)
         clock.lap("bookkeeping")
         return out
@@ -182,11 +195,20 @@ class CpuVectorEnv(RobotVectorEnv):
     def _fused_step(self) -> FusedStep | None:
         """The fused step, built on first use where the step's code is compiled and `fuse_step` is on."""
         if self._fused is None and self.fuse_step and self._compiled is not None:
-            arrays = {"sensordata": self._sens, "goal": self._goal, "steps": self._steps}
+            arrays = {"sensordata": self._sens, "goal": self._goal, "steps": self._steps, "draws": self._next[0]}
             try:
                 from robotrl.envs.fused import FusedStep  # numba's compiler and MuJoCo's symbols: loaded on first use
 
                 self._fused = FusedStep(self.task, self.reward_type, self._compiled.bounds, self._live(), arrays)
+                # an episode that ends starts its next in the same call, where nothing of the reset needs this thread
+                # between (per-env models set, the final observation's images and instructions drawn from its state)
+                self._fused.resets_in_step = (
+                    self._fused.resets
+                    and self.autoreset
+                    and not self.randomization.changes_model
+                    and not self._render_images
+                    and not self._instructions
+                )
             except Exception as err:  # noqa: BLE001  # any failure to build it leaves the step's code on this thread
                 reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
                 warnings.warn(
@@ -213,23 +235,28 @@ class CpuVectorEnv(RobotVectorEnv):
         return Frame(self._qpos[sl], self._qvel[sl], self._sens[sl], self._goal[sl])
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """Physics state (FULLPHYSICS layout, as the MJX backend's), the solver's warm start, sensors, goals and step
-        counters: enough to restore exactly."""
+        """Physics state (FULLPHYSICS layout, as the MJX backend's), the solver's warm start, sensors, goals, step
+        counters and the draws the next episodes start from: with `get_rng_state`, enough to restore exactly."""
         return {
             "physics": self._physics(),
             "warmstart": self._warmstart.copy(),
             "sensordata": self._sens.copy(),
             "goal": self._goal.copy(),
             "steps": self._steps.copy(),
+            "next_draws": np.concatenate([part.reshape(self.num_envs, -1) for part in self._next], axis=1),
         }
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
-        """Continue from `get_state` of this backend or the MJX one (whose state has no warm start: it starts cold)."""
+        """Continue from `get_state` of this backend or the MJX one (whose state has no warm start: it starts cold; nor
+        next draws: the next episodes keep this env's)."""
         n = self.num_envs
         physics, warmstart = np.zeros((n, len(self._physics_cols))), np.zeros_like(self._warmstart)
         checked = [("physics", physics), ("sensordata", self._sens), ("goal", self._goal), ("steps", self._steps)]
         if "warmstart" in state:
             checked.append(("warmstart", warmstart))
+        draws = np.zeros((n, sum(part[0].size for part in self._next)))
+        if "next_draws" in state:
+            checked.append(("next_draws", draws))
         for key, dst in checked:
             if np.shape(state[key]) != dst.shape:
                 raise ValueError(f"set_state[{key!r}]: expected shape {dst.shape}, got {np.shape(state[key])}")
@@ -237,6 +264,11 @@ class CpuVectorEnv(RobotVectorEnv):
             dst[:] = np.asarray(state[key])
         self._live().state[:, self._physics_cols] = physics
         self._warmstart[:] = warmstart
+        if "next_draws" in state:
+            at = 0
+            for part in self._next:  # (in place: the fused step reads the first)
+                part[:] = draws[:, at : at + part[0].size].reshape(part.shape)
+                at += part[0].size
         self._mocap = self.task.mocap(np, self._goal)
 
     def get_rng_state(self) -> dict[str, Any]:
@@ -248,11 +280,14 @@ class CpuVectorEnv(RobotVectorEnv):
         self._rng.bit_generator.state = state
 
     # --- internals ----------------------------------------------------------------------------------
-    def _reset_envs(self, idx: np.ndarray) -> dict[str, np.ndarray] | None:
-        """Start new episodes in envs `idx`; return their numeric observations where the reset computed them (fused),
-        else None."""
-        task, k = self.task, len(idx)
-        draws, u, jitter, light = self._draws(k)
+    def _reset_envs(
+        self, idx: np.ndarray, started: dict[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray] | None:
+        """Start new episodes in envs `idx` from their held draws, and draw their next; return their numeric
+        observations where the reset computed them (fused), else None. `started`: the observations of episodes the
+        physics call started already (`FusedStep.resets_in_step`), whose simulations, goals and sensors are set."""
+        task = self.task
+        draws, u, jitter, light = (part[idx] for part in self._next)
         batch = self._live()
         if self.randomization.changes_model:
             fields = sample_model_fields(np, self.randomization, self._nominal, u)
@@ -268,11 +303,12 @@ class CpuVectorEnv(RobotVectorEnv):
         if self.randomization.light > 0:
             self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * light - 1.0)
         fused = self._fused_step()  # (None at the first reset: nothing is compiled yet)
-        numeric = None
-        if fused is not None and fused.resets:  # one call on the pool: defaults, start state, sensors, observation
-            numeric = fused.reset(idx, draws)
-        else:
+        numeric = started
+        if started is None and fused is not None and fused.resets:  # one pool call: defaults, start, sensors, obs
+            numeric = fused.reset(idx)  # (from the draws' rows)
+        elif started is None:
             self._start(idx, draws)
+        self._draw_next(idx)
         self._steps[idx] = 0
         if self._mocap is None or len(idx) == self.num_envs:
             self._mocap = task.mocap(np, self._goal)
@@ -295,19 +331,22 @@ class CpuVectorEnv(RobotVectorEnv):
         self._sens[idx] = self._sensordata[idx]
         self._goal[idx] = start.goal
 
-    def _draws(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The uniform draws of k envs' resets: the task's start states (k, reset_dims), the randomization's (k,
-        RANDOMIZATION_DIMS), the camera jitter (k, cameras, 3) and the light (k,). One call to the generator, whose
-        stream is the same as one call per part in turn; every part is drawn whether its randomization is on or not,
-        so that the reset states of a seed do not depend on it."""
-        shapes = ((k, self.task.reset_dims), (k, RANDOMIZATION_DIMS), (k, *self._camera_jitter.shape[1:]), (k,))
+    def _draw_shapes(self, k: int) -> tuple[tuple[int, ...], ...]:
+        """The shapes of k envs' draws: the task's start states (k, reset_dims), the randomization's (k,
+        RANDOMIZATION_DIMS), the camera jitter (k, cameras, 3) and the light (k,)."""
+        return (k, self.task.reset_dims), (k, RANDOMIZATION_DIMS), (k, *self._camera_jitter.shape[1:]), (k,)
+
+    def _draw_next(self, idx: np.ndarray) -> None:
+        """Draw the next episodes' uniform draws of envs `idx`: one call to the generator, whose stream is the same as
+        one call per part in turn; every part is drawn whether its randomization is on or not, so that the reset
+        states of a seed do not depend on it."""
+        shapes = self._draw_shapes(len(idx))
         flat = self._rng.random(sum(math.prod(shape) for shape in shapes))
-        parts, at = [], 0
-        for shape in shapes:
+        at = 0
+        for part, shape in zip(self._next, shapes, strict=True):
             size = math.prod(shape)
-            parts.append(flat[at : at + size].reshape(shape))
+            part[idx] = flat[at : at + size].reshape(shape)
             at += size
-        return parts[0], parts[1], parts[2], parts[3]
 
     def _observe(
         self, idx: np.ndarray | None = None, clock: _Clock | None = None, numeric: dict[str, Any] | None = None

@@ -4,11 +4,13 @@
 the simulation's state loaded in the thread's `mjData`. `FusedStep` compiles that function (a numba `cfunc`) per task:
 for its env it runs the step's `before` kernel (robotrl/envs/compiled.py, lowered at one row), writes the controls,
 calls `mj_step` for the control step's substeps, reads the new state's integration row and sensors and runs the
-`after` kernel, each result written to the env's row of an output array. A second function starts an episode where
-the task's reset is compiled: the model's defaults (`mj_resetData`), the task's start state from the env's uniform
-draws, `mj_forward` for its sensors and the `after` kernel for its observation, one call for every env an auto-reset
-starts. The caller is left the action checks, the reset draws and the outputs; the step's code runs on every core,
-on data its env's physics has just touched. Results equal the unfused step's bit for bit (tests/envs/test_fused.py).
+`after` kernel, each result written to the env's row of an output array. Where the task's reset is compiled, an
+episode starts in the same function right where its last step ended it (`resets_in_step`, as EnvPool's workers do):
+the model's defaults (`mj_resetData`), the task's start state from the uniform draws the backend holds for the env's
+next episode, `mj_forward` for its sensors and the `after` kernel for its observation, the one it ended with kept
+aside; a second function does the same for the envs a call names (a reset the backend asks for). The caller is left
+the action checks, the next draws and the outputs; the step's code runs on every core, on data its env's physics has
+just touched. Results equal the unfused step's bit for bit (tests/envs/test_fused.py).
 
 The function reads mjData's fields through its C layout, built by ctypes from the declarations MuJoCo ships
 (`mujoco.introspect`) and checked against an `MjData`'s own arrays; the caller's arrays through a table of their
@@ -17,8 +19,10 @@ addresses (`arg`), so that one compiled function serves every env of a task and 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 import llvmlite.binding as llvm
@@ -140,7 +144,8 @@ def data_offsets() -> dict[str, int]:
 class FusedStep:
     """The step's code and physics of `n` envs in one `mjb_apply`: `run(action)` steps every env and returns the
     step's `After` (copies), as `CompiledStep.after` after `CompiledStep.before` and the batch's step would; where the
-    task's reset is compiled too (`resets`), `reset(ids, draws)` starts those envs' episodes in one more."""
+    task's reset is compiled too (`resets`), `run` can start the episodes it ends (`resets_in_step`) and
+    `reset(ids)` starts those envs' episodes in one more call, each from its row of `draws`."""
 
     def __init__(
         self,
@@ -154,7 +159,7 @@ class FusedStep:
         import jax.numpy as jnp
 
         self.batch = batch
-        sens, goal, steps = arrays["sensordata"], arrays["goal"], arrays["steps"]
+        sens, goal, steps, draws = arrays["sensordata"], arrays["goal"], arrays["steps"], arrays["draws"]
         n, m = batch.nsim, task.model
         self.action = np.zeros((n, *task.action_spec().shape))
         one = lambda x: np.ascontiguousarray(x[:1])  # noqa: E731
@@ -169,6 +174,10 @@ class FusedStep:
         reset_kernel = into_kernel(lowered_reset, 1) if lowered_reset is not None else None
         self.resets = reset_kernel is not None
         self._tree = lowered_after.treedef
+        # where the after kernel's results sit among its outputs: the observation's arrays, and the step's own
+        at = self._tree.unflatten(list(range(after_kernel.results)))
+        self._numeric_at = {key: int(i) for key, i in at.numeric.items()}
+        ended_at, kept_at = (int(at.terminated), int(at.truncated)), [int(i) for i in at[1:]]
         # the after kernel's results: one array (n, ...) each, written row by row; the rest lives on mjData's stack
         self._outs = [np.zeros((n, *shape[1:]), dtype) for shape, dtype in after_kernel.arrays[: after_kernel.results]]
         # the before kernel's results the after kernel reads: rows of their own, since MuJoCo may reset the thread's
@@ -176,11 +185,16 @@ class FusedStep:
         fields = Before._fields
         kept = [fields.index("action"), fields.index("blowups")]
         carried = [np.zeros((n, *before_kernel.arrays[i][0][1:]), before_kernel.arrays[i][1]) for i in kept]
-        #: the reset's uniform draws, a row per env; and zeros for what an observation leaves unread of the after
-        #: kernel's inputs (as `CompiledStep.observe` gives it)
-        self.draws = np.zeros((n, task.reset_dims))
+        #: the uniform draws each env's next episode starts from (the backend's, a row per env); and zeros for what an
+        #: observation leaves unread of the after kernel's inputs (as `CompiledStep.observe` gives it)
+        self.draws = draws
         unread = [np.zeros((n, *x.shape[1:]), x.dtype) for x in after_example[4:]]
-        table = [self.action, sens, goal, steps, batch.state, *self._outs, *carried, self.draws, *unread]
+        #: 1 where an env whose episode ends in a step starts its next one in the same call (`resets_in_step`); the
+        #: observation it ended with is kept in `final`
+        self.auto = np.zeros(n, np.int64)
+        self.final = {key: np.zeros_like(self._outs[i]) for key, i in self._numeric_at.items()}
+        table = [self.action, sens, goal, steps, batch.state, *self._outs, *carried, draws, *unread]
+        table += [self.auto, *self.final.values()]
         for x in table:
             if not x.flags.c_contiguous or x.shape[0] != n:
                 raise ValueError("FusedStep: every array it reads or writes is C-contiguous with a row per env")
@@ -188,10 +202,13 @@ class FusedStep:
         self._keep = table  # the addresses stay valid while these live
         outs = [f"out{i}" for i in range(len(self._outs))]
         names = ["action", "sens", "goal", "steps", "row", *outs, "clipped", "blowups", "draws"]
-        names += ["no_action", "no_row", "no_warning", "no_blowups", "no_steps"]
+        names += ["no_action", "no_row", "no_warning", "no_blowups", "no_steps", "auto"]
+        names += [f"final{i}" for i in range(len(self.final))]
         source = _Source(m, table, names)
         source.imports.append(f"from {before_kernel.module.__name__} import kernel_into as before")
         source.imports.append(f"from {after_kernel.module.__name__} import kernel_into as after")
+        if reset_kernel is not None:
+            source.imports.append(f"from {reset_kernel.module.__name__} import kernel_into as start")
         # the step: the controls straight into the thread's mjData, the rest of the before kernel's arrays on its
         # stack, freed before the physics; the after kernel's results into the env's rows
         source.function("step")
@@ -204,23 +221,22 @@ class FusedStep:
         source.line(f"for _ in range({task.n_substeps}):")
         source.line("    mj_step(m, d)")
         source.line(f"mj_get_state(m, d, pointer(table[4] + sim * {batch.nstate * 8}, numba.float64), {INTEGRATION})")
-        source.sensors(m.nsensordata)
+        source.sensors()
         source.after(after_kernel, outs, "qpos, qvel, sensordata, goal, clipped, row, warning, blowups, steps")
         if reset_kernel is not None:
-            # a reset: the model's defaults (at rest, time 0, cold solver), the task's start state from the env's
-            # draws, the sensors of it and its observation (the after kernel's, its other inputs unread)
-            source.imports.append(f"from {reset_kernel.module.__name__} import kernel_into as start")
+            # an episode that ended starts again here where `auto` says so: the observation it ended with into
+            # `final`, the new episode's into the rows, the step's own results (reward, ends, steps) kept
+            source.line(f"if auto[0] != 0 and (out{ended_at[0]}[0] or out{ended_at[1]}[0]):")
+            with source.indented():
+                for j, i in enumerate(self._numeric_at.values()):
+                    source.line(f"final{j}[:] = out{i}")
+                for i in kept_at:
+                    source.line(f"kept{i} = out{i}[0]")
+                self._start_episode(source, reset_kernel, after_kernel, outs)
+                for i in kept_at:
+                    source.line(f"out{i}[0] = kept{i}")
             source.function("reset")
-            source.line("mj_reset_data(m, d)")
-            source.line("mark_stack(d)")
-            # (the start state's fields straight into the thread's mjData and the env's goal row, of the same names)
-            r = source.on_stack("r", reset_kernel.arrays, dict(enumerate(ResetState._fields)))
-            source.line(f"start(draws, {', '.join(r)})")
-            source.line("free_stack(d)")
-            source.line("mj_forward(m, d)")
-            source.sensors(m.nsensordata)
-            inputs = "qpos, qvel, sens, goal, no_action, no_row, no_warning, no_blowups, no_steps"
-            source.after(after_kernel, outs, inputs)
+            self._start_episode(source, reset_kernel, after_kernel, outs)
         self.source = source.text()
         module = load_generated(self.source, "fused")
         self._step = int(module.step.address)
@@ -228,16 +244,46 @@ class FusedStep:
         self._arg = int(self._table.ctypes.data)
         self._jax_tree = jax.tree
 
+    @staticmethod
+    def _start_episode(source: _Source, reset_kernel: IntoKernel, after_kernel: IntoKernel, outs: list[str]) -> None:
+        """An episode's start: the model's defaults (at rest, time 0, cold solver), the task's start state from the
+        env's draws, the sensors of it and its observation (the after kernel's, its other inputs unread)."""
+        source.line("mj_reset_data(m, d)")
+        source.line("mark_stack(d)")
+        # (the start state's fields straight into the thread's mjData and the env's goal row, of the same names)
+        r = source.on_stack("r", reset_kernel.arrays, dict(enumerate(ResetState._fields)))
+        source.line(f"start(draws, {', '.join(r)})")
+        source.line("free_stack(d)")
+        source.line("mj_forward(m, d)")
+        source.sensors()
+        inputs = "qpos, qvel, sens, goal, no_action, no_row, no_warning, no_blowups, no_steps"
+        source.after(after_kernel, outs, inputs)
+
+    @property
+    def resets_in_step(self) -> bool:
+        """Whether an env whose episode ends in `run` starts its next one in the same call (from its row of
+        `draws`), the observation it ended with kept for `terminal`; off unless set, and only where `resets`."""
+        return bool(self.auto.any())
+
+    @resets_in_step.setter
+    def resets_in_step(self, on: bool) -> None:
+        if on and not self.resets:
+            raise ValueError("FusedStep.resets_in_step: the task's reset is not compiled")
+        self.auto[:] = int(on)
+
     def run(self, action: np.ndarray) -> After:
         """Step every env by one control step of `action` (finite: the caller checks) and return its results."""
         self.action[:] = action
         self.batch.apply(self._step, self._arg)
         return self._jax_tree.unflatten(self._tree, [x.copy() for x in self._outs])
 
-    def reset(self, ids: np.ndarray, draws: np.ndarray) -> dict[str, np.ndarray]:
-        """Start the episodes of envs `ids` from their uniform draws (len(ids), reset_dims): their simulations, goals
-        and sensors, as the unfused reset leaves them; return their numeric observations."""
-        self.draws[ids] = draws
+    def terminal(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The observations envs `idx` ended their episodes with in the last `run`, where it started their next."""
+        return {key: rows[idx] for key, rows in self.final.items()}
+
+    def reset(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Start the episodes of envs `ids` from their rows of `draws`: their simulations, goals and sensors, as the
+        unfused reset leaves them; return their numeric observations."""
         self.batch.apply(self._reset, self._arg, ids=ids)
         return self._jax_tree.unflatten(self._tree, [x[ids] for x in self._outs]).numeric
 
@@ -270,6 +316,17 @@ class _Source:
                 f"{name} = carray(pointer(table[{i}] + sim * {row_bytes}, {_numba_type(x.dtype)}), {(1, *x.shape[1:])})"
             )
         self.body: list[str] = []
+        self.nsensordata = model.nsensordata
+        self._depth = 1
+
+    @contextlib.contextmanager
+    def indented(self) -> Iterator[None]:
+        """The lines written inside it are a block one level deeper."""
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
 
     def function(self, name: str) -> None:
         self.body += [
@@ -282,7 +339,7 @@ class _Source:
         ]
 
     def line(self, text: str) -> None:
-        self.body.append(f"    {text}")
+        self.body.append("    " * self._depth + text)
 
     def on_stack(self, prefix: str, arrays: list[tuple[tuple[int, ...], np.dtype]], given: dict[int, str]) -> list[str]:
         """The arrays' names, each allocated on the thread's mjData stack but those `given` (index: name)."""
@@ -294,9 +351,9 @@ class _Source:
                 )
         return [given.get(i, f"{prefix}{i}") for i in range(len(arrays))]
 
-    def sensors(self, size: int) -> None:
+    def sensors(self) -> None:
         """The thread's sensors into the env's row (`mjb_apply` copies no bound field out)."""
-        self.line(f"for i in range({size}):")
+        self.line(f"for i in range({self.nsensordata}):")
         self.line("    sens[0, i] = sensordata[0, i]")
 
     def after(self, kernel: IntoKernel, outs: list[str], inputs: str) -> None:

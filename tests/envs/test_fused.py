@@ -54,14 +54,45 @@ def test_the_fused_step_equals_the_step_code_on_the_calling_thread_bit_for_bit(t
             np.testing.assert_array_equal(obs_f[key], obs_p[key], err_msg=key)
         for a, b in ((r_f, r_p), (te_f, te_p), (tr_f, tr_p), (info_f["success"], info_p["success"])):
             np.testing.assert_array_equal(a, b)
+        assert info_f.keys() == info_p.keys()
+        for key in info_f.get("final_obs", {}):  # the observations the episodes ended with
+            np.testing.assert_array_equal(info_f["final_obs"][key], info_p["final_obs"][key], err_msg=key)
         ends += int((te_f | tr_f).sum())
         states = fused.get_state(), plain.get_state()
         for key in states[1]:
             np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=key)
     assert fused._fused is not None and plain._fused is None  # each ran the path it names
     assert fused._fused.resets == (task != "PickPlace")  # (PickPlace's reset sorts: the lowering leaves it numpy)
+    # an ended episode starts its next inside the step's own call, but where per-env models change at a reset
+    assert fused._fused.resets_in_step == (task != "PickPlace" and not randomized)
     if task in ("Quadruped", "Reach"):
         assert ends > 0  # the auto-reset was on the path
+
+
+def test_episodes_started_inside_the_step_continue_exactly_from_a_saved_state():
+    """Each env's next episode is drawn when its episode starts (`get_state()["next_draws"]`), so that the step's
+    own call can start it: a fresh env given a mid-run state and the reset stream's state continues bit for bit
+    through the auto-resets that follow, final observations included."""
+    envs = [make("Quadruped", num_envs=4, seed=s, render_images=False, compile_task=True) for s in (0, 7)]
+    envs[0].reset(seed=0)
+    envs[1].reset(seed=3)  # another run's episodes, left behind by the restore
+    rng = np.random.default_rng(0)
+    low, high = envs[0].action_space.low, envs[0].action_space.high
+    actions = [rng.uniform(low, high).astype(np.float32) for _ in range(60)]
+    for u in actions[:10]:
+        envs[0].step(u)
+    envs[1].set_state(envs[0].get_state())
+    envs[1].set_rng_state(envs[0].get_rng_state())
+    ends = 0
+    for u in actions[10:]:
+        (obs_a, r_a, te_a, tr_a, info_a), (obs_b, r_b, te_b, tr_b, info_b) = (env.step(u) for env in envs)
+        for a, b in ((r_a, r_b), (te_a, te_b), (tr_a, tr_b), *((obs_a[k], obs_b[k]) for k in obs_a)):
+            np.testing.assert_array_equal(a, b)
+        for key in info_a.get("final_obs", {}):
+            np.testing.assert_array_equal(info_a["final_obs"][key], info_b["final_obs"][key], err_msg=key)
+        ends += int((te_a | tr_a).sum())
+    assert ends > 0 and envs[0]._fused is not None and envs[0]._fused.resets_in_step
+    np.testing.assert_array_equal(envs[0].get_state()["next_draws"], envs[1].get_state()["next_draws"])
 
 
 def test_images_and_their_randomization_through_the_fused_reset_equal_the_unfused():
