@@ -18,7 +18,6 @@ the bound fields.
 from __future__ import annotations
 
 import copy
-import math
 import os
 import time
 import warnings
@@ -119,6 +118,7 @@ class CpuVectorEnv(RobotVectorEnv):
         #: light): drawn when the episode before it starts, so that an episode that ends inside the physics call can
         #: start its next one there (robotrl/envs/fused.py)
         self._next = tuple(np.zeros((n, *shape[1:])) for shape in self._draw_shapes(n))
+        self._draws_per_env = sum(part.size for part in self._next) // n
         #: set to a dict to add up, per part of `step` ("physics", "task", "render", "bookkeeping"), the seconds it
         #: took: where a step's time goes (bench/envs.py prints it); None (the default) times nothing
         self.step_seconds: dict[str, float] | None = None
@@ -152,12 +152,10 @@ class CpuVectorEnv(RobotVectorEnv):
         self._steps[:] = after.steps
         done = after.terminated | after.truncated
         idx = np.nonzero(done)[0] if self.autoreset else np.zeros(0, np.intp)
-        numeric, started = after.numeric, None
+        started = None
         if len(idx) and self._fused is not None and self._fused.resets_in_step:  # their episodes started in the call
-            started = {key: value[idx] for key, value in numeric.items()}
-            for key, value in self._fused.terminal(idx).items():
-                numeric[key][idx] = value
-        obs = self._observe(clock=clock, numeric=numeric)
+            started = self._fused.started(idx)
+        obs = self._observe(clock=clock, numeric=after.numeric)
         info: dict[str, Any] = {"success": after.success, "diverged": after.diverged}
         if len(idx):
             info["final_obs"] = convert_obs({k: _copy(v) for k, v in obs.items()}, self.output)
@@ -254,7 +252,7 @@ class CpuVectorEnv(RobotVectorEnv):
         checked = [("physics", physics), ("sensordata", self._sens), ("goal", self._goal), ("steps", self._steps)]
         if "warmstart" in state:
             checked.append(("warmstart", warmstart))
-        draws = np.zeros((n, sum(part[0].size for part in self._next)))
+        draws = np.zeros((n, self._draws_per_env))
         if "next_draws" in state:
             checked.append(("next_draws", draws))
         for key, dst in checked:
@@ -286,28 +284,28 @@ class CpuVectorEnv(RobotVectorEnv):
         """Start new episodes in envs `idx` from their held draws, and draw their next; return their numeric
         observations where the reset computed them (fused), else None. `started`: the observations of episodes the
         physics call started already (`FusedStep.resets_in_step`), whose simulations, goals and sensors are set."""
-        task = self.task
-        draws, u, jitter, light = (part[idx] for part in self._next)
+        task, rz = self.task, self.randomization
+        draws, u, jitter, light = self._next  # (each env's row of each: the draws its episode starts from)
         batch = self._live()
-        if self.randomization.changes_model:
-            fields = sample_model_fields(np, self.randomization, self._nominal, u)
+        if rz.changes_model:
+            fields = sample_model_fields(np, rz, self._nominal, u[idx])
             for j, i in enumerate(idx):
                 for name, values in fields.items():
                     getattr(self._models[i], name)[:] = values[j]
             batch.set_models(self._models)
-        if self.randomization.max_latency > 0:  # (u is drawn either way: the stream of reset states stays one)
-            self._latency[idx] = sample_latency(np, self.randomization, u[:, 4])
+        if rz.max_latency > 0:  # (u is drawn either way: the stream of reset states stays one)
+            self._latency[idx] = sample_latency(np, rz, u[idx, 4])
             self._history[idx] = 0.0
-        if self.randomization.camera_pos > 0:  # (off, the jitter stays zero and the scale one)
-            self._camera_jitter[idx] = self.randomization.camera_pos * (2.0 * jitter - 1.0)
-        if self.randomization.light > 0:
-            self._light_scale[idx] = 1.0 + self.randomization.light * (2.0 * light - 1.0)
+        if rz.camera_pos > 0:  # (off, the jitter stays zero and the scale one)
+            self._camera_jitter[idx] = rz.camera_pos * (2.0 * jitter[idx] - 1.0)
+        if rz.light > 0:
+            self._light_scale[idx] = 1.0 + rz.light * (2.0 * light[idx] - 1.0)
         fused = self._fused_step()  # (None at the first reset: nothing is compiled yet)
         numeric = started
         if started is None and fused is not None and fused.resets:  # one pool call: defaults, start, sensors, obs
             numeric = fused.reset(idx)  # (from the draws' rows)
         elif started is None:
-            self._start(idx, draws)
+            self._start(idx, draws[idx])
         self._draw_next(idx)
         self._steps[idx] = 0
         if self._mocap is None or len(idx) == self.num_envs:
@@ -340,12 +338,12 @@ class CpuVectorEnv(RobotVectorEnv):
         """Draw the next episodes' uniform draws of envs `idx`: one call to the generator, whose stream is the same as
         one call per part in turn; every part is drawn whether its randomization is on or not, so that the reset
         states of a seed do not depend on it."""
-        shapes = self._draw_shapes(len(idx))
-        flat = self._rng.random(sum(math.prod(shape) for shape in shapes))
+        k = len(idx)
+        flat = self._rng.random(k * self._draws_per_env)
         at = 0
-        for part, shape in zip(self._next, shapes, strict=True):
-            size = math.prod(shape)
-            part[idx] = flat[at : at + size].reshape(shape)
+        for part in self._next:
+            size = k * (part.size // self.num_envs)
+            part[idx] = flat[at : at + size].reshape(k, *part.shape[1:])
             at += size
 
     def _observe(

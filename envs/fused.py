@@ -7,10 +7,11 @@ calls `mj_step` for the control step's substeps, reads the new state's integrati
 `after` kernel, each result written to the env's row of an output array. Where the task's reset is compiled, an
 episode starts in the same function right where its last step ended it (`resets_in_step`, as EnvPool's workers do):
 the model's defaults (`mj_resetData`), the task's start state from the uniform draws the backend holds for the env's
-next episode, `mj_forward` for its sensors and the `after` kernel for its observation, the one it ended with kept
-aside; a second function does the same for the envs a call names (a reset the backend asks for). The caller is left
-the action checks, the next draws and the outputs; the step's code runs on every core, on data its env's physics has
-just touched. Results equal the unfused step's bit for bit (tests/envs/test_fused.py).
+next episode, `mj_forward` for its sensors and the `after` kernel for its first observation, into rows of its own
+(the step's results stay those the episode ended with); a second function does the same for the envs a call names
+(a reset the backend asks for). The caller is left the action checks, the next draws and the outputs; the step's
+code runs on every core, on data its env's physics has just touched. Results equal the unfused step's bit for bit
+(tests/envs/test_fused.py).
 
 The function reads mjData's fields through its C layout, built by ctypes from the declarations MuJoCo ships
 (`mujoco.introspect`) and checked against an `MjData`'s own arrays; the caller's arrays through a table of their
@@ -177,7 +178,6 @@ class FusedStep:
         # where the after kernel's results sit among its outputs: the observation's arrays, and the step's own
         at = self._tree.unflatten(list(range(after_kernel.results)))
         self._numeric_at = {key: int(i) for key, i in at.numeric.items()}
-        ended_at, kept_at = (int(at.terminated), int(at.truncated)), [int(i) for i in at[1:]]
         # the after kernel's results: one array (n, ...) each, written row by row; the rest lives on mjData's stack
         self._outs = [np.zeros((n, *shape[1:]), dtype) for shape, dtype in after_kernel.arrays[: after_kernel.results]]
         # the before kernel's results the after kernel reads: rows of their own, since MuJoCo may reset the thread's
@@ -189,12 +189,13 @@ class FusedStep:
         #: observation leaves unread of the after kernel's inputs (as `CompiledStep.observe` gives it)
         self.draws = draws
         unread = [np.zeros((n, *x.shape[1:]), x.dtype) for x in after_example[4:]]
-        #: 1 where an env whose episode ends in a step starts its next one in the same call (`resets_in_step`); the
-        #: observation it ended with is kept in `final`
+        #: 1 where an env whose episode ends in a step starts its next one in the same call (`resets_in_step`)
         self.auto = np.zeros(n, np.int64)
-        self.final = {key: np.zeros_like(self._outs[i]) for key, i in self._numeric_at.items()}
+        self._in_step = False
+        # the after kernel's results at an episode's start, beside the step's (which keep how the episode ended)
+        self._starts = [np.zeros_like(x) for x in self._outs]
         table = [self.action, sens, goal, steps, batch.state, *self._outs, *carried, draws, *unread]
-        table += [self.auto, *self.final.values()]
+        table += [self.auto, *self._starts]
         for x in table:
             if not x.flags.c_contiguous or x.shape[0] != n:
                 raise ValueError("FusedStep: every array it reads or writes is C-contiguous with a row per env")
@@ -203,12 +204,13 @@ class FusedStep:
         outs = [f"out{i}" for i in range(len(self._outs))]
         names = ["action", "sens", "goal", "steps", "row", *outs, "clipped", "blowups", "draws"]
         names += ["no_action", "no_row", "no_warning", "no_blowups", "no_steps", "auto"]
-        names += [f"final{i}" for i in range(len(self.final))]
+        starts = [f"start{i}" for i in range(len(self._starts))]
+        names += starts
         source = _Source(m, table, names)
         source.imports.append(f"from {before_kernel.module.__name__} import kernel_into as before")
         source.imports.append(f"from {after_kernel.module.__name__} import kernel_into as after")
         if reset_kernel is not None:
-            source.imports.append(f"from {reset_kernel.module.__name__} import kernel_into as start")
+            source.imports.append(f"from {reset_kernel.module.__name__} import kernel_into as start_state")
         # the step: the controls straight into the thread's mjData, the rest of the before kernel's arrays on its
         # stack, freed before the physics; the after kernel's results into the env's rows
         source.function("step")
@@ -224,19 +226,12 @@ class FusedStep:
         source.sensors()
         source.after(after_kernel, outs, "qpos, qvel, sensordata, goal, clipped, row, warning, blowups, steps")
         if reset_kernel is not None:
-            # an episode that ended starts again here where `auto` says so: the observation it ended with into
-            # `final`, the new episode's into the rows, the step's own results (reward, ends, steps) kept
-            source.line(f"if auto[0] != 0 and (out{ended_at[0]}[0] or out{ended_at[1]}[0]):")
+            # an episode that ended starts again here where `auto` says so (the step's results stay as it ended)
+            source.line(f"if auto[0] != 0 and (out{int(at.terminated)}[0] or out{int(at.truncated)}[0]):")
             with source.indented():
-                for j, i in enumerate(self._numeric_at.values()):
-                    source.line(f"final{j}[:] = out{i}")
-                for i in kept_at:
-                    source.line(f"kept{i} = out{i}[0]")
-                self._start_episode(source, reset_kernel, after_kernel, outs)
-                for i in kept_at:
-                    source.line(f"out{i}[0] = kept{i}")
+                self._start_episode(source, reset_kernel, after_kernel, starts)
             source.function("reset")
-            self._start_episode(source, reset_kernel, after_kernel, outs)
+            self._start_episode(source, reset_kernel, after_kernel, starts)
         self.source = source.text()
         module = load_generated(self.source, "fused")
         self._step = int(module.step.address)
@@ -252,7 +247,7 @@ class FusedStep:
         source.line("mark_stack(d)")
         # (the start state's fields straight into the thread's mjData and the env's goal row, of the same names)
         r = source.on_stack("r", reset_kernel.arrays, dict(enumerate(ResetState._fields)))
-        source.line(f"start(draws, {', '.join(r)})")
+        source.line(f"start_state(draws, {', '.join(r)})")
         source.line("free_stack(d)")
         source.line("mj_forward(m, d)")
         source.sensors()
@@ -262,14 +257,16 @@ class FusedStep:
     @property
     def resets_in_step(self) -> bool:
         """Whether an env whose episode ends in `run` starts its next one in the same call (from its row of
-        `draws`), the observation it ended with kept for `terminal`; off unless set, and only where `resets`."""
-        return bool(self.auto.any())
+        `draws`; its first observation for `started`, `run`'s results are how the episode ended); off unless set, and
+        only where `resets`."""
+        return self._in_step
 
     @resets_in_step.setter
     def resets_in_step(self, on: bool) -> None:
         if on and not self.resets:
             raise ValueError("FusedStep.resets_in_step: the task's reset is not compiled")
         self.auto[:] = int(on)
+        self._in_step = bool(on)
 
     def run(self, action: np.ndarray) -> After:
         """Step every env by one control step of `action` (finite: the caller checks) and return its results."""
@@ -277,15 +274,15 @@ class FusedStep:
         self.batch.apply(self._step, self._arg)
         return self._jax_tree.unflatten(self._tree, [x.copy() for x in self._outs])
 
-    def terminal(self, idx: np.ndarray) -> dict[str, np.ndarray]:
-        """The observations envs `idx` ended their episodes with in the last `run`, where it started their next."""
-        return {key: rows[idx] for key, rows in self.final.items()}
+    def started(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """The numeric observations envs `idx` started their episodes with, in the last `run` or `reset`."""
+        return {key: self._starts[i][idx] for key, i in self._numeric_at.items()}
 
     def reset(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Start the episodes of envs `ids` from their rows of `draws`: their simulations, goals and sensors, as the
         unfused reset leaves them; return their numeric observations."""
         self.batch.apply(self._reset, self._arg, ids=ids)
-        return self._jax_tree.unflatten(self._tree, [x[ids] for x in self._outs]).numeric
+        return self.started(ids)
 
 
 class _Source:
