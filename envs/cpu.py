@@ -119,6 +119,7 @@ class CpuVectorEnv(RobotVectorEnv):
         #: start its next one there (robotrl/envs/fused.py)
         self._next = tuple(np.zeros((n, *shape[1:])) for shape in self._draw_shapes(n))
         self._draws_per_env = sum(part.size for part in self._next) // n
+        self._draw_next(np.arange(n))  # (the first episodes')
         #: set to a dict to add up, per part of `step` ("physics", "task", "render", "bookkeeping"), the seconds it
         #: took: where a step's time goes (bench/envs.py prints it); None (the default) times nothing
         self.step_seconds: dict[str, float] | None = None
@@ -134,10 +135,10 @@ class CpuVectorEnv(RobotVectorEnv):
 
     # --- gymnasium API -------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict]:
-        if seed is not None:
-            self._rng = np.random.default_rng(seed)
         every = np.arange(self.num_envs)
-        self._draw_next(every)  # (an explicit reset starts from fresh draws)
+        if seed is not None:  # the seed's first episodes; without one, each env's next
+            self._rng = np.random.default_rng(seed)
+            self._draw_next(every)
         numeric = self._reset_envs(every)
         return convert_obs(self._observe(numeric=numeric), self.output), {}
 
