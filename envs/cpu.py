@@ -18,6 +18,7 @@ the bound fields.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import time
 import warnings
@@ -114,11 +115,12 @@ class CpuVectorEnv(RobotVectorEnv):
         self._render_workers = render_workers
         self._camera_jitter = np.zeros((n, max(len(task.cameras), 1), 3))
         self._light_scale = np.ones(n)
-        #: the uniform draws each env's next episode starts from (its start state, randomization, camera jitter,
-        #: light): drawn when the episode before it starts, so that an episode that ends inside the physics call can
-        #: start its next one there (robotrl/envs/fused.py)
-        self._next = tuple(np.zeros((n, *shape[1:])) for shape in self._draw_shapes(n))
-        self._draws_per_env = sum(part.size for part in self._next) // n
+        parts = ((task.reset_dims,), (RANDOMIZATION_DIMS,), self._camera_jitter.shape[1:], ())
+        #: the uniform draws each env's next episode starts from, by part (its start state, randomization, camera
+        #: jitter, light): drawn when the episode before it starts, so that an episode that ends inside the physics
+        #: call can start its next one there (robotrl/envs/fused.py)
+        self._next = tuple(np.zeros((n, *shape)) for shape in parts)
+        self._draw_sizes = [math.prod(shape) for shape in parts]  # draws a part takes per env
         self._draw_next(np.arange(n))  # (the first episodes')
         #: set to a dict to add up, per part of `step` ("physics", "task", "render", "bookkeeping"), the seconds it
         #: took: where a step's time goes (bench/envs.py prints it); None (the default) times nothing
@@ -253,7 +255,7 @@ class CpuVectorEnv(RobotVectorEnv):
         checked = [("physics", physics), ("sensordata", self._sens), ("goal", self._goal), ("steps", self._steps)]
         if "warmstart" in state:
             checked.append(("warmstart", warmstart))
-        draws = np.zeros((n, self._draws_per_env))
+        draws = np.zeros((n, sum(self._draw_sizes)))
         if "next_draws" in state:
             checked.append(("next_draws", draws))
         for key, dst in checked:
@@ -265,9 +267,9 @@ class CpuVectorEnv(RobotVectorEnv):
         self._warmstart[:] = warmstart
         if "next_draws" in state:
             at = 0
-            for part in self._next:  # (in place: the fused step reads the first)
-                part[:] = draws[:, at : at + part[0].size].reshape(part.shape)
-                at += part[0].size
+            for part, size in zip(self._next, self._draw_sizes, strict=True):  # (in place: the fused step reads one)
+                part[:] = draws[:, at : at + size].reshape(part.shape)
+                at += size
         self._mocap = self.task.mocap(np, self._goal)
 
     def get_rng_state(self) -> dict[str, Any]:
@@ -330,22 +332,16 @@ class CpuVectorEnv(RobotVectorEnv):
         self._sens[idx] = self._sensordata[idx]
         self._goal[idx] = start.goal
 
-    def _draw_shapes(self, k: int) -> tuple[tuple[int, ...], ...]:
-        """The shapes of k envs' draws: the task's start states (k, reset_dims), the randomization's (k,
-        RANDOMIZATION_DIMS), the camera jitter (k, cameras, 3) and the light (k,)."""
-        return (k, self.task.reset_dims), (k, RANDOMIZATION_DIMS), (k, *self._camera_jitter.shape[1:]), (k,)
-
     def _draw_next(self, idx: np.ndarray) -> None:
         """Draw the next episodes' uniform draws of envs `idx`: one call to the generator, whose stream is the same as
         one call per part in turn; every part is drawn whether its randomization is on or not, so that the reset
         states of a seed do not depend on it."""
         k = len(idx)
-        flat = self._rng.random(k * self._draws_per_env)
+        flat = self._rng.random(k * sum(self._draw_sizes))
         at = 0
-        for part in self._next:
-            size = k * (part.size // self.num_envs)
-            part[idx] = flat[at : at + size].reshape(k, *part.shape[1:])
-            at += size
+        for part, size in zip(self._next, self._draw_sizes, strict=True):
+            part[idx] = flat[at : at + k * size].reshape(k, *part.shape[1:])
+            at += k * size
 
     def _observe(
         self, idx: np.ndarray | None = None, clock: _Clock | None = None, numeric: dict[str, Any] | None = None

@@ -185,13 +185,11 @@ class FusedStep:
         fields = Before._fields
         kept = [fields.index("action"), fields.index("blowups")]
         carried = [np.zeros((n, *before_kernel.arrays[i][0][1:]), before_kernel.arrays[i][1]) for i in kept]
-        #: the uniform draws each env's next episode starts from (the backend's, a row per env); and zeros for what an
-        #: observation leaves unread of the after kernel's inputs (as `CompiledStep.observe` gives it)
-        self.draws = draws
+        # `draws`: the uniform draws each env's next episode starts from (the backend's, a row per env); and zeros for
+        # what an observation leaves unread of the after kernel's inputs (as `CompiledStep.observe` gives it)
         unread = [np.zeros((n, *x.shape[1:]), x.dtype) for x in after_example[4:]]
         #: 1 where an env whose episode ends in a step starts its next one in the same call (`resets_in_step`)
         self.auto = np.zeros(n, np.int64)
-        self._in_step = False
         # the after kernel's results at an episode's start, beside the step's (which keep how the episode ended)
         self._starts = [np.zeros_like(x) for x in self._outs]
         table = [self.action, sens, goal, steps, batch.state, *self._outs, *carried, draws, *unread]
@@ -259,14 +257,13 @@ class FusedStep:
         """Whether an env whose episode ends in `run` starts its next one in the same call (from its row of
         `draws`; its first observation for `started`, `run`'s results are how the episode ended); off unless set, and
         only where `resets`."""
-        return self._in_step
+        return bool(self.auto[0])  # (every row alike)
 
     @resets_in_step.setter
     def resets_in_step(self, on: bool) -> None:
         if on and not self.resets:
             raise ValueError("FusedStep.resets_in_step: the task's reset is not compiled")
         self.auto[:] = int(on)
-        self._in_step = bool(on)
 
     def run(self, action: np.ndarray) -> After:
         """Step every env by one control step of `action` (finite: the caller checks) and return its results."""
